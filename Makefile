@@ -1,0 +1,43 @@
+# make demo   set up .venv, build, run the main experiment into runs/
+# make test   set up .venv, build, run the whole test suite (notebooks included)
+# make bench  set up .venv with the benchmark extra, run the ratio benchmarks
+#
+# NATIVE=ON (the default here) compiles for this machine's instruction set; a wheel built
+# by `pip install .` stays portable (ATTNGEOM_NATIVE off). Use `make NATIVE=OFF test` to
+# test the portable build.
+
+PYTHON ?= python3
+NATIVE ?= ON
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
+SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
+RUN ?= runs/demo
+
+.PHONY: demo test bench clean
+
+$(VENV)/.base:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet $(BUILD_DEPS)
+	touch $@
+
+# One stamp per set of extras; the build directory persists, so a rebuild only
+# recompiles what changed.
+$(VENV)/.installed-%: $(VENV)/.base $(SOURCES)
+	$(PIP) install --quiet --no-build-isolation \
+	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: $(VENV)/.installed-plot
+	$(VENV)/bin/attngeom demo --out $(RUN)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q tests
+
+bench: $(VENV)/.installed-bench
+	$(PY) benchmarks/run_all.py --out benchmarks/results
+
+clean:
+	rm -rf build $(VENV) runs

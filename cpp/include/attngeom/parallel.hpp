@@ -1,0 +1,29 @@
+// Thread control for the OpenMP loops of the core.
+//
+// Every kernel parallelises over independent units (batch x head x query block, samples)
+// with one OpenMP loop; Eigen itself is compiled single-threaded (EIGEN_DONT_PARALLELIZE),
+// so a unit is computed the same way whatever the thread count.
+#pragma once
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace attngeom {
+
+// Number of threads the next parallel region will use.
+int get_num_threads();
+// Sets the thread count (n >= 1) for subsequent kernels; OMP_NUM_THREADS sets the default.
+void set_num_threads(int n);
+// True when the core was compiled with OpenMP.
+bool has_openmp();
+// Index of the calling thread inside a parallel region (0 outside).
+inline int thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace attngeom
