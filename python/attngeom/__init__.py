@@ -3,7 +3,33 @@
 Exact C++ kernels (Eigen, OpenMP) for softmax, kernel-swapped and Laplace-Radon attention,
 with the diagnostics of the Laplace-Radon picture. Tokens are rows: ``X`` has shape
 (..., n, d_model) and leading dimensions are batch dimensions that broadcast like NumPy.
+
+Example::
+
+    import attngeom as ag
+    y = ag.softmax_attention(q, k, v, causal=True)
+    u, tau = ag.tilt_radius(q)
+    assert np.allclose(ag.laplace_radon_attention(u, tau, k, v), y)
 """
 from ._config import __version__, get_num_threads, set_num_threads, show_config
+from .attention import kernel_attention, softmax_attention
+from .kernels import KERNELS, psi
+from .laplace_radon import (
+    LogTransform,
+    Transform,
+    laplace_radon_attention,
+    laplace_radon_transform,
+    log_partition_gradient,
+    projected_cumulants,
+    radon_project,
+    tilt_radius,
+)
+from .stable_density import stable_density
 
-__all__ = ["__version__", "get_num_threads", "set_num_threads", "show_config"]
+__all__ = [
+    "__version__", "get_num_threads", "set_num_threads", "show_config",
+    "softmax_attention", "kernel_attention",
+    "KERNELS", "psi", "stable_density",
+    "tilt_radius", "radon_project", "laplace_radon_transform", "laplace_radon_attention",
+    "projected_cumulants", "log_partition_gradient", "Transform", "LogTransform",
+]

@@ -1,0 +1,187 @@
+// Attention kernels: softmax scaled dot-product attention and ridge (kernel-swapped)
+// attention on the projected coordinate, both through one flash-style driver.
+//
+// Layout: every operand is a stack of contiguous row-major (n, d) blocks. The flat batch
+// index b selects block `index[b]` of each operand, which is how NumPy broadcasting of the
+// leading dimensions reaches the core without copies.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attngeom/kernels.hpp"
+#include "attngeom/parallel.hpp"
+
+namespace attngeom {
+
+// Which keys a query may see. TopLeft (PyTorch's is_causal): key j <= query i.
+// BottomRight (FlashAttention >= 2.1, a query block appended to a cache): j <= i + n_k - n_q.
+enum class Causal { None, TopLeft, BottomRight };
+
+// A stack of (rows, cols) row-major blocks addressed through a batch index.
+template <class T>
+struct Stack {
+  const T* data = nullptr;
+  const int64_t* index = nullptr;  // flat batch -> block; nullptr means identity
+  int64_t rows = 0, cols = 0;
+  const T* block(int64_t b) const { return data + (index ? index[b] : b) * rows * cols; }
+};
+
+// Boolean (True = attend) or additive mask, broadcast over (n_q, n_k) with zero strides.
+template <class T>
+struct Mask {
+  const uint8_t* keep = nullptr;  // boolean mask, or
+  const T* bias = nullptr;        // additive mask
+  const int64_t* index = nullptr;
+  int64_t block_size = 0, row_stride = 0, col_stride = 0;
+  bool active() const { return keep != nullptr || bias != nullptr; }
+};
+
+template <class T>
+struct AttentionOutput {
+  T* y = nullptr;              // (batch, n_q, d_v), required
+  T* weights = nullptr;        // (batch, n_q, n_k) routing matrix P, optional
+  T* log_partition = nullptr;  // (batch, n_q) log Z in log-weight units, optional
+};
+
+struct Blocking {
+  int64_t query = 64;
+  int64_t key = 256;
+};
+
+namespace detail {
+
+// Applies scale (dot products) or nothing (ridge) to a block of query rows.
+template <class T>
+struct DotScores {
+  T scale;
+  template <class M>
+  void log_psi(M&& S, const T*) const {}  // the scale is folded into the query block
+};
+
+// The flash driver. `query_scale` multiplies the query block once (1 for ridge scores);
+// `kernel.log_psi(S, tau_rows)` turns raw dot products into log-weights in place.
+template <class T, class Kernel>
+void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
+            const Stack<T>& v, const Mask<T>& mask, Causal causal, T query_scale, const Kernel& kernel,
+            const AttentionOutput<T>& out, Blocking blocking) {
+  using Mat = RowMatrix<T>;
+  using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+  using CMap = Eigen::Map<const Mat>;
+  const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
+  const int64_t bq = std::max<int64_t>(1, blocking.query), bk = std::max<int64_t>(1, blocking.key);
+  const int64_t q_blocks = (n_q + bq - 1) / bq;
+  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const int64_t units = batch * q_blocks;
+
+#pragma omp parallel
+  {
+    Mat Qs(bq, d_k), S(bq, bk), acc(bq, d_v);
+    Vec m(bq), l(bq), shift(bq), alpha(bq);
+#pragma omp for schedule(dynamic)
+    for (int64_t unit = 0; unit < units; ++unit) {
+      const int64_t b = unit / q_blocks;
+      const int64_t i0 = (unit % q_blocks) * bq;
+      const int64_t rows = std::min(bq, n_q - i0);
+      const T* tau_rows = tau ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
+      auto Q = Qs.topRows(rows);
+      Q.noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
+      const CMap K(k.block(b), n_k, d_k), V(v.block(b), n_k, d_v);
+      auto A = acc.topRows(rows);
+      A.setZero();
+      m.head(rows).setConstant(neg_inf);
+      l.head(rows).setZero();
+      // Keys past the causal limit of the block's last row are never visited.
+      int64_t key_end = n_k;
+      if (causal != Causal::None) key_end = std::clamp<int64_t>(i0 + rows - 1 + offset + 1, 0, n_k);
+      T* W = out.weights ? out.weights + (b * n_q + i0) * n_k : nullptr;
+
+      for (int64_t j0 = 0; j0 < key_end; j0 += bk) {
+        const int64_t cols = std::min(bk, key_end - j0);
+        auto L = S.topLeftCorner(rows, cols);
+        L.noalias() = Q * K.middleRows(j0, cols).transpose();
+        kernel.log_psi(L, tau_rows);
+        if (mask.active()) {
+          const int64_t mb = (mask.index ? mask.index[b] : b) * mask.block_size;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t base = mb + (i0 + r) * mask.row_stride;
+            if (mask.keep) {
+              for (int64_t c = 0; c < cols; ++c)
+                if (!mask.keep[base + (j0 + c) * mask.col_stride]) L(r, c) = neg_inf;
+            } else {
+              for (int64_t c = 0; c < cols; ++c) L(r, c) += mask.bias[base + (j0 + c) * mask.col_stride];
+            }
+          }
+        }
+        if (causal != Causal::None && j0 + cols - 1 > i0 + offset) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);
+            for (int64_t c = first_hidden; c < cols; ++c) L(r, c) = neg_inf;
+          }
+        }
+        if (W)
+          for (int64_t r = 0; r < rows; ++r)
+            Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(W + r * n_k + j0, cols) = L.row(r);
+        // Online softmax: running max m, running sum l, accumulator rescaled by alpha.
+        for (int64_t r = 0; r < rows; ++r) {
+          const T m_new = std::max(m[r], L.row(r).maxCoeff());
+          shift[r] = std::isfinite(m_new) ? m_new : T(0);
+          alpha[r] = std::exp(m[r] - shift[r]);
+          m[r] = m_new;
+        }
+        L.array().colwise() -= shift.head(rows);
+        L.array() = L.array().exp();
+        // Eigen's vectorised exp clamps its argument, so exp(-inf) is ~1e-308, not 0: a row
+        // that has seen no visible key must stay exactly empty.
+        for (int64_t r = 0; r < rows; ++r)
+          if (m[r] == neg_inf) L.row(r).setZero();
+        l.head(rows) = alpha.head(rows) * l.head(rows) + L.rowwise().sum().array();
+        A.array().colwise() *= alpha.head(rows);
+        A.noalias() += L * V.middleRows(j0, cols);
+      }
+
+      // Fully masked rows (l = 0) give zeros and log Z = -inf.
+      for (int64_t r = 0; r < rows; ++r) {
+        const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
+        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.y + (b * n_q + i0 + r) * d_v, d_v) = A.row(r) * inv;
+        if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
+        if (W) {
+          T* w = W + r * n_k;
+          const int64_t visible = std::max<int64_t>(key_end, 0);
+          if (l[r] > T(0)) {
+            for (int64_t c = 0; c < visible; ++c) w[c] = std::exp(w[c] - m[r]) * inv;
+          } else {
+            std::fill(w, w + visible, T(0));
+          }
+          std::fill(w + visible, w + n_k, T(0));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+// Softmax attention y = softmax(scale * q k^T + mask) v (Laplace-Radon eq. 2-3).
+template <class T>
+void softmax_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v, const Mask<T>& mask,
+                       Causal causal, T scale, const AttentionOutput<T>& out, Blocking blocking = {}) {
+  detail::attend(batch, q, static_cast<const T*>(nullptr), nullptr, k, v, mask, causal, scale,
+                 detail::DotScores<T>{scale}, out, blocking);
+}
+
+// Ridge attention: weights psi(tau_j, u_j . k_i) normalised per row (eq. 40-44), for a
+// query given by its tilt u (a stack like q) and radius tau ((blocks, n_q), own index).
+template <class T, class Kernel>
+void ridge_attention(int64_t batch, const Stack<T>& u, const T* tau, const int64_t* tau_index, const Stack<T>& k,
+                     const Stack<T>& v, const Mask<T>& mask, Causal causal, const Kernel& kernel,
+                     const AttentionOutput<T>& out, Blocking blocking = {}) {
+  detail::attend(batch, u, tau, tau_index, k, v, mask, causal, T(1), kernel, out, blocking);
+}
+
+}  // namespace attngeom

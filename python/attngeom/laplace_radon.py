@@ -1,0 +1,259 @@
+"""The Laplace-Radon picture of one attention head (Lawrence, Laplace-Radon s.4, s.9, s.10).
+
+A query q splits into a tilt u = q / |q| on the sphere and a Laplace radius
+tau = scale |q| (eq. 9). Keys enter only through their Radon projection s = u.k (eq. 6,
+15); the softmax partition Z and the value-weighted numerator N are Laplace transforms of
+that projection (eq. 11-13, 34):
+
+    Z(u, tau) = sum_i psi(tau, u.k_i),   N(u, tau) = sum_i psi(tau, u.k_i) v_i,
+
+with psi(tau, s) = exp(tau s) for softmax, and y = N / Z is exactly the attention output
+(Theorem 1, eq. 14). Other kernels psi give generalized Radon integral transforms (eq. 44).
+
+Shapes: u (..., n_q, d_k), tau (..., n_q), k (..., n_k, d_k), v (..., n_k, d_v); leading
+axes broadcast.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import _core
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import _Problem, ridge_attention
+from .kernels import kernel_params
+
+
+class Transform(NamedTuple):
+    """Z (..., n_q) and N (..., n_q, d_v) (N is None when no values were given)."""
+
+    Z: np.ndarray
+    N: Optional[np.ndarray]
+
+
+class LogTransform(NamedTuple):
+    """log Z (..., n_q) and y = N / Z (..., n_q, d_v) (None when no values were given)."""
+
+    log_Z: np.ndarray
+    y: Optional[np.ndarray]
+
+
+def tilt_radius(q, *, scale=None):
+    """Tilt u = q / |q| and radius tau = scale |q| of each query (Laplace-Radon eq. 9, 15-16).
+
+    Parameters
+    ----------
+    q : array_like, shape (..., n, d_k)
+    scale : float, optional
+        Default 1 / sqrt(d_k), the softmax scaling, so that tau u.k = q.k / sqrt(d_k).
+
+    Returns
+    -------
+    u : ndarray (..., n, d_k), unit rows; a zero query has no direction and gets u = 0.
+    tau : ndarray (..., n); tau = 0 for a zero query.
+    float32 in, float32 out; float64 otherwise.
+
+    Example: ``u, tau = ag.tilt_radius(q)``
+    """
+    q = real_array("q", q)
+    check_min_ndim("q", q, 1, "(..., d_k)")
+    check_nonempty("q", q, "(..., n, d_k)")
+    check_finite("q", q)
+    q = q.astype(compute_dtype(q), copy=False)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
+    norm = np.linalg.norm(q, axis=-1)
+    safe = np.where(norm > 0, norm, 1)
+    u = q / safe[..., None]
+    u[norm == 0] = 0
+    return u, (norm * q.dtype.type(scale)).astype(q.dtype, copy=False)
+
+
+def radon_project(u, k):
+    """Projected coordinates s[..., j, i] = u_j . k_i (Laplace-Radon eq. 6, 15).
+
+    The discrete Radon transform of the key measure along each tilt: the multiset
+    {s[..., j, :]} is the projection of the key cloud onto the line spanned by u_j.
+
+    Parameters
+    ----------
+    u : array_like (..., n_q, d_k)
+    k : array_like (..., n_k, d_k)
+
+    Returns
+    -------
+    s : ndarray (..., n_q, n_k) in the computation dtype.
+
+    Example: ``s = ag.radon_project(*ag.tilt_radius(q)[:1], k)``
+    """
+    u, k = real_array("u", u), real_array("k", k)
+    check_min_ndim("u", u, 2, "(..., n_q, d_k)")
+    check_min_ndim("k", k, 2, "(..., n_k, d_k)")
+    if u.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k must have shape (..., n_k, d_k) with d_k = {u.shape[-1]} (from u), got {k.shape}")
+    check_nonempty("u", u, "(..., n_q, d_k)")
+    check_nonempty("k", k, "(..., n_k, d_k)")
+    check_finite("u", u)
+    check_finite("k", k)
+    dt = compute_dtype(u, k)
+    try:
+        return np.matmul(u.astype(dt, copy=False), np.swapaxes(k.astype(dt, copy=False), -1, -2))
+    except ValueError:
+        raise ValueError(f"batch dimensions do not broadcast: u {u.shape[:-2]}, k {k.shape[:-2]}") from None
+
+
+def _complex_tau(tau) -> bool:
+    return np.iscomplexobj(tau)
+
+
+def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False, **params):
+    """The transforms Z(u, tau) and N(u, tau) (Laplace-Radon eq. 11-13, 34, 44).
+
+    Z(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) and N(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) v_i.
+
+    Parameters
+    ----------
+    u : array_like (..., n_q, d_k)
+        Tilts (any vectors are accepted; the paper's are unit or zero).
+    tau : array_like (..., n_q), real or complex
+        Radii. Complex tau is supported for the exponential kernel: at tau = i w, Z is the
+        (unnormalised) characteristic function of the projected key measure, bounded by
+        n_k and well conditioned, which is what the inverse Laplace pipeline samples.
+    k : array_like (..., n_k, d_k)
+    v : array_like (..., n_k, d_v), optional
+    kernel, **params : see :mod:`attngeom.kernels`.
+    log_domain : bool
+        Return ``LogTransform(log_Z, y)`` with y = N / Z instead of ``Transform(Z, N)``.
+        Real tau of any size then never overflows (Z = exp(log_Z) may). For complex tau
+        log_Z is the principal complex logarithm (shift + log of the shifted sum), and y is
+        ill-defined near zeros of Z.
+
+    Returns
+    -------
+    Transform(Z, N) or LogTransform(log_Z, y); Z, log_Z (..., n_q); N, y (..., n_q, d_v)
+    or None without v. Real dtype follows the inputs (float32 / float64); complex tau
+    gives complex64 / complex128.
+
+    Example: ``Z, N = ag.laplace_radon_transform(u, 1j * w, k, v)``
+    """
+    name, p = kernel_params(kernel, params)
+    tau_arr = np.asarray(tau)
+    if _complex_tau(tau_arr):
+        if name != "exp":
+            raise ValueError(f"complex tau is supported for kernel='exp' only, got kernel={name!r}")
+        return _transform_complex(u, tau_arr, k, v, log_domain)
+    y, log_z = ridge_attention(u, tau, k, v, kernel=name, params=p, return_log_partition=True)
+    y = y if v is not None else None
+    if log_domain:
+        return LogTransform(log_z, y)
+    Z = np.exp(log_z)
+    return Transform(Z, None if y is None else y * Z[..., None])
+
+
+def _transform_complex(u, tau, k, v, log_domain):
+    if not np.all(np.isfinite(tau)):
+        raise ValueError("tau contains NaN or infinite values")
+    pr = _Problem(u, k, v, qname="u", tau=tau.real)  # shapes, checks and broadcasting
+    ctype = np.complex64 if pr.dtype == np.float32 else np.complex128
+    tau_b = np.broadcast_to(tau, tau.shape[:-1] + (pr.n_q,)) if tau.shape[-1] == 1 else tau
+    tau_flat = np.ascontiguousarray(tau_b.reshape((-1,) + tau_b.shape[-1:]), dtype=ctype)
+    shift, zs, ns = _core.laplace_transform_complex(pr.batch, pr.q.array, pr.q.index, tau_flat, pr.tau.index,
+                                                    pr.k.array, pr.k.index, pr.v.array, pr.v.index)
+    shift, zs, ns = pr.shaped(shift, pr.n_q), pr.shaped(zs, pr.n_q), pr.shaped(ns, pr.n_q, pr.d_v)
+    if log_domain:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return LogTransform(shift + np.log(zs), None if v is None else ns / zs[..., None])
+    scale = np.exp(shift)
+    return Transform(scale * zs, None if v is None else ns * scale[..., None])
+
+
+def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
+                            return_log_partition=False, **params):
+    """Attention from tilts and radii: y = N(u, tau) / Z(u, tau) (Laplace-Radon eq. 14, 42).
+
+    With the exponential kernel and (u, tau) = tilt_radius(q) this is softmax attention
+    exactly (Theorem 1); the computation goes through the projected coordinates s = u.k,
+    a separate code path from :func:`softmax_attention`, so the identity is a real check.
+
+    Parameters
+    ----------
+    u : array_like (..., n_q, d_k); tau : array_like (..., n_q) (real)
+    k : array_like (..., n_k, d_k); v : array_like (..., n_k, d_v)
+    kernel, **params : see :mod:`attngeom.kernels`.
+    mask, causal, return_weights, return_log_partition : as in :func:`softmax_attention`.
+
+    Returns
+    -------
+    y (..., n_q, d_v), or (y, [P], [log Z]).
+
+    Example: ``y = ag.laplace_radon_attention(*ag.tilt_radius(q), k, v)``
+    """
+    name, p = kernel_params(kernel, params)
+    if np.iscomplexobj(np.asarray(tau)):
+        raise TypeError("tau must be real for attention (complex tau: use laplace_radon_transform)")
+    return ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
+                           return_weights=return_weights, return_log_partition=return_log_partition)
+
+
+def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
+    """Cumulants of the projected coordinate S = u.k under the Gibbs weights (eq. 45, 51).
+
+    The weights are p_i proportional to psi(tau, u.k_i). For the exponential kernel the
+    cumulants are the tau-derivatives of the cumulant-generating function log Z(u, tau):
+    kappa_1 = d/dtau log Z = E[S], kappa_2 = d^2/dtau^2 log Z = Var(S), and so on
+    (Laplace-Radon eq. 51). Computed exactly from the weights, not by finite differences;
+    central moments are accumulated after subtracting the mean (no cancellation).
+
+    Parameters
+    ----------
+    u : array_like (..., n_q, d_k); tau : array_like (..., n_q); k : array_like (..., n_k, d_k)
+    order : int in 1..4
+        kappa_1 = mean, kappa_2 = variance, kappa_3 = third central moment,
+        kappa_4 = mu_4 - 3 mu_2^2.
+
+    Returns
+    -------
+    ndarray (..., n_q, order).
+
+    Example: ``mean, var = np.moveaxis(ag.projected_cumulants(u, tau, k), -1, 0)``
+    """
+    name, p = kernel_params(kernel, params)
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
+        raise ValueError(f"order must be an integer in 1..4, got {order!r}")
+    pr = _Problem(u, k, None, qname="u", tau=tau)
+    out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
+                                    pr.k.index, name, p, int(order))
+    return pr.shaped(out, pr.n_q, int(order))
+
+
+def log_partition_gradient(q, k, *, scale=None, hessian=False):
+    """Gradient (and Hessian) of log Z(q) = log sum_i exp(scale q.k_i) in q (eq. 48-49).
+
+    grad_q log Z = scale E_p[k] and Hess_q log Z = scale^2 Cov_p(k), with p the softmax
+    weights of q over the keys (softmax as an exponential family, Laplace-Radon s.10.3).
+
+    Parameters
+    ----------
+    q : array_like (..., n_q, d_k); k : array_like (..., n_k, d_k)
+    scale : float, optional (default 1 / sqrt(d_k))
+    hessian : bool
+        Also return the Hessian, shape (..., n_q, d_k, d_k) (O(n_k d_k^2) per query).
+
+    Returns
+    -------
+    grad (..., n_q, d_k), or (grad, hess).
+
+    Example: ``g = ag.log_partition_gradient(q, k)``
+    """
+    q = real_array("q", q)
+    check_min_ndim("q", q, 2, "(..., n_q, d_k)")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
+    tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
+    pr = _Problem(q, k, None, qname="q", tau=tau)
+    mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
+                                        pr.k.index, "exp", {}, bool(hessian))
+    grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)
+    if not hessian:
+        return grad
+    return grad, pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale * scale)

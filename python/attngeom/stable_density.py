@@ -1,0 +1,3 @@
+# TEMPORARY placeholder
+def stable_density(x, alpha, c=1.0, *, log=False):
+    raise NotImplementedError

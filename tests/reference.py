@@ -1,0 +1,129 @@
+"""Plain-NumPy references written from the papers' formulas, for testing the C++ kernels.
+
+Everything here is deliberately direct: full n_q x n_k matrices, float64 (or longdouble
+where it matters), no blocking.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def causal_keep(n_q, n_k, causal):
+    """Boolean (n_q, n_k): key j visible to query i."""
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    if causal in (False, None):
+        return np.ones((n_q, n_k), bool)
+    if causal in (True, "top_left"):
+        return j <= i
+    if causal == "bottom_right":
+        return j <= i + (n_k - n_q)
+    raise ValueError(causal)
+
+
+def normalise(logw, keep):
+    """Row-normalised exp(logw) over the visible entries; rows with none visible are 0."""
+    logw = np.where(keep, logw, -np.inf)
+    m = np.max(logw, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(logw - m)
+    s = w.sum(-1, keepdims=True)
+    p = np.divide(w, s, out=np.zeros_like(w), where=s > 0)
+    with np.errstate(divide="ignore"):
+        log_z = np.where(s[..., 0] > 0, m[..., 0] + np.log(s[..., 0]), -np.inf)
+    return p, log_z
+
+
+def apply_mask(logw, keep, mask):
+    if mask is None:
+        return logw, keep
+    mask = np.asarray(mask)
+    if mask.dtype == bool:
+        return logw, keep & mask
+    return logw + mask, keep
+
+
+def softmax_attention(q, k, v, mask=None, causal=False, scale=None):
+    """Laplace-Radon eq. (2)-(3) with a mask; returns (y, P, log Z)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = scale * q @ np.swapaxes(k, -1, -2)
+    keep = np.broadcast_to(causal_keep(q.shape[-2], k.shape[-2], causal), logits.shape)
+    logits, keep = apply_mask(logits, keep, mask)
+    p, log_z = normalise(logits, keep)
+    return p @ v, p, log_z
+
+
+def tilt_radius(q, scale=None):
+    q = np.asarray(q, np.float64)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    r = np.sqrt((q**2).sum(-1))
+    u = q / np.where(r > 0, r, 1)[..., None]  # a zero query keeps u = 0
+    return u, r * scale
+
+
+def log_psi(kernel, tau, s, **p):
+    """log psi(tau, s) from the paper's formulas (eq. 53, 54, 56, 57)."""
+    if kernel == "exp":
+        return tau * s
+    if kernel == "gaussian":
+        return -((tau - s) ** 2) / (2 * p.get("sigma", 1.0) ** 2)
+    if kernel == "cauchy":
+        return -np.log1p(((tau - s) / p.get("gamma", 1.0)) ** 2)
+    if kernel == "stable":
+        return np.log(stable_density(tau - s, p.get("alpha", 1.5), p.get("c", 1.0)))
+    raise ValueError(kernel)
+
+
+def ridge_attention(u, tau, k, v, kernel="exp", mask=None, causal=False, **p):
+    """Generalized attention y = N_psi / Z_psi (eq. 40-44); returns (y, P, log Z)."""
+    u, k, v = (np.asarray(a, np.float64) for a in (u, k, v))
+    tau = np.asarray(tau, np.float64)
+    s = u @ np.swapaxes(k, -1, -2)
+    logw = log_psi(kernel, tau[..., None], s, **p)
+    keep = np.broadcast_to(causal_keep(u.shape[-2], k.shape[-2], causal), logw.shape)
+    logw, keep = apply_mask(logw, keep, mask)
+    p_, log_z = normalise(logw, keep)
+    return p_ @ v, p_, log_z
+
+
+def transform(u, tau, k, v=None):
+    """Z and N by direct summation of exp(tau s) (eq. 11-13, 34), complex tau allowed."""
+    s = np.asarray(u, np.float64) @ np.swapaxes(np.asarray(k, np.float64), -1, -2)
+    w = np.exp(np.asarray(tau)[..., None] * s)
+    Z = w.sum(-1)
+    N = None if v is None else w @ np.asarray(v, np.float64)
+    return Z, N
+
+
+def cumulants(u, tau, k, order, kernel="exp", **p):
+    """Gibbs cumulants of S = u.k, from explicit weights, in extended precision."""
+    u, k = np.asarray(u, np.longdouble), np.asarray(k, np.longdouble)
+    s = u @ np.swapaxes(k, -1, -2)
+    logw = log_psi(kernel, np.asarray(tau, np.longdouble)[..., None], s, **p)
+    w = np.exp(logw - logw.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    mean = (w * s).sum(-1)
+    c = s - mean[..., None]
+    mu = [None, None] + [(w * c**m).sum(-1) for m in (2, 3, 4)]
+    out = [mean, mu[2], mu[3], mu[4] - 3 * mu[2] ** 2]
+    return np.stack(out[:order], -1).astype(np.float64)
+
+
+def stable_density(x, alpha, c=1.0):
+    """Symmetric alpha-stable density by direct numerical integration (QAWF),
+    f(x) = (1/pi) int_0^inf exp(-c w^alpha) cos(w x) dw."""
+    from scipy import integrate
+
+    x = np.atleast_1d(np.abs(np.asarray(x, np.float64)))
+    out = np.empty_like(x)
+    for i, xi in enumerate(x.ravel()):
+        f = lambda w: math.exp(-c * w**alpha)
+        if xi == 0:
+            val = integrate.quad(f, 0, np.inf, epsabs=0, epsrel=1e-13, limit=500)[0]
+        else:
+            val = integrate.quad(f, 0, np.inf, weight="cos", wvar=xi, epsabs=0, epsrel=1e-13, limlst=200)[0]
+        out.ravel()[i] = val / math.pi
+    return out

@@ -1,0 +1,268 @@
+"""softmax_attention and kernel_attention against the NumPy references."""
+import numpy as np
+import pytest
+from conftest import TOL, rel_err
+
+import attngeom as ag
+import reference as ref
+
+SHAPES = [  # (batch q, batch k, batch v, n_q, n_k, d_k, d_v)
+    ((), (), (), 5, 7, 3, 4),
+    ((2,), (2,), (2,), 33, 65, 8, 5),
+    ((2, 3), (1, 3), (2, 1), 70, 300, 16, 9),
+    ((4, 1), (1, 2), (1, 2), 1, 513, 4, 3),
+    ((3,), (), (), 130, 20, 6, 6),
+]
+
+
+def draw(rng, bq, bk, bv, n_q, n_k, d_k, d_v, dtype=np.float64):
+    q = rng.standard_normal(bq + (n_q, d_k)).astype(dtype)
+    k = rng.standard_normal(bk + (n_k, d_k)).astype(dtype)
+    v = rng.standard_normal(bv + (n_k, d_v)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_softmax_matches_reference(rng, dtype, shape, causal):
+    q, k, v = draw(rng, *shape, dtype=dtype)
+    y, P, lz = ag.softmax_attention(q, k, v, causal=causal, return_weights=True, return_log_partition=True)
+    y_r, P_r, lz_r = ref.softmax_attention(q, k, v, causal=causal)
+    assert y.dtype == dtype and P.dtype == dtype and lz.dtype == dtype
+    assert y.shape == y_r.shape and P.shape == P_r.shape and lz.shape == lz_r.shape
+    tol = TOL[dtype]
+    assert rel_err(y, y_r) < tol * 10
+    assert np.max(np.abs(P - P_r)) < tol * 10
+    finite = np.isfinite(lz_r)
+    assert np.array_equal(finite, np.isfinite(lz))
+    assert np.max(np.abs(lz[finite] - lz_r[finite])) < tol * 10 * max(1, np.abs(lz_r[finite]).max())
+
+
+def test_weights_and_output_paths_agree(rng):
+    q, k, v = draw(rng, (2,), (2,), (2,), 40, 600, 8, 3)
+    y1 = ag.softmax_attention(q, k, v)
+    y2, P = ag.softmax_attention(q, k, v, return_weights=True)
+    assert np.array_equal(y1, y2)
+    assert rel_err(P @ v, y1) < 1e-13
+    np.testing.assert_allclose(P.sum(-1), 1, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_masks(rng, dtype):
+    q, k, v = draw(rng, (2, 3), (2, 3), (2, 3), 17, 300, 8, 5, dtype)
+    keep = rng.random((3, 17, 300)) < 0.7  # broadcast over the first batch axis
+    keep[1, 4] = False  # a fully masked row
+    bias = rng.standard_normal((17, 300)).astype(dtype)
+    bias[3, ::2] = -np.inf
+    pad = rng.random(300) < 0.9  # key padding, shape (n_k,)
+    for mask in (keep, bias, pad, keep[:, :1, :], bias[:, :1]):
+        for causal in (False, True):
+            y, P = ag.softmax_attention(q, k, v, mask=mask, causal=causal, return_weights=True)
+            y_r, P_r, _ = ref.softmax_attention(q, k, v, mask=mask, causal=causal)
+            assert rel_err(y, y_r) < TOL[dtype] * 10
+            assert np.max(np.abs(P - P_r)) < TOL[dtype] * 10
+    y = ag.softmax_attention(q, k, v, mask=keep)
+    assert np.all(y[:, 1, 4] == 0)
+
+
+def test_causal_alignment_conventions(rng):
+    q, k, v = draw(rng, (), (), (), 4, 10, 3, 2)
+    _, P_tl = ag.softmax_attention(q, k, v, causal=True, return_weights=True)
+    _, P_br = ag.softmax_attention(q, k, v, causal="bottom_right", return_weights=True)
+    # top-left: query 0 sees key 0 only; bottom-right: query 0 sees keys 0..6, the last query all.
+    assert np.count_nonzero(P_tl[0]) == 1 and np.count_nonzero(P_tl[3]) == 4
+    assert np.count_nonzero(P_br[0]) == 7 and np.count_nonzero(P_br[3]) == 10
+    assert ag.softmax_attention(q, k, v, causal="top_left").tolist() == ag.softmax_attention(q, k, v, causal=True).tolist()
+    # more queries than keys, bottom-right: the first n_q - n_k queries see nothing -> zeros
+    q2, k2, v2 = draw(rng, (), (), (), 10, 4, 3, 2)
+    y, lz = ag.softmax_attention(q2, k2, v2, causal="bottom_right", return_log_partition=True)
+    assert np.all(y[:6] == 0) and np.all(np.isneginf(lz[:6])) and np.all(np.isfinite(lz[6:]))
+
+
+def test_matches_pytorch_convention_when_square(rng):
+    q, k, v = draw(rng, (3,), (3,), (3,), 50, 50, 8, 4)
+    assert rel_err(ag.softmax_attention(q, k, v, causal=True), ag.softmax_attention(q, k, v, causal="bottom_right")) == 0
+
+
+def test_non_contiguous_and_integer_inputs(rng):
+    q, k, v = draw(rng, (4,), (4,), (4,), 20, 30, 6, 5)
+    qt = np.asfortranarray(q)
+    ks = np.repeat(k, 2, axis=-1)[..., ::2]  # strided view
+    vs = v[::-1]
+    assert not ks.flags.c_contiguous
+    y = ag.softmax_attention(qt, ks, vs)
+    y_r, _, _ = ref.softmax_attention(q, k, v[::-1])
+    assert rel_err(y, y_r) < 1e-13
+    qi = rng.integers(-3, 4, (5, 3))
+    y = ag.softmax_attention(qi, qi, qi)
+    assert y.dtype == np.float64
+    assert rel_err(y, ref.softmax_attention(qi, qi, qi)[0]) < 1e-13
+    # mixed float32 / float64 computes in float64
+    assert ag.softmax_attention(q.astype(np.float32), k, v).dtype == np.float64
+
+
+def test_scale(rng):
+    q, k, v = draw(rng, (), (), (), 6, 9, 4, 2)
+    for s in (0.0, 0.3, -2.0, 7):
+        assert rel_err(ag.softmax_attention(q, k, v, scale=s), ref.softmax_attention(q, k, v, scale=s)[0]) < 1e-13
+
+
+# ---- adversarial inputs ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_huge_logits(rng, dtype):
+    q, k, v = draw(rng, (2,), (2,), (2,), 40, 700, 4, 3, dtype)
+    q = q * dtype(1e4)  # logits of order 1e4 .. 1e5
+    y, P, lz = ag.softmax_attention(q, k, v, return_weights=True, return_log_partition=True)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(P)) and np.all(np.isfinite(lz))
+    y_r, P_r, lz_r = ref.softmax_attention(q, k, v)
+    assert rel_err(y, y_r) < TOL[dtype] * 10
+    assert rel_err(lz, lz_r) < TOL[dtype]
+
+
+def test_repeated_keys_n1_and_zero_query(rng):
+    q, k, v = draw(rng, (), (), (), 8, 1, 5, 3)
+    y = ag.softmax_attention(q, k, v)  # n_k = 1: every query returns the one value
+    assert rel_err(y, np.broadcast_to(v, y.shape)) < 1e-15
+    k = np.repeat(rng.standard_normal((1, 5)), 50, axis=0)  # all keys equal: uniform weights
+    v = rng.standard_normal((50, 3))
+    y, P = ag.softmax_attention(q, k, v, return_weights=True)
+    np.testing.assert_allclose(P, 1 / 50, rtol=1e-13)
+    qz = np.zeros((1, 5))
+    kk = rng.standard_normal((30, 5))
+    y = ag.softmax_attention(qz, kk, v[:30])
+    assert rel_err(y, v[:30].mean(0, keepdims=True)) < 1e-13
+    y = ag.softmax_attention(rng.standard_normal((1, 1)), rng.standard_normal((1, 1)), rng.standard_normal((1, 1)))
+    assert y.shape == (1, 1)
+
+
+# ---- kernel attention -------------------------------------------------------------------
+
+KERNEL_CASES = [("exp", {}), ("gaussian", {"sigma": 0.7}), ("cauchy", {"gamma": 0.4}),
+                ("gaussian", {"sigma": 0.01}), ("cauchy", {"gamma": 3.0})]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kernel,params", KERNEL_CASES)
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+def test_kernel_attention_matches_reference(rng, dtype, kernel, params, causal):
+    q, k, v = draw(rng, (2, 2), (1, 2), (2, 1), 37, 290, 8, 5, dtype)
+    mask = rng.random((37, 290)) < 0.8
+    y, P, lz = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, mask=mask, return_weights=True,
+                                   return_log_partition=True, **params)
+    u, tau = ref.tilt_radius(q)
+    y_r, P_r, lz_r = ref.ridge_attention(u, tau, k, v, kernel, mask=mask, causal=causal, **params)
+    assert y.dtype == dtype
+    assert rel_err(y, y_r) < TOL[dtype] * 20
+    assert np.max(np.abs(P - P_r)) < TOL[dtype] * 20
+    ok = np.isfinite(lz_r)
+    assert np.max(np.abs(lz[ok] - lz_r[ok])) < TOL[dtype] * 20 * max(1, np.abs(lz_r[ok]).max())
+    # positive kernels: rows are probability vectors (or zero rows where nothing is visible)
+    sums = P.sum(-1)
+    assert np.all(P >= 0)
+    np.testing.assert_allclose(sums[ok], 1, atol=TOL[dtype] * 10)
+
+
+def test_kernel_exp_equals_softmax(rng):
+    q, k, v = draw(rng, (3,), (3,), (3,), 64, 200, 16, 8)
+    for causal in (False, True):
+        a = ag.kernel_attention(q, k, v, kernel="exp", causal=causal)
+        b = ag.softmax_attention(q, k, v, causal=causal)
+        assert rel_err(a, b) < 1e-14
+
+
+def test_kernel_zero_query_is_uniform(rng):
+    k, v = rng.standard_normal((40, 6)), rng.standard_normal((40, 3))
+    for kernel in ("exp", "gaussian", "cauchy"):
+        y, P = ag.kernel_attention(np.zeros((2, 6)), k, v, kernel=kernel, return_weights=True)
+        np.testing.assert_allclose(P, 1 / 40, rtol=1e-14)
+
+
+def test_gaussian_kernel_far_points_are_stable(rng):
+    q, k, v = draw(rng, (), (), (), 10, 50, 4, 2)
+    y = ag.kernel_attention(q * 100, k, v, kernel="gaussian", sigma=0.01)  # all log-weights ~ -1e8
+    y_r = ref.ridge_attention(*ref.tilt_radius(q * 100), k, v, "gaussian", sigma=0.01)[0]
+    assert np.all(np.isfinite(y)) and rel_err(y, y_r) < 1e-10
+
+
+# ---- bad input --------------------------------------------------------------------------
+
+def _qkv(rng):
+    return draw(rng, (2,), (2,), (2,), 5, 6, 3, 4)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "kernel"])
+def test_bad_inputs(rng, fn):
+    f = ag.softmax_attention if fn == "softmax" else (lambda *a, **kw: ag.kernel_attention(*a, kernel="cauchy", **kw))
+    q, k, v = _qkv(rng)
+    with pytest.raises(ValueError, match=r"q must have shape"):
+        f(q[0, 0], k, v)
+    with pytest.raises(ValueError, match=r"k must have shape .*d_k = 3"):
+        f(q, k[..., :2], v)
+    with pytest.raises(ValueError, match=r"v must have shape .*n_k = 6"):
+        f(q, k, v[:, :5])
+    with pytest.raises(ValueError, match=r"batch dimensions do not broadcast"):
+        f(q, np.concatenate([k, k, k]), np.concatenate([v, v, v]))
+    qn = q.copy()
+    qn[0, 1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"q contains NaN"):
+        f(qn, k, v)
+    kn = k.copy()
+    kn[1, 0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"k contains NaN"):
+        f(q, kn, v)
+    with pytest.raises(ValueError, match=r"k must be non-empty"):
+        f(q, k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match=r"q must be non-empty"):
+        f(q[:, :0], k, v)
+    with pytest.raises(ValueError, match=r"v must be non-empty"):
+        f(q, k, v[..., :0])
+    with pytest.raises(TypeError, match=r"q must be a real"):
+        f(q.astype(complex), k, v)
+    with pytest.raises(TypeError, match=r"v must be a real"):
+        f(q, k, np.array([["a"]]))
+    with pytest.raises(ValueError, match=r"mask must be broadcastable"):
+        f(q, k, v, mask=np.ones((5, 5), bool))
+    with pytest.raises(ValueError, match=r"mask .*NaN"):
+        f(q, k, v, mask=np.full((5, 6), np.nan))
+    with pytest.raises(ValueError, match=r"causal must be"):
+        f(q, k, v, causal="diagonal")
+    with pytest.raises(ValueError, match=r"scale must be finite"):
+        f(q, k, v, scale=np.inf)
+    with pytest.raises(TypeError, match=r"scale must be a real number"):
+        f(q, k, v, scale="1")
+
+
+def test_bad_kernel_arguments(rng):
+    q, k, v = _qkv(rng)
+    with pytest.raises(ValueError, match=r"kernel must be one of"):
+        ag.kernel_attention(q, k, v, kernel="laplacian")
+    with pytest.raises(TypeError, match=r"kernel must be a string"):
+        ag.kernel_attention(q, k, v, kernel=np.exp)
+    for alpha in (0.0, -1.0, 2.5, np.nan):
+        with pytest.raises(ValueError, match=r"alpha"):
+            ag.kernel_attention(q, k, v, kernel="stable", alpha=alpha)
+    with pytest.raises(ValueError, match=r"sigma must be > 0"):
+        ag.kernel_attention(q, k, v, kernel="gaussian", sigma=0)
+    with pytest.raises(ValueError, match=r"unexpected \['sigma'\]"):
+        ag.kernel_attention(q, k, v, kernel="cauchy", sigma=1.0)
+
+
+# ---- threads ----------------------------------------------------------------------------
+
+def test_thread_count_does_not_change_results(rng):
+    q, k, v = draw(rng, (6,), (6,), (6,), 300, 700, 16, 8)
+    before = ag.get_num_threads()
+    try:
+        out = {}
+        for n in (1, 2):
+            ag.set_num_threads(n)
+            assert ag.get_num_threads() == n
+            out[n] = (ag.softmax_attention(q, k, v, causal=True, return_weights=True),
+                      ag.kernel_attention(q, k, v, kernel="cauchy", gamma=0.5))
+        (y1, P1), c1 = out[1]
+        (y2, P2), c2 = out[2]
+        assert rel_err(y1, y2) <= 1e-12 and rel_err(P1, P2) <= 1e-12 and rel_err(c1, c2) <= 1e-12
+    finally:
+        ag.set_num_threads(before)
