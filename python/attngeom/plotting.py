@@ -1,0 +1,86 @@
+"""Matplotlib figures (matplotlib is imported lazily: ``pip install attngeom[plot]``).
+
+Every function takes an optional ``ax`` (or ``axes``) and returns the figure.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline",):
+            import os
+
+            if not os.environ.get("DISPLAY") and not os.environ.get("MPLBACKEND"):
+                matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("plotting needs matplotlib: pip install 'attngeom[plot]'") from exc
+    return plt
+
+
+def _axes(ax, **fig_kw):
+    plt = _plt()
+    if ax is None:
+        fig, ax = plt.subplots(**fig_kw)
+        return fig, ax
+    return ax.figure, ax
+
+
+def identity_errors(rel_error, ax=None):
+    """Bar chart of per-head relative errors of an identity, with float64 epsilon marked."""
+    fig, ax = _axes(ax, figsize=(5, 3))
+    heads = np.arange(len(rel_error))
+    ax.bar(heads, np.maximum(rel_error, 1e-18), color="tab:blue")
+    ax.axhline(np.finfo(np.float64).eps, color="k", ls="--", lw=1, label="float64 eps")
+    ax.set_yscale("log")
+    ax.set_xlabel("head")
+    ax.set_ylabel("relative error")
+    ax.set_title("Laplace-Radon identity: N/Z vs softmax")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def radius_histogram(tau, ax=None):
+    """Histogram of Laplace radii tau."""
+    fig, ax = _axes(ax, figsize=(5, 3))
+    ax.hist(np.ravel(tau), bins=60, color="tab:orange", alpha=0.85)
+    ax.set_xlabel(r"radius $\tau = |q| / \sqrt{d_k}$")
+    ax.set_ylabel("queries")
+    ax.set_title("Laplace radii")
+    fig.tight_layout()
+    return fig
+
+
+def transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes=None):
+    """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
+    the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
+    and |Z(u, i w)|, the modulus of the characteristic function."""
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    else:
+        fig = axes[0].figure
+    ax = axes[0]
+    ax.stem(projection, np.ones_like(projection), basefmt=" ")
+    ax.set_xlabel(r"$s = u \cdot k$")
+    ax.set_yticks([])
+    ax.set_title(r"Radon projection $(\mathcal{R}\mu)(u, s)$")
+    ax = axes[1]
+    ax.plot(tau_grid, log_Z)
+    ax.axvline(tau_query, color="k", ls=":", lw=1, label=r"query's $\tau$")
+    ax.set_xlabel(r"$\tau$")
+    ax.set_ylabel(r"$\log Z(u, \tau)$")
+    ax.set_title("Laplace transform (CGF)")
+    ax.legend(frameon=False)
+    ax = axes[2]
+    ax.plot(omega, np.abs(Z_imag))
+    ax.set_xlabel(r"$\omega$")
+    ax.set_ylabel(r"$|Z(u, i\omega)|$")
+    ax.set_title("characteristic function")
+    fig.tight_layout()
+    return fig
