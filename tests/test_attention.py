@@ -140,7 +140,8 @@ def test_repeated_keys_n1_and_zero_query(rng):
 # ---- kernel attention -------------------------------------------------------------------
 
 KERNEL_CASES = [("exp", {}), ("gaussian", {"sigma": 0.7}), ("cauchy", {"gamma": 0.4}),
-                ("gaussian", {"sigma": 0.01}), ("cauchy", {"gamma": 3.0})]
+                ("gaussian", {"sigma": 0.01}), ("cauchy", {"gamma": 3.0}), ("stable", {"alpha": 1.3, "c": 0.5}),
+                ("stable", {"alpha": 0.6, "c": 2.0})]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -1,3 +1,57 @@
-# TEMPORARY placeholder
+"""The symmetric alpha-stable density, the kernel of Laplace-Radon eq. (57)."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+from ._arrays import real_array, scalar
+
+
 def stable_density(x, alpha, c=1.0, *, log=False):
-    raise NotImplementedError
+    """Density of the symmetric alpha-stable law with characteristic function exp(-c |w|^alpha).
+
+    f(x) = (1/pi) int_0^inf exp(-c w^alpha) cos(w x) dw, 0 < alpha <= 2, c > 0
+    (Lawrence, Laplace-Radon eq. 57: the Fourier multiplier of the alpha-stable kernel).
+    alpha = 2 is the Gaussian exp(-x^2 / (4c)) / (2 sqrt(pi c)) (variance 2c); alpha = 1 the
+    Cauchy density c / (pi (c^2 + x^2)); smaller alpha, heavier power-law tails
+    f(x) ~ c Gamma(alpha + 1) sin(pi alpha / 2) / (pi |x|^(alpha + 1)).
+
+    Evaluation: a table of log f built once per (alpha, c) (about 20-250 ms, 1 s at
+    alpha = 0.1; cached for the process), piecewise Chebyshev in asinh(|x| / h) from values
+    given by the convergent / asymptotic series where they reach full precision and by
+    Zolotarev's integral otherwise, and the power-law tail series beyond the table (the
+    exact Gaussian for alpha = 2). Measured relative error against independent numerical
+    integration and series, over x in [1e-6, 1e4]:
+
+    ============  ==================
+    alpha         max relative error
+    ============  ==================
+    2, 1.95, 1.5  < 1e-12
+    1.2 .. 0.8    < 5e-12
+    0.5, 0.3      < 1e-13
+    0.1           2.5e-11 (at x = 0)
+    ============  ==================
+
+    Parameters
+    ----------
+    x : array_like, any shape (real); NaN gives NaN.
+    alpha : float in (0, 2]
+    c : float > 0
+    log : bool
+        Return log f(x), accurate where f underflows.
+
+    Returns
+    -------
+    float64 ndarray of x's shape.
+
+    Example: ``ag.stable_density(np.linspace(-5, 5, 11), alpha=1.5)``
+    """
+    x = real_array("x", x)
+    alpha = scalar("alpha", alpha)
+    c = scalar("c", c)
+    if not 0.0 < alpha <= 2.0:
+        raise ValueError(f"alpha must lie in (0, 2], got {alpha}")
+    if c <= 0:
+        raise ValueError(f"c must be > 0, got {c}")
+    flat = np.ascontiguousarray(x, dtype=np.float64)
+    return _core.stable_density(flat, alpha, c, bool(log)).reshape(x.shape)

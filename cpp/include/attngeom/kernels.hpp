@@ -59,7 +59,7 @@ struct CauchyKernel {
 template <class T>
 struct StableKernel {
   std::shared_ptr<const StableDensity> density;
-  StableKernel(double alpha, double c) : density(std::make_shared<StableDensity>(alpha, c)) {}
+  StableKernel(double alpha, double c) : density(StableDensity::shared(alpha, c)) {}
   template <class M>
   void log_psi(M&& S, const T* tau) const {
     for (Eigen::Index r = 0; r < S.rows(); ++r)
