@@ -7,6 +7,7 @@ void bind_config(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_laplace_radon(py::module_& m);
 void bind_stable_density(py::module_& m);
+void bind_bench(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "attngeom C++ core (Eigen, OpenMP); use the attngeom package, not this module.";
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   bind_attention(m);
   bind_laplace_radon(m);
   bind_stable_density(m);
+  bind_bench(m);
 }

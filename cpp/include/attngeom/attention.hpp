@@ -77,6 +77,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const int64_t units = batch * q_blocks;
 
 #pragma omp parallel
@@ -134,12 +135,14 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
           alpha[r] = std::exp(m[r] - shift[r]);
           m[r] = m_new;
         }
+        // Eigen's vectorised exp clamps its argument, so exp(-inf) is the smallest normal
+        // number, not 0. Weights below min/epsilon are flushed to exactly 0: hidden keys and
+        // rows that have seen no visible key stay exactly empty, and the product with V never
+        // meets subnormals (which slow it down several-fold). Every row holds a 1 (its max),
+        // so the flushed mass is below n_k * min / epsilon relative: far under rounding.
         L.array().colwise() -= shift.head(rows);
         L.array() = L.array().exp();
-        // Eigen's vectorised exp clamps its argument, so exp(-inf) is ~1e-308, not 0: a row
-        // that has seen no visible key must stay exactly empty.
-        for (int64_t r = 0; r < rows; ++r)
-          if (m[r] == neg_inf) L.row(r).setZero();
+        L.array() = (L.array() < tiny).select(T(0), L.array());
         l.head(rows) = alpha.head(rows) * l.head(rows) + L.rowwise().sum().array();
         A.array().colwise() *= alpha.head(rows);
         A.noalias() += L * V.middleRows(j0, cols);

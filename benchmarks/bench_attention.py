@@ -1,0 +1,225 @@
+"""Softmax attention: attngeom against NumPy, PyTorch CPU SDPA and the batched-GEMM ceiling.
+
+For float32/float64, causal off/on and three (batch*heads, n, d) shapes, every contender
+runs on the same inputs, interleaved round by round after a warm-up; the table reports
+medians and ratios measured in this run (never absolute-time assertions):
+
+  o/numpy   time of attngeom.softmax_attention over the plain NumPy reference
+  o/torch   ... over torch.nn.functional.scaled_dot_product_attention (CPU)
+  o/gemm    ... over the GEMM ceiling: _core.batched_gemm of (n, n) @ (n, d) products doing
+            the same flop count (the machine's GEMM rate at attention's shapes)
+  GF/s      our GFLOP/s; flops = 4 B n^2 d, or 2 B n^2 d when causal (the work needed)
+  %ceil     our GFLOP/s as a fraction of the ceiling's
+
+Lower ratios mean attngeom is faster. The output is checked against torch (and NumPy where
+it runs) so the benchmark never times wrong code; a mismatch makes the exit status 1.
+
+  python benchmarks/bench_attention.py [--out DIR] [--threads N] [--repeats R] [--blocks] [--dtype T]
+
+--blocks adds a sweep over the kernel's (block_q, block_k) tiling and reports the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import attngeom as ag
+from attngeom import _core
+
+SHAPES = [(16, 1024, 64), (4, 4096, 64), (96, 256, 64)]
+DTYPES = [np.float32, np.float64]
+NUMPY_LIMIT_S = 10.0  # skip the NumPy reference when one call would take longer
+TOLERANCE = {np.float32: 1e-4, np.float64: 1e-10}
+BLOCK_SWEEP = [(bq, bk) for bq in (32, 64, 128, 256) for bk in (64, 128, 256, 512)]
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the benchmark extra is optional
+    torch = None
+
+
+def numpy_attention(q, k, v, causal):
+    """Plain reference: softmax(q k^T / sqrt(d) [+ causal mask]) v."""
+    s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = np.where(np.tril(np.ones((n_q, n_k), dtype=bool)), s, -np.inf)
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    s /= s.sum(axis=-1, keepdims=True)
+    return s @ v
+
+
+def flops(batch, n, d, causal):
+    return (2 if causal else 4) * batch * n * n * d
+
+
+def gemm_ceiling(batch, n, d, causal, dtype, rng):
+    """The GEMM ceiling: batched (n, n) @ (n, d) products with attention's flop count.
+
+    One product per batch element is 2 n^2 d flops, the work of causal attention; the
+    non-causal count (S = q k^T, then P v) is two of them. Operands are allocated once, so
+    only the products and their small (n, d) outputs are timed.
+    """
+    p = rng.random((batch, n, n)).astype(dtype)
+    v = rng.standard_normal((batch, n, d)).astype(dtype)
+    calls = 1 if causal else 2
+    return lambda: [_core.batched_gemm(p, v) for _ in range(calls)]
+
+
+def time_interleaved(contenders, repeats):
+    """Median seconds per contender; one warm-up call each, then `repeats` rounds."""
+    for f in contenders.values():
+        f()
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, f in contenders.items():
+            t0 = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def once(f):
+    t0 = time.perf_counter()
+    out = f()
+    return out, time.perf_counter() - t0
+
+
+def core_attention(q, k, v, causal, block_q, block_k):
+    """The kernel with an explicit (block_q, block_k) tiling, bypassing the Python layer."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return lambda: _core.softmax_attention(q.shape[0], q, None, k, None, v, None, None, None, None, int(causal),
+                                           scale, False, False, block_q, block_k)[0]
+
+
+def bench_case(dtype, causal, shape, repeats, sweep, rng):
+    batch, n, d = shape
+    q, k, v = (rng.standard_normal((batch, n, d)).astype(dtype) for _ in range(3))
+    row = {"dtype": np.dtype(dtype).name, "causal": causal, "batch": batch, "n": n, "d": d,
+           "flops": flops(batch, n, d, causal)}
+    notes = []
+
+    ours = lambda: ag.softmax_attention(q, k, v, causal=causal)  # noqa: E731
+    contenders = {"ours": ours, "gemm": gemm_ceiling(batch, n, d, causal, dtype, rng)}
+    y, _ = once(ours)
+
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
+        contenders["torch"] = sdpa
+        row["maxdiff_torch"] = float(np.max(np.abs(y - sdpa().numpy())))
+
+    # Estimate the NumPy reference from one batch element before committing to the full call.
+    _, t_one = once(lambda: numpy_attention(q[:1], k[:1], v[:1], causal))
+    if t_one * batch > NUMPY_LIMIT_S:
+        notes.append(f"numpy skipped (~{t_one * batch:.0f} s per call)")
+    else:
+        ref = numpy_attention(q, k, v, causal)
+        row["maxdiff_numpy"] = float(np.max(np.abs(y - ref)))
+        contenders["numpy"] = lambda: numpy_attention(q, k, v, causal)
+
+    med = time_interleaved(contenders, repeats)
+    row.update({f"t_{name}": t for name, t in med.items()})
+    for name in ("numpy", "torch", "gemm"):
+        if name in med:
+            row[f"ours/{name}"] = med["ours"] / med[name]
+    row["gflops_ours"] = row["flops"] / med["ours"] / 1e9
+    row["gflops_gemm"] = row["flops"] / med["gemm"] / 1e9
+    row["fraction_of_ceiling"] = row["gflops_ours"] / row["gflops_gemm"]
+
+    if sweep:
+        tiled = {(bq, bk): core_attention(q, k, v, causal, bq, bk) for bq, bk in BLOCK_SWEEP}
+        swept = time_interleaved(tiled, max(3, repeats // 2))
+        (bq, bk), t = min(swept.items(), key=lambda kv: kv[1])
+        row["best_blocks"] = {"block_q": bq, "block_k": bk, "t": t, "gflops": row["flops"] / t / 1e9}
+        row["block_times"] = {f"{a}x{b}": s for (a, b), s in swept.items()}
+
+    tol = TOLERANCE[dtype]
+    row["correct"] = all(row.get(key, 0.0) <= tol for key in ("maxdiff_torch", "maxdiff_numpy"))
+    if not row["correct"]:
+        notes.append(f"OUTPUT MISMATCH (tolerance {tol:g})")
+    row["notes"] = notes
+    return row
+
+
+def fmt(x, spec, width):
+    return (format(x, spec) if x is not None else "-").rjust(width)
+
+
+def print_row(row, sweep):
+    cells = [
+        f"{row['dtype']:>7}", f"{str(row['causal']):>6}", f"{row['batch']:>4}", f"{row['n']:>5}", f"{row['d']:>3}",
+        f"{row['t_ours'] * 1e3:>9.1f}", fmt(row.get("ours/numpy"), ".3f", 7), fmt(row.get("ours/torch"), ".3f", 7),
+        f"{row['ours/gemm']:>7.3f}", f"{row['gflops_ours']:>6.1f}", f"{row['gflops_gemm']:>6.1f}",
+        f"{100 * row['fraction_of_ceiling']:>4.0f}%", fmt(row.get("maxdiff_torch"), ".1e", 8),
+    ]
+    if sweep:
+        b = row["best_blocks"]
+        cells.append(f"{b['block_q']:>4}x{b['block_k']:<4} {b['gflops']:>6.1f}")
+    print("  ".join(cells) + ("   " + "; ".join(row["notes"]) if row["notes"] else ""), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results", help="directory for bench_attention.json")
+    p.add_argument("--threads", type=int, default=None, help="threads for attngeom and torch (default: attngeom's)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds per configuration")
+    p.add_argument("--blocks", action="store_true", help="also sweep (block_q, block_k) of the kernel")
+    p.add_argument("--dtype", choices=["float32", "float64"], action="append",
+                   help="restrict to this dtype (repeatable; default both)")
+    args = p.parse_args(argv)
+
+    if args.threads is not None:
+        ag.set_num_threads(args.threads)
+    threads = ag.get_num_threads()
+    if torch is None:
+        print("torch is not importable: the PyTorch SDPA column is skipped (install the 'bench' extra)")
+    else:
+        torch.set_num_threads(threads)
+
+    meta = {"threads": threads, "repeats": args.repeats, "numpy": np.__version__,
+            "torch": torch.__version__ if torch is not None else None, "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "attngeom": dict(_core.build_config()),
+            "gemm_ceiling": "batched (n, n) @ (n, d) products with the same flop count"}
+    print(f"softmax attention, {threads} threads, median of {args.repeats} interleaved rounds; "
+          "ratios are time_ours / time_anchor (lower = attngeom faster)")
+    header = ["  dtype", "causal", "   B", "    n", "  d", "ours [ms]", "o/numpy", "o/torch", " o/gemm",
+              "  GF/s", "gemmGF", "%ceil", " maxdiff"]
+    if args.blocks:
+        header.append("best blocks  GF/s")
+    print("  ".join(header))
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for dtype in [t for t in DTYPES if not args.dtype or np.dtype(t).name in args.dtype]:
+        for causal in (False, True):
+            for shape in SHAPES:
+                row = bench_case(dtype, causal, shape, args.repeats, args.blocks, rng)
+                print_row(row, args.blocks)
+                rows.append(row)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bench_attention.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {path}")
+    bad = [r for r in rows if not r["correct"]]
+    if bad:
+        print(f"{len(bad)} configuration(s) gave outputs that do not match the anchors", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
