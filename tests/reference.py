@@ -153,3 +153,36 @@ def stable_tail_series(x, alpha):
             good = converged and biggest < 1e2 * abs(float(total))
             out.append(float(total / np.longdouble(math.pi)) if good else np.nan)
     return np.array(out)
+
+
+# -- spectral (Laplace-Radon s.5-6, s.12, app. B; notes "spectral diagnostics") ------------
+def null_space(M, rtol=None):
+    """ker(M) by a full SVD (column basis) and the matrix_rank rule."""
+    M = np.asarray(M, dtype=np.float64)
+    _, s, vh = np.linalg.svd(M, full_matrices=True)
+    if rtol is None:
+        rtol = max(M.shape) * np.finfo(np.float64).eps
+    rank = int(np.sum(s > rtol * s[0])) if s.size else 0
+    return vh[rank:].T, rank
+
+
+def effective_rank(s, kind):
+    """The three effective ranks from their definitions."""
+    s = np.asarray(s, dtype=np.float64)
+    if kind == "participation":
+        return float((s ** 2).sum() ** 2 / (s ** 4).sum())
+    w = s if kind == "entropy" else s ** 2
+    p = w[w > 0] / w.sum()
+    return float(math.exp(-(p * np.log(p)).sum()))
+
+
+def tilt_eigenvalues(u, centered=False):
+    """Eigenvalues (descending) of E[u u^T] (or Cov(u)) of the normalised nonzero rows of u."""
+    u = np.asarray(u, dtype=np.float64).reshape(-1, np.shape(u)[-1])
+    norm = np.linalg.norm(u, axis=1)
+    u = u[norm > 0] / norm[norm > 0, None]
+    c = u.T @ u / len(u)
+    if centered:
+        m = u.mean(0)
+        c = c - np.outer(m, m)
+    return np.linalg.eigvalsh(c)[::-1]

@@ -7,6 +7,7 @@ void bind_config(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_laplace_radon(py::module_& m);
 void bind_stable_density(py::module_& m);
+void bind_spectral(py::module_& m);
 void bind_bench(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
@@ -15,5 +16,6 @@ PYBIND11_MODULE(_core, m) {
   bind_attention(m);
   bind_laplace_radon(m);
   bind_stable_density(m);
+  bind_spectral(m);
   bind_bench(m);
 }

@@ -25,6 +25,26 @@ from .laplace_radon import (
     tilt_radius,
 )
 from .stable_density import stable_density
+from .subspace import Subspace
+from .spectral import (
+    SVD,
+    GaugeErrors,
+    ParameterNulls,
+    RoutingNulls,
+    TiltCoverage,
+    TiltCoverageResult,
+    cumulative_energy,
+    effective_rank,
+    factored_svd,
+    gauge_invariance_error,
+    gauge_transform,
+    null_space,
+    parameter_nulls,
+    routing_nulls,
+    singular_values,
+    tilt_coverage,
+)
+from .head_diagnostics import HeadDiagnostics, head_diagnostics
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
@@ -32,4 +52,8 @@ __all__ = [
     "KERNELS", "psi", "stable_density",
     "tilt_radius", "radon_project", "laplace_radon_transform", "laplace_radon_attention",
     "projected_cumulants", "log_partition_gradient", "Transform", "LogTransform",
+    "Subspace", "null_space", "singular_values", "factored_svd", "SVD", "parameter_nulls", "ParameterNulls",
+    "effective_rank", "cumulative_energy", "tilt_coverage", "TiltCoverage", "TiltCoverageResult",
+    "routing_nulls", "RoutingNulls", "gauge_transform", "gauge_invariance_error", "GaugeErrors",
+    "head_diagnostics", "HeadDiagnostics",
 ]

@@ -84,3 +84,47 @@ def transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes
     ax.set_title("characteristic function")
     fig.tight_layout()
     return fig
+
+
+def head_spectra(spectra, title="", ax=None):
+    """Singular values of many heads, one line each, log scale: (n_heads, k) array."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    spectra = np.atleast_2d(np.asarray(spectra, dtype=float))
+    idx = np.arange(1, spectra.shape[1] + 1)
+    for s in spectra:
+        ax.plot(idx, np.maximum(s, np.finfo(float).tiny), lw=1, alpha=0.6 if len(spectra) > 1 else 1)
+    ax.set_yscale("log")
+    ax.set_xlabel("index i")
+    ax.set_ylabel(r"$\sigma_i$")
+    ax.set_title(f"singular values of {title}" if title else "singular values")
+    fig.tight_layout()
+    return fig
+
+
+def head_map(values, metric, ax=None):
+    """A (layer, head) heat map of one per-head quantity."""
+    fig, ax = _axes(ax, figsize=(1.2 + 0.45 * values.shape[1], 1.0 + 0.4 * values.shape[0]))
+    im = ax.imshow(values, cmap="viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, label=metric)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(metric)
+    fig.tight_layout()
+    return fig
+
+
+def spectrum_with_energy(s, ax=None, label=""):
+    """Eigenvalue or singular-value spectrum (log scale) with its cumulative energy E_k."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    s = np.sort(np.asarray(s, dtype=float))[::-1]
+    idx = np.arange(1, s.size + 1)
+    ax.semilogy(idx, np.maximum(s, np.finfo(float).tiny), "o-", ms=3, label=label or "spectrum")
+    ax.set_xlabel("index")
+    ax.set_ylabel("value")
+    twin = ax.twinx()
+    e = np.cumsum(s * s)
+    twin.plot(idx, e / e[-1] if e[-1] > 0 else e, color="tab:red", lw=1)
+    twin.set_ylabel(r"cumulative energy $E_k$", color="tab:red")
+    twin.set_ylim(0, 1.02)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,280 @@
+"""Everything the Laplace-Radon picture says about a head (or all heads of a model) in one call.
+
+For each head: the spectrum of the bilinear form B = W_Q W_K^T and its parameter nulls
+(Laplace-Radon s.5.3, s.6.1), the spectrum of the OV circuit W_V W_O (the notes' W_OV
+spectra), and, given token data, the Laplace radii, the tilt coverage with its
+limited-angle nulls in key and token space (s.6.2, s.12.1) and the routing ranks of the
+attention matrices (s.6.3, s.13.7). All heavy steps are batched kernels of the core
+(factored SVDs, attention with weights, batched SVDs) parallel over heads and sequences.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ._arrays import broadcast_batch, check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import softmax_attention
+from .spectral import (
+    ParameterNulls,
+    TiltCoverage,
+    TiltCoverageResult,
+    _rank,
+    _rtol,
+    effective_rank,
+    factored_svd,
+    parameter_nulls,
+    singular_values,
+)
+
+# Attention matrices of one chunk of heads are materialised; this bounds their size.
+_CHUNK_BYTES = 1 << 28
+
+
+@dataclass
+class HeadDiagnostics:
+    """Per-head geometry of a stack of heads with batch shape ``batch_shape`` (() for one head).
+
+    Weights-only fields
+    -------------------
+    nulls : ParameterNulls (ker W_Q^T, ker W_K^T, ker B, ker B^T; spectrum and rank of B)
+    bilinear_effective_rank : (...) entropy effective rank of B's spectrum
+    ov_singular_values : (..., k) spectrum of W_OV = W_V W_O (row convention), or None
+    ov_rank, ov_effective_rank : rank and energy effective rank (the notes' r_eff), or None
+
+    Data fields (None without x)
+    ----------------------------
+    radius_mean, radius_std : (...) statistics of tau = scale |q| (eq. 9, 16)
+    tilt : TiltCoverageResult per head (object array, or one result for one head)
+    routing_singular_values : (..., n_seq, n) singular values of each attention matrix P
+    routing_rank, routing_effective_rank : (..., n_seq) rank(P) and entropy rank_eff(P)
+    """
+
+    batch_shape: tuple
+    d_model: int
+    d_head: int
+    nulls: ParameterNulls
+    bilinear_effective_rank: np.ndarray
+    ov_singular_values: Optional[np.ndarray] = None
+    ov_rank: Optional[np.ndarray] = None
+    ov_effective_rank: Optional[np.ndarray] = None
+    radius_mean: Optional[np.ndarray] = None
+    radius_std: Optional[np.ndarray] = None
+    tilt: object = None
+    routing_singular_values: Optional[np.ndarray] = field(default=None, repr=False)
+    routing_rank: Optional[np.ndarray] = None
+    routing_effective_rank: Optional[np.ndarray] = None
+
+    # -- tables ------------------------------------------------------------------------
+    def _at(self, value, idx):
+        if value is None:
+            return None
+        return value if self.batch_shape == () else value[idx]
+
+    def table(self) -> list:
+        """One dict of named scalars per head (keys as in :meth:`summary`, plus ``head``)."""
+        rows = []
+        for idx in np.ndindex(*self.batch_shape):
+            n = self.nulls
+            row = {
+                "head": list(idx),
+                "bilinear_rank": int(self._at(np.asarray(n.rank), idx)),
+                "bilinear_effective_rank": float(self._at(np.asarray(self.bilinear_effective_rank), idx)),
+                "bilinear_sigma_max": float(self._at(n.singular_values, idx)[0]),
+                "ker_WQ_T_dim": self._at(n.ker_WQ_T, idx).dim,
+                "ker_WK_T_dim": self._at(n.ker_WK_T, idx).dim,
+                "ker_B_dim": self._at(n.ker_B, idx).dim,
+                "ker_BT_dim": self._at(n.ker_BT, idx).dim,
+            }
+            if self.ov_singular_values is not None:
+                row["ov_rank"] = int(self._at(np.asarray(self.ov_rank), idx))
+                row["ov_effective_rank"] = float(self._at(np.asarray(self.ov_effective_rank), idx))
+                row["ov_sigma_max"] = float(self._at(self.ov_singular_values, idx)[0])
+            if self.tilt is not None:
+                n_k = self.routing_singular_values.shape[-1]
+                t: TiltCoverageResult = self._at(self.tilt, idx)
+                row.update(
+                    radius_mean=float(self._at(np.asarray(self.radius_mean), idx)),
+                    radius_std=float(self._at(np.asarray(self.radius_std), idx)),
+                    tilt_effective_dim=t.effective_dim,
+                    tilt_rank=t.rank,
+                    tilt_null_dim=t.null.dim,
+                    token_effective_dim=t.effective_dim_token,
+                    token_null_dim=t.token_null.dim,
+                    routing_rank_mean=float(np.mean(self._at(self.routing_rank, idx))),
+                    routing_nullity_mean=float(np.mean(n_k - self._at(self.routing_rank, idx))),
+                    routing_effective_rank_mean=float(np.mean(self._at(self.routing_effective_rank, idx))),
+                )
+            rows.append(row)
+        return rows
+
+    def summary(self) -> dict:
+        """Named scalars: the head's values for one head; means over heads for a stack
+        (with ``n_heads``). Keys: bilinear_rank, bilinear_effective_rank, ker_*_dim,
+        ov_rank, ov_effective_rank, radius_mean, radius_std, tilt_effective_dim, tilt_rank,
+        tilt_null_dim, token_effective_dim, token_null_dim, routing_rank_mean,
+        routing_nullity_mean, routing_effective_rank_mean."""
+        rows = self.table()
+        out = {"n_heads": len(rows), "d_model": self.d_model, "d_head": self.d_head}
+        for key in rows[0]:
+            if key != "head":
+                out[key] = float(np.mean([r[key] for r in rows])) if len(rows) > 1 else rows[0][key]
+        return out
+
+    def to_json(self, path) -> str:
+        """Write {"summary": ..., "heads": [one row per head]} to path; returns the path."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"summary": self.summary(), "heads": self.table()}, f, indent=2)
+        return str(path)
+
+    # -- figures -----------------------------------------------------------------------
+    def plot_spectra(self, which: str = "bilinear", ax=None):
+        """Singular values of every head (log scale): which = "bilinear" (B), "ov" (W_OV)
+        or "routing" (P, averaged over sequences)."""
+        from . import plotting
+
+        spectra = {"bilinear": self.nulls.singular_values, "ov": self.ov_singular_values,
+                   "routing": None if self.routing_singular_values is None else self.routing_singular_values.mean(-2)}
+        if which not in spectra:
+            raise ValueError(f"which must be one of {tuple(spectra)}, got {which!r}")
+        if spectra[which] is None:
+            raise ValueError(f"no {which} spectra: pass W_O for 'ov' and x for 'routing'")
+        s = np.asarray(spectra[which]).reshape(-1, spectra[which].shape[-1])
+        return plotting.head_spectra(s, title={"bilinear": r"$B = W_Q W_K^\top$", "ov": r"$W_{OV}$",
+                                               "routing": r"routing $P$"}[which], ax=ax)
+
+    def plot_map(self, metric: str = "bilinear_effective_rank", ax=None):
+        """A (layer, head) heat map of one per-head metric of :meth:`table` (2-D stacks)."""
+        from . import plotting
+
+        rows = self.table()
+        if metric not in rows[0] or metric == "head":
+            raise ValueError(f"metric must be one of {[k for k in rows[0] if k != 'head']}, got {metric!r}")
+        shape = self.batch_shape if len(self.batch_shape) == 2 else (1, len(rows))
+        values = np.array([r[metric] for r in rows], dtype=float).reshape(shape)
+        return plotting.head_map(values, metric, ax=ax)
+
+
+def _weights(name, w, required=True):
+    if w is None:
+        if required:
+            raise ValueError(f"{name} is required")
+        return None
+    a = real_array(name, w)
+    check_min_ndim(name, a, 2, "(..., d_model, d_head)")
+    check_nonempty(name, a, "(..., d_model, d_head)")
+    check_finite(name, a)
+    return a
+
+
+def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
+    """The geometry of one head or a stack of heads, from weights and optionally tokens.
+
+    Parameters
+    ----------
+    W_Q, W_K : (..., d_model, d_head), q = x W_Q (TransformerLens layout for stacks, e.g.
+        (n_layers, n_heads, d_model, d_head)); leading axes broadcast.
+    W_V : (..., d_model, d_v), optional; W_O : (..., d_v, d_model), optional. With both,
+        the OV circuit W_V W_O (d_model x d_model, never formed) is analysed.
+    x : tokens, optional: (n, d_model) one sequence, (n_seq, n, d_model) several, or
+        (..., n_seq, n, d_model) with leading axes broadcasting against the heads' (one
+        residual stream per layer: x of shape (n_layers, 1, n_seq, n, d_model)).
+    scale : logit scale, default 1 / sqrt(d_head).
+    causal : passed to :func:`attngeom.softmax_attention` for the routing matrices.
+    rtol : rank threshold (relative to sigma_max) for every rank decision; default the
+        matrix_rank rule of each matrix.
+
+    Cost: O(d_model d_head^2) per head for the weights; with data, one attention matrix
+    (n x n) per head and sequence plus its singular values, O(n^3) each.
+
+    Example: ``d = ag.head_diagnostics(W_Q, W_K, W_V, W_O, x); d.summary()``
+    """
+    wq = _weights("W_Q", W_Q)
+    wk = _weights("W_K", W_K)
+    wv = _weights("W_V", W_V, required=False)
+    wo = _weights("W_O", W_O, required=False)
+    rtol = _rtol(rtol)
+    d_model, d_head = wq.shape[-2:]
+    for name, w in (("W_K", wk), ("W_V", wv)):
+        if w is not None and w.shape[-2] != d_model:
+            raise ValueError(f"{name} must have shape (..., {d_model}, d), got {w.shape}")
+    if wk.shape[-1] != d_head:
+        raise ValueError(f"W_K must have shape (..., {d_model}, {d_head}), got {wk.shape}")
+    if wo is not None:
+        if wv is None:
+            raise ValueError("W_O needs W_V (the OV circuit is W_V W_O)")
+        if wo.shape[-2] != wv.shape[-1] or wo.shape[-1] != d_model:
+            raise ValueError(f"W_O must have shape (..., {wv.shape[-1]}, {d_model}), got {wo.shape}")
+    named = [("W_Q", wq, 2), ("W_K", wk, 2)] + [(n, w, 2) for n, w in (("W_V", wv), ("W_O", wo)) if w is not None]
+    batch = broadcast_batch(named)
+    dt = compute_dtype(*[w for _, w, _ in named])
+
+    # Every head gets its own result even when some weights are shared across the stack.
+    wq = np.broadcast_to(wq, batch + wq.shape[-2:])
+    wk = np.broadcast_to(wk, batch + wk.shape[-2:])
+    nulls = parameter_nulls(wq, wk, rtol=rtol)
+    out = HeadDiagnostics(batch, d_model, d_head, nulls,
+                          np.asarray(effective_rank(nulls.singular_values, kind="entropy", spectrum=True)))
+    if wo is not None:
+        s = factored_svd(wv, wo).S
+        s = np.broadcast_to(s, batch + s.shape[-1:])
+        out.ov_singular_values = s
+        out.ov_rank = _rank(s, rtol, d_model, d_model)
+        out.ov_effective_rank = np.asarray(effective_rank(s, kind="energy", spectrum=True))
+    if x is not None:
+        _data_diagnostics(out, wq.astype(dt, copy=False), wk.astype(dt, copy=False), x, dt, scale, causal, rtol)
+    return out
+
+
+def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
+    d_model, d_head = out.d_model, out.d_head
+    xs = real_array("x", x)
+    check_min_ndim("x", xs, 2, f"(..., n, {d_model})")
+    check_nonempty("x", xs, f"(..., n, {d_model})")
+    check_finite("x", xs)
+    if xs.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
+    if xs.ndim == 2:
+        xs = xs[None]
+    xs = xs.astype(dt, copy=False)
+    scale = 1.0 / math.sqrt(d_head) if scale is None else scalar("scale", scale, positive=True)
+    batch = out.batch_shape
+    x_lead = xs.shape[:-3]
+    try:
+        fits = np.broadcast_shapes(x_lead, batch) == batch
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"x's leading axes {x_lead} must broadcast to the heads' batch shape {batch}")
+    n_seq, n = xs.shape[-3:-1]
+    heads = int(np.prod(batch, dtype=np.int64))
+    xb = np.broadcast_to(xs, batch + xs.shape[-3:]).reshape((heads,) + xs.shape[-3:])
+    wqb = np.broadcast_to(wq, batch + wq.shape[-2:]).reshape(heads, d_model, d_head)
+    wkb = np.broadcast_to(wk, batch + wk.shape[-2:]).reshape(heads, d_model, d_head)
+
+    tau_mean, tau_std = np.empty(heads), np.empty(heads)
+    tilts = np.empty(heads, dtype=object)
+    sv = np.empty((heads, n_seq, n), dtype=dt)
+    chunk = max(1, _CHUNK_BYTES // max(1, n_seq * n * n * np.dtype(dt).itemsize))
+    for h0 in range(0, heads, chunk):
+        sl = slice(h0, min(heads, h0 + chunk))
+        q = xb[sl] @ wqb[sl, None]  # (c, n_seq, n, d_head)
+        k = xb[sl] @ wkb[sl, None]
+        tau = scale * np.linalg.norm(q, axis=-1)
+        tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
+        tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)
+        for i, h in enumerate(range(sl.start, sl.stop)):
+            tilts[h] = TiltCoverage(d_head).update(q[i]).result(W_K=wkb[h], rtol=rtol)
+        _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_weights=True)
+        sv[sl] = singular_values(P)
+    out.radius_mean = tau_mean.reshape(batch)
+    out.radius_std = tau_std.reshape(batch)
+    out.tilt = tilts[0] if batch == () else tilts.reshape(batch)
+    out.routing_singular_values = sv.reshape(batch + (n_seq, n))
+    out.routing_rank = _rank(out.routing_singular_values, rtol, n, n)
+    out.routing_effective_rank = np.asarray(effective_rank(out.routing_singular_values, kind="entropy", spectrum=True))

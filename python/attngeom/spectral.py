@@ -1,0 +1,618 @@
+"""Spectral diagnostics: the three null spaces of a head, factored SVDs, effective ranks.
+
+Laplace-Radon s.5-6, s.12 and app. B name three bottlenecks of one head:
+
+* hard parameter nulls, independent of data: ker(W_Q^T), ker(W_K^T), and the logit nulls
+  ker(B), ker(B^T) of the bilinear form B = W_Q W_K^T (eq. 17-19), from
+  :func:`parameter_nulls`;
+* limited-angle nulls of a dataset: span(U)^perp of the observed tilts in key space and
+  span(N)^perp of the normals n = W_K u in token space (eq. 20-23, 58), from
+  :func:`tilt_coverage` / :class:`TiltCoverage`;
+* routing nulls of one forward pass: ker(P) of the attention matrix (eq. 24-25), from
+  :func:`routing_nulls`.
+
+Every rank decision takes ``rtol``: singular values <= rtol * sigma_max count as zero, with
+NumPy's matrix_rank default rtol = max(m, n) * eps for an m x n matrix; the singular values
+are always returned too, so the gap is visible. Weights use the row convention of the
+library: ``W_Q`` (d_model, d_k), q = x W_Q; stacked heads (..., d_model, d_head) are
+accepted as they are (TransformerLens layout).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+
+from . import _core
+from ._arrays import (
+    batch_operands,
+    broadcast_batch,
+    check_finite,
+    check_min_ndim,
+    check_nonempty,
+    compute_dtype,
+    real_array,
+    scalar,
+)
+from .subspace import Subspace
+
+_KINDS = ("entropy", "energy", "participation")
+
+
+# -- argument checks ---------------------------------------------------------------------
+def _rtol(rtol) -> Optional[float]:
+    if rtol is None:
+        return None
+    rtol = scalar("rtol", rtol)
+    if rtol < 0:
+        raise ValueError(f"rtol must be >= 0, got {rtol}")
+    return rtol
+
+
+def _matrix(name: str, x, expected: str = "(..., m, n)") -> np.ndarray:
+    a = real_array(name, x)
+    check_min_ndim(name, a, 2, expected)
+    check_nonempty(name, a, expected)
+    check_finite(name, a)
+    return a.astype(compute_dtype(a), copy=False)
+
+
+def _rank(s: np.ndarray, rtol: Optional[float], m: int, n: int) -> np.ndarray:
+    """Numerical ranks of descending spectra s (..., k): count of s > rtol * s_max."""
+    if rtol is None:
+        rtol = max(m, n) * np.finfo(s.dtype).eps
+    if s.shape[-1] == 0:
+        return np.zeros(s.shape[:-1], dtype=np.int64)
+    return np.count_nonzero(s > rtol * s[..., :1], axis=-1).astype(np.int64)
+
+
+def _objects(shape: tuple, make) -> Union[Subspace, np.ndarray]:
+    """make(index) for every batch index: one object for shape (), else an object array."""
+    if shape == ():
+        return make(())
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        out[idx] = make(idx)
+    return out
+
+
+# -- SVDs ----------------------------------------------------------------------------------
+def _svd(a: np.ndarray, vectors: bool):
+    """Batched thin SVD through the core: (S, U, Vh) with batch axes restored."""
+    batch = a.shape[:-2]
+    (op,) = batch_operands(batch, [a], [2], [a.dtype])
+    total = int(np.prod(batch, dtype=np.int64))
+    s, u, vh = _core.batched_svd(total, op.array, op.index, vectors)
+    k = s.shape[-1]
+    s = s.reshape(batch + (k,))
+    if vectors:
+        u = u.reshape(batch + (a.shape[-2], k))
+        vh = vh.reshape(batch + (k, a.shape[-1]))
+    return s, u, vh
+
+
+def singular_values(x) -> np.ndarray:
+    """Singular values (descending) of x (..., m, n), batched: shape (..., min(m, n)).
+
+    Computed by the core's batched SVD (OpenMP over the batch). float32 stays float32.
+
+    Example: ``ag.singular_values(np.diag([3.0, 1.0]))  # [3, 1]``
+    """
+    a = _matrix("x", x)
+    return _svd(a, vectors=False)[0]
+
+
+class SVD(NamedTuple):
+    """U (..., m, k), S (..., k) descending, Vh (..., k, n): M = U diag(S) Vh (NumPy's order)."""
+
+    U: np.ndarray
+    S: np.ndarray
+    Vh: np.ndarray
+
+
+def factored_svd(A, B) -> SVD:
+    """SVD of the product A @ B without forming it.
+
+    Thin QR factorizations A = Qa Ra and B^T = Qb Rb reduce the product to the small core
+    Ra Rb^T, whose SVD Uc S Vc^T gives U = Qa Uc, Vh = (Qb Vc)^T. This is how the spectra of
+    B = W_Q W_K^T (Laplace-Radon eq. 17) and of the OV circuit W_V W_O are computed: cost
+    O((m + p) r^2) instead of O(m p min(m, p)) for the d_model x d_model product.
+
+    Parameters
+    ----------
+    A : array_like, shape (..., m, r)
+    B : array_like, shape (..., r, p); leading axes broadcast with A's (e.g. all heads).
+
+    Returns
+    -------
+    SVD(U (..., m, k), S (..., k), Vh (..., k, p)) with k = min(m, r, p); float32 when
+    both inputs are float32, else float64.
+
+    Example: ``U, S, Vh = ag.factored_svd(W_Q, W_K.swapaxes(-1, -2))  # spectrum of B``
+    """
+    a = _matrix("A", A, "(..., m, r)")
+    b = _matrix("B", B, "(..., r, p)")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"A (..., m, r) and B (..., r, p) must share r: got A {a.shape}, B {b.shape}")
+    batch = broadcast_batch([("A", a, 2), ("B", b, 2)])
+    dt = compute_dtype(a, b)
+    oa, ob = batch_operands(batch, [a, b], [2, 2], [dt, dt])
+    total = int(np.prod(batch, dtype=np.int64))
+    s, u, vh = _core.factored_svd(total, oa.array, oa.index, ob.array, ob.index, True)
+    k = s.shape[-1]
+    return SVD(u.reshape(batch + (a.shape[-2], k)), s.reshape(batch + (k,)), vh.reshape(batch + (k, b.shape[-1])))
+
+
+# -- null spaces ---------------------------------------------------------------------------
+def _null_from_svd(s, vh, n, rank) -> Subspace:
+    """ker(M) in R^n from one thin SVD: the complement of the row space Vh[:rank]."""
+    if vh.shape[0] == n and n - rank < rank:  # the full V is at hand: keep the smaller side directly
+        return Subspace(vh[rank:].T)
+    return Subspace(vh[:rank].T, complement=True)
+
+
+def null_space(M, *, rtol=None):
+    """Orthonormal basis of ker(M) = {z : M z = 0} by SVD, batched over leading axes.
+
+    Parameters
+    ----------
+    M : array_like, shape (..., m, n)
+    rtol : float, optional
+        Singular values <= rtol * sigma_max count as zero; default max(m, n) * eps
+        (NumPy's matrix_rank rule). Must be >= 0.
+
+    Returns
+    -------
+    null : Subspace of R^n (for a single matrix), or an object ndarray of Subspaces with
+        M's batch shape (batches may have different nullities); ``null.basis()`` is the
+        (n, nullity) orthonormal basis, as ``scipy.linalg.null_space`` returns.
+    singular_values : ndarray (..., min(m, n)), descending.
+
+    Example: ``null, s = ag.null_space(W_K.T)  # ker(W_K^T), Laplace-Radon eq. 19``
+    """
+    a = _matrix("M", M)
+    rtol = _rtol(rtol)
+    m, n = a.shape[-2:]
+    s, _, vh = _svd(a, vectors=True)
+    rank = _rank(s, rtol, m, n)
+    return _objects(a.shape[:-2], lambda i: _null_from_svd(s[i], vh[i], n, int(rank[i]))), s
+
+
+@dataclass
+class ParameterNulls:
+    """Hard parameter nulls of one head or a stack of heads (Laplace-Radon s.6.1, eq. 17-19).
+
+    Each null is a :class:`Subspace` of R^d_model (an object array of them for stacked heads):
+
+    ker_WQ_T : query-side invisible directions ker(W_Q^T)
+    ker_WK_T : key-side invisible directions ker(W_K^T)
+    ker_B    : key-side logit nulls ker(B), B = W_Q W_K^T: x_j^T B (x_i + a z) = x_j^T B x_i
+    ker_BT   : query-side logit nulls ker(B^T)
+    singular_values : (..., min(d_model, d_k)) singular values of B, descending
+    rank : rank of B (int, or int array for stacked heads); ker_B.dim = d_model - rank
+    rank_WQ, rank_WK : ranks of W_Q and W_K
+    """
+
+    ker_WQ_T: Union[Subspace, np.ndarray]
+    ker_WK_T: Union[Subspace, np.ndarray]
+    ker_B: Union[Subspace, np.ndarray]
+    ker_BT: Union[Subspace, np.ndarray]
+    singular_values: np.ndarray
+    rank: Union[int, np.ndarray]
+    rank_WQ: Union[int, np.ndarray]
+    rank_WK: Union[int, np.ndarray]
+
+
+def _head_weights(name: str, w, d_model: Optional[int] = None) -> np.ndarray:
+    a = _matrix(name, w, "(..., d_model, d_head)")
+    if d_model is not None and a.shape[-2] != d_model:
+        raise ValueError(f"{name} must have shape (..., {d_model}, d_head), got {a.shape}")
+    return a
+
+
+def _int(x):
+    return int(x) if np.ndim(x) == 0 else x
+
+
+def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
+    """The hard parameter nulls of a head: ker(W_Q^T), ker(W_K^T), ker(B), ker(B^T).
+
+    B = W_Q W_K^T (d_model x d_model, Laplace-Radon eq. 17) is never formed: its SVD comes
+    from :func:`factored_svd`, so the cost is O(d_model d_k^2) per head. Ranks use the
+    matrix_rank rule with B's dimensions (rtol default d_model * eps) and W_Q's, W_K's own.
+
+    Parameters
+    ----------
+    W_Q, W_K : array_like, shape (d_model, d_k) for one head or (..., d_model, d_k) stacked
+        (e.g. (n_heads, d_model, d_head)); leading axes broadcast.
+    rtol : float, optional, >= 0.
+
+    Returns
+    -------
+    ParameterNulls (Subspaces, or object arrays of them with the heads' batch shape).
+
+    Example: ``nulls = ag.parameter_nulls(W_Q, W_K); nulls.ker_B.dim  # d_model - rank(B)``
+    """
+    wq = _head_weights("W_Q", W_Q)
+    wk = _head_weights("W_K", W_K, wq.shape[-2])
+    if wk.shape[-1] != wq.shape[-1]:
+        raise ValueError(f"W_Q and W_K must share d_k: got W_Q {wq.shape}, W_K {wk.shape}")
+    rtol = _rtol(rtol)
+    batch = broadcast_batch([("W_Q", wq, 2), ("W_K", wk, 2)])
+    dt = compute_dtype(wq, wk)
+    wq = np.broadcast_to(wq, batch + wq.shape[-2:]).astype(dt, copy=False)
+    wk = np.broadcast_to(wk, batch + wk.shape[-2:]).astype(dt, copy=False)
+    d_model, d_k = wq.shape[-2:]
+
+    def range_complement(w):  # ker(W^T) = range(W)^perp
+        s, u, _ = _svd(w, vectors=True)
+        rank = _rank(s, rtol, d_model, d_k)
+        return _objects(batch, lambda i: Subspace(u[i][:, : rank[i]], complement=True)), rank
+
+    ker_q, rank_q = range_complement(wq)
+    ker_k, rank_k = range_complement(wk)
+    U, S, Vh = factored_svd(wq, np.swapaxes(wk, -1, -2))
+    rank = _rank(S, rtol, d_model, d_model)
+    ker_b = _objects(batch, lambda i: Subspace(Vh[i][: rank[i]].T, complement=True))
+    ker_bt = _objects(batch, lambda i: Subspace(U[i][:, : rank[i]], complement=True))
+    return ParameterNulls(ker_q, ker_k, ker_b, ker_bt, S, _int(rank), _int(rank_q), _int(rank_k))
+
+
+# -- effective ranks -----------------------------------------------------------------------
+def _spectrum(x, spectrum: Optional[bool]) -> np.ndarray:
+    a = real_array("x", x)
+    check_min_ndim("x", a, 1, "(..., k) singular values or (..., m, n) matrices")
+    check_nonempty("x", a, "(..., k) or (..., m, n)")
+    check_finite("x", a)
+    if spectrum is None:
+        spectrum = a.ndim == 1
+    if spectrum:
+        s = a.astype(compute_dtype(a), copy=False)
+        if np.any(s < 0):
+            raise ValueError("x: singular values must be >= 0")
+        return s
+    return singular_values(a)
+
+
+def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None):
+    """Effective rank of a matrix, or of given singular values, batched.
+
+    kinds (sigma the singular values):
+
+    * ``"entropy"``: exp(H(p)), p = sigma / sum sigma (Roy & Vetterli 2007). The
+      Laplace-Radon paper's rank_eff(P) of the routing matrix (s.13.7, Fig. 7 and 10).
+    * ``"energy"``: exp(H(p)), p = sigma^2 / sum sigma^2. The notes' r_eff of W_OV spectra
+      ("spectral diagnostics"): the entropy of the variance fractions.
+    * ``"participation"``: (sum sigma^2)^2 / sum sigma^4, the participation ratio; with
+      sigma^2 read as eigenvalues it is the Laplace-Radon paper's dim_eff span(U) (s.13.6).
+
+    A flat spectrum of k equal values gives k for every kind; all-zero gives 0.
+
+    Parameters
+    ----------
+    x : array_like
+        A 1-D spectrum (k,), or matrices (..., m, n). Pass ``spectrum=True`` for a batch
+        of spectra (..., k); ``spectrum=False`` to treat a 1-D input as... not allowed
+        (matrices need 2 axes).
+    kind : "entropy" | "energy" | "participation"
+
+    Returns
+    -------
+    float for a single spectrum or matrix, else ndarray of the batch shape.
+
+    Example: ``ag.effective_rank(np.ones(5))  # 5.0``
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    s = _spectrum(x, spectrum).astype(np.float64)
+    if kind == "participation":
+        e = s * s
+        num, den = e.sum(-1) ** 2, (e * e).sum(-1)
+        out = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    else:
+        w = s if kind == "entropy" else s * s
+        total = w.sum(-1, keepdims=True)
+        p = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+        h = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
+        out = np.where(total[..., 0] > 0, np.exp(h), 0.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def cumulative_energy(x, *, spectrum: Optional[bool] = None) -> np.ndarray:
+    """E_k = sum_{i <= k} sigma_i^2 / sum_i sigma_i^2 for k = 1..K (the notes' E_k).
+
+    The fraction of variance captured by the first k singular directions; input as in
+    :func:`effective_rank` (a 1-D spectrum or matrices). Returns (..., K), ending at 1
+    (all zeros for an all-zero spectrum). Spectra are sorted descending first.
+
+    Example: ``ag.cumulative_energy([2.0, 1.0])  # [0.8, 1.0]``
+    """
+    s = np.sort(_spectrum(x, spectrum).astype(np.float64), axis=-1)[..., ::-1]
+    e = np.cumsum(s * s, axis=-1)
+    total = e[..., -1:]
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+# -- tilt coverage (limited-angle nulls) ---------------------------------------------------
+@dataclass
+class TiltCoverageResult:
+    """Angular coverage of a head on a dataset (Laplace-Radon s.6.2, s.12.1, eq. 20-23, 58).
+
+    count : number of (nonzero) tilts seen
+    eigenvalues : (d_k,) eigenvalues of C_u = E[u u^T] (or Cov(u) if centered), descending
+    effective_dim : (sum lambda)^2 / sum lambda^2, the paper's dim_eff span(U)
+    rank : dim span(U) (rank decision on the singular values of the stacked tilts)
+    null : span(U)^perp in R^d_k, the key-space limited-angle null (eq. 21), a Subspace
+    token_eigenvalues : (min(d_k, d_model),) eigenvalues of E[n n^T], n = W_K u (the rest of
+        the d_model eigenvalues are exactly zero), or None without W_K
+    effective_dim_token : dim_eff span(N) (or None)
+    token_rank : dim span(N) (or None)
+    token_null : span(N)^perp in R^d_model (eq. 23) (or None)
+    centered : whether eigenvalues are of Cov(u) = E[u u^T] - E[u] E[u]^T
+    """
+
+    count: int
+    eigenvalues: np.ndarray
+    effective_dim: float
+    rank: int
+    null: Subspace
+    token_eigenvalues: Optional[np.ndarray] = None
+    effective_dim_token: Optional[float] = None
+    token_rank: Optional[int] = None
+    token_null: Optional[Subspace] = None
+    centered: bool = False
+
+
+def _participation(lam: np.ndarray) -> float:
+    return float(effective_rank(np.sqrt(np.clip(lam, 0, None)), kind="participation", spectrum=True))
+
+
+class TiltCoverage:
+    """Streaming accumulator of tilts u = q / |q| for :func:`tilt_coverage`.
+
+    Holds the triangular factor R of the stacked tilts (U = Q R, so U^T U = R^T R exactly
+    up to rounding), their count and their sum: O(d_k^2) memory whatever the number of
+    tokens, and the rank decision is made on the singular values of R, which are those of
+    U itself (no squaring of the condition number as a Gram matrix would do).
+
+    ``update(u)`` adds rows u (..., d_k) (any nonzero vectors: they are normalised, zero
+    rows are skipped, as a zero query has no tilt); ``merge(other)`` adds another
+    accumulator's tilts (partial results from other processes combine exactly);
+    ``result(W_K=None, rtol=None, centered=False)`` gives a :class:`TiltCoverageResult`.
+
+    Example::
+
+        acc = ag.TiltCoverage(d_k)
+        for q in batches: acc.update(q)
+        cov = acc.result(W_K=W_K)
+    """
+
+    def __init__(self, dim: int):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self.dim = int(dim)
+        self.count = 0
+        self._r = np.zeros((0, self.dim))
+        self._sum = np.zeros(self.dim)
+        self._float32 = None  # True while every input was float32
+
+    def _note_dtype(self, is32: bool):
+        self._float32 = is32 if self._float32 is None else (self._float32 and is32)
+
+    def update(self, u) -> "TiltCoverage":
+        """Add the tilts of the rows of u (..., d_k); returns self."""
+        a = real_array("u", u)
+        check_min_ndim("u", a, 1, f"(..., {self.dim})")
+        if a.shape[-1] != self.dim:
+            raise ValueError(f"u must have shape (..., {self.dim}), got {a.shape}")
+        check_finite("u", a)
+        self._note_dtype(a.dtype == np.float32)
+        rows = a.reshape(-1, self.dim).astype(np.float64)
+        norm = np.linalg.norm(rows, axis=1)
+        rows = rows[norm > 0] / norm[norm > 0, None]
+        if rows.shape[0]:
+            self._r = np.linalg.qr(np.vstack([self._r, rows]), mode="r")
+            self.count += rows.shape[0]
+            self._sum += rows.sum(axis=0)
+        return self
+
+    def merge(self, other: "TiltCoverage") -> "TiltCoverage":
+        """Add another accumulator's tilts to this one; returns self."""
+        if not isinstance(other, TiltCoverage):
+            raise TypeError(f"other must be a TiltCoverage, got {type(other).__name__}")
+        if other.dim != self.dim:
+            raise ValueError(f"other has dim {other.dim}, this accumulator {self.dim}")
+        if other.count:
+            self._r = np.linalg.qr(np.vstack([self._r, other._r]), mode="r")
+            self.count += other.count
+            self._sum += other._sum
+            self._note_dtype(bool(other._float32))
+        return self
+
+    @property
+    def gram(self) -> np.ndarray:
+        """sum_j u_j u_j^T (d_k, d_k), from the factor."""
+        return self._r.T @ self._r
+
+    def result(self, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
+        """Spectra, effective dimensions and limited-angle nulls of the tilts seen so far.
+
+        W_K : (d_model, d_k), optional: adds the token-space normals n = W_K u (eq. 22).
+        rtol : rank threshold on singular values of the stacked tilts, relative to the
+            largest; default max(count, d) * eps, eps of float32 when every input was float32.
+        centered : eigenvalues of Cov(u) instead of E[u u^T] (the null is span(U)^perp either way).
+        """
+        if self.count == 0:
+            raise ValueError("no tilts: update() the accumulator with nonzero vectors first")
+        rtol = _rtol(rtol)
+        eps = np.finfo(np.float32 if self._float32 else np.float64).eps
+        d, n = self.dim, self.count
+        wk = None
+        if W_K is not None:
+            wk = _matrix("W_K", W_K, f"(d_model, {d})").astype(np.float64)
+            if wk.ndim != 2 or wk.shape[1] != d:
+                raise ValueError(f"W_K must have shape (d_model, {d}), got {wk.shape}")
+
+        def decide(s, cols):
+            tol = (max(n, cols) * eps if rtol is None else rtol) * (s[0] if s.size else 0.0)
+            return int(np.count_nonzero(s > tol))
+
+        _, s, vh = np.linalg.svd(self._r, full_matrices=False)
+        rank = decide(s, d)
+        null = Subspace(vh[:rank].T, complement=True)
+        if centered:
+            mean = self._sum / n
+            cov = self.gram / n - np.outer(mean, mean)
+            lam, vec = np.linalg.eigh((cov + cov.T) / 2)
+            lam, vec = np.clip(lam[::-1], 0, None), vec[:, ::-1]
+            factor = vec * np.sqrt(lam)  # Cov(u) = factor factor^T
+        else:
+            lam = np.zeros(d)
+            lam[: s.size] = s * s / n
+            factor = (vh.T * s) / math.sqrt(n)  # E[uu^T] = factor factor^T
+        out = TiltCoverageResult(n, lam, _participation(lam), rank, null, centered=centered)
+        if wk is not None:
+            # n = W_K u: E[n n^T] = (W_K factor)(W_K factor)^T; span(N) = W_K span(U).
+            st = np.linalg.svd(wk @ factor, compute_uv=False)
+            out.token_eigenvalues = st * st
+            out.effective_dim_token = _participation(out.token_eigenvalues)
+            # span(N)^perp from the tilts' own factor: the row space of R W_K^T.
+            _, sn, vhn = np.linalg.svd(self._r @ wk.T, full_matrices=False)
+            out.token_rank = decide(sn, wk.shape[0])
+            out.token_null = Subspace(vhn[: out.token_rank].T, complement=True)
+        return out
+
+
+def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
+    """Angular coverage of the tilts u (..., d_k) of a head on a dataset.
+
+    Laplace-Radon s.6.2 and s.12.1: the eigenvalues of C_u = E[u u^T] (eq. 58), the
+    effective angular dimension dim_eff span(U) (participation ratio of the eigenvalues),
+    and the key-space limited-angle null span(U)^perp (eq. 21); with W_K (d_model, d_k) the
+    same for the token-space normals n = W_K u (eq. 22-23). Rows of u need not be unit
+    vectors: they are normalised (so queries q can be passed directly) and zero rows are
+    skipped. For data that does not fit in memory use :class:`TiltCoverage`.
+
+    Example: ``cov = ag.tilt_coverage(q, W_K=W_K); cov.effective_dim, cov.null.dim``
+    """
+    a = real_array("u", u)
+    check_min_ndim("u", a, 1, "(..., d_k)")
+    check_nonempty("u", a, "(..., d_k)")
+    return TiltCoverage(a.shape[-1]).update(a).result(W_K=W_K, rtol=rtol, centered=centered)
+
+
+# -- routing nulls -------------------------------------------------------------------------
+@dataclass
+class RoutingNulls:
+    """Routing (forward-pass) nulls of attention matrices P (Laplace-Radon s.6.3, eq. 24-25).
+
+    rank : rank(P) (int or int array of the batch shape)
+    nullity : dim ker(P) = n_k - rank
+    null : ker(P) in R^n_k (value perturbations P dV = 0 cannot reach the output), Subspace
+        or object array of Subspaces
+    singular_values : (..., min(n_q, n_k)) descending
+    effective_rank : entropy effective rank of P (rank_eff(P) of s.13.7)
+    """
+
+    rank: Union[int, np.ndarray]
+    nullity: Union[int, np.ndarray]
+    null: Union[Subspace, np.ndarray]
+    singular_values: np.ndarray
+    effective_rank: Union[float, np.ndarray]
+
+
+def routing_nulls(P, *, rtol=None) -> RoutingNulls:
+    """Rank, nullity, null space and spectrum of attention matrices P (..., n_q, n_k).
+
+    dim ker(P) = n_k - rank(P) (app. B.3): near one-hot routing lowers the rank and widens
+    the set of value perturbations the head cannot see. rtol as in :func:`null_space`.
+
+    Example: ``r = ag.routing_nulls(P); r.nullity``
+    """
+    null, s = null_space(P, rtol=rtol)
+    n_k = np.shape(P)[-1]
+    if isinstance(null, Subspace):
+        nullity = null.dim
+    else:
+        nullity = np.vectorize(lambda z: z.dim, otypes=[np.int64])(null)
+    rank = n_k - nullity
+    return RoutingNulls(_int(rank), _int(nullity), null, s, effective_rank(s, kind="entropy", spectrum=True))
+
+
+# -- gauge symmetry ------------------------------------------------------------------------
+def gauge_transform(W_Q, W_K, A):
+    """The gauge map (W_Q, W_K) -> (W_Q A, W_K A^{-T}) that leaves B = W_Q W_K^T unchanged.
+
+    Laplace-Radon s.9.4 / s.13.3: only B is identifiable from logits. A (..., d_k, d_k)
+    must be invertible (ValueError otherwise); W_K A^{-T} is computed by a solve, not an
+    inverse. Shapes as in :func:`parameter_nulls`; leading axes broadcast.
+
+    Example: ``wq2, wk2 = ag.gauge_transform(W_Q, W_K, A)``
+    """
+    wq = _head_weights("W_Q", W_Q)
+    wk = _head_weights("W_K", W_K, wq.shape[-2])
+    d_k = wq.shape[-1]
+    if wk.shape[-1] != d_k:
+        raise ValueError(f"W_Q and W_K must share d_k: got W_Q {wq.shape}, W_K {wk.shape}")
+    a = _matrix("A", A, f"(..., {d_k}, {d_k})")
+    if a.shape[-2:] != (d_k, d_k):
+        raise ValueError(f"A must have shape (..., {d_k}, {d_k}), got {a.shape}")
+    dt = compute_dtype(wq, wk, a)
+    wq, wk, a = (x.astype(dt, copy=False) for x in (wq, wk, a))
+    s = singular_values(a)
+    if np.any(s[..., -1] <= s[..., 0] * d_k * np.finfo(dt).eps):
+        raise ValueError("A must be invertible: its smallest singular value is zero to working precision")
+    # W_K A^{-T} = (A^{-1} W_K^T)^T
+    wk_new = np.swapaxes(np.linalg.solve(a, np.swapaxes(wk, -1, -2)), -1, -2)
+    return wq @ a, wk_new
+
+
+class GaugeErrors(NamedTuple):
+    """Relative changes under a gauge transform (all ~ eps when the gauge holds)."""
+
+    bilinear: float  # |B' - B|_F / |B|_F
+    logits: float  # max |l' - l| / max |l|
+    outputs: float  # max |y' - y| / max |y|
+
+
+def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErrors:
+    """How much B, the logits and the attention outputs change under the gauge by A.
+
+    For one head (W_Q, W_K (d_model, d_k), A (d_k, d_k)) and tokens x (..., n, d_model):
+    B = W_Q W_K^T is compared in Frobenius norm without forming it (the SVD of the
+    difference [W_Q, -W_Q A] [W_K, W_K A^{-T}]^T via :func:`factored_svd`), logits
+    scale (x W_Q)(x W_K)^T and outputs softmax attention with values x W_V (x itself when
+    W_V is None). Laplace-Radon s.9.4, s.13.3, Table 1 (gauge errors ~1e-15).
+
+    Example: ``ag.gauge_invariance_error(W_Q, W_K, A, x).bilinear``
+    """
+    from .attention import softmax_attention
+
+    wq = _head_weights("W_Q", W_Q)
+    wk = _head_weights("W_K", W_K, wq.shape[-2])
+    if wq.ndim != 2:
+        raise ValueError(f"W_Q must be one head (d_model, d_k), got {wq.shape}")
+    wq2, wk2 = gauge_transform(wq, wk, A)
+    d_model, d_k = wq.shape
+    xs = _matrix("x", x, f"(..., n, {d_model})")
+    if xs.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
+    scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale)
+    dt = wq2.dtype
+    diff = factored_svd(np.concatenate([wq, -wq2], axis=1).astype(dt), np.concatenate([wk, wk2], axis=1).T.astype(dt)).S
+    base = factored_svd(wq.astype(dt), wk.T.astype(dt)).S
+    bilinear = float(np.linalg.norm(diff) / max(np.linalg.norm(base), np.finfo(dt).tiny))
+    xs = xs.astype(dt, copy=False)
+    q1, k1, q2, k2 = xs @ wq.astype(dt), xs @ wk.astype(dt), xs @ wq2, xs @ wk2
+    l1 = scale * q1 @ np.swapaxes(k1, -1, -2)
+    l2 = scale * q2 @ np.swapaxes(k2, -1, -2)
+    v = xs if W_V is None else xs @ _head_weights("W_V", W_V, d_model).astype(dt)
+    y1 = softmax_attention(q1, k1, v, scale=scale)
+    y2 = softmax_attention(q2, k2, v, scale=scale)
+
+    def rel(a, b):
+        return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(dt).tiny))
+
+    return GaugeErrors(bilinear, rel(l2, l1), rel(y2, y1))
