@@ -45,6 +45,7 @@ from .spectral import (
     tilt_coverage,
 )
 from .head_diagnostics import HeadDiagnostics, head_diagnostics
+from . import plotting  # matplotlib itself is imported on first use
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",

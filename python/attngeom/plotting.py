@@ -86,13 +86,22 @@ def transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes
     return fig
 
 
+def _log_floor(values):
+    """Values below (max * 1e-17) drawn at that floor, so exact zeros do not stretch a log axis."""
+    values = np.asarray(values, dtype=float)
+    top = float(values.max()) if values.size else 1.0
+    floor = top * 1e-17 if top > 0 else np.finfo(float).tiny
+    return np.maximum(values, floor), floor
+
+
 def head_spectra(spectra, title="", ax=None):
     """Singular values of many heads, one line each, log scale: (n_heads, k) array."""
     fig, ax = _axes(ax, figsize=(5, 3.2))
     spectra = np.atleast_2d(np.asarray(spectra, dtype=float))
     idx = np.arange(1, spectra.shape[1] + 1)
-    for s in spectra:
-        ax.plot(idx, np.maximum(s, np.finfo(float).tiny), lw=1, alpha=0.6 if len(spectra) > 1 else 1)
+    shown, _ = _log_floor(spectra)
+    for s in shown:
+        ax.plot(idx, s, lw=1, alpha=0.6 if len(spectra) > 1 else 1)
     ax.set_yscale("log")
     ax.set_xlabel("index i")
     ax.set_ylabel(r"$\sigma_i$")
@@ -118,7 +127,10 @@ def spectrum_with_energy(s, ax=None, label=""):
     fig, ax = _axes(ax, figsize=(5, 3.2))
     s = np.sort(np.asarray(s, dtype=float))[::-1]
     idx = np.arange(1, s.size + 1)
-    ax.semilogy(idx, np.maximum(s, np.finfo(float).tiny), "o-", ms=3, label=label or "spectrum")
+    shown, floor = _log_floor(s)
+    ax.semilogy(idx, shown, "o-", ms=3, label=label or "spectrum")
+    if np.any(s < floor):
+        ax.annotate("zeros at 1e-17 of max", (idx[s < floor][0], floor), fontsize=8, va="bottom")
     ax.set_xlabel("index")
     ax.set_ylabel("value")
     twin = ax.twinx()

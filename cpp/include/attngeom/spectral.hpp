@@ -45,14 +45,22 @@ void svd_into(const M& a, int64_t b, const SvdOutput<T>& out) {
   }
 }
 
-// Thin QR of a (rows, cols) matrix: Q (rows, min(rows, cols)) with orthonormal columns and
-// R (min(rows, cols), cols) upper trapezoidal, a = Q R.
+// Householder QR of a (rows, cols) matrix and its factor R (min(rows, cols), cols), upper
+// trapezoidal: a = Q R with Q's first min(rows, cols) columns orthonormal.
 template <class T, class M>
-void thin_qr(const M& a, ColMatrix<T>& Q, ColMatrix<T>& R) {
-  const int64_t rows = a.rows(), cols = a.cols(), k = std::min(rows, cols);
-  Eigen::HouseholderQR<ColMatrix<T>> qr(a);
-  R = qr.matrixQR().topRows(k).template triangularView<Eigen::Upper>();
-  Q = qr.householderQ() * ColMatrix<T>::Identity(rows, k);
+void thin_qr(const M& a, Eigen::HouseholderQR<ColMatrix<T>>& qr, ColMatrix<T>& R) {
+  qr.compute(a);
+  R = qr.matrixQR().topRows(std::min(a.rows(), a.cols())).template triangularView<Eigen::Upper>();
+}
+
+// Q X for the thin Q of a QR (rows, k) and X (k, c): the Householder reflectors are applied
+// to X padded with zeros, so Q is never formed.
+template <class T, class X>
+ColMatrix<T> apply_q(const Eigen::HouseholderQR<ColMatrix<T>>& qr, const X& x) {
+  ColMatrix<T> out = ColMatrix<T>::Zero(qr.rows(), x.cols());
+  out.topRows(x.rows()) = x;
+  out.applyOnTheLeft(qr.householderQ());
+  return out;
 }
 
 }  // namespace detail
@@ -78,17 +86,18 @@ void factored_svd(int64_t batch, const Stack<T>& a, const Stack<T>& b, const Svd
   if (k == 0) return;
 #pragma omp parallel
   {
-    detail::ColMatrix<T> Qa, Ra, Qb, Rb, core;
+    Eigen::HouseholderQR<detail::ColMatrix<T>> qa, qb;
+    detail::ColMatrix<T> Ra, Rb, core;
 #pragma omp for schedule(dynamic)
     for (int64_t i = 0; i < batch; ++i) {
-      detail::thin_qr<T>(CMap(a.block(i), m, r), Qa, Ra);
-      detail::thin_qr<T>(CMap(b.block(i), r, p).transpose(), Qb, Rb);
+      detail::thin_qr<T>(CMap(a.block(i), m, r), qa, Ra);
+      detail::thin_qr<T>(CMap(b.block(i), r, p).transpose(), qb, Rb);
       core.noalias() = Ra * Rb.transpose();
       Eigen::BDCSVD<detail::ColMatrix<T>> svd(core, out.u ? (Eigen::ComputeThinU | Eigen::ComputeThinV) : 0);
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(out.s + i * k, k) = svd.singularValues();
       if (out.u) {
-        Eigen::Map<RowMatrix<T>>(out.u + i * m * k, m, k).noalias() = Qa * svd.matrixU();
-        Eigen::Map<RowMatrix<T>>(out.vh + i * k * p, k, p).noalias() = (Qb * svd.matrixV()).transpose();
+        Eigen::Map<RowMatrix<T>>(out.u + i * m * k, m, k) = detail::apply_q(qa, svd.matrixU());
+        Eigen::Map<RowMatrix<T>>(out.vh + i * k * p, k, p) = detail::apply_q(qb, svd.matrixV()).transpose();
       }
     }
   }

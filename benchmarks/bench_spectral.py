@@ -1,0 +1,151 @@
+"""Spectral diagnostics: attngeom against SciPy / a plain NumPy loop, ratios measured in one run.
+
+1. parameter_nulls for one head with d_model = 4096, d_k = 128 against
+   scipy.linalg.null_space on the formed B = W_Q W_K^T (and on B^T for ker(B^T)); the
+   subspaces are compared by their largest principal angle.
+2. head_diagnostics on n_layers x n_heads random heads (default 12 x 12, d_model 768,
+   d_head 64) with 4096 tokens (16 sequences of 256) against a plain NumPy loop doing the
+   same work head by head (formed B and W_OV with dense SVDs, NumPy softmax, dense SVDs of
+   P). The loop is timed on the first --numpy-heads heads and compared per head.
+
+  python benchmarks/bench_spectral.py [--out DIR] [--threads N] [--numpy-heads H] [--quick]
+
+Timings are medians of --repeats runs for attngeom, single runs for the slow anchors; the
+ratios (ours / anchor, lower = attngeom faster) are what to read, not the absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg as sl
+
+import attngeom as ag
+from attngeom import _core
+
+
+def timed(f, repeats=1):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = f()
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times)
+
+
+def bench_parameter_nulls(d_model, d_k, repeats, rng):
+    W_Q = rng.standard_normal((d_model, d_k)) / math.sqrt(d_model)
+    W_K = rng.standard_normal((d_model, d_k)) / math.sqrt(d_model)
+    ours, t_ours = timed(lambda: ag.parameter_nulls(W_Q, W_K), repeats)
+
+    def scipy_nulls():
+        B = W_Q @ W_K.T
+        return sl.null_space(B), sl.null_space(B.T)
+
+    (ker_b, ker_bt), t_scipy = timed(scipy_nulls)
+    angle_b = ours.ker_B.distance(ag.Subspace(ker_b))
+    angle_bt = ours.ker_BT.distance(ag.Subspace(ker_bt))
+    return {
+        "d_model": d_model, "d_k": d_k, "t_ours": t_ours, "t_scipy": t_scipy, "ours/scipy": t_ours / t_scipy,
+        "speedup": t_scipy / t_ours, "nullity_ours": ours.ker_B.dim, "nullity_scipy": ker_b.shape[1],
+        "max_angle_ker_B": angle_b, "max_angle_ker_BT": angle_bt,
+        "correct": ours.ker_B.dim == ker_b.shape[1] and max(angle_b, angle_bt) <= 1e-8,
+    }
+
+
+def numpy_head(wq, wk, wv, wo, x, scale):
+    """One head's diagnostics the plain way: formed matrices, dense SVDs, NumPy softmax."""
+    d_model = wq.shape[0]
+    B = wq @ wk.T
+    _, sb, vbh = np.linalg.svd(B)
+    rank_b = int(np.sum(sb > d_model * np.finfo(float).eps * sb[0]))
+    ker_b = vbh[rank_b:].T
+    ker_wk = sl.null_space(wk.T)
+    ker_wq = sl.null_space(wq.T)
+    s_ov = np.linalg.svd(wv @ wo, compute_uv=False)
+    q, k = x @ wq, x @ wk
+    tau = scale * np.linalg.norm(q, axis=-1)
+    u = (q / np.linalg.norm(q, axis=-1, keepdims=True)).reshape(-1, q.shape[-1])
+    lam = np.linalg.eigvalsh(u.T @ u / len(u))
+    n = u @ wk.T
+    lam_n = np.linalg.eigvalsh(n.T @ n / len(n))
+    logits = scale * q @ np.swapaxes(k, -1, -2)
+    P = np.exp(logits - logits.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    sp = np.linalg.svd(P, compute_uv=False)
+    return ker_b.shape[1], ker_wk.shape[1], ker_wq.shape[1], s_ov[0], tau.mean(), lam.sum(), lam_n.max(), sp[..., 0]
+
+
+def bench_head_diagnostics(n_layers, n_heads, d_model, d_head, n_seq, n, numpy_heads, rng):
+    s = 1 / math.sqrt(d_model)
+    shape = (n_layers, n_heads, d_model, d_head)
+    W_Q, W_K, W_V = (rng.standard_normal(shape) * s for _ in range(3))
+    W_O = rng.standard_normal((n_layers, n_heads, d_head, d_model)) * s
+    x = rng.standard_normal((n_layers, 1, n_seq, n, d_model))
+    ours, t_ours = timed(lambda: ag.head_diagnostics(W_Q, W_K, W_V, W_O, x))
+    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)][:numpy_heads]
+    scale = 1 / math.sqrt(d_head)
+    _, t_numpy = timed(lambda: [numpy_head(W_Q[l, h], W_K[l, h], W_V[l, h], W_O[l, h], x[l, 0], scale)
+                                for l, h in heads])
+    total = n_layers * n_heads
+    per_ours, per_numpy = t_ours / total, t_numpy / len(heads)
+    return {
+        "n_layers": n_layers, "n_heads": n_heads, "d_model": d_model, "d_head": d_head, "tokens": n_seq * n,
+        "n_seq": n_seq, "n": n, "t_ours_all_heads": t_ours, "t_numpy_heads_timed": len(heads), "t_numpy": t_numpy,
+        "per_head_ours": per_ours, "per_head_numpy": per_numpy, "ours/numpy": per_ours / per_numpy,
+        "summary": ours.summary(),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--numpy-heads", type=int, default=12, help="heads the NumPy loop is timed on")
+    p.add_argument("--quick", action="store_true", help="smaller problems (d_model 1024, 3 x 4 heads)")
+    args = p.parse_args(argv)
+    if args.threads is not None:
+        ag.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    meta = {"threads": ag.get_num_threads(), "numpy": np.__version__, "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "attngeom": dict(_core.build_config())}
+
+    d_model, d_k = (1024, 64) if args.quick else (4096, 128)
+    print(f"parameter_nulls, d_model {d_model}, d_k {d_k}: attngeom (factored) vs scipy.linalg.null_space on B",
+          flush=True)
+    pn = bench_parameter_nulls(d_model, d_k, args.repeats, rng)
+    print(f"  ours {pn['t_ours'] * 1e3:.1f} ms, scipy {pn['t_scipy']:.2f} s: ours/scipy = {pn['ours/scipy']:.2e}"
+          f" ({pn['speedup']:.0f}x faster); nullity {pn['nullity_ours']} vs {pn['nullity_scipy']}, "
+          f"largest principal angle ker(B) {pn['max_angle_ker_B']:.1e}, ker(B^T) {pn['max_angle_ker_BT']:.1e}",
+          flush=True)
+
+    cfg = (3, 4, 256, 32, 8, 128) if args.quick else (12, 12, 768, 64, 16, 256)
+    print(f"head_diagnostics, {cfg[0]} x {cfg[1]} heads, d_model {cfg[2]}, d_head {cfg[3]}, "
+          f"{cfg[4] * cfg[5]} tokens ({cfg[4]} x {cfg[5]}): attngeom vs a NumPy loop", flush=True)
+    hd = bench_head_diagnostics(*cfg, args.numpy_heads, rng)
+    print(f"  ours {hd['t_ours_all_heads']:.2f} s for all {cfg[0] * cfg[1]} heads ({hd['per_head_ours'] * 1e3:.1f} ms"
+          f"/head); NumPy loop {hd['per_head_numpy'] * 1e3:.1f} ms/head (timed on {hd['t_numpy_heads_timed']} heads):"
+          f" ours/numpy = {hd['ours/numpy']:.3f}", flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bench_spectral.json"
+    path.write_text(json.dumps({"meta": meta, "parameter_nulls": pn, "head_diagnostics": hd}, indent=2) + "\n")
+    print(f"wrote {path}")
+    if not pn["correct"]:
+        print("parameter_nulls disagrees with scipy", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
