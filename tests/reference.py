@@ -186,3 +186,32 @@ def tilt_eigenvalues(u, centered=False):
         m = u.mean(0)
         c = c - np.outer(m, m)
     return np.linalg.eigvalsh(c)[::-1]
+
+
+# -- lightning (Henry-Marchetti-Kohn eq. 1-2, 16) and projection (Sanger) -----------------
+def lightning_attention(q, k, v, causal=False):
+    """y_i = sum_j (q_i . k_j) v_j over the visible keys, quadratic."""
+    s = q @ np.swapaxes(k, -1, -2)
+    return (s * causal_keep(q.shape[-2], k.shape[-2], causal)) @ v
+
+
+def lightning_layer_columns(X, A, V):
+    """The paper's eq. (2) literally, tokens as columns: phi(X) = V X X^T A X, X (d, t)."""
+    return V @ X @ X.T @ A @ X
+
+
+def normalized_layer_columns(X, A, V, temperature=1.0):
+    """Eq. (16) literally, tokens as columns: (1/zeta_i) sum_j exp(x_i^T A x_j / T) V x_j."""
+    t = X.shape[1]
+    out = np.zeros((V.shape[0], t))
+    for i in range(t):
+        w = np.array([math.exp(X[:, i] @ A @ X[:, j] / temperature) for j in range(t)])
+        out[:, i] = (V @ X) @ w / w.sum()
+    return out
+
+
+def projection_weights(q, k, sigma):
+    """z_ij = exp(-|q_i - k_j|^2 / (2 sigma^2)) / sum_j ..., from explicit distances."""
+    d2 = np.sum((q[..., :, None, :] - k[..., None, :, :]) ** 2, axis=-1)
+    logw = -d2 / (2 * sigma ** 2)
+    return normalise(logw, np.ones(d2.shape[-2:], bool))[0]

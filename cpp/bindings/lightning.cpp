@@ -1,0 +1,38 @@
+// pybind11 glue for lightning.hpp.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "arrays.hpp"
+#include "attngeom/lightning.hpp"
+
+namespace py = pybind11;
+using namespace attngeom;
+using namespace attngeom::bindings;
+
+namespace {
+
+template <class T>
+void def_lightning(py::module_& m) {
+  m.def(
+      "lightning_attention",
+      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
+         const Index& vi, int causal, int64_t chunk) {
+        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
+        CArray<T> y({batch, Q.rows, V.cols});
+        {
+          py::gil_scoped_release release;
+          lightning_attention<T>(batch, Q, K, V, static_cast<Causal>(causal), chunk, y.mutable_data());
+        }
+        return y;
+      },
+      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
+      py::arg("v").noconvert(), py::arg("v_index"), py::arg("causal"), py::arg("chunk") = 64);
+}
+
+}  // namespace
+
+void bind_lightning(py::module_& m) {
+  def_lightning<double>(m);
+  def_lightning<float>(m);
+}

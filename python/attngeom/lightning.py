@@ -1,0 +1,130 @@
+"""Lightning (unnormalized, linear-time) self-attention and deep lightning networks.
+
+Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention", Definitions 1-2: a layer
+with attention matrix A = K^T Q (d x d) and value matrix V (d' x d) maps tokens x_1..x_t to
+
+    phi(X)_i = sum_j (x_j^T A x_i) V x_j            (eq. 1;  phi(X) = V X X^T A X, eq. 2)
+
+with no normalisation, so it costs O(t) instead of O(t^2). The paper writes tokens as
+columns (X in R^{d x t}); here tokens are rows, x of shape (..., t, d), and the output is
+(..., t, d'), i.e. the transpose of the paper's phi(X). Weights keep the paper's shapes.
+
+The softmax-normalised network of s.3.4 (eq. 16) weights token j for token i by
+S(x_i^T A x_j) = exp(x_i^T A x_j / temperature), normalised over j. Note the order of
+x_i, x_j there is the transpose of eq. 1's; both are implemented as written.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import _Problem, softmax_attention
+
+_CHUNK = 64
+
+
+def lightning_attention(q, k, v, *, causal=False):
+    """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).
+
+    Henry-Marchetti-Kohn eq. (1) in the row convention (q_i = Q x_i, k_j = K x_j,
+    v_j = V x_j). Non-causal: Y = Q (K^T V). Causal: queries in chunks of 64 rows, each
+    with the prefix state sum k_j^T v_j of the keys it fully sees plus one masked diagonal
+    block; no n_q x n_k buffer is ever formed.
+
+    Parameters
+    ----------
+    q : (..., n_q, d_k); k : (..., n_k, d_k); v : (..., n_k, d_v); leading axes broadcast.
+    causal : False | True | "top_left" | "bottom_right", as in :func:`softmax_attention`
+        (top-left: key j <= query i; bottom-right: j <= i + n_k - n_q).
+
+    Returns
+    -------
+    y : (..., n_q, d_v), float32 when every input is float32, else float64.
+
+    Example: ``y = ag.lightning_attention(q, k, v, causal=True)``
+    """
+    p = _Problem(q, k, v, causal=causal)
+    y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
+                                  p.causal, _CHUNK)
+    return p.shaped(y, p.n_q, p.d_v)
+
+
+def _layer_weights(A, V, d, name_a="A", name_v="V"):
+    a = real_array(name_a, A)
+    v = real_array(name_v, V)
+    if a.shape != (d, d):
+        raise ValueError(f"{name_a} must have shape (d, d) = ({d}, {d}) for tokens of width {d}, got {a.shape}")
+    if v.ndim != 2 or v.shape[1] != d or v.shape[0] == 0:
+        raise ValueError(f"{name_v} must have shape (d', d) with d = {d}, got {v.shape}")
+    check_finite(name_a, a)
+    check_finite(name_v, v)
+    return a, v
+
+
+def _tokens(x):
+    x = real_array("x", x)
+    check_min_ndim("x", x, 2, "(..., t, d)")
+    check_nonempty("x", x, "(..., t, d)")
+    check_finite("x", x)
+    return x
+
+
+def _layer(x, a, v, normalize, temperature, causal):
+    dt = compute_dtype(x, a, v)
+    x, a, v = (m.astype(dt, copy=False) for m in (x, a, v))
+    values = x @ v.T
+    if normalize:
+        # eq. 16: weights exp(x_i^T A x_j / T): query i is A^T x_i, key j is x_j.
+        return softmax_attention(x @ a, x, values, scale=1.0 / temperature, causal=causal)
+    # eq. 1: weights x_j^T A x_i: query i is A x_i, key j is x_j.
+    return lightning_attention(x @ a.T, x, values, causal=causal)
+
+
+def lightning_layer(x, A, V, *, normalize=False, temperature=1.0, causal=False):
+    """One self-attention layer in the paper's weights W = (A, V), tokens as rows.
+
+    Parameters
+    ----------
+    x : (..., t, d) tokens.
+    A : (d, d) attention matrix A = K^T Q (eq. 3), any rank; x_j^T A x_i is the weight.
+    V : (d', d) value matrix.
+    normalize : False gives lightning attention (eq. 1); True the softmax-normalised layer of
+        eq. 16 with S(s) = exp(s / temperature).
+    causal : restrict token i to j <= i.
+
+    Returns (..., t, d'): row i is phi_W(X)_i.
+
+    Example: ``y = ag.lightning_layer(x, K.T @ Q, V)``
+    """
+    x = _tokens(x)
+    a, v = _layer_weights(A, V, x.shape[-1])
+    temperature = scalar("temperature", temperature, positive=True)
+    return _layer(x, a, v, normalize, temperature, causal)
+
+
+def deep_lightning(x, As: Sequence, Vs: Sequence, *, normalize=False, temperature=1.0, causal=False):
+    """A deep self-attention network phi_W = phi_{W_l} o ... o phi_{W_1} (Definition 2).
+
+    Layer i has A_i (d_{i-1}, d_{i-1}) and V_i (d_i, d_{i-1}); x is (..., t, d_0) and the
+    output (..., t, d_l). Lightning layers make the network a homogeneous polynomial of
+    degree 3^l in x; ``normalize=True`` gives the softmax-normalised network of s.3.4
+    (eq. 16 per layer), the input of the dimension estimator.
+
+    Example: ``y = ag.deep_lightning(x, [A1, A2], [V1, V2])``
+    """
+    x = _tokens(x)
+    if len(As) != len(Vs) or len(As) == 0:
+        raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
+    temperature = scalar("temperature", temperature, positive=True)
+    layers = [_layer_weights(a, v, _width(i, Vs, x), f"As[{i}]", f"Vs[{i}]") for i, (a, v) in enumerate(zip(As, Vs))]
+    for a, v in layers:
+        x = _layer(x, a, v, normalize, temperature, causal)
+    return x
+
+
+def _width(i, Vs, x):
+    """Input width of layer i: d_0 from x, then the row count of the previous V."""
+    return x.shape[-1] if i == 0 else np.shape(Vs[i - 1])[0]

@@ -1,0 +1,138 @@
+"""Projection (Gaussian-distance) attention and the local flattening it causes.
+
+Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
+surface": with weights z_ij proportional to exp(-|q_i - k_j|^2 / (2 sigma^2)), normalised
+over j, the output y_i = sum_j z_ij v_j projects each query onto the surface spanned by
+nearby keys (cross-attention y = z k when v = k; self-attention q = k = v).
+
+The paper writes the distance |q - k| where the squared distance |q - k|^2 is meant (its
+eq. 3-14): only with the square does the identity with softmax hold. Here the square is
+used. Expanding |q - k|^2 = |q|^2 + |k|^2 - 2 q.k, the |q|^2 term is constant along a row
+and cancels in the normalisation, so the weights are exactly softmax weights with logits
+q.k / sigma^2 and a per-key bias -|k|^2 / (2 sigma^2). That is how they are computed: by
+the flash softmax kernel with that bias, after moving the origin to the keys' mean
+(distances do not change, magnitudes and rounding do), so tiny sigma and far-away clouds
+neither overflow nor lose the nearest key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import softmax_attention
+from .spectral import effective_rank, singular_values
+
+
+def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False):
+    """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-|q_i - k_j|^2 / (2 sigma^2)).
+
+    Sanger eq. (3)-(14) with the squared distance (see the module docstring). For unit-norm
+    q and k and sigma = 1 it equals ``softmax_attention(q, k, v, scale=1)`` exactly.
+
+    Parameters
+    ----------
+    q : (..., n_q, d); k : (..., n_k, d); v : (..., n_k, d_v), default k (the paper's
+        cross-attention form y = z k). Leading axes broadcast.
+    sigma : float > 0, the Gaussian width.
+    causal, mask : as in :func:`attngeom.softmax_attention` (boolean mask: True = attend;
+        additive masks are added to the log-weights).
+    return_weights : also return z (..., n_q, n_k).
+
+    Returns
+    -------
+    y (..., n_q, d_v), and z with return_weights; dtype as in softmax_attention.
+
+    Example: ``y = ag.projection_attention(x, x, sigma=0.5)  # self-attention, q = k = v``
+    """
+    sigma = scalar("sigma", sigma, positive=True)
+    qa = real_array("q", q)
+    ka = real_array("k", k)
+    check_min_ndim("q", qa, 2, "(..., n_q, d)")
+    check_min_ndim("k", ka, 2, "(..., n_k, d)")
+    check_nonempty("k", ka, "(..., n_k, d)")
+    check_nonempty("q", qa, "(..., n_q, d)")
+    check_finite("q", qa)
+    check_finite("k", ka)
+    if ka.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"k must have shape (..., n_k, d) with d = {qa.shape[-1]} (from q), got {ka.shape}")
+    if v is None:
+        v = ka
+    dt = compute_dtype(qa, ka, real_array("v", v))
+    qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
+    center = ka.mean(axis=-2, keepdims=True)
+    qc, kc = qa - center, ka - center
+    bias = (-0.5 / sigma ** 2) * np.sum(kc * kc, axis=-1)[..., None, :]  # (..., 1, n_k)
+    if mask is not None:
+        m = real_array("mask", mask, allow_bool=True)
+        if m.dtype.kind == "b":
+            bias = np.where(m, bias, -np.inf)
+        else:
+            check_nonempty("mask", m, "broadcastable to (..., n_q, n_k)")
+            bias = bias + m
+    return softmax_attention(qc, kc, v, mask=bias.astype(dt, copy=False), causal=causal, scale=1.0 / sigma ** 2,
+                             return_weights=return_weights)
+
+
+@dataclass
+class LocalFlatness:
+    """Local dimension of a token cloud before and after a layer (Sanger s.3 "flattening").
+
+    neighbors : (n, n_neighbors) indices of each point's nearest neighbours in x (itself included)
+    before, after : (n,) participation-ratio dimension (sum lambda)^2 / sum lambda^2 of the
+        covariance of each neighbourhood in x and of the same points in y
+    mean_before, mean_after : their means
+    """
+
+    neighbors: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    mean_before: float
+    mean_after: float
+
+    def summary(self) -> dict:
+        return {"local_dim_before": self.mean_before, "local_dim_after": self.mean_after,
+                "ratio": self.mean_after / self.mean_before if self.mean_before > 0 else float("nan")}
+
+
+def _local_dims(points: np.ndarray, neighbors: np.ndarray) -> np.ndarray:
+    patches = points[neighbors]  # (n, m, d)
+    patches = patches - patches.mean(axis=1, keepdims=True)
+    return np.asarray(effective_rank(singular_values(patches), kind="participation", spectrum=True))
+
+
+def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
+    """Participation-ratio dimension of local neighbourhoods before (x) and after (y) a layer.
+
+    Sanger claims self-attention projects each token onto the surface through its
+    neighbours, "flattening" the cloud. For each token i take its n_neighbors nearest
+    tokens in x (i included); the eigenvalues lambda of the covariance of those tokens give
+    the local dimension (sum lambda)^2 / sum lambda^2; the same tokens after the layer (rows
+    of y) give the dimension after. A flattening layer lowers it.
+
+    Parameters
+    ----------
+    x : (n, d) tokens before; y : (n, d') the same tokens after (e.g.
+        ``ag.projection_attention(x, x)``). n_neighbors : 2 <= n_neighbors <= n.
+
+    Example: ``ag.local_flatness(x, ag.projection_attention(x, x, sigma=0.5)).summary()``
+    """
+    xa = real_array("x", x)
+    ya = real_array("y", y)
+    if xa.ndim != 2 or xa.shape[0] == 0 or xa.shape[1] == 0:
+        raise ValueError(f"x must have shape (n, d), got {xa.shape}")
+    if ya.ndim != 2 or ya.shape[0] != xa.shape[0] or ya.shape[1] == 0:
+        raise ValueError(f"y must have shape (n, d') with n = {xa.shape[0]} (from x), got {ya.shape}")
+    check_finite("x", xa)
+    check_finite("y", ya)
+    n = xa.shape[0]
+    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, (int, np.integer)) or not 2 <= n_neighbors <= n:
+        raise ValueError(f"n_neighbors must be an integer in [2, n = {n}], got {n_neighbors!r}")
+    xf, yf = xa.astype(np.float64), ya.astype(np.float64)
+    sq = np.sum(xf * xf, axis=1)
+    dist = sq[:, None] + sq[None, :] - 2 * xf @ xf.T
+    np.fill_diagonal(dist, -np.inf)  # each point is its own nearest neighbour
+    neighbors = np.argsort(dist, axis=1, kind="stable")[:, :n_neighbors]
+    before, after = _local_dims(xf, neighbors), _local_dims(yf, neighbors)
+    return LocalFlatness(neighbors, before, after, float(before.mean()), float(after.mean()))
