@@ -14,6 +14,8 @@ Example::
 from ._config import __version__, get_num_threads, set_num_threads, show_config
 from .attention import kernel_attention, softmax_attention
 from .kernels import KERNELS, psi
+from .lightning import deep_lightning, lightning_attention, lightning_layer
+from .projection import LocalFlatness, local_flatness, projection_attention
 from .laplace_radon import (
     LogTransform,
     Transform,
@@ -49,7 +51,8 @@ from . import plotting  # matplotlib itself is imported on first use
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
-    "softmax_attention", "kernel_attention",
+    "softmax_attention", "kernel_attention", "projection_attention", "local_flatness", "LocalFlatness",
+    "lightning_attention", "lightning_layer", "deep_lightning",
     "KERNELS", "psi", "stable_density",
     "tilt_radius", "radon_project", "laplace_radon_transform", "laplace_radon_attention",
     "projected_cumulants", "log_partition_gradient", "Transform", "LogTransform",
