@@ -47,6 +47,16 @@ from .spectral import (
     tilt_coverage,
 )
 from .head_diagnostics import HeadDiagnostics, head_diagnostics
+from .dimension import (
+    DimensionResult,
+    expected_dimension,
+    network_forward,
+    neuromanifold_dimension,
+    numerical_rank,
+    parameter_count,
+    parametrization_jacobian,
+    random_weights,
+)
 from . import plotting  # matplotlib itself is imported on first use
 
 __all__ = [
@@ -60,4 +70,6 @@ __all__ = [
     "effective_rank", "cumulative_energy", "tilt_coverage", "TiltCoverage", "TiltCoverageResult",
     "routing_nulls", "RoutingNulls", "gauge_transform", "gauge_invariance_error", "GaugeErrors",
     "head_diagnostics", "HeadDiagnostics",
+    "network_forward", "parametrization_jacobian", "expected_dimension", "neuromanifold_dimension",
+    "numerical_rank", "parameter_count", "random_weights", "DimensionResult",
 ]

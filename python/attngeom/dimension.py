@@ -1,0 +1,274 @@
+"""The neuromanifold of deep self-attention networks and its dimension.
+
+Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention" s.3. A network with l
+layers, widths d = (d_0, ..., d_l) and heads a = (a_1, ..., a_l) has weights
+W = (Q_i, K_i, V_i), Q_i and K_i of shape (a_i, d_{i-1}), V_i of shape (d_i, d_{i-1}) (the
+paper's shapes; its statement "Q_i, K_i in R^{a_i x d_i}" is read with d_{i-1}, the width
+the layer acts on, as eq. 9's M_i = L_{i-1}^T A_i L_{i-1} requires). The neuromanifold is
+the image of W -> phi_W; its dimension is the generic rank of the Jacobian of that map,
+which we estimate by restricting phi_W to N random inputs (the paper's s.3.4 procedure).
+
+Conventions: the paper writes tokens as columns, X in R^{d_0 x t}. Here a sample is
+(t, d_0) with tokens as rows, the output (t, d_l) is phi_W(X)^T, and the Jacobian rows are
+ordered (sample, token, output coordinate). Weights keep the paper's shapes, flattened
+layer by layer as Q, K, V (row-major) when a flat parameter vector is needed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+from ._arrays import check_finite, real_array, scalar
+
+_KINDS = ("lightning", "softmax")
+
+Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def _dims(d, a) -> Tuple[List[int], List[int]]:
+    def ints(name, xs, minimum):
+        try:
+            xs = [int(v) for v in xs]
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be a sequence of integers, got {xs!r}") from None
+        if any(v < minimum for v in xs):
+            raise ValueError(f"{name} must hold integers >= {minimum}, got {xs}")
+        return xs
+
+    d, a = ints("d", d, 1), ints("a", a, 1)
+    if len(a) < 1 or len(d) != len(a) + 1:
+        raise ValueError(f"need len(d) == len(a) + 1 >= 2 (d = (d_0..d_l), a = (a_1..a_l)), got d={d}, a={a}")
+    return d, a
+
+
+def _kind(kind) -> bool:
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    return kind == "softmax"
+
+
+def parameter_count(d, a) -> int:
+    """Number of weights sum_i (2 a_i d_{i-1} + d_i d_{i-1})."""
+    d, a = _dims(d, a)
+    return sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a)))
+
+
+def random_weights(d, a, *, seed=0) -> Weights:
+    """Gaussian weights [(Q_i, K_i, V_i)] with entries N(0, 1 / d_{i-1})."""
+    d, a = _dims(d, a)
+    rng = np.random.default_rng(seed)
+    s = [1 / math.sqrt(w) for w in d]
+    return [(rng.standard_normal((a[i], d[i])) * s[i], rng.standard_normal((a[i], d[i])) * s[i],
+             rng.standard_normal((d[i + 1], d[i])) * s[i]) for i in range(len(a))]
+
+
+def _flatten(weights) -> Tuple[List[int], List[int], np.ndarray]:
+    """Check [(Q_i, K_i, V_i)] and return (d, a, flat float64 parameter vector)."""
+    if len(weights) == 0:
+        raise ValueError("weights must be a non-empty list of (Q, K, V) triples")
+    d, a, flat = [], [], []
+    for i, triple in enumerate(weights):
+        if len(triple) != 3:
+            raise ValueError(f"weights[{i}] must be a (Q, K, V) triple")
+        Q, K, V = (real_array(f"weights[{i}].{n}", w).astype(np.float64) for n, w in zip("QKV", triple))
+        for n, w in zip("QKV", (Q, K, V)):
+            if w.ndim != 2 or w.size == 0:
+                raise ValueError(f"weights[{i}].{n} must be a non-empty matrix, got shape {w.shape}")
+            check_finite(f"weights[{i}].{n}", w)
+        din = Q.shape[1] if i == 0 else d[-1]
+        if Q.shape[1] != din or K.shape != Q.shape or V.shape[1] != din:
+            raise ValueError(f"weights[{i}]: need Q, K of shape (a, {din}) and V of shape (d_out, {din}), got "
+                             f"Q {Q.shape}, K {K.shape}, V {V.shape}")
+        if i == 0:
+            d.append(din)
+        d.append(V.shape[0])
+        a.append(Q.shape[0])
+        flat += [Q.ravel(), K.ravel(), V.ravel()]
+    return d, a, np.concatenate(flat)
+
+
+def _samples(X, d0) -> np.ndarray:
+    x = real_array("X", X)
+    if x.ndim == 2:
+        x = x[None]
+    if x.ndim != 3 or x.shape[-1] != d0 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"X must have shape (N, t, {d0}) (tokens as rows), got {np.shape(X)}")
+    check_finite("X", x)
+    return np.ascontiguousarray(x, dtype=np.float64)
+
+
+def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
+    """phi_W(X) for N samples X (N, t, d_0) -> (N, t, d_l) (Definition 2; eq. 1 or eq. 16).
+
+    kind "lightning": each layer y = (q k^T) v with q = x Q^T, k = x K^T, v = x V^T;
+    "softmax": y = softmax_rows(k q^T / temperature) v, the weight of token j for token i
+    being exp(x_i^T A x_j / temperature), A = K^T Q (eq. 16 as written).
+
+    Example: ``y = ag.network_forward(ag.random_weights((4, 4), (2,)), X)``
+    """
+    softmax = _kind(kind)
+    temperature = scalar("temperature", temperature, positive=True)
+    d, a, p = _flatten(weights)
+    return _core.network_forward(d, a, p, _samples(X, d[0]), softmax, temperature)
+
+
+def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
+    """Exact Jacobian of W -> phi_W(X) on N samples, float64: shape (N * t * d_l, P).
+
+    Computed analytically in the core (forward mode, one tangent pass per weight, OpenMP
+    over samples). Rows are (sample, token, output coordinate); columns follow the flat
+    parameter order (layer by layer, Q, K, V row-major), P = parameter_count(d, a).
+
+    Example: ``J = ag.parametrization_jacobian(ag.random_weights(d, a), X)``
+    """
+    softmax = _kind(kind)
+    temperature = scalar("temperature", temperature, positive=True)
+    d, a, p = _flatten(weights)
+    jac = _core.network_jacobian(d, a, p, _samples(X, d[0]), softmax, temperature)
+    return jac.reshape(-1, jac.shape[-1])
+
+
+def expected_dimension(d, a, kind="lightning") -> int:
+    """Closed-form dimension of the neuromanifold.
+
+    * one layer (Corollary 3.3, lightning; needs d_0 >= 2 and d_1 >= 2, or d_0 >= 2 and a >= 2):
+      2 alpha d + d d' - alpha^2 - 1 with alpha = min(a, d); for softmax (Theorem 3.15, one-to-one
+      parametrization) the same without the -1;
+    * deep (Corollary 3.14 for lightning, eq. 17 for the softmax conjecture 3.16; needs a_i >= 2
+      for lightning, and d_i = delta >= 2 for 0 < i < l with d_0, d_l >= delta):
+      2 alpha_1 d_0 - alpha_1^2 + delta (d_0 + d_l) - delta^2 - [l] + sum_{i>1} (2 alpha_i delta - alpha_i^2),
+      alpha_i = min(a_i, d_{i-1}); the -l term only for lightning.
+
+    Raises ValueError naming the hypothesis that fails. t >= 3 (2 for one layer) is assumed.
+
+    Example: ``ag.expected_dimension((4, 4, 4, 4), (2, 2, 2), "softmax")  # 52``
+    """
+    softmax = _kind(kind)
+    d, a = _dims(d, a)
+    l = len(a)
+    if l == 1:
+        d0, d1, a1 = d[0], d[1], a[0]
+        if not ((d0 >= 2 and d1 >= 2) or (d0 >= 2 and a1 >= 2)):
+            raise ValueError("Corollary 3.3 needs d, d' >= 2 or d, a >= 2 (d = d_0, d' = d_1)")
+        alpha = min(a1, d0)
+        return 2 * alpha * d0 + d0 * d1 - alpha * alpha - (0 if softmax else 1)
+    delta = d[1]
+    if any(w != delta for w in d[1:-1]):
+        raise ValueError(f"the deep formula needs a bottleneck: d_i equal for 0 < i < l, got {d[1:-1]}")
+    if delta < 2 and not softmax:
+        raise ValueError(f"Corollary 3.14 needs delta = d_1 >= 2, got {delta}")
+    if d[0] < delta or d[-1] < delta:
+        raise ValueError(f"the deep formula needs d_0, d_l >= delta = {delta}, got d_0 = {d[0]}, d_l = {d[-1]}")
+    if not softmax and any(x < 2 for x in a):
+        raise ValueError(f"Corollary 3.14 needs a_i >= 2 for every layer, got a = {a}")
+    alpha = [min(a[i], d[i]) for i in range(l)]
+    dim = 2 * alpha[0] * d[0] - alpha[0] ** 2 + delta * (d[0] + d[-1]) - delta ** 2
+    dim += sum(2 * alpha[i] * delta - alpha[i] ** 2 for i in range(1, l))
+    return dim - (0 if softmax else l)
+
+
+def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
+    """Rank of a Jacobian by the largest log-gap of its singular values.
+
+    Each block of ``block_rows`` rows (one sample's outputs) is first scaled to unit
+    Frobenius norm (row scaling does not change the rank but evens out samples of very
+    different magnitude). The rank r maximises log(sigma_r / sigma_{r+1}) over the
+    spectrum extended by the noise floor P * eps * sigma_1 (so a full-rank Jacobian is
+    recognised). Returns (rank, singular values, gap ratio sigma_r / sigma_{r+1}).
+    """
+    J = np.asarray(J, dtype=np.float64)
+    if block_rows:
+        blocks = J.reshape(-1, block_rows, J.shape[1])
+        norms = np.linalg.norm(blocks, axis=(1, 2), keepdims=True)
+        J = (blocks / np.where(norms > 0, norms, 1)).reshape(J.shape)
+    s = np.linalg.svd(J, compute_uv=False)
+    if s.size == 0 or s[0] == 0:
+        return 0, s, float("inf")
+    floor = max(J.shape) * np.finfo(np.float64).eps * s[0]
+    ext = np.maximum(np.r_[s, floor], floor)
+    gaps = np.log(ext[:-1]) - np.log(ext[1:])
+    r = int(np.argmax(gaps)) + 1
+    return r, s, float(ext[r - 1] / ext[r])
+
+
+@dataclass
+class DimensionResult:
+    """Neuromanifold dimension estimates, one per random draw of the weights.
+
+    dims : (n_draws,) estimated dimension of each draw (never only their max)
+    gap_ratios : (n_draws,) sigma_r / sigma_{r+1} at the chosen rank of each draw
+    singular_values : (n_draws, min(rows, P)) normalised Jacobian spectra
+    expected : closed-form value (None where no formula applies)
+    parameters : parameter count P
+    """
+
+    d: tuple
+    a: tuple
+    kind: str
+    t: int
+    n_samples: int
+    dims: np.ndarray
+    gap_ratios: np.ndarray
+    singular_values: np.ndarray = field(repr=False)
+    expected: object
+    parameters: int
+
+    @property
+    def agrees(self) -> bool:
+        """Every draw equals the closed form."""
+        return self.expected is not None and bool(np.all(self.dims == self.expected))
+
+    def summary(self) -> dict:
+        return {"d": list(self.d), "a": list(self.a), "kind": self.kind, "dims": self.dims.tolist(),
+                "expected": self.expected, "parameters": self.parameters,
+                "min_gap_ratio": float(self.gap_ratios.min())}
+
+    def plot_spectrum(self, ax=None):
+        """Normalised Jacobian singular values of every draw, the estimated rank marked."""
+        from . import plotting
+
+        fig = plotting.head_spectra(self.singular_values, title=f"the Jacobian ({self.kind}, d={self.d}, a={self.a})",
+                                    ax=ax)
+        axis = fig.axes[0]
+        for r in np.unique(self.dims):
+            axis.axvline(r + 0.5, color="k", ls=":", lw=1)
+        return fig
+
+
+def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_draws=5, seed=0,
+                            temperature=1.0) -> DimensionResult:
+    """Estimate the neuromanifold dimension as the Jacobian rank at random weights.
+
+    The paper's s.3.4 procedure: draw N = n_samples Gaussian inputs X (t tokens of width
+    d_0), restrict phi_W to them, and take the rank of the Jacobian at random weights W
+    (:func:`numerical_rank`), for n_draws independent draws of (X, W).
+
+    Example: ``ag.neuromanifold_dimension((4, 4, 4, 4), (2, 2, 2), kind="softmax").dims``
+    """
+    softmax = _kind(kind)
+    d, a = _dims(d, a)
+    for name, v, lo in (("t", t, 1), ("n_samples", n_samples, 1), ("n_draws", n_draws, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    rng = np.random.default_rng(seed)
+    dims, gaps, spectra = [], [], []
+    for _ in range(n_draws):
+        weights = random_weights(d, a, seed=rng.integers(2 ** 63))
+        X = rng.standard_normal((n_samples, t, d[0]))
+        J = parametrization_jacobian(weights, X, kind=kind, temperature=temperature)
+        r, s, g = numerical_rank(J, block_rows=t * d[-1])
+        dims.append(r)
+        gaps.append(g)
+        spectra.append(s)
+    try:
+        expected = expected_dimension(d, a, kind)
+    except ValueError:
+        expected = None
+    k = min(len(s) for s in spectra)
+    return DimensionResult(tuple(d), tuple(a), "softmax" if softmax else "lightning", t, n_samples,
+                           np.array(dims), np.array(gaps), np.array([s[:k] for s in spectra]), expected,
+                           parameter_count(d, a))
