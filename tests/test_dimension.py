@@ -118,3 +118,89 @@ def test_bad_input(rng):
         ag.network_forward(ag.random_weights((3, 2), (1,)), np.ones((1, 2, 3)), kind="softmax", temperature=0)
     with pytest.raises(ValueError, match="a must hold"):
         ag.random_weights((3, 3), (0,))
+
+
+def deep_net(rng, d=(5, 3, 3, 6)):
+    As = [rng.standard_normal((d[i], d[i])) for i in range(len(d) - 1)]
+    Vs = [rng.standard_normal((d[i + 1], d[i])) for i in range(len(d) - 1)]
+    return As, Vs
+
+
+def test_virtual_weights_and_lemma_3_12(rng):
+    As, Vs = deep_net(rng)
+    X = rng.standard_normal((4, 5, 5))
+    M, L = ag.virtual_weights(As, Vs)
+    assert [m.shape for m in M] == [(5, 5)] * 3 and L.shape == (6, 5)
+    np.testing.assert_allclose(M[0], As[0])
+    np.testing.assert_allclose(L, Vs[2] @ Vs[1] @ Vs[0])
+    y = ag.deep_lightning(X, As, Vs)
+    for b in range(4):
+        assert rel_err(ag.virtual_network(M, L, X[b].T), y[b].T) <= 1e-10
+
+
+def test_gl_symmetry_eq_10(rng):
+    As, Vs = deep_net(rng)
+    X = rng.standard_normal((4, 5, 5))
+    Cs = [rng.standard_normal((3, 3)) + 2 * np.eye(3) for _ in range(2)]
+    A2, V2 = ag.gl_transform(As, Vs, Cs)
+    assert rel_err(A2[1], As[1]) > 1e-3  # the weights do change ...
+    M, L = ag.virtual_weights(As, Vs)
+    M2, L2 = ag.virtual_weights(A2, V2)
+    assert all(rel_err(a, b) <= 1e-12 for a, b in zip(M2, M)) and rel_err(L2, L) <= 1e-12  # ... (M, L) do not
+    assert ag.function_discrepancy((As, Vs), (A2, V2), X) <= 1e-12
+    assert ag.function_discrepancy((As, Vs), (A2, V2), X, kind="softmax") <= 1e-12
+
+
+def test_rescaling_fiber_and_softmax_singletons(rng):
+    As, Vs = deep_net(rng)
+    X = rng.standard_normal((4, 5, 5))
+    A3, V3 = ag.rescale(As, Vs, [2.0, -0.5, 3.0])
+    assert ag.function_discrepancy((As, Vs), (A3, V3), X) <= 1e-13  # eq. 14
+    assert ag.function_discrepancy((As, Vs), (A3, V3), X, kind="softmax") > 1e-2  # Theorem 3.15
+    # single layer: (lambda A, V / lambda)
+    A1, V1 = ag.rescale(As[:1], Vs[:1], [-4.0])
+    np.testing.assert_allclose(V1[0], Vs[0] / -4.0)
+    assert ag.function_discrepancy((As[:1], Vs[:1]), (A1, V1), X) <= 1e-13
+    assert ag.function_discrepancy((As[:1], Vs[:1]), (A1, V1), X, kind="softmax") > 1e-2
+
+
+def test_rank_one_swap_and_gl_a(rng):
+    d, dp = 4, 3
+    k, q, v = rng.standard_normal((3, d))
+    h = rng.standard_normal(dp)
+    X = rng.standard_normal((5, 3, d))
+    W = ([np.outer(k, q)], [np.outer(h, v)])
+    W_swap = ([np.outer(v, q)], [np.outer(h, k)])
+    assert ag.function_discrepancy(W, W_swap, X) <= 1e-13  # Theorem 3.2, first case
+    # Lemma 3.1: (Q, K) -> (G Q, G^{-T} K) keeps A = K^T Q, so phi, for both kinds
+    Q, K, V = ag.random_weights((d, dp), (2,), seed=4)[0]
+    G = rng.standard_normal((2, 2)) + 2 * np.eye(2)
+    Xs = rng.standard_normal((5, 3, d))
+    for kind in ("lightning", "softmax"):
+        y = ag.network_forward([(Q, K, V)], Xs, kind=kind)
+        y2 = ag.network_forward([(G @ Q, np.linalg.inv(G).T @ K, V)], Xs, kind=kind)
+        assert rel_err(y2, y) <= 1e-13
+
+
+def test_critical_points_lemma_3_7(rng):
+    d, dp = 4, 3
+    k, q = rng.standard_normal((2, d))
+    h = rng.standard_normal(dp)
+    singular = ag.is_critical(np.outer(k, q), np.outer(h, k))  # A = k (x) q, V = h (x) k
+    assert singular.critical and singular.rank < singular.generic_rank == d * d + d * dp - 1
+    generic = ag.is_critical(rng.standard_normal((d, d)), rng.standard_normal((dp, d)))
+    assert not generic.critical and generic.rank == generic.generic_rank
+    # rank-1 A with a generic V: rk(A) rk(V) = dp > 1, not singular
+    assert not ag.is_critical(np.outer(k, q), rng.standard_normal((dp, d))).critical
+    with pytest.raises(ValueError, match="A must have shape"):
+        ag.is_critical(np.ones((3, 4)), np.ones((2, 3)))
+
+
+def test_fiber_helper_errors(rng):
+    As, Vs = deep_net(rng)
+    with pytest.raises(ValueError, match="Cs must hold"):
+        ag.gl_transform(As, Vs, [np.eye(3)])
+    with pytest.raises(ValueError, match="lambdas"):
+        ag.rescale(As, Vs, [1.0, 0.0, 2.0])
+    with pytest.raises(ValueError, match="As\\[1\\]"):
+        ag.virtual_weights([As[0], np.eye(4)], Vs[:2])

@@ -48,8 +48,15 @@ from .spectral import (
 )
 from .head_diagnostics import HeadDiagnostics, head_diagnostics
 from .dimension import (
+    CriticalPoint,
     DimensionResult,
     expected_dimension,
+    function_discrepancy,
+    gl_transform,
+    is_critical,
+    rescale,
+    virtual_network,
+    virtual_weights,
     network_forward,
     neuromanifold_dimension,
     numerical_rank,
@@ -71,5 +78,6 @@ __all__ = [
     "routing_nulls", "RoutingNulls", "gauge_transform", "gauge_invariance_error", "GaugeErrors",
     "head_diagnostics", "HeadDiagnostics",
     "network_forward", "parametrization_jacobian", "expected_dimension", "neuromanifold_dimension",
-    "numerical_rank", "parameter_count", "random_weights", "DimensionResult",
+    "numerical_rank", "parameter_count", "random_weights", "DimensionResult", "virtual_weights",
+    "virtual_network", "gl_transform", "rescale", "function_discrepancy", "is_critical", "CriticalPoint",
 ]

@@ -272,3 +272,139 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
     return DimensionResult(tuple(d), tuple(a), "softmax" if softmax else "lightning", t, n_samples,
                            np.array(dims), np.array(gaps), np.array([s[:k] for s in spectra]), expected,
                            parameter_count(d, a))
+
+
+# -- fibers and symmetries (s.3.1, s.3.3, Lemma 3.1, Theorem 3.2, eq. 9-14) ----------------
+def _layers(As, Vs, d0=None):
+    if len(As) != len(Vs) or len(As) == 0:
+        raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
+    As = [real_array(f"As[{i}]", A).astype(np.float64) for i, A in enumerate(As)]
+    Vs = [real_array(f"Vs[{i}]", V).astype(np.float64) for i, V in enumerate(Vs)]
+    width = As[0].shape[-1] if d0 is None else d0
+    for i, (A, V) in enumerate(zip(As, Vs)):
+        if A.shape != (width, width):
+            raise ValueError(f"As[{i}] must have shape ({width}, {width}), got {A.shape}")
+        if V.ndim != 2 or V.shape[1] != width:
+            raise ValueError(f"Vs[{i}] must have shape (d_{i + 1}, {width}), got {V.shape}")
+        check_finite(f"As[{i}]", A)
+        check_finite(f"Vs[{i}]", V)
+        width = V.shape[0]
+    return As, Vs
+
+
+def virtual_weights(As, Vs):
+    """Virtual weights (M, L) of eq. 9: L_i = V_i ... V_1, M_i = L_{i-1}^T A_i L_{i-1}, L = L_l.
+
+    The deep lightning network depends on (A, V) only through (M, L) (Lemma 3.12), so the
+    GL transformations of eq. 10 (:func:`gl_transform`) do not change it.
+    Returns (list of M_i, each (d_0, d_0); L of shape (d_l, d_0)).
+
+    Example: ``M, L = ag.virtual_weights(As, Vs)``
+    """
+    As, Vs = _layers(As, Vs)
+    L = np.eye(As[0].shape[0])
+    Ms = []
+    for A, V in zip(As, Vs):
+        Ms.append(L.T @ A @ L)
+        L = V @ L
+    return Ms, L
+
+
+def virtual_network(Ms, L, X):
+    """phi(X) from virtual weights by Lemma 3.12 (eq. 11-12), tokens as columns X (d_0, t).
+
+    D_0 = I, D_i = D_{i-1} X^T M_i X D_{i-1} X^T M_i^T X D_{i-1};
+    phi(X) = L X prod_{1 <= i <= l} D_{l-i} X^T M_{l-i+1} X. Returns (d_l, t).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    l = len(Ms)
+    D = [np.eye(X.shape[1])]
+    for i in range(1, l + 1):
+        G, Gt = X.T @ Ms[i - 1] @ X, X.T @ Ms[i - 1].T @ X
+        D.append(D[i - 1] @ G @ D[i - 1] @ Gt @ D[i - 1])
+    out = L @ X
+    for i in range(1, l + 1):
+        out = out @ D[l - i] @ (X.T @ Ms[l - i] @ X)
+    return out
+
+
+def gl_transform(As, Vs, Cs):
+    """The symmetry of eq. 10: V_i' = C_i V_i C_{i-1}^{-1}, A_{i+1}' = C_i^{-T} A_{i+1} C_i^{-1}.
+
+    Cs holds C_1 .. C_{l-1} (C_i invertible, (d_i, d_i)); C_0 = C_l = I. Returns (As', Vs').
+    """
+    As, Vs = _layers(As, Vs)
+    l = len(As)
+    if len(Cs) != l - 1:
+        raise ValueError(f"Cs must hold l - 1 = {l - 1} matrices C_1..C_(l-1), got {len(Cs)}")
+    dims = [V.shape[0] for V in Vs]
+    C = [np.eye(As[0].shape[0])] + [real_array(f"Cs[{i}]", c).astype(np.float64) for i, c in enumerate(Cs)]
+    C.append(np.eye(dims[-1]))
+    for i in range(1, l):
+        if C[i].shape != (dims[i - 1], dims[i - 1]):
+            raise ValueError(f"Cs[{i - 1}] must have shape ({dims[i - 1]}, {dims[i - 1]}), got {C[i].shape}")
+    new_V = [C[i + 1] @ Vs[i] @ np.linalg.inv(C[i]) for i in range(l)]
+    new_A = [As[0]] + [np.linalg.inv(C[i]).T @ As[i] @ np.linalg.inv(C[i]) for i in range(1, l)]
+    return new_A, new_V
+
+
+def rescale(As, Vs, lambdas):
+    """A point of the rescaling fiber (eq. 14): A_i -> lambda_i A_i and V_l -> rho V_l with
+    rho = 1 / prod_i lambda_i^(3^(l-i)). For lightning networks phi is unchanged; for
+    softmax networks it changes (Theorem 3.15: no rescaling fiber)."""
+    As, Vs = _layers(As, Vs)
+    l = len(As)
+    lam = [scalar(f"lambdas[{i}]", x) for i, x in enumerate(lambdas)]
+    if len(lam) != l or any(x == 0 for x in lam):
+        raise ValueError(f"lambdas must hold {l} nonzero numbers, got {lambdas}")
+    rho = 1.0 / np.prod([lam[i] ** (3 ** (l - 1 - i)) for i in range(l)])
+    return [x * A for x, A in zip(lam, As)], Vs[:-1] + [rho * Vs[-1]]
+
+
+def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
+    """max |phi_W(X) - phi_W'(X)| / max |phi_W(X)| for two networks given as (As, Vs) pairs
+    on samples X (N, t, d_0): ~1e-15 when W and W' lie in one fiber."""
+    _kind(kind)
+    (A1, V1), (A2, V2) = first, second
+    x = _samples(X, np.shape(A1[0])[0])
+    from .lightning import deep_lightning
+
+    kw = dict(normalize=kind == "softmax", temperature=temperature)
+    y1, y2 = deep_lightning(x, A1, V1, **kw), deep_lightning(x, A2, V2, **kw)
+    return float(np.max(np.abs(y1 - y2)) / max(float(np.max(np.abs(y1))), np.finfo(float).tiny))
+
+
+@dataclass
+class CriticalPoint:
+    """Jacobian rank of one layer at (A, V) against the generic rank (Lemma 3.7, Cor. 3.8)."""
+
+    critical: bool
+    rank: int
+    generic_rank: int
+    gap_ratio: float
+
+
+def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> CriticalPoint:
+    """Whether the single-layer parametrization (A, V) -> phi is critical at (A, V).
+
+    The Jacobian of (A, V) -> phi_(A,V) restricted to n_samples random inputs is computed
+    through the (Q, K, V) Jacobian at Q = I, K = A^T (a = d): there (Q, K) -> K^T Q is a
+    submersion, so both Jacobians have the same rank. The point is critical when that rank
+    is below the generic one: d^2 + d d' - 1 for lightning (Corollary 3.3 with a = d) and
+    d^2 + d d' for softmax. Lemma 3.7 / Corollary 3.8: for lightning the
+    points with rk(A) rk(V) <= 1 are exactly the singular ones.
+    """
+    A = real_array("A", A).astype(np.float64)
+    V = real_array("V", V).astype(np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 2:
+        raise ValueError(f"A must have shape (d, d) with d >= 2, got {A.shape}")
+    d = A.shape[0]
+    if V.ndim != 2 or V.shape[1] != d or V.shape[0] < 1:
+        raise ValueError(f"V must have shape (d', {d}), got {V.shape}")
+    check_finite("A", A)
+    check_finite("V", V)
+    X = np.random.default_rng(seed).standard_normal((n_samples, t, d))
+    J = parametrization_jacobian([(np.eye(d), A.T.copy(), V)], X, kind=kind)
+    r, _, gap = numerical_rank(J, block_rows=t * V.shape[0])
+    generic = expected_dimension((d, V.shape[0]), (d,), kind)
+    return CriticalPoint(r < generic, r, generic, gap)
