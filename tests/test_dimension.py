@@ -57,7 +57,7 @@ def test_figure_4(kind):
     for a, want in zip((1, 2, 3, 4), FIGURE_4[kind]):
         r = ag.neuromanifold_dimension((4, 4, 4, 4), (a, a, a), kind=kind, t=3, n_samples=100, n_draws=5)
         assert r.dims.tolist() == [want] * 5, (kind, a, r.dims)
-        assert np.all(r.gap_ratios > 1e4)  # at least four decades between sigma_r and sigma_{r+1}
+        assert np.all(r.gap_ratios > 1e4) and r.reliable  # four decades between sigma_r and sigma_{r+1}
         assert r.parameters == 3 * (2 * a * 4 + 16)
         if kind == "softmax" or a >= 2:
             assert r.expected == want and r.agrees

@@ -177,8 +177,9 @@ def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
     Each block of ``block_rows`` rows (one sample's outputs) is first scaled to unit
     Frobenius norm (row scaling does not change the rank but evens out samples of very
     different magnitude). The rank r maximises log(sigma_r / sigma_{r+1}) over the
-    spectrum extended by the noise floor P * eps * sigma_1 (so a full-rank Jacobian is
-    recognised). Returns (rank, singular values, gap ratio sigma_r / sigma_{r+1}).
+    spectrum extended by the floor eps * sigma_1 (so a full-rank Jacobian is recognised;
+    values below the floor count as the floor). The floor carries no dimension factor: a
+    genuine small singular value just above the rounding level must stay distinguishable. Returns (rank, singular values, gap ratio sigma_r / sigma_{r+1}).
     """
     J = np.asarray(J, dtype=np.float64)
     if block_rows:
@@ -188,7 +189,7 @@ def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
     s = np.linalg.svd(J, compute_uv=False)
     if s.size == 0 or s[0] == 0:
         return 0, s, float("inf")
-    floor = max(J.shape) * np.finfo(np.float64).eps * s[0]
+    floor = np.finfo(np.float64).eps * s[0]
     ext = np.maximum(np.r_[s, floor], floor)
     gaps = np.log(ext[:-1]) - np.log(ext[1:])
     r = int(np.argmax(gaps)) + 1
@@ -218,6 +219,14 @@ class DimensionResult:
     parameters: int
 
     @property
+    def reliable(self) -> bool:
+        """Every draw's rank sits on a gap of at least three decades (sigma_r / sigma_{r+1} >= 1e3).
+
+        When the true spectrum sinks into rounding noise (deep softmax networks saturate as
+        widths grow) the largest log-gap is small and the estimate is not to be trusted."""
+        return bool(np.all(self.gap_ratios >= 1e3))
+
+    @property
     def agrees(self) -> bool:
         """Every draw equals the closed form."""
         return self.expected is not None and bool(np.all(self.dims == self.expected))
@@ -225,7 +234,7 @@ class DimensionResult:
     def summary(self) -> dict:
         return {"d": list(self.d), "a": list(self.a), "kind": self.kind, "dims": self.dims.tolist(),
                 "expected": self.expected, "parameters": self.parameters,
-                "min_gap_ratio": float(self.gap_ratios.min())}
+                "min_gap_ratio": float(self.gap_ratios.min()), "reliable": self.reliable}
 
     def plot_spectrum(self, ax=None):
         """Normalised Jacobian singular values of every draw, the estimated rank marked."""
