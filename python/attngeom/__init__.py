@@ -64,6 +64,25 @@ from .dimension import (
     parametrization_jacobian,
     random_weights,
 )
+from .circuits import (
+    Injectivity,
+    KeyValueMLP,
+    LatentFactorization,
+    PathExpansion,
+    RoutingGram,
+    composition_scores,
+    embedding_injectivity,
+    head_operator,
+    latent_factorization,
+    layernorm,
+    layernorm_jacobian,
+    mlp_key_value,
+    path_expansion,
+    principal_angles,
+    routing_gram,
+    topk_routing,
+    virtual_head,
+)
 from . import plotting  # matplotlib itself is imported on first use
 
 __all__ = [
@@ -79,5 +98,8 @@ __all__ = [
     "head_diagnostics", "HeadDiagnostics",
     "network_forward", "parametrization_jacobian", "expected_dimension", "neuromanifold_dimension",
     "numerical_rank", "parameter_count", "random_weights", "DimensionResult", "virtual_weights",
+    "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
+    "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
+    "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
     "virtual_network", "gl_transform", "rescale", "function_discrepancy", "is_critical", "CriticalPoint",
 ]

@@ -1,0 +1,471 @@
+"""Circuits: heads as tensor products, virtual heads, composition scores, residual paths,
+the layer-norm Jacobian, MoE routing, latent (MLA) factorisation, MLP key-value writes.
+
+Source: the lecture notes "linear algebra applications for transformers" (cited by the
+notes' headings). Conventions: tokens are rows, X (n, d_model). A head with attention
+(routing) matrix A (n, n) and OV matrix W_OV acting on column vectors (the notes' and
+transformer-circuits' convention, W_OV = W_O W_V) maps X to (A (x) W_OV) X = A X W_OV^T.
+Stacked head weights use TransformerLens's row convention and layout: W_Q, W_K, W_V
+(n_layers, n_heads, d_model, d_head), W_O (n_layers, n_heads, d_head, d_model), so the
+row-convention OV circuit is W_V W_O (= W_OV^T) and QK is W_Q W_K^T; d_model x d_model
+products are never formed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .subspace import Subspace
+
+
+def _array(name, x, ndim=None, expected=""):
+    a = real_array(name, x)
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
+    check_nonempty(name, a, expected)
+    check_finite(name, a)
+    return a.astype(compute_dtype(a), copy=False)
+
+
+# -- heads as tensor products --------------------------------------------------------------
+def head_operator(P, W_OV, X):
+    """(A (x) W_OV) X = A X W_OV^T: a head with frozen routing P applied to tokens X.
+
+    P (..., n, n_k) attention matrix, W_OV (d_out, d_model) acting on column vectors (the
+    notes' "single-head attention as a tensor product"; for TransformerLens weights pass
+    W_OV = (W_V @ W_O).T), X (..., n_k, d_model). Returns (..., n, d_out).
+
+    Example: ``y = ag.head_operator(P, W_OV, X)``
+    """
+    P = _array("P", P, expected="(..., n, n_k)")
+    W = _array("W_OV", W_OV, expected="(..., d_out, d_model)")
+    X = _array("X", X, expected="(..., n_k, d_model)")
+    check_min_ndim("P", P, 2, "(..., n, n_k)")
+    check_min_ndim("W_OV", W, 2, "(..., d_out, d_model)")
+    check_min_ndim("X", X, 2, "(..., n_k, d_model)")
+    if P.shape[-1] != X.shape[-2]:
+        raise ValueError(f"P (..., n, n_k) and X (..., n_k, d_model) disagree on n_k: P {P.shape}, X {X.shape}")
+    if W.shape[-1] != X.shape[-1]:
+        raise ValueError(f"W_OV must have shape (..., d_out, {X.shape[-1]}), got {W.shape}")
+    return P @ X @ np.swapaxes(W, -1, -2)
+
+
+def virtual_head(P1, W_OV1, P2, W_OV2):
+    """The virtual head of head 1 followed by head 2: (P2 P1, W_OV2 W_OV1).
+
+    By the mixed-product property (A2 (x) W2)(A1 (x) W1) = (A2 A1) (x) (W2 W1), applying the
+    two heads in sequence equals applying the virtual head once (notes: "virtual heads").
+
+    Example: ``P, W = ag.virtual_head(P1, W1, P2, W2)``
+    """
+    P1, P2 = _array("P1", P1), _array("P2", P2)
+    W1, W2 = _array("W_OV1", W_OV1), _array("W_OV2", W_OV2)
+    if P2.shape[-1] != P1.shape[-2]:
+        raise ValueError(f"P2 (..., n2, n1) must act on P1's output rows: P1 {P1.shape}, P2 {P2.shape}")
+    if W2.shape[-1] != W1.shape[-2]:
+        raise ValueError(f"W_OV2 (..., d2, d1) must act on W_OV1's output: W_OV1 {W1.shape}, W_OV2 {W2.shape}")
+    return P2 @ P1, W2 @ W1
+
+
+# -- composition scores --------------------------------------------------------------------
+def _r_factor(m):
+    """R of the thin QR of each (..., rows, k) matrix (k x k when rows >= k)."""
+    return np.linalg.qr(m, mode="r")
+
+
+def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
+    """Q-, K- or V-composition scores between every pair of heads in different layers.
+
+    Elhage et al. / TransformerLens: score = ||L R||_F / (||L||_F ||R||_F) with the earlier
+    head's OV = W_V W_O on the left and the later head's QK = W_Q W_K^T ("Q"), QK^T ("K") or
+    OV ("V") on the right (row convention). Products of d_model x d_model matrices are never
+    formed: with thin factors L = a b and R = c e, ||a (b c) e||_F = ||R_a (b c) R_e^T||_F for
+    the QR factors R_a of a and R_e of e^T, so each pair costs O(d_head^2 d_model).
+
+    Parameters
+    ----------
+    W_Q, W_K, W_V : (n_layers, n_heads, d_model, d_head); W_O : (n_layers, n_heads, d_head, d_model).
+    mode : "Q" | "K" | "V".
+
+    Returns
+    -------
+    scores : (n_layers, n_heads, n_layers, n_heads), scores[l1, h1, l2, h2] for head (l1, h1)
+        writing into head (l2, h2); zero where l1 >= l2.
+
+    Example: ``S = ag.composition_scores(W_Q, W_K, W_V, W_O, "K")``
+    """
+    if mode not in ("Q", "K", "V"):
+        raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
+    names = ("W_Q", "W_K", "W_V", "W_O")
+    Q, K, V, O = (_array(n, w, 4, "(n_layers, n_heads, ...)") for n, w in zip(names, (W_Q, W_K, W_V, W_O)))
+    L, H, d_model, d_head = Q.shape
+    for n, w, shape in (("W_K", K, Q.shape), ("W_V", V, (L, H, d_model, V.shape[-1])),
+                        ("W_O", O, (L, H, V.shape[-1], d_model))):
+        if w.shape != shape:
+            raise ValueError(f"{n} must have shape {shape}, got {w.shape}")
+    # left = OV = a b with a = W_V, b = W_O; right = c e
+    c, e_t = {"Q": (Q, K), "K": (K, Q), "V": (V, np.swapaxes(O, -1, -2))}[mode]
+    R_a, R_e = _r_factor(V), _r_factor(e_t)  # (L, H, k, k)
+    norm_left = np.linalg.norm(R_a @ np.swapaxes(_r_factor(np.swapaxes(O, -1, -2)), -1, -2), axis=(-2, -1))
+    norm_right = np.linalg.norm(_r_factor(c) @ np.swapaxes(R_e, -1, -2), axis=(-2, -1))
+    scores = np.zeros((L, H, L, H), dtype=Q.dtype)
+    for l1 in range(L - 1):
+        # middle[h1, l2, h2] = b_{l1,h1} c_{l2,h2}: (H, L', H, d_v, d_c)
+        mid = np.einsum("hvd,mgdc->hmgvc", O[l1], c[l1 + 1:], optimize=True)
+        core = R_a[l1][:, None, None] @ mid @ np.swapaxes(R_e[l1 + 1:], -1, -2)[None]
+        num = np.linalg.norm(core, axis=(-2, -1))
+        den = norm_left[l1][:, None, None] * norm_right[l1 + 1:][None]
+        scores[l1, :, l1 + 1:] = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    return scores
+
+
+# -- residual path expansion ---------------------------------------------------------------
+@dataclass
+class PathExpansion:
+    """Contributions of the residual paths of a network with frozen attention.
+
+    paths : {path: contribution (n, d_model)}; a path is a tuple of components in order,
+        each (layer, head) for an attention head or (layer, "mlp") for a frozen MLP; the
+        empty tuple is the direct path (the input itself)
+    forward : the frozen-attention forward pass the paths sum to (n, d_model)
+    max_length : longest path included (None: all)
+    """
+
+    paths: Dict[tuple, np.ndarray]
+    forward: np.ndarray
+    max_length: Optional[int]
+
+    def by_length(self) -> Dict[int, np.ndarray]:
+        """Sum of the contributions of the paths of each length."""
+        out: Dict[int, np.ndarray] = {}
+        for p, c in self.paths.items():
+            out[len(p)] = out.get(len(p), 0) + c
+        return out
+
+    def total(self) -> np.ndarray:
+        return sum(self.paths.values())
+
+    def norms(self) -> Dict[tuple, float]:
+        """Frobenius norm of every path's contribution, largest first."""
+        return dict(sorted(((p, float(np.linalg.norm(c))) for p, c in self.paths.items()), key=lambda kv: -kv[1]))
+
+
+def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional[int] = None) -> PathExpansion:
+    """Expand a network with frozen attention into residual paths (notes: "Proposition
+    (Residual path expansion)").
+
+    Layer l maps the residual stream r to r + sum_h P_{l,h} r W_OV_{l,h}^T and then, when a
+    frozen MLP Jacobian J_l (d_model, d_model, column convention) is given, to r + r J_l^T.
+    Every component is linear once attention is frozen, so the output is the sum over all
+    ordered choices of components (at most one per sublayer) of their products applied to x.
+
+    Parameters
+    ----------
+    routing : (n_layers, n_heads, n, n) frozen attention matrices P_{l,h}.
+    W_OV : (n_layers, n_heads, d_model, d_model) OV matrices on column vectors.
+    x : (n, d_model) the input residual stream.
+    mlp_jacobians : optional (n_layers, d_model, d_model).
+    max_length : keep paths through at most this many components (None: all; then the
+        contributions sum to ``forward`` exactly).
+
+    Example: ``ex = ag.path_expansion(P, W_OV, x); ex.by_length()``
+    """
+    P = _array("routing", routing, 4, "(n_layers, n_heads, n, n)")
+    W = _array("W_OV", W_OV, 4, "(n_layers, n_heads, d_model, d_model)")
+    X = _array("x", x, 2, "(n, d_model)")
+    L, H, n, _ = P.shape
+    d = X.shape[1]
+    if P.shape[-1] != n or n != X.shape[0]:
+        raise ValueError(f"routing must have shape (n_layers, n_heads, {X.shape[0]}, {X.shape[0]}), got {P.shape}")
+    if W.shape != (L, H, d, d):
+        raise ValueError(f"W_OV must have shape {(L, H, d, d)}, got {W.shape}")
+    J = None
+    if mlp_jacobians is not None:
+        J = _array("mlp_jacobians", mlp_jacobians, 3, "(n_layers, d_model, d_model)")
+        if J.shape != (L, d, d):
+            raise ValueError(f"mlp_jacobians must have shape {(L, d, d)}, got {J.shape}")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
+                                   or max_length < 0):
+        raise ValueError(f"max_length must be a non-negative integer or None, got {max_length!r}")
+
+    def apply(component, r):
+        layer, which = component
+        if which == "mlp":
+            return r @ J[layer].T
+        return P[layer, which] @ r @ W[layer, which].T
+
+    sublayers = []
+    for layer in range(L):
+        sublayers.append([(layer, h) for h in range(H)])
+        if J is not None:
+            sublayers.append([(layer, "mlp")])
+    # forward pass with frozen attention
+    r = X.copy()
+    for comps in sublayers:
+        r = r + sum(apply(c, r) for c in comps)
+    # paths: choose at most one component per sublayer, in order
+    paths: Dict[tuple, np.ndarray] = {(): X.copy()}
+    frontier = {(): X}
+    for comps in sublayers:
+        new = {}
+        for path, value in frontier.items():
+            if max_length is not None and len(path) >= max_length:
+                continue
+            for c in comps:
+                new[path + (c,)] = apply(c, value)
+        paths.update(new)
+        frontier = {**frontier, **new}
+    return PathExpansion(paths, r, max_length)
+
+
+# -- layer norm ----------------------------------------------------------------------------
+def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
+    """N(x) = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis."""
+    x = _array("x", x)
+    mu = x.mean(-1, keepdims=True)
+    c = x - mu
+    s = np.sqrt((c * c).mean(-1, keepdims=True) + eps)
+    g = 1.0 if gamma is None else _array("gamma", gamma)
+    b = 0.0 if beta is None else _array("beta", beta)
+    return g * c / s + b
+
+
+def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
+    """Exact Jacobian of layer norm at x (..., d): (..., d, d).
+
+    J = diag(gamma) (1/s) [I - 1 1^T / d - c c^T / (d s^2)], c = x - mean(x),
+    s = sqrt(var(x) + eps) (notes: "Lemma (layer norm linearization)"). J 1 = 0 exactly.
+    J c = diag(gamma) c eps / (s (var + eps)), which vanishes only as eps -> 0: with eps = 0
+    the bracket is the orthogonal projector onto the complement of span{1, c}. The notes call
+    B_x "doubly stochastic"; it is not: its rows sum to 0, not 1, and it has negative entries.
+
+    Example: ``J = ag.layernorm_jacobian(x, gamma)``
+    """
+    x = _array("x", x)
+    check_min_ndim("x", x, 1, "(..., d)")
+    eps = scalar("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    d = x.shape[-1]
+    c = x - x.mean(-1, keepdims=True)
+    var = (c * c).mean(-1)
+    s2 = var + eps
+    if np.any(s2 <= 0):
+        raise ValueError("x: a constant row with eps = 0 has no layer-norm Jacobian (zero variance)")
+    s = np.sqrt(s2)
+    eye = np.eye(d, dtype=x.dtype)
+    B = eye - 1.0 / d - c[..., :, None] * c[..., None, :] / (d * s2[..., None, None])
+    g = np.ones(d, dtype=x.dtype) if gamma is None else _array("gamma", gamma, 1, f"({d},)")
+    if g.shape != (d,):
+        raise ValueError(f"gamma must have shape ({d},), got {g.shape}")
+    return g[:, None] * B / s[..., None, None]
+
+
+# -- MoE routing ---------------------------------------------------------------------------
+def topk_routing(gate_logits, k: int) -> np.ndarray:
+    """Top-k routing matrix R (..., n_tokens, n_experts): exactly k non-zeros per row, the
+    softmax of the k largest gate logits (ties broken toward the lower expert index).
+
+    Notes: "top-k routing matrix" (R with sparse rows, as in DeepSeekMoE).
+
+    Example: ``R = ag.topk_routing(gates, 2)``
+    """
+    g = _array("gate_logits", gate_logits)
+    check_min_ndim("gate_logits", g, 2, "(..., n_tokens, n_experts)")
+    E = g.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= E:
+        raise ValueError(f"k must be an integer in [1, n_experts = {E}], got {k!r}")
+    idx = np.argsort(-g, axis=-1, kind="stable")[..., :k]
+    top = np.take_along_axis(g, idx, -1)
+    w = np.exp(top - top.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    R = np.zeros_like(g)
+    np.put_along_axis(R, idx, w, -1)
+    return R
+
+
+@dataclass
+class RoutingGram:
+    """G = R^T R (n_experts, n_experts) and its load / interference summaries.
+
+    loads : (n_experts,) token mass per expert, sum_t R[t, e]
+    diagonal : (n_experts,) diag(G), each expert's self-interference
+    off_diagonal_mass : sum of |G| off the diagonal over its total (0 for disjoint experts)
+    imbalance : coefficient of variation std(loads) / mean(loads) (0 when balanced)
+    """
+
+    gram: np.ndarray
+    loads: np.ndarray
+    diagonal: np.ndarray
+    off_diagonal_mass: float
+    imbalance: float
+
+
+def routing_gram(R) -> RoutingGram:
+    """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts)
+    (notes: "Inspecting R^T R diagnoses load imbalance and expert redundancy")."""
+    R = _array("R", R, 2, "(n_tokens, n_experts)")
+    if np.any(R < 0):
+        raise ValueError("R must be non-negative")
+    G = R.T @ R
+    loads = R.sum(0)
+    total = np.abs(G).sum()
+    off = float((total - np.abs(np.diag(G)).sum()) / total) if total > 0 else 0.0
+    mean = loads.mean()
+    return RoutingGram(G, loads, np.diag(G).copy(), off, float(loads.std() / mean) if mean > 0 else 0.0)
+
+
+# -- latent (MLA) factorisation ------------------------------------------------------------
+@dataclass
+class LatentFactorization:
+    """K ~ U Z with U (m, r) = U_r diag(sigma_r) and Z (r, n) = V_r^T (orthonormal rows).
+
+    error : ||K - U Z||_F^2, equal to sum_{i > r} sigma_i^2 (Eckart-Young; the notes'
+        "Proposition (spectral error bound)")
+    tail_energy : sum_{i > r} sigma_i^2 from the spectrum
+    condition : kappa_2(U) = sigma_1 / sigma_r
+    singular_values : all singular values of K
+    """
+
+    U: np.ndarray
+    Z: np.ndarray
+    error: float
+    tail_energy: float
+    condition: float
+    singular_values: np.ndarray
+
+
+def latent_factorization(K, rank: int) -> LatentFactorization:
+    """Best rank-r factorisation K ~ U Z (multi-head latent attention's cache compression).
+
+    Example: ``f = ag.latent_factorization(K, 16); f.error, f.condition``
+    """
+    K = _array("K", K, 2, "(m, n)")
+    k = min(K.shape)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= k:
+        raise ValueError(f"rank must be an integer in [1, min(m, n) = {k}], got {rank!r}")
+    u, s, vh = np.linalg.svd(K, full_matrices=False)
+    U, Z = u[:, :rank] * s[:rank], vh[:rank]
+    err = float(np.linalg.norm(K - U @ Z) ** 2)
+    cond = float(s[0] / s[rank - 1]) if s[rank - 1] > 0 else math.inf
+    return LatentFactorization(U, Z, err, float(np.sum(s[rank:] ** 2)), cond, s)
+
+
+# -- embeddings ----------------------------------------------------------------------------
+def principal_angles(A, B) -> np.ndarray:
+    """Principal angles (radians, descending) between the column spaces of A (d, p) and B (d, q).
+
+    Accurate for small angles (sines, not only cosines). Example: ``ag.principal_angles(E, P)``
+    """
+    A = _array("A", A, 2, "(d, p)")
+    B = _array("B", B, 2, "(d, q)")
+    if A.shape[0] != B.shape[0]:
+        raise ValueError(f"A (d, p) and B (d, q) must share d: A {A.shape}, B {B.shape}")
+    return Subspace.span(A.T).principal_angles(Subspace.span(B.T))
+
+
+@dataclass
+class Injectivity:
+    """span(E) and span(P) meet only at 0 iff the smallest principal angle is > 0.
+
+    injective : the notes' sufficient condition for distinguishability holds numerically
+    smallest_angle : radians (0 when the spans share a direction, or when dim E + dim P > d)
+    dims : (dim span E, dim span P, d)
+    """
+
+    injective: bool
+    smallest_angle: float
+    dims: Tuple[int, int, int]
+
+
+def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
+    """The notes' distinguishability lemma: token embeddings E (d, n_tokens) and positional
+    embeddings P (d, n_positions) (columns) give an injective map (i, pos) -> e_i + p_pos when
+    span E and span P intersect only at 0 (and positions are distinct). Reports the smallest
+    principal angle; injective when it exceeds atol.
+
+    Example: ``ag.embedding_injectivity(E, P).smallest_angle``
+    """
+    E = _array("E", E, 2, "(d, n_tokens)")
+    P = _array("P", P, 2, "(d, n_positions)")
+    if E.shape[0] != P.shape[0]:
+        raise ValueError(f"E (d, n_tokens) and P (d, n_positions) must share d: E {E.shape}, P {P.shape}")
+    se, sp = Subspace.span(E.T), Subspace.span(P.T)
+    d = E.shape[0]
+    if se.dim + sp.dim > d:
+        angle = 0.0  # dimension count forces a common direction
+    else:
+        angles = se.principal_angles(sp)
+        angle = float(angles.min()) if angles.size else math.pi / 2
+    return Injectivity(angle > atol, angle, (se.dim, sp.dim, d))
+
+
+# -- MLP as key-value memory ---------------------------------------------------------------
+_ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda z: np.maximum(z, 0),
+    "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3))),
+    "silu": lambda z: z / (1 + np.exp(-z)),
+    "identity": lambda z: z,
+}
+
+
+@dataclass
+class KeyValueMLP:
+    """Neuron-wise key-value view of an MLP (notes: "Lemma (key-value decomposition)").
+
+    keys : (d_ff, d_model) k_j = column j of W1; values : (d_ff, d_model) v_j = row j of W2
+    activations : (..., n, d_ff) a_j = phi(x . k_j + b1_j)
+    output : (..., n, d_model) sum_j a_j v_j (+ b2)
+    """
+
+    keys: np.ndarray
+    values: np.ndarray
+    activations: np.ndarray
+    output: np.ndarray
+
+    def writes(self) -> np.ndarray:
+        """Each neuron's rank-one write a_j v_j: (..., n, d_ff, d_model)."""
+        return self.activations[..., None] * self.values
+
+    def top_neurons(self, token_index, k: int = 5):
+        """The k neurons writing the most (by |a_j| |v_j|) for one token: (indices, norms)."""
+        norms = np.abs(self.activations[token_index]) * np.linalg.norm(self.values, axis=1)
+        order = np.argsort(-norms, kind="stable")[:k]
+        return order, norms[order]
+
+
+def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=None, b2=None) -> KeyValueMLP:
+    """The MLP x -> phi(x W1 + b1) W2 + b2 as a sum of neuron writes a_j v_j.
+
+    Row convention: x (..., n, d_model), W1 (d_model, d_ff), W2 (d_ff, d_model); the notes'
+    K = W1^T and V = W2 in their column convention. activation: "relu", "gelu" (tanh
+    approximation), "silu", "identity" or a callable.
+
+    Example: ``kv = ag.mlp_key_value(x, W1, W2, "relu"); kv.writes().sum(-2)``
+    """
+    X = _array("x", x)
+    check_min_ndim("x", X, 1, "(..., n, d_model)")
+    A = _array("W1", W1, 2, "(d_model, d_ff)")
+    B = _array("W2", W2, 2, "(d_ff, d_model)")
+    if A.shape[0] != X.shape[-1]:
+        raise ValueError(f"W1 must have shape ({X.shape[-1]}, d_ff), got {A.shape}")
+    if B.shape[0] != A.shape[1]:
+        raise ValueError(f"W2 must have shape ({A.shape[1]}, d_model), got {B.shape}")
+    if callable(activation):
+        phi = activation
+    elif activation in _ACTIVATIONS:
+        phi = _ACTIVATIONS[activation]
+    else:
+        raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)} or a callable, got {activation!r}")
+    pre = X @ A
+    if b1 is not None:
+        pre = pre + _array("b1", b1, 1, f"({A.shape[1]},)")
+    a = phi(pre)
+    out = a @ B
+    if b2 is not None:
+        out = out + _array("b2", b2, 1, f"({B.shape[1]},)")
+    return KeyValueMLP(A.T.copy(), B.copy(), a, out)
