@@ -16,6 +16,8 @@ from .attention import kernel_attention, softmax_attention
 from .kernels import KERNELS, psi
 from .lightning import deep_lightning, lightning_attention, lightning_layer
 from .projection import LocalFlatness, local_flatness, projection_attention
+from .random_features import RandomFeatures, feature_matrix, random_feature_attention, random_features
+from .sampling import SampledAttention, sampled_attention
 from .laplace_radon import (
     LogTransform,
     Transform,
@@ -89,6 +91,8 @@ __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
     "softmax_attention", "kernel_attention", "projection_attention", "local_flatness", "LocalFlatness",
     "lightning_attention", "lightning_layer", "deep_lightning",
+    "random_feature_attention", "random_features", "feature_matrix", "RandomFeatures",
+    "sampled_attention", "SampledAttention",
     "KERNELS", "psi", "stable_density",
     "tilt_radius", "radon_project", "laplace_radon_transform", "laplace_radon_attention",
     "projected_cumulants", "log_partition_gradient", "Transform", "LogTransform",

@@ -1,0 +1,134 @@
+"""Positive random features (FAVOR+) and the linear-time estimator of softmax attention.
+
+Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[exp(w.q - |q|^2/2) exp(w.k - |k|^2/2)] for
+w ~ N(0, I), so with m features phi(x) = exp(W x - |x|^2/2) / sqrt(m) the partition
+Z_i = sum_j exp(scale q_i.k_j) and numerator N_i = sum_j exp(scale q_i.k_j) v_j have the
+unbiased estimates phi(q_i).sum_j phi(k_j) and phi(q_i).sum_j phi(k_j) v_j^T, computed in
+O(n m d) by lightning attention (Choromanski et al., Performer). q and k are scaled by
+sqrt(scale) each so that q.k scale is the softmax logit.
+
+Orthogonal features: W in blocks of d_k rows, each block the Q of a Gaussian matrix's QR
+with rows rescaled to chi(d_k)-distributed norms: every row is still N(0, I) (so Z stays
+unbiased) but rows within a block are exactly orthogonal, which lowers the variance.
+
+Stabilising shifts: query features are divided by exp(max_f (w_f.q - |q|^2/2)) per query,
+key features by the maximum over all keys and features of the head; both factors cancel in
+y = N / Z and are added back to log Z.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import _causal_code
+from .lightning import lightning_attention
+
+
+def _count(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed=0) -> np.ndarray:
+    """Random projection W (num_features, dim) with N(0, I) rows (orthogonal blocks optional).
+
+    Example: ``W = ag.feature_matrix(64, 256, seed=1)``
+    """
+    dim, m = _count("dim", dim), _count("num_features", num_features)
+    rng = np.random.default_rng(seed)
+    if not orthogonal:
+        return rng.standard_normal((m, dim))
+    blocks = []
+    for _ in range(-(-m // dim)):
+        q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
+        q = q * np.sign(np.diag(r))  # Haar-distributed orthogonal matrix
+        norms = np.sqrt(rng.chisquare(dim, size=dim))
+        blocks.append(q.T * norms[:, None])
+    return np.concatenate(blocks)[:m]
+
+
+class RandomFeatures(NamedTuple):
+    """phi (..., n, m) and log_shift: the features are phi * exp(log_shift[..., None])."""
+
+    phi: np.ndarray
+    log_shift: np.ndarray
+
+
+def _features(x, W, shift_axes):
+    logits = x @ W.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)
+    shift = np.max(logits, axis=shift_axes, keepdims=True)
+    phi = np.exp(logits - shift) / math.sqrt(W.shape[0])
+    return phi, shift
+
+
+def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, per_row: bool = True) -> RandomFeatures:
+    """Positive random features phi(x) = exp(W x - |x|^2 / 2) / sqrt(m) of the rows of x (..., n, d).
+
+    per_row: shift each row by its own maximum (queries) or, if False, the whole (n, m)
+    block by one maximum (keys), so exp never overflows. The unshifted features are
+    ``phi * exp(log_shift)[..., None]``; log_shift has shape (..., n).
+
+    Example: ``f = ag.random_features(k, 256, per_row=False)``
+    """
+    a = real_array("x", x)
+    check_min_ndim("x", a, 2, "(..., n, d)")
+    check_nonempty("x", a, "(..., n, d)")
+    check_finite("x", a)
+    a = a.astype(compute_dtype(a), copy=False)
+    W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
+    phi, shift = _features(a, W, -1 if per_row else (-2, -1))
+    return RandomFeatures(phi, np.broadcast_to(shift[..., 0], a.shape[:-1]).copy())
+
+
+def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
+                             scale: Optional[float] = None, return_log_partition: bool = False):
+    """FAVOR+ estimate of softmax attention, linear in the sequence length.
+
+    Parameters
+    ----------
+    q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v); leading axes broadcast.
+    num_features : m >= 1; orthogonal : orthogonal blocks (lower variance) or iid rows.
+    seed : the draw of W (the same W for every batch element).
+    causal : as in :func:`attngeom.softmax_attention`; prefix sums by the chunked
+        lightning kernel.
+    scale : default 1 / sqrt(d_k).
+    return_log_partition : also return the estimate of log Z (..., n_q).
+
+    Returns
+    -------
+    y (..., n_q, d_v) = N_hat / Z_hat (and log Z_hat). A query whose estimated Z underflows
+    to 0 (all its features negligible against the key shift) gets y = 0, log Z = -inf.
+
+    Example: ``y = ag.random_feature_attention(q, k, v, num_features=512, causal=True)``
+    """
+    m = _count("num_features", num_features)
+    _causal_code(causal)
+    qa, ka, va = real_array("q", q), real_array("k", k), real_array("v", v)
+    for name, a, exp in (("q", qa, "(..., n_q, d_k)"), ("k", ka, "(..., n_k, d_k)"), ("v", va, "(..., n_k, d_v)")):
+        check_min_ndim(name, a, 2, exp)
+        check_nonempty(name, a, exp)
+        check_finite(name, a)
+    d_k = qa.shape[-1]
+    if ka.shape[-1] != d_k:
+        raise ValueError(f"k must have shape (..., n_k, {d_k}), got {ka.shape}")
+    if va.shape[-2] != ka.shape[-2]:
+        raise ValueError(f"v must have shape (..., {ka.shape[-2]}, d_v), got {va.shape}")
+    dt = compute_dtype(qa, ka, va)
+    scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
+    root = dt.type(math.sqrt(scale))
+    W = feature_matrix(d_k, m, orthogonal=orthogonal, seed=seed).astype(dt)
+    phi_q, shift_q = _features(qa.astype(dt) * root, W, -1)
+    phi_k, shift_k = _features(ka.astype(dt) * root, W, (-2, -1))
+    ones = np.ones(va.shape[:-1] + (1,), dt)
+    out = lightning_attention(phi_q, phi_k, np.concatenate([va.astype(dt), ones], axis=-1), causal=causal)
+    num, den = out[..., :-1], out[..., -1]
+    y = np.divide(num, den[..., None], out=np.zeros_like(num), where=den[..., None] > 0)
+    if not return_log_partition:
+        return y
+    with np.errstate(divide="ignore"):
+        log_z = np.log(den) + shift_q[..., 0] + shift_k[..., 0, 0][..., None]
+    return y, log_z
