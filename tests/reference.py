@@ -215,3 +215,25 @@ def projection_weights(q, k, sigma):
     d2 = np.sum((q[..., :, None, :] - k[..., None, :, :]) ** 2, axis=-1)
     logw = -d2 / (2 * sigma ** 2)
     return normalise(logw, np.ones(d2.shape[-2:], bool))[0]
+
+
+# -- whitening ("Whitened Self-Attention" eq. 3, 7-9, 10-14) --------------------------------
+def block_bidiagonal_solve(x, Ls, Ms):
+    """W = L_full^{-1} X with the explicit (T D x T D) block-bidiagonal matrix; x (B, T, D),
+    Ls, Ms (T, D, D) (M_0 unused)."""
+    B, T, D = x.shape
+    full = np.zeros((T * D, T * D))
+    for i in range(T):
+        full[i * D:(i + 1) * D, i * D:(i + 1) * D] = Ls[i]
+        if i:
+            full[i * D:(i + 1) * D, (i - 1) * D:i * D] = Ms[i]
+    return np.linalg.solve(full, x.reshape(B, T * D).T).T.reshape(B, T, D)
+
+
+def whiteness(x):
+    B, T, D = x.shape
+    X = x.reshape(B, T * D)
+    lam = np.abs(np.cov(X, rowvar=False, ddof=1))
+    n = T * D
+    off = lam.sum() - np.trace(lam)
+    return off / (n - 1) / np.trace(lam)

@@ -10,6 +10,7 @@ void bind_stable_density(py::module_& m);
 void bind_spectral(py::module_& m);
 void bind_lightning(py::module_& m);
 void bind_dimension(py::module_& m);
+void bind_whitening(py::module_& m);
 void bind_bench(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
@@ -21,5 +22,6 @@ PYBIND11_MODULE(_core, m) {
   bind_spectral(m);
   bind_lightning(m);
   bind_dimension(m);
+  bind_whitening(m);
   bind_bench(m);
 }

@@ -85,6 +85,21 @@ from .circuits import (
     topk_routing,
     virtual_head,
 )
+from .whitening import (
+    SteadyState,
+    block_cholesky_factors,
+    block_covariances,
+    block_diagonal_factor,
+    full_whitening,
+    stationarity,
+    steady_state_factor,
+    vector_ar1,
+    vector_ma1,
+    whiten,
+    whiten_scan,
+    whitened_attention,
+    whiteness,
+)
 from . import plotting  # matplotlib itself is imported on first use
 
 __all__ = [
@@ -102,6 +117,8 @@ __all__ = [
     "head_diagnostics", "HeadDiagnostics",
     "network_forward", "parametrization_jacobian", "expected_dimension", "neuromanifold_dimension",
     "numerical_rank", "parameter_count", "random_weights", "DimensionResult", "virtual_weights",
+    "whiten", "whiten_scan", "block_covariances", "steady_state_factor", "SteadyState", "block_cholesky_factors", "block_diagonal_factor",
+    "full_whitening", "whitened_attention", "whiteness", "stationarity", "vector_ma1", "vector_ar1",
     "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
     "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",

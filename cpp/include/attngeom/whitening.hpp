@@ -1,0 +1,128 @@
+// The whitening recursion of whitened self-attention ("Whitened Self-Attention", eq. 9):
+// w_0 = L^{-1} x_0, w_i = L^{-1} (x_i - M w_{i-1}), for a batch of sequences x (B, T, D)
+// stored row-major; vectors are rows, so each step is W_i = (X_i - W_{i-1} M^T) L^{-T}.
+//
+// whiten: sequential in time, one GEMM across a chunk of sequences per step (OpenMP over
+// chunks of the batch); L^{-T} is applied by a triangular solve when L is lower triangular
+// (a block Cholesky factor) or through one LU factorization of L otherwise (one per step
+// for time-varying factors).
+// whiten_scan: the same affine recursion w_i = A w_{i-1} + b_i (A = -L^{-1} M,
+// b_i = L^{-1} x_i) by a blocked scan: (1) every time block run from zero, in parallel over
+// blocks; (2) the block carries chained with A^S (repeated squaring); (3) every block re-run
+// from its carry, in parallel.
+#pragma once
+
+#include <Eigen/Core>
+#include <Eigen/LU>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attngeom/kernels.hpp"
+#include "attngeom/parallel.hpp"
+
+namespace attngeom {
+
+namespace detail {
+
+template <class T>
+using ColMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+
+// Applies R <- R L^{-T} to a block of row vectors.
+template <class T>
+struct InverseTransposeL {
+  Eigen::Map<const RowMatrix<T>> L;
+  bool lower;
+  Eigen::PartialPivLU<ColMat<T>> lu;
+  InverseTransposeL(const T* l, int64_t D, bool lower_triangular) : L(l, D, D), lower(lower_triangular) {
+    if (!lower) lu.compute(ColMat<T>(L));
+  }
+  void apply(RowMatrix<T>& R) const {
+    if (R.rows() == 0) return;
+    if (lower) {
+      L.transpose().template triangularView<Eigen::Upper>().template solveInPlace<Eigen::OnTheRight>(R);
+    } else {
+      R = lu.solve(R.transpose()).transpose();
+    }
+  }
+};
+
+template <class T>
+using Strided = Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using CStrided = Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
+
+}  // namespace detail
+
+// With `varying`, L and M hold Tn blocks (the time-varying block Cholesky factor: step i
+// uses L_i, M_i; M_0 is unused); otherwise one (D, D) pair serves every step.
+template <class T>
+void whiten(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M, bool lower_triangular,
+            bool varying, T* w) {
+  if (B == 0 || Tn == 0 || D == 0) return;
+  std::vector<detail::InverseTransposeL<T>> solvers;
+  const int64_t n_factors = varying ? Tn : 1;
+  solvers.reserve(n_factors);
+  for (int64_t i = 0; i < n_factors; ++i) solvers.emplace_back(L + i * D * D, D, lower_triangular);
+  const int64_t chunks = std::min<int64_t>(B, std::max(1, get_num_threads()));
+  const int64_t per = (B + chunks - 1) / chunks;
+  const Eigen::OuterStride<> stride(Tn * D);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b0 = c * per, nb = std::min(per, B - b0);
+    if (nb <= 0) continue;
+    RowMatrix<T> R(nb, D);
+    for (int64_t i = 0; i < Tn; ++i) {
+      const int64_t f = varying ? i : 0;
+      R = detail::CStrided<T>(x + (b0 * Tn + i) * D, nb, D, stride);
+      if (i > 0)
+        R.noalias() -= detail::CStrided<T>(w + (b0 * Tn + i - 1) * D, nb, D, stride) *
+                       Eigen::Map<const RowMatrix<T>>(M + f * D * D, D, D).transpose();
+      solvers[f].apply(R);
+      detail::Strided<T>(w + (b0 * Tn + i) * D, nb, D, stride) = R;
+    }
+  }
+}
+
+template <class T>
+void whiten_scan(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M, bool lower_triangular,
+                 int64_t block, T* w) {
+  if (B == 0 || Tn == 0 || D == 0) return;
+  const detail::InverseTransposeL<T> solve(L, D, lower_triangular);
+  const int64_t S = std::max<int64_t>(1, std::min(block, Tn));
+  const int64_t K = (Tn + S - 1) / S;
+  const Eigen::OuterStride<> stride(Tn * D);
+  // Row form: w_i = w_{i-1} A^T + b_i with A^T = -M^T L^{-T}, b_i = x_i L^{-T}.
+  RowMatrix<T> At = -Eigen::Map<const RowMatrix<T>>(M, D, D).transpose();
+  solve.apply(At);
+  // (A^T)^S by repeated squaring.
+  RowMatrix<T> power = RowMatrix<T>::Identity(D, D), base = At;
+  for (int64_t e = S; e > 0; e >>= 1) {
+    if (e & 1) power = power * base;
+    if (e > 1) base = base * base;
+  }
+  // Runs block k from the carry `start` (B, D), writing every step into w; returns the last.
+  auto run = [&](int64_t k, const RowMatrix<T>& start, RowMatrix<T>& cur) {
+    const int64_t i0 = k * S, i1 = std::min(Tn, i0 + S);
+    RowMatrix<T> b(B, D);
+    cur = start;
+    for (int64_t i = i0; i < i1; ++i) {
+      b = detail::CStrided<T>(x + i * D, B, D, stride);
+      solve.apply(b);
+      RowMatrix<T> next = b;
+      next.noalias() += cur * At;
+      cur.swap(next);
+      detail::Strided<T>(w + i * D, B, D, stride) = cur;
+    }
+  };
+  std::vector<RowMatrix<T>> last(K), carry(K);
+  const RowMatrix<T> zero = RowMatrix<T>::Zero(B, D);
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < K; ++k) run(k, zero, last[k]);  // phase 1: from zero
+  carry[0] = zero;
+  for (int64_t k = 1; k < K; ++k) carry[k] = last[k - 1] + carry[k - 1] * power;  // phase 2
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 1; k < K; ++k) run(k, carry[k], last[k]);  // phase 3: from the carries
+}
+
+}  // namespace attngeom

@@ -1,0 +1,355 @@
+"""Whitened self-attention: the whitening recursion, covariance models, whiteness measures.
+
+"Whitened Self-Attention" s.3-6. A batch of sequences x (B, T, D) (vectors x_i as rows) with
+covariance Lambda_X (TD x TD) is whitened by W = Lambda_X^{-1/2} X (eq. 3). Under wide-sense
+stationarity with lag-1 support, Lambda_X is block-tridiagonal block-Toeplitz with blocks
+Lambda_0 = Cov(x_i, x_i) and Lambda_1 = Cov(x_i, x_{i-1}) (eq. 6); its block Cholesky factor
+is block bidiagonal with diagonal blocks L_i and subdiagonal blocks M_i,
+
+    L_i L_i^T = Lambda_0 - M_i M_i^T,   M_i = Lambda_1 L_{i-1}^{-T},
+
+and with the steady-state blocks (L, M) the whitening filter W = L_full^{-1} X is the
+recursion (eq. 9)
+
+    w_0 = L^{-1} x_0,   w_i = L^{-1} (x_i - M w_{i-1}).
+
+Whitened self-attention (eq. 4) is softmax attention over the w_i with no value matrix.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import _core
+from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from .attention import softmax_attention
+
+
+def _sequences(name, x, min_ndim=2):
+    a = real_array(name, x)
+    check_min_ndim(name, a, min_ndim, "(..., T, D)")
+    check_nonempty(name, a, "(..., T, D)")
+    check_finite(name, a)
+    return a.astype(compute_dtype(a), copy=False)
+
+
+def _square(name, m, D, dtype):
+    a = real_array(name, m)
+    if a.shape != (D, D):
+        raise ValueError(f"{name} must have shape ({D}, {D}), got {a.shape}")
+    check_finite(name, a)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _filter(x, L, M):
+    """Checked operands: L, M either (D, D) (steady state) or (T, D, D) (one pair per step)."""
+    x = _sequences("x", x)
+    T, D = x.shape[-2:]
+    La, Ma = real_array("L", L), real_array("M", M)
+    shapes = ((D, D), (T, D, D))
+    if La.shape not in shapes:
+        raise ValueError(f"L must have shape ({D}, {D}) or ({T}, {D}, {D}), got {La.shape}")
+    if Ma.shape != La.shape:
+        raise ValueError(f"M must have L's shape {La.shape}, got {Ma.shape}")
+    check_finite("L", La)
+    check_finite("M", Ma)
+    s = np.linalg.svd(La.astype(np.float64), compute_uv=False)
+    cond = np.max(np.divide(s[..., 0], s[..., -1], out=np.full(s.shape[:-1], np.inf), where=s[..., -1] > 0))
+    if not np.isfinite(cond) or cond * np.finfo(x.dtype).eps > 0.1:
+        raise ValueError(f"L is singular to working precision (condition number {cond:.3g})")
+    lower = bool(np.all(np.triu(La, 1) == 0))
+    flat = np.ascontiguousarray(x.reshape((-1,) + x.shape[-2:]))
+    L = np.ascontiguousarray(La, dtype=x.dtype)
+    M = np.ascontiguousarray(Ma, dtype=x.dtype)
+    return x.shape, flat, L, M, lower, La.ndim == 3
+
+
+def whiten(x, L, M) -> np.ndarray:
+    """The whitening recursion w_0 = L^{-1} x_0, w_i = L^{-1}(x_i - M w_{i-1}) (eq. 9).
+
+    Parameters
+    ----------
+    x : (..., T, D) sequences (rows are the vectors x_i); leading axes are independent sequences.
+    L : (D, D) invertible (a lower-triangular Cholesky factor uses triangular solves;
+        any other L one LU factorization); M : (D, D). Or both (T, D, D): one pair per step,
+        the time-varying factor of :func:`block_cholesky_factors` (exact whitening of the
+        block-tridiagonal model from the first position on; M_0 is unused).
+
+    Returns w with x's shape and dtype (float32 stays float32). Computed by the core: one GEMM
+    across a chunk of sequences per step, OpenMP over chunks. Equals the block-bidiagonal
+    solve W = L_full^{-1} X. ValueError names L's condition number when it is singular.
+
+    Example: ``w = ag.whiten(x, *ag.steady_state_factor(*ag.block_covariances(x))[:2])``
+    """
+    shape, flat, L, M, lower, varying = _filter(x, L, M)
+    return _core.whiten(flat, L, M, lower, 0, varying).reshape(shape)
+
+
+def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
+    """:func:`whiten` by a blocked parallel scan over the affine maps w_i = A w_{i-1} + b_i.
+
+    A = -L^{-1} M, b_i = L^{-1} x_i. Three phases: each time block of length ``block`` run
+    from zero (parallel over blocks), the block carries chained with A^block (repeated
+    squaring), each block re-run from its carry (parallel). It does about twice the work of
+    the sequential recursion, so it pays only when the sequential form cannot use the
+    cores (few sequences, long T); the benchmark measures where. Agrees with whiten to
+    rounding while A is stable (spectral radius < 1), as it is for a whitening filter.
+
+    Example: ``w = ag.whiten_scan(x, L, M, block=128)``
+    """
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
+    shape, flat, L, M, lower, varying = _filter(x, L, M)
+    if varying:
+        raise ValueError("whiten_scan needs one (D, D) pair (L, M): the scan chains powers of one affine map")
+    return _core.whiten(flat, L, M, lower, int(block), False).reshape(shape)
+
+
+# -- covariance models ---------------------------------------------------------------------
+def block_covariances(x):
+    """Stationary lag-0 and lag-1 block covariances of x (B, T, D) (s.4, eq. 5-6).
+
+    Lambda_0 = mean of (x_t - mu)(x_t - mu)^T over sequences and positions, and
+    Lambda_1 = mean of (x_t - mu)(x_{t-1} - mu)^T over t >= 1 (the subdiagonal block
+    Cov(x_i, x_{i-1})); mu is the mean over sequences and positions. Returns (Lambda_0, Lambda_1).
+    """
+    a = _sequences("x", x, 3).astype(np.float64)
+    a = a.reshape((-1,) + a.shape[-2:])
+    if a.shape[1] < 2:
+        raise ValueError(f"x needs T >= 2 positions for a lag-1 covariance, got shape {a.shape}")
+    c = a - a.mean(axis=(0, 1))
+    lam0 = np.einsum("btd,bte->de", c, c) / (c.shape[0] * c.shape[1])
+    lam1 = np.einsum("btd,bte->de", c[:, 1:], c[:, :-1]) / (c.shape[0] * (c.shape[1] - 1))
+    return (lam0 + lam0.T) / 2, lam1
+
+
+class SteadyState(NamedTuple):
+    """Steady-state blocks of the block Cholesky factor and how the iteration went."""
+
+    L: np.ndarray  # (D, D) lower triangular
+    M: np.ndarray  # (D, D)
+    iterations: int
+    change: float  # relative change of L in the last iteration
+    converged: bool
+
+
+def _cholesky_blocks(Lambda0, Lambda1):
+    """Checked Lambda_0, Lambda_1 and the generator of the block Cholesky blocks (L_i, M_i)."""
+    lam0 = real_array("Lambda0", Lambda0).astype(np.float64)
+    if lam0.ndim != 2 or lam0.shape[0] != lam0.shape[1] or lam0.size == 0:
+        raise ValueError(f"Lambda0 must have shape (D, D), got {lam0.shape}")
+    D = lam0.shape[0]
+    lam1 = _square("Lambda1", Lambda1, D, np.float64)
+    check_finite("Lambda0", lam0)
+    if not np.allclose(lam0, lam0.T, rtol=1e-10, atol=1e-12 * np.abs(lam0).max()):
+        raise ValueError("Lambda0 must be symmetric")
+    try:
+        L0 = np.linalg.cholesky(lam0)
+    except np.linalg.LinAlgError:
+        raise ValueError("Lambda0 is not positive definite") from None
+
+    def steps():
+        L, M, i = L0, np.zeros_like(L0), 0
+        yield L, M
+        while True:
+            i += 1
+            M = np.linalg.solve(L, lam1.T).T  # M_i = Lambda_1 L_{i-1}^{-T}
+            schur = lam0 - M @ M.T
+            try:
+                L = np.linalg.cholesky((schur + schur.T) / 2)
+            except np.linalg.LinAlgError:
+                raise ValueError(
+                    f"the block-tridiagonal covariance model is not positive definite: the Schur complement "
+                    f"Lambda_0 - M M^T lost definiteness at block {i}; the lag-1 truncation does not describe "
+                    "this process (its correlation reaches beyond one step too strongly)") from None
+            yield L, M
+
+    return steps()
+
+
+def block_cholesky_factors(Lambda0, Lambda1, T: int):
+    """The first T blocks (L_i, M_i) of the block Cholesky factor of the block-tridiagonal
+    block-Toeplitz covariance (eq. 6-7): L_0 = chol(Lambda_0), M_i = Lambda_1 L_{i-1}^{-T},
+    L_i = chol(Lambda_0 - M_i M_i^T). Returns (L (T, D, D), M (T, D, D)) with M_0 = 0; passed to
+    :func:`whiten` they whiten the model exactly from the first position on.
+    ValueError if the model is not positive definite (see :func:`steady_state_factor`)."""
+    if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < 1:
+        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    gen = _cholesky_blocks(Lambda0, Lambda1)
+    pairs = [next(gen) for _ in range(T)]
+    return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+
+
+def steady_state_factor(Lambda0, Lambda1, *, tol: float = 1e-12, max_iter: int = 10000) -> SteadyState:
+    """Steady state (L, M) of the block Cholesky factor of the block-tridiagonal block-Toeplitz
+    covariance with blocks Lambda_0 (diagonal) and Lambda_1 (subdiagonal) (s.4, eq. 7-9).
+
+    Iterates L_0 = chol(Lambda_0), M_i = Lambda_1 L_{i-1}^{-T}, L_i = chol(Lambda_0 - M_i M_i^T)
+    until |L_i - L_{i-1}|_F <= tol |L_i|_F (the report gives the iterations and last change).
+    A lag-1-truncated model of a strongly correlated process (e.g. a vector AR(1)) need not
+    be positive definite: the Schur complement Lambda_0 - M_i M_i^T then loses definiteness
+    and a ValueError says so. Using (L, M) from the first position (eq. 9) leaves a transient
+    over the first blocks, where L_i has not converged; :func:`block_cholesky_factors` gives
+    the exact time-varying blocks.
+
+    Example: ``L, M, *_ = ag.steady_state_factor(*ag.block_covariances(x))``
+    """
+    tol = scalar("tol", tol, positive=True)
+    gen = _cholesky_blocks(Lambda0, Lambda1)
+    L, M = next(gen)
+    lam1 = np.asarray(Lambda1, dtype=np.float64)
+    change = np.inf
+    for it in range(1, int(max_iter) + 1):
+        L_new, M = next(gen)
+        change = float(np.linalg.norm(L_new - L) / np.linalg.norm(L_new))
+        L = L_new
+        if change <= tol:
+            return SteadyState(L, np.linalg.solve(L, lam1.T).T, it, change, True)
+    return SteadyState(L, M, int(max_iter), change, False)
+
+
+def block_diagonal_factor(Lambda0):
+    """The block-diagonal model (Lambda_k = 0 for k > 0): L = chol(Lambda_0), M = 0 (s.4)."""
+    lam0 = real_array("Lambda0", Lambda0).astype(np.float64)
+    if lam0.ndim != 2 or lam0.shape[0] != lam0.shape[1] or lam0.size == 0:
+        raise ValueError(f"Lambda0 must have shape (D, D), got {lam0.shape}")
+    check_finite("Lambda0", lam0)
+    try:
+        return np.linalg.cholesky(lam0), np.zeros_like(lam0)
+    except np.linalg.LinAlgError:
+        raise ValueError("Lambda0 is not positive definite") from None
+
+
+def full_whitening(x) -> np.ndarray:
+    """The exact whitening W = Lambda_X^{-1/2} (X - mu) for small T * D (eq. 3, 10), the reference.
+
+    Lambda_X is the sample covariance over the batch of the stacked sequences (TD vectors,
+    normalised by B - 1); its symmetric inverse square root is applied to every centred
+    sequence, so the output's sample covariance is exactly the identity. Needs B > T D.
+    """
+    a = _sequences("x", x, 3).astype(np.float64)
+    a = a.reshape((-1,) + a.shape[-2:])
+    B, T, D = a.shape
+    if B <= T * D:
+        raise ValueError(f"full whitening needs more sequences than T*D = {T * D} (a full-rank covariance), got B = {B}")
+    X = a.reshape(B, T * D)
+    c = X - X.mean(0)
+    lam = c.T @ c / (B - 1)
+    vals, vecs = np.linalg.eigh(lam)
+    if vals[0] <= vals[-1] * T * D * np.finfo(float).eps:
+        raise ValueError("the sample covariance of x is singular")
+    inv_sqrt = (vecs / np.sqrt(vals)) @ vecs.T
+    return (c @ inv_sqrt).reshape(B, T, D)
+
+
+# -- whitened self-attention ---------------------------------------------------------------
+def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_weights=False):
+    """Whitened self-attention (eq. 4): WSA(x)_i = sum_j softmax_j(w_i^T Q^T K w_j scale) w_j.
+
+    x (..., T, D) is whitened by :func:`whiten` with (L, M); queries w W_Q and keys w W_K
+    (W_Q, W_K (D, d_k)); the whitened vectors themselves are the values (no V matrix: in the
+    block-diagonal model L^{-1} plays its role). scale defaults to 1 / sqrt(d_k); causal by
+    default (GPT).
+
+    Example: ``y = ag.whitened_attention(x, W_Q, W_K, L, M)``
+    """
+    w = whiten(x, L, M)
+    D = w.shape[-1]
+    wq = real_array("W_Q", W_Q)
+    wk = real_array("W_K", W_K)
+    if wq.ndim != 2 or wq.shape[0] != D:
+        raise ValueError(f"W_Q must have shape ({D}, d_k), got {wq.shape}")
+    if wk.shape != wq.shape:
+        raise ValueError(f"W_K must have shape {wq.shape}, got {wk.shape}")
+    return softmax_attention(w @ wq.astype(w.dtype), w @ wk.astype(w.dtype), w, causal=causal, scale=scale,
+                             return_weights=return_weights)
+
+
+# -- measures ------------------------------------------------------------------------------
+def _batch_covariance(x):
+    a = _sequences("x", x, 3).astype(np.float64)
+    a = a.reshape((-1,) + a.shape[-2:])
+    if a.shape[0] < 2:
+        raise ValueError(f"x needs at least 2 sequences (the batch axis), got shape {a.shape}")
+    return a
+
+
+def whiteness(x) -> float:
+    """The paper's whiteness Psi (eq. 10-12): with Lambda the sample covariance over the batch
+    of the stacked sequences (TD x TD, normalised by B - 1),
+
+        Psi = sum_{i != j} |Lambda_ij| / ((TD - 1) sum_i |Lambda_ii|),
+
+    the mean off-diagonal magnitude over the mean diagonal magnitude: 0 for white sequences.
+    Sampling noise keeps it above 0 for finite B (about sqrt(2 / (pi B)) for white noise).
+
+    Example: ``ag.whiteness(w) / ag.whiteness(x)  # the paper's relative whiteness``
+    """
+    a = _batch_covariance(x)
+    B, T, D = a.shape
+    X = a.reshape(B, T * D)
+    c = X - X.mean(0)
+    lam = np.abs(c.T @ c / (B - 1))
+    diag = np.trace(lam)
+    if T * D == 1 or diag == 0:
+        return 0.0
+    return float((lam.sum() - diag) / ((T * D - 1) * diag))
+
+
+def stationarity(x) -> float:
+    """First-order stationarity rho (eq. 13-14): the lag-1 cross-covariances
+    Lambda_{t,t+1} = sum_b (x_bt - mu_t)(x_b,t+1 - mu_t+1)^T / (B - 1) and their mean over t,
+
+        rho = sum_t |Lambda_{t,t+1} - mean|_F;
+
+    0 for a stationary process (up to sampling noise), larger when the lag-1 structure drifts.
+    """
+    a = _batch_covariance(x)
+    B, T, D = a.shape
+    if T < 2:
+        raise ValueError(f"x needs T >= 2 positions, got shape {a.shape}")
+    c = a - a.mean(0)
+    lag = np.einsum("btd,bte->tde", c[:, :-1], c[:, 1:]) / (B - 1)
+    return float(np.sum(np.linalg.norm(lag - lag.mean(0), axis=(1, 2))))
+
+
+# -- synthetic processes -------------------------------------------------------------------
+def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
+    """x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I): (B, T, D).
+
+    Theta (D, D), or (T, D, D) for a time-varying (non-stationary) process. With a fixed Theta
+    the covariance is exactly block-tridiagonal: Lambda_0 = I + Theta Theta^T, Lambda_1 = Theta.
+    """
+    th = real_array("Theta", Theta).astype(np.float64)
+    D = th.shape[-1]
+    if th.shape not in ((D, D), (T, D, D)):
+        raise ValueError(f"Theta must have shape ({D}, {D}) or ({T}, {D}, {D}), got {th.shape}")
+    th = np.broadcast_to(th, (T, D, D))
+    e = np.random.default_rng(seed).standard_normal((B, T + 1, D))
+    return e[:, 1:] + np.einsum("tde,bte->btd", th, e[:, :-1])
+
+
+def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray:
+    """x_i = Phi_i x_{i-1} + e_i (started in steady state by a burn-in): (B, T, D).
+
+    Phi (D, D) with spectral radius < 1, or (T, D, D) time-varying. Not block-tridiagonal:
+    its covariance decays geometrically with the lag.
+    """
+    ph = real_array("Phi", Phi).astype(np.float64)
+    D = ph.shape[-1]
+    if ph.shape not in ((D, D), (T, D, D)):
+        raise ValueError(f"Phi must have shape ({D}, {D}) or ({T}, {D}, {D}), got {ph.shape}")
+    rng = np.random.default_rng(seed)
+    x = np.zeros((B, D))
+    first = ph if ph.ndim == 2 else ph[0]
+    for _ in range(burn_in):
+        x = x @ first.T + rng.standard_normal((B, D))
+    out = np.empty((B, T, D))
+    for t in range(T):
+        step = ph if ph.ndim == 2 else ph[t]
+        x = x @ step.T + rng.standard_normal((B, D))
+        out[:, t] = x
+    return out
