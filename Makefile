@@ -13,7 +13,6 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
-RUN ?= runs/demo
 
 .PHONY: demo test bench clean
 
@@ -31,7 +30,7 @@ $(VENV)/.installed-%: $(VENV)/.base $(SOURCES)
 	touch $@
 
 demo: $(VENV)/.installed-plot
-	$(VENV)/bin/attngeom demo --out $(RUN)
+	$(VENV)/bin/attngeom run tomography --out runs
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests

@@ -26,10 +26,24 @@ def test_identity_figures(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
-def test_cli_demo(tmp_path):
+def test_cli_run_list_report(tmp_path, capsys):
     from attngeom.cli import main
 
-    assert main(["demo", "--out", str(tmp_path / "run")]) == 0
-    for name in ("summary.json", "identity_errors.png", "radii.png", "transform.png"):
-        assert (tmp_path / "run" / name).exists()
+    assert main(["run", "identity", "--out", str(tmp_path), "--set", "n_heads=2", "--set", "n_examples=4"]) == 0
+    (folder,) = list(tmp_path.iterdir())
+    assert folder.name.startswith("identity_")
+    for name in ("config.json", "summary.json", "summary.md", "identity_errors.png", "radii.png", "transform.png"):
+        assert (folder / name).exists()
+    assert json.load(open(folder / "config.json"))["n_heads"] == 2
+    assert main(["report", str(folder)]) == 0
+    assert "laplace_radon_rel_error_max" in capsys.readouterr().out
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "tomography" in out and "dimension" in out
     assert main(["config"]) == 0
+    import pytest
+
+    with pytest.raises(SystemExit, match="unknown experiment"):
+        main(["run", "nope"])
+    with pytest.raises(SystemExit, match="unknown config field"):
+        main(["run", "identity", "--set", "bogus=1"])

@@ -1,33 +1,114 @@
 """The ``attngeom`` command line (also ``python -m attngeom``).
 
-    attngeom demo [--out DIR] [--seed N]   run the Laplace-Radon identity demo into DIR
-    attngeom config                         print the build configuration
+    attngeom run <experiment> [--seed N] [--out DIR] [--set key=value ...]
+        run a synthetic experiment into DIR/<experiment>_<timestamp>/ (config.json,
+        summary.json, summary.md with the paper's values beside ours, every figure as PNG)
+    attngeom list                 the experiments and their configuration fields
+    attngeom report <run folder>  print a run's summary table
+    attngeom demo [--out DIR]     the main experiment (tomography) into DIR
+    attngeom config               the build configuration
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
+import time
+
+
+def _parse_sets(config_cls, pairs):
+    """key=value overrides, cast to the config field's type."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        if key not in fields:
+            raise SystemExit(f"unknown config field {key!r}; fields: {', '.join(fields)}")
+        default = fields[key].default
+        kind = type(default) if default is not dataclasses.MISSING else str
+        if kind is bool:
+            out[key] = value.lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                out[key] = kind(value)
+            except ValueError:
+                raise SystemExit(f"--set {key}: cannot read {value!r} as {kind.__name__}") from None
+    return out
+
+
+def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, quiet=False) -> str:
+    """Run experiment `name` and write its run folder; returns the folder's path."""
+    from .experiments import EXPERIMENTS
+
+    if name not in EXPERIMENTS:
+        raise SystemExit(f"unknown experiment {name!r}; try: {', '.join(EXPERIMENTS)}")
+    config_cls, run = EXPERIMENTS[name]
+    values = dict(overrides or {})
+    if seed is not None:
+        values["seed"] = seed
+    config = config_cls(**values)
+    t0 = time.perf_counter()
+    result = run(config)
+    elapsed = time.perf_counter() - t0
+    if folder is None:
+        folder = os.path.join(out, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(dataclasses.asdict(config), f, indent=2)
+    result.to_json(os.path.join(folder, "summary.json"))
+    table = result.table()
+    with open(os.path.join(folder, "summary.md"), "w") as f:
+        f.write(f"# {name}\n\n{table}\n")
+    names = []
+    from .plotting import _plt
+
+    plt = _plt()
+
+    for fname, fig in result.figures().items():
+        fig.savefig(os.path.join(folder, fname), dpi=110)
+        plt.close(fig)
+        names.append(fname)
+    if not quiet:
+        print(f"{name} ({elapsed:.1f} s), seed {config.seed}")
+        print(table)
+        print(f"wrote {folder}/: config.json, summary.json, summary.md and {len(names)} figures "
+              f"({', '.join(names)})")
+    return folder
+
+
+def _run(args) -> int:
+    from .experiments import EXPERIMENTS
+
+    overrides = _parse_sets(EXPERIMENTS[args.experiment][0], args.set) if args.experiment in EXPERIMENTS else {}
+    run_experiment(args.experiment, out=args.out, seed=args.seed, overrides=overrides)
+    return 0
 
 
 def _demo(args) -> int:
-    from .experiments.identity import IdentityConfig, run_identity
+    run_experiment("tomography", folder=args.out, seed=args.seed)
+    return 0
 
-    res = run_identity(IdentityConfig(seed=args.seed))
-    os.makedirs(args.out, exist_ok=True)
-    res.to_json(os.path.join(args.out, "summary.json"))
-    figures = {"identity_errors.png": res.plot_errors, "radii.png": res.plot_radii,
-               "transform.png": res.plot_transform}
-    for name, plot in figures.items():
-        fig = plot()
-        fig.savefig(os.path.join(args.out, name), dpi=120)
-    s = res.summary()
-    print(f"Laplace-Radon identity on {s['n_heads']} random heads "
-          f"(d_model {res.config.d_model}, d_k {res.config.d_k}, {res.config.n_examples} x {res.config.n_tokens} tokens)")
-    print(f"  max relative error  N/Z vs softmax, float64: {s['laplace_radon_rel_error_max']:.2e}")
-    print(f"  max relative error  N/Z vs softmax, float32: {s['laplace_radon_rel_error_float32']:.2e}")
-    print(f"  Laplace radius tau: mean {s['tau_mean']:.4f}, std {s['tau_std']:.4f}")
-    print(f"wrote {args.out}/summary.json and {', '.join(figures)}")
+
+def _list(args) -> int:
+    from .experiments import EXPERIMENTS
+
+    for name, (config_cls, run) in EXPERIMENTS.items():
+        doc = (sys.modules[run.__module__].__doc__ or "").strip().splitlines()[0]
+        fields = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(config_cls))
+        print(f"{name:<12} {doc}\n{'':<12} {fields}")
+    return 0
+
+
+def _report(args) -> int:
+    path = os.path.join(args.folder, "summary.md")
+    if not os.path.exists(path):
+        print(f"no summary.md in {args.folder}", file=sys.stderr)
+        return 1
+    print(open(path).read())
     return 0
 
 
@@ -41,7 +122,18 @@ def _config(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="attngeom", description="The geometry of attention.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run the Laplace-Radon identity demo and write a run folder")
+    p = sub.add_parser("run", help="run a synthetic experiment into a run folder")
+    p.add_argument("experiment")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default="runs", help="parent directory of the run folder (default runs)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("list", help="list the experiments")
+    p.set_defaults(func=_list)
+    p = sub.add_parser("report", help="print a run folder's summary table")
+    p.add_argument("folder")
+    p.set_defaults(func=_report)
+    p = sub.add_parser("demo", help="run the tomography experiment (Laplace-Radon Table 1) into a folder")
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_demo)

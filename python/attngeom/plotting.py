@@ -140,3 +140,87 @@ def spectrum_with_energy(s, ax=None, label=""):
     twin.set_ylim(0, 1.02)
     fig.tight_layout()
     return fig
+
+
+def scatter_identity(y, y_hat, rel_error, ax=None):
+    """Y against its reconstruction, with the diagonal and the relative error."""
+    fig, ax = _axes(ax, figsize=(4, 4))
+    idx = np.random.default_rng(0).permutation(len(y))[:20000]
+    ax.plot(y[idx], y_hat[idx], ".", ms=1.5, alpha=0.4)
+    lim = [float(min(y.min(), y_hat.min())), float(max(y.max(), y_hat.max()))]
+    ax.plot(lim, lim, "k--", lw=1)
+    ax.set_xlabel("Y (softmax attention)")
+    ax.set_ylabel(r"$\hat Y$ (Laplace-Radon)")
+    ax.set_title(f"relative error {rel_error:.2e}")
+    fig.tight_layout()
+    return fig
+
+
+def radius_vs_chi(tau, d_k, var_q, ax=None):
+    """Density of tau = |q| / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
+    from math import lgamma, log
+
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    ax.hist(tau, bins=60, density=True, alpha=0.6, label="empirical")
+    c = np.sqrt(var_q / d_k)
+    t = np.linspace(max(tau.min() * 0.8, 1e-6), tau.max() * 1.2, 400)
+    z = t / c
+    logpdf = (d_k - 1) * np.log(z) - z * z / 2 - (d_k / 2 - 1) * log(2) - lgamma(d_k / 2)
+    ax.plot(t, np.exp(logpdf) / c, "k--", label=r"scaled $\chi_{d_k}$ prediction")
+    ax.set_xlabel(r"$\tau$")
+    ax.set_ylabel("density")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def two_histograms(a, label_a, b, label_b, axes=None):
+    """Two histograms side by side."""
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    else:
+        fig = axes[0].figure
+    for ax, data, label in ((axes[0], a, label_a), (axes[1], b, label_b)):
+        ax.hist(data, bins=60, alpha=0.8)
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("count")
+    fig.tight_layout()
+    return fig
+
+
+def logits_vs_gaussian(logits, std, ax=None):
+    """Empirical logit density against N(0, std^2)."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    ax.hist(logits, bins=100, density=True, alpha=0.6, label="empirical logits")
+    t = np.linspace(logits.min(), logits.max(), 400)
+    ax.plot(t, np.exp(-t * t / (2 * std * std)) / (std * np.sqrt(2 * np.pi)), "k--", label="Gaussian mean field")
+    ax.set_xlabel(r"$\ell = q \cdot k / \sqrt{d_k}$")
+    ax.set_ylabel("density")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def eigen_spectrum(values, title, ax=None, ylabel="eigenvalue"):
+    """A descending spectrum on a log scale."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    shown, _ = _log_floor(np.sort(np.asarray(values, dtype=float))[::-1])
+    ax.semilogy(np.arange(1, shown.size + 1), shown, "o-", ms=3)
+    ax.set_xlabel("index")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def sweep(x, curves, ylabel, ax=None, xlabel=r"logit scale $\alpha$"):
+    """Curves against a log-scaled parameter: {label: values}; the first is drawn solid."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    for i, (label, values) in enumerate(curves.items()):
+        ax.semilogx(x, values, "-" if i == 0 else "--", marker="o" if i == 0 else None, ms=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig

@@ -51,6 +51,15 @@ class IdentityResult(ExperimentResult):
             "n_heads": int(self.config.n_heads),
         }
 
+    def table(self) -> str:
+        lines = ["| quantity | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" for k, v in self.summary().items()]
+        return "\n".join(lines)
+
+    def figures(self) -> dict:
+        return {"identity_errors.png": self.plot_errors(), "radii.png": self.plot_radii(),
+                "transform.png": self.plot_transform()}
+
     def plot_errors(self, ax=None):
         """Per-head relative error of the identity, against float64 machine epsilon."""
         from .. import plotting

@@ -1,0 +1,221 @@
+"""Synthetic attention tomography (Lawrence, Laplace-Radon s.13, Table 1, Figures 1-10).
+
+One random head on Gaussian tokens (weights scaled by 1 / sqrt(d_model)): the exact
+Laplace-Radon reconstruction, the projection-only dependence of the logits, the gauge
+symmetry, the radius distribution against its chi prediction, the logit distribution against
+the Gaussian mean-field prediction, tilt coverage in key and token space, the routing
+spectrum, and the temperature sweep l -> alpha l with two mean-field baselines.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict
+
+import numpy as np
+
+from ..attention import softmax_attention
+from ..laplace_radon import laplace_radon_attention, tilt_radius
+from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
+from ._result import ExperimentResult
+
+# Table 1 of the paper (run_20251217_190709), for the side-by-side comparison.
+PAPER_TABLE_1 = {
+    "var_q": 1.0706, "var_k": 0.9665, "logit_std_predicted": 1.0172, "logit_std_empirical": 1.0125,
+    "tau_mean": 1.0242, "tau_mean_chi": 1.0267, "laplace_radon_rel_error": 5.94e-16,
+    "projection_logit_rel_error": 2.89e-16, "gauge_rel_error_B": 2.31e-15, "gauge_rel_error_logits": 3.11e-15,
+    "gauge_rel_error_Y": 3.03e-15, "dim_eff_span_U": 24.53, "dim_eff_span_N": 19.93, "effective_rank_P": 37.14,
+}
+# s.13.7: the sweep's end points and peak.
+PAPER_SWEEP = {"entropy_alpha_0.1": 4.15, "entropy_alpha_10": 0.48, "max_prob_alpha_0.1": 0.0197,
+               "max_prob_alpha_10": 0.836, "effective_rank_peak": 40.49, "effective_rank_peak_alpha": 2.0}
+
+
+@dataclass
+class TomographyConfig:
+    d_model: int = 96
+    d_k: int = 32
+    d_v: int = 48
+    n_tokens: int = 64
+    n_examples: int = 256
+    n_alpha: int = 25  # temperature sweep points, log-spaced on [0.1, 10]
+    baseline_draws: int = 64  # Monte Carlo examples per alpha for each mean-field baseline
+    seed: int = 0
+
+
+def _chi_mean(k: int) -> float:
+    return math.sqrt(2.0) * math.exp(math.lgamma((k + 1) / 2) - math.lgamma(k / 2))
+
+
+def _row_stats(logits):
+    """Mean row entropy, mean max probability and mean entropy effective rank of softmax(logits)."""
+    z = logits - logits.max(-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(-1, keepdims=True)
+    ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=-1)
+    er = effective_rank(singular_values(p), kind="entropy", spectrum=True)
+    return float(ent.mean()), float(p.max(-1).mean()), float(np.mean(er)), p
+
+
+@dataclass
+class TomographyResult(ExperimentResult):
+    config: TomographyConfig
+    scalars: Dict[str, float]
+    alpha: np.ndarray
+    sweep: Dict[str, np.ndarray]  # entropy, max_prob, effective_rank (+ _iid, _bilinear baselines)
+    y: np.ndarray = field(repr=False)
+    y_hat: np.ndarray = field(repr=False)
+    tau: np.ndarray = field(repr=False)
+    logits: np.ndarray = field(repr=False)
+    row_entropy: np.ndarray = field(repr=False)
+    tilt_eigenvalues: np.ndarray = field(repr=False)
+    token_eigenvalues: np.ndarray = field(repr=False)
+    routing_singular_values: np.ndarray = field(repr=False)
+
+    def summary(self) -> dict:
+        """Every row of Table 1 by name, plus the sweep (lists under "sweep") and the paper's values."""
+        out = dict(self.scalars)
+        out["sweep"] = {"alpha": self.alpha.tolist(), **{k: v.tolist() for k, v in self.sweep.items()}}
+        out["paper"] = {**PAPER_TABLE_1, **PAPER_SWEEP}
+        return out
+
+    def table(self) -> str:
+        """Markdown table: each Table 1 quantity, ours beside the paper's."""
+        lines = ["| quantity | attngeom | paper |", "|---|---|---|"]
+        for key, theirs in PAPER_TABLE_1.items():
+            lines.append(f"| {key} | {self.scalars[key]:.4g} | {theirs:.4g} |")
+        peak = int(np.argmax(self.sweep["effective_rank"]))
+        ours = {"entropy_alpha_0.1": self.sweep["entropy"][0], "entropy_alpha_10": self.sweep["entropy"][-1],
+                "max_prob_alpha_0.1": self.sweep["max_prob"][0], "max_prob_alpha_10": self.sweep["max_prob"][-1],
+                "effective_rank_peak": self.sweep["effective_rank"][peak], "effective_rank_peak_alpha": self.alpha[peak]}
+        for key, theirs in PAPER_SWEEP.items():
+            lines.append(f"| {key} | {ours[key]:.4g} | {theirs:.4g} |")
+        return "\n".join(lines)
+
+    # -- figures (numbered as in the paper) ----------------------------------------------
+    def plot_reconstruction(self, ax=None):
+        """Figure 1: Y (softmax) against Y_hat (Laplace-Radon)."""
+        from .. import plotting
+
+        return plotting.scatter_identity(self.y.ravel(), self.y_hat.ravel(), self.scalars["laplace_radon_rel_error"], ax=ax)
+
+    def plot_radius_density(self, ax=None):
+        """Figure 2: density of tau against the scaled chi prediction."""
+        from .. import plotting
+
+        return plotting.radius_vs_chi(self.tau.ravel(), self.config.d_k, self.scalars["var_q"], ax=ax)
+
+    def plot_raw_distributions(self, axes=None):
+        """Figure 3: histograms of tau and of row entropies at alpha = 1."""
+        from .. import plotting
+
+        return plotting.two_histograms(self.tau.ravel(), r"$\tau$", self.row_entropy.ravel(), "row entropy", axes=axes)
+
+    def plot_logits(self, ax=None):
+        """Figure 4: empirical logits against N(0, Var(q) Var(k))."""
+        from .. import plotting
+
+        return plotting.logits_vs_gaussian(self.logits.ravel(), self.scalars["logit_std_predicted"], ax=ax)
+
+    def plot_tilt_spectrum(self, ax=None):
+        """Figure 5: eigenvalues of Cov(u)."""
+        from .. import plotting
+
+        return plotting.eigen_spectrum(self.tilt_eigenvalues, rf"Cov(u): dim$_{{eff}}$ = {self.scalars['dim_eff_span_U']:.2f}", ax=ax)
+
+    def plot_token_spectrum(self, ax=None):
+        """Figure 6: eigenvalues of Cov(n), n = W_K u."""
+        from .. import plotting
+
+        return plotting.eigen_spectrum(self.token_eigenvalues, rf"Cov(n): dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}", ax=ax)
+
+    def plot_routing_spectrum(self, ax=None):
+        """Figure 7: singular values of a representative P at alpha = 1."""
+        from .. import plotting
+
+        return plotting.eigen_spectrum(self.routing_singular_values,
+                                       f"P: effective rank {self.scalars['effective_rank_P']:.2f}", ax=ax,
+                                       ylabel="singular value")
+
+    def _sweep_plot(self, key, ylabel, ax):
+        from .. import plotting
+
+        return plotting.sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
+                                           "bilinear Gaussian Q, K": self.sweep[key + "_bilinear"]}, ylabel, ax=ax)
+
+    def plot_entropy_sweep(self, ax=None):
+        """Figure 8: mean row entropy against alpha, with the two baselines."""
+        return self._sweep_plot("entropy", "mean row entropy", ax)
+
+    def plot_max_prob_sweep(self, ax=None):
+        """Figure 9: mean max row probability against alpha."""
+        return self._sweep_plot("max_prob", "mean max probability", ax)
+
+    def plot_effective_rank_sweep(self, ax=None):
+        """Figure 10: effective rank of P against alpha."""
+        return self._sweep_plot("effective_rank", "effective rank of P", ax)
+
+    def figures(self) -> dict:
+        """{file name: Figure} for all ten figures."""
+        return {"fig01_reconstruction.png": self.plot_reconstruction(), "fig02_radius_chi.png": self.plot_radius_density(),
+                "fig03_raw_distributions.png": self.plot_raw_distributions(), "fig04_logits.png": self.plot_logits(),
+                "fig05_tilt_spectrum.png": self.plot_tilt_spectrum(), "fig06_token_spectrum.png": self.plot_token_spectrum(),
+                "fig07_routing_spectrum.png": self.plot_routing_spectrum(),
+                "fig08_entropy_sweep.png": self.plot_entropy_sweep(), "fig09_max_prob_sweep.png": self.plot_max_prob_sweep(),
+                "fig10_effective_rank_sweep.png": self.plot_effective_rank_sweep()}
+
+
+def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyResult:
+    """Run the synthetic tomography experiment; deterministic given ``config.seed``.
+
+    Example: ``res = run_tomography(TomographyConfig(n_examples=64)); print(res.table())``
+    """
+    c = config
+    rng = np.random.default_rng(c.seed)
+    s = 1 / math.sqrt(c.d_model)
+    W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))
+    x = rng.standard_normal((c.n_examples, c.n_tokens, c.d_model))
+    q, k, v = x @ W_Q, x @ W_K, x @ W_V
+    scale = 1 / math.sqrt(c.d_k)
+
+    y, P = softmax_attention(q, k, v, return_weights=True)
+    u, tau = tilt_radius(q)
+    y_hat = laplace_radon_attention(u, tau, k, v)
+    logits = scale * q @ np.swapaxes(k, -1, -2)
+    logits_projection = tau[..., None] * (u @ np.swapaxes(k, -1, -2))
+    A = rng.standard_normal((c.d_k, c.d_k)) + 2 * np.eye(c.d_k)
+    gauge = gauge_invariance_error(W_Q, W_K, A, x, W_V=W_V)
+
+    var_q, var_k = float(q.var()), float(k.var())
+    cov = tilt_coverage(u, W_K=W_K, centered=True)
+    entropy, max_prob, _, _ = _row_stats(logits)
+    p_ent = -np.sum(np.where(P > 0, P * np.log(np.where(P > 0, P, 1)), 0), axis=-1)
+    sv_P = singular_values(P)
+    scalars = {
+        "var_q": var_q, "var_k": var_k,
+        "logit_std_predicted": math.sqrt(var_q * var_k), "logit_std_empirical": float(logits.std()),
+        "tau_mean": float(tau.mean()), "tau_mean_chi": math.sqrt(var_q) * _chi_mean(c.d_k) / math.sqrt(c.d_k),
+        "laplace_radon_rel_error": float(np.linalg.norm(y - y_hat) / np.linalg.norm(y)),
+        "projection_logit_rel_error": float(np.linalg.norm(logits - logits_projection) / np.linalg.norm(logits)),
+        "gauge_rel_error_B": gauge.bilinear, "gauge_rel_error_logits": gauge.logits, "gauge_rel_error_Y": gauge.outputs,
+        "dim_eff_span_U": cov.effective_dim, "dim_eff_span_N": cov.effective_dim_token,
+        "effective_rank_P": float(np.mean(effective_rank(sv_P, kind="entropy", spectrum=True))),
+        "effective_rank_P_representative": float(effective_rank(sv_P[0], kind="entropy", spectrum=True)),
+        "row_entropy_alpha_1": entropy, "max_prob_alpha_1": max_prob,
+    }
+
+    alpha = np.geomspace(0.1, 10, c.n_alpha)
+    sweep = {key: np.empty(c.n_alpha) for key in
+             ("entropy", "max_prob", "effective_rank", "entropy_iid", "max_prob_iid", "effective_rank_iid",
+              "entropy_bilinear", "max_prob_bilinear", "effective_rank_bilinear")}
+    base_rng = np.random.default_rng(c.seed + 1)
+    iid = base_rng.standard_normal((c.baseline_draws, c.n_tokens, c.n_tokens)) * scalars["logit_std_predicted"]
+    Qg = base_rng.standard_normal((c.baseline_draws, c.n_tokens, c.d_k)) * math.sqrt(var_q)
+    Kg = base_rng.standard_normal((c.baseline_draws, c.n_tokens, c.d_k)) * math.sqrt(var_k)
+    bilinear = scale * Qg @ np.swapaxes(Kg, -1, -2)
+    for i, a in enumerate(alpha):
+        for suffix, base in (("", logits), ("_iid", iid), ("_bilinear", bilinear)):
+            e, m, r, _ = _row_stats(a * base)
+            sweep["entropy" + suffix][i], sweep["max_prob" + suffix][i], sweep["effective_rank" + suffix][i] = e, m, r
+    return TomographyResult(c, scalars, alpha, sweep, y, y_hat, tau, logits, p_ent, cov.eigenvalues,
+                            cov.token_eigenvalues, sv_P[0])
