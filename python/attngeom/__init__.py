@@ -100,7 +100,32 @@ from .whitening import (
     whitened_attention,
     whiteness,
 )
+from .inverse import (
+    DensityFit,
+    ExponentialSum,
+    PointSet,
+    RecoveredHead,
+    fit_exponential_sum,
+    head_probe,
+    invert_laplace_density,
+    reconstruct_points,
+    recover_keys,
+    wasserstein1,
+)
+from .radon import (
+    circle_mask,
+    fourier_filter,
+    iradon,
+    iradon_sart,
+    limited_angle,
+    radon,
+    radon_adjoint,
+    rms_error,
+    shepp_logan_phantom,
+)
 from . import plotting  # matplotlib itself is imported on first use
+from . import models
+from .models import ModelHeads, load_heads
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
@@ -122,5 +147,10 @@ __all__ = [
     "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
     "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
+    "models", "load_heads", "ModelHeads",
+    "fit_exponential_sum", "ExponentialSum", "invert_laplace_density", "DensityFit", "wasserstein1",
+    "reconstruct_points", "PointSet", "recover_keys", "RecoveredHead", "head_probe",
+    "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",
+    "limited_angle", "rms_error",
     "virtual_network", "gl_transform", "rescale", "function_discrepancy", "is_critical", "CriticalPoint",
 ]

@@ -7,6 +7,10 @@
     attngeom report <run folder>  print a run's summary table
     attngeom demo [--out DIR]     the main experiment (tomography) into DIR
     attngeom config               the build configuration
+    attngeom heads <checkpoint> [--n-heads N] [--text FILE | --activations DIR] [--out DIR]
+        every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
+        with activations, radii, tilt coverage and routing ranks) into DIR/heads.json and
+        PNGs; <checkpoint> is a .safetensors file, a folder, or a packaged model name
 """
 from __future__ import annotations
 
@@ -99,7 +103,7 @@ def _list(args) -> int:
     for name, (config_cls, run) in EXPERIMENTS.items():
         doc = (sys.modules[run.__module__].__doc__ or "").strip().splitlines()[0]
         fields = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(config_cls))
-        print(f"{name:<12} {doc}\n{'':<12} {fields}")
+        print(f"{name:<16} {doc}\n{'':<16} {fields}")
     return 0
 
 
@@ -116,6 +120,53 @@ def _config(args) -> int:
     from ._config import show_config
 
     show_config()
+    return 0
+
+
+def _heads_list(spec):
+    """"L.H,L.H" -> [(L, H), ...]"""
+    out = []
+    for part in spec.split(","):
+        try:
+            layer, head = part.strip().split(".")
+            out.append((int(layer), int(head)))
+        except ValueError:
+            raise SystemExit(f"--heads expects layer.head pairs like 0.3,5.11, got {spec!r}") from None
+    return out
+
+
+def _heads(args) -> int:
+    from .models import head_report, load_activations, load_heads, text_activations
+
+    t0 = time.perf_counter()
+    try:
+        heads = load_heads(args.checkpoint, n_heads=args.n_heads)
+        x, tokens, source = None, None, "weights"
+        if args.text is not None:
+            with open(args.text, encoding="utf-8") as f:
+                text = f.read()
+            x, tokens = text_activations(args.checkpoint, text, max_length=args.max_tokens)
+            source = f"text ({len(tokens)} tokens, NumPy forward pass)"
+        elif args.activations is not None:
+            x = load_activations(args.activations, heads.n_layers, heads.d_model)
+            source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
+        report = head_report(heads, x, tokens=tokens, source=source,
+                             chosen=None if args.heads is None else _heads_list(args.heads))
+    except ValueError as exc:
+        print(f"attngeom heads: {exc}", file=sys.stderr)
+        return 2
+    t1 = time.perf_counter()
+    paths = report.save(args.out)
+    t2 = time.perf_counter()
+    m, mean = report.model, report.summary()["mean"]
+    print(f"{m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads (kv heads {m['n_kv_heads']}), "
+          f"d_model {m['d_model']}, d_head {m['d_head']}; source: {source}")
+    print(f"mean over heads: bilinear effective rank {mean['bilinear_effective_rank']:.2f} of {m['d_head']}, "
+          f"W_OV effective rank {mean['ov_effective_rank']:.2f}, ker B dim {mean['ker_B_dim']:.0f}"
+          + (f", routing effective rank {mean['routing_effective_rank_mean']:.2f}, tilt effective dim "
+             f"{mean['tilt_effective_dim']:.2f}" if "routing_effective_rank_mean" in mean else ""))
+    print(f"analysis {t1 - t0:.2f} s, figures {t2 - t1:.2f} s; wrote {args.out}/: "
+          f"{', '.join(os.path.basename(p) for p in paths)}")
     return 0
 
 
@@ -137,6 +188,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_demo)
+    p = sub.add_parser("heads", help="report every attention head's geometry of a checkpoint")
+    p.add_argument("checkpoint", help="a .safetensors file, a folder with one (and config.json), or a packaged "
+                                      "model name such as all-MiniLM-L6-v2")
+    p.add_argument("--n-heads", type=int, default=None, help="number of heads (needed without config.json)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", default=None, metavar="FILE", help="run this text through the NumPy forward pass "
+                                                                  "(BERT layout) for the data diagnostics")
+    src.add_argument("--activations", default=None, metavar="DIR",
+                     help="folder with activations.npy or layer_<i>.npy (the input of each layer's attention)")
+    p.add_argument("--heads", default=None, metavar="L.H,...", help="heads to draw in detail (default: extremes)")
+    p.add_argument("--max-tokens", type=int, default=None, help="truncate --text to this many tokens")
+    p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
+    p.set_defaults(func=_heads)
     p = sub.add_parser("config", help="print the build configuration")
     p.set_defaults(func=_config)
     args = parser.parse_args(argv)

@@ -224,3 +224,210 @@ def sweep(x, curves, ylabel, ax=None, xlabel=r"logit scale $\alpha$"):
     ax.legend(frameon=False)
     fig.tight_layout()
     return fig
+
+
+def layer_head_grids(maps, axes=None):
+    """(layer, head) grids of per-head metrics, two to a row, each cell annotated with its value.
+
+    maps : {title: (n_layers, n_heads) array}. Returns the figure.
+    """
+    plt = _plt()
+    maps = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in maps.items()}
+    n_layers, n_heads = next(iter(maps.values())).shape
+    if axes is None:
+        w, h = 1.6 + 0.42 * n_heads, 1.0 + 0.36 * n_layers
+        ncols = min(2, len(maps))
+        nrows = -(-len(maps) // ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+        axes = grid.ravel()
+        for ax in axes[len(maps):]:
+            ax.set_visible(False)
+    else:
+        fig = axes[0].figure
+    for ax, (title, values) in zip(axes, maps.items()):
+        im = ax.imshow(values, cmap="viridis", aspect="auto")
+        fig.colorbar(im, ax=ax, shrink=0.85)
+        if values.size <= 400:
+            mid = np.nanmean(values)
+            for (i, j), v in np.ndenumerate(values):
+                ax.text(j, i, f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}", ha="center", va="center", fontsize=6,
+                        color="k" if v > mid else "w")
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def head_spectrum_pair(bilinear, ov, title="", axes=None):
+    """One head's singular values of B = W_Q W_K^T and of W_OV (log scale), each with its
+    cumulative energy E_k on a second axis. bilinear : (k,), ov : (k,) or None."""
+    plt = _plt()
+    panels = [(r"$B = W_Q W_K^\top$", bilinear)] + ([(r"$W_{OV}$", ov)] if ov is not None else [])
+    if axes is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.2), squeeze=False)
+        axes = axes[0]
+    else:
+        fig = axes[0].figure
+    for ax, (name, s) in zip(axes, panels):
+        s = np.sort(np.asarray(s, dtype=float))[::-1]
+        idx = np.arange(1, s.size + 1)
+        shown, _ = _log_floor(s)
+        ax.semilogy(idx, shown, "o-", ms=2.5)
+        ax.set_xlabel("index i")
+        ax.set_ylabel(r"$\sigma_i$")
+        ax.set_title(f"{title} {name}".strip(), fontsize=9)
+        twin = ax.twinx()
+        e = np.cumsum(s * s)
+        twin.plot(idx, e / e[-1] if e[-1] > 0 else e, color="tab:red", lw=1)
+        twin.set_ylim(0, 1.02)
+        twin.set_ylabel(r"$E_k$", color="tab:red")
+    fig.tight_layout()
+    return fig
+
+
+def attention_heatmap(P, tokens=None, title="", ax=None):
+    """An attention (routing) matrix P (n, n) as a heat map, queries as rows; token strings
+    label the axes when given and n <= 48."""
+    P = np.asarray(P, dtype=float)
+    n = P.shape[0]
+    size = min(9.0, 2.5 + 0.16 * n)
+    fig, ax = _axes(ax, figsize=(size + 0.8, size))
+    im = ax.imshow(P, cmap="magma", vmin=0, vmax=max(float(P.max()), 1e-12), interpolation="nearest")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="weight")
+    if tokens is not None and n <= 48:
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xticklabels(tokens, rotation=90, fontsize=6)
+        ax.set_yticklabels(tokens, fontsize=6)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
+    """Side-by-side panels of curves against one parameter x (n,).
+
+    panels : list of (ylabel, {label: (n,) values}, yscale) with yscale "linear" or "log";
+    in each panel the first curve is drawn solid with markers, the others dashed. NaN values
+    leave gaps (e.g. where a model does not exist). Returns the figure.
+    """
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
+        axes = axes[0]
+    else:
+        fig = axes[0].figure
+    x = np.asarray(x, dtype=float)
+    for ax, (ylabel, curves, yscale) in zip(axes, panels):
+        for i, (label, values) in enumerate(curves.items()):
+            ax.plot(x, np.asarray(values, dtype=float), "-" if i == 0 else "--", marker="o" if i == 0 else ".",
+                    ms=3, label=label)
+        ax.set_xscale(xscale)
+        ax.set_yscale(yscale)
+        if xscale == "log":  # no labels on minor ticks: they collide over a short decade range
+            from matplotlib.ticker import NullFormatter
+
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if len(curves) > 1:
+            ax.legend(frameon=False, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
+    """Two computations of the same quantity, (n,) each, against each other with the diagonal."""
+    fig, ax = _axes(ax, figsize=(4, 4))
+    a, b = np.ravel(a), np.ravel(b)
+    idx = np.random.default_rng(0).permutation(a.size)[:20000]
+    ax.plot(a[idx], b[idx], ".", ms=1.5, alpha=0.4)
+    lim = [float(min(a.min(), b.min())), float(max(a.max(), b.max()))]
+    ax.plot(lim, lim, "k--", lw=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"relative error {rel_error:.2e}")
+    fig.tight_layout()
+    return fig
+
+
+def flattening_panels(before, after, off_plane, axes=None):
+    """Local dimension of a token cloud under repeated layers (Sanger's "flattening").
+
+    before : (n,) local dimension of each point's neighbourhood; after : (n_layers, n) the
+    same neighbourhoods after 1..n_layers layers; off_plane : (n_layers + 1,) the fraction of
+    the cloud's variance off its plane, before and after each layer. Left: histograms of the
+    local dimension before, after one layer and after the last; right: the means and the
+    off-plane fraction against the number of layers.
+    """
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    else:
+        fig = axes[0].figure
+    after = np.atleast_2d(after)
+    n_layers = after.shape[0]
+    ax = axes[0]
+    bins = np.linspace(min(before.min(), after.min()), max(before.max(), after.max()), 40)
+    ax.hist(before, bins=bins, alpha=0.6, label="before")
+    ax.hist(after[0], bins=bins, alpha=0.6, label="after 1 layer")
+    if n_layers > 1:
+        ax.hist(after[-1], bins=bins, alpha=0.6, label=f"after {n_layers} layers")
+    ax.set_xlabel("local dimension (participation ratio)")
+    ax.set_ylabel("points")
+    ax.legend(frameon=False, fontsize=8)
+    ax = axes[1]
+    layers = np.arange(n_layers + 1)
+    ax.plot(layers, np.concatenate([[before.mean()], after.mean(1)]), "o-", label="mean local dimension")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("mean local dimension")
+    twin = ax.twinx()
+    twin.semilogy(layers, off_plane, "s--", color="tab:red", ms=4)
+    twin.set_ylabel("variance fraction off the plane", color="tab:red")
+    ax.set_xticks(layers)
+    fig.tight_layout()
+    return fig
+
+
+def cloud_views(views, xlabel, ylabel, axes=None):
+    """Scatter plots of 2-d views of point clouds side by side: {title: (n, 2) array}, one
+    panel each, sharing the axis limits."""
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, len(views), figsize=(3.3 * len(views), 3.2), squeeze=False, sharex=True,
+                                 sharey=True)
+        axes = axes[0]
+    else:
+        fig = axes[0].figure
+    for ax, (title, pts) in zip(axes, views.items()):
+        ax.plot(pts[:, 0], pts[:, 1], ".", ms=3, alpha=0.6)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel(ylabel)
+    fig.tight_layout()
+    return fig
+
+
+def grouped_bars(groups, series, ylabel, ax=None, title=None):
+    """Grouped bar chart: groups (g,) labels, series {name: (g,) values}."""
+    fig, ax = _axes(ax, figsize=(5, 3.2))
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

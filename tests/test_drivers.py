@@ -1,0 +1,240 @@
+"""The projection, whitening and random-features drivers at small configs: the identities, the
+sign and shape of every predicted effect, the figures, the CLI run folders; the progress helper."""
+import io
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from attngeom.experiments import (
+    EXPERIMENTS,
+    ProjectionConfig,
+    RandomFeaturesConfig,
+    WhiteningConfig,
+    run_projection,
+    run_random_features,
+    run_whitening,
+)
+from attngeom.experiments._progress import progress
+
+EPS = np.finfo(np.float64).eps
+
+
+# -- projection ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def projection():
+    return run_projection(ProjectionConfig(n_examples=4, n_sigma=13, n_points=200, n_layers=3, seed=1))
+
+
+def test_projection_identity(projection):
+    r = projection
+    assert r.identity_rel_error < 8 * EPS and r.weight_abs_error < 8 * EPS
+    # at every sigma, to the rounding of logits of size 1 / sigma^2
+    assert np.all(r.identity_rel_error_sweep <= 16 * EPS * np.maximum(1.0, 1.0 / r.sigma ** 2))
+    # the paper's unsquared distance |q - k| is not the same weighting
+    assert r.unsquared_weight_error > 1e3 * r.weight_abs_error
+
+
+def test_projection_sigma_sweep(projection):
+    r = projection
+    s = r.summary()
+    assert r.sigma[0] == pytest.approx(0.01) and r.sigma.shape == r.entropy.shape == (13,)
+    # small sigma: every token keeps itself (the layer is the identity); large sigma: uniform weights
+    assert np.all(np.diff(r.entropy) >= -1e-12) and np.all(np.diff(r.max_prob) <= 1e-12)
+    assert np.all(np.diff(r.output_change) >= -1e-12)
+    assert s["max_prob_sigma_min"] > 1 - 1e-9 and s["output_change_sigma_min"] < 1e-9
+    assert s["entropy_sigma_max"] == pytest.approx(math.log(64), rel=1e-3)
+    assert s["max_prob_sigma_max"] < 2.0 / 64
+    assert r.sigma[0] < s["sigma_half_entropy"] < r.sigma[-1]
+
+
+def test_projection_flattening(projection):
+    r = projection
+    s = r.summary()
+    assert r.local_dim_after.shape == (3, 200) and r.local_dim_before.shape == (200,)
+    assert s["local_dim_after_1"] < 0.8 * s["local_dim_before"]
+    layers = s["layers"]["local_dim"]
+    assert all(a > b for a, b in zip(layers, layers[1:]))  # every layer flattens further
+    assert s["off_plane_after_1"] < s["off_plane_before"] and s["off_plane_after_last"] < s["off_plane_after_1"]
+
+
+def test_projection_figures(projection):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    r = projection
+    expected = {"identity.png": 1, "sigma_sweep.png": 3, "flattening.png": 3, "cloud.png": 3}
+    figs = r.figures()
+    assert {k: len(f.axes) for k, f in figs.items()} == expected
+    assert figs["sigma_sweep.png"].axes[0].get_xscale() == "log"
+    for method in (r.plot_identity, r.plot_sigma_sweep, r.plot_flattening, r.plot_cloud):
+        assert method().axes
+    plt.close("all")
+
+
+# -- whitening -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def whitening():
+    return run_whitening(WhiteningConfig(batch=1000, T=10, D=3, phi_max=0.6, n_phi=7, timing_T=256, timing_D=4,
+                                         timing_batch=4, timing_repeats=1, seed=2))
+
+
+def test_whitening_effects(whitening):
+    r = whitening
+    s = r.summary()
+    assert r.phi.shape == (7,) and s["phi_ref"] == pytest.approx(0.3)
+    for kind in ("stationary", "drifting"):
+        assert np.all(np.diff(r.psi_x[kind]) > 0)  # stronger correlation, less white
+        assert r.psi_x[kind][0] < 1.3 * r.psi_white  # phi = 0 is white noise
+        # the filter whitens at moderate correlation ...
+        assert s[f"relative_whiteness_{kind}"] < 1 and s[f"psi_w_{kind}"] < s[f"psi_x_{kind}"]
+        # ... and the lag-1 model stops existing at strong correlation
+        assert 0.3 < s[f"breakdown_phi_{kind}"] <= 0.6
+        assert np.all(np.isnan(r.psi_w[kind][r.phi >= s[f"breakdown_phi_{kind}"]]))
+    # the drifting process is less stationary, the more so the larger its drift, and whitened less well
+    ratio = r.rho["drifting"] / r.rho["stationary"]
+    assert ratio[0] == pytest.approx(1.0) and np.all(np.diff(ratio) > 0) and ratio[-1] > 3
+    both = np.isfinite(r.psi_w["drifting"]) & np.isfinite(r.psi_w["stationary"]) & (r.phi > 0)
+    assert np.all(r.relative_whiteness("drifting")[both] > r.relative_whiteness("stationary")[both])
+    # the scan is the recursion, to rounding
+    assert s["scan_rel_error"] < 1e-13
+    assert set(r.timing) == {"B=1", "B=4"} and all(t["recursion"] > 0 and t["scan"] > 0 for t in r.timing.values())
+    assert s["scan_over_recursion_B1"] > 0  # a measured ratio, not asserted against a bound
+
+
+def test_whitening_summary_json(whitening, tmp_path):
+    data = json.load(open(whitening.to_json(tmp_path / "s.json")))
+    sweep = data["summary"]["sweep"]
+    assert len(sweep["phi"]) == 7 and None in sweep["psi_w_stationary"]  # NaN saved as null
+    assert data["config"]["seed"] == 2
+
+
+def test_whitening_figures(whitening):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    r = whitening
+    figs = r.figures()
+    assert {k: len(f.axes) for k, f in figs.items()} == {"whiteness.png": 2, "stationarity.png": 1,
+                                                          "scan_timing.png": 1}
+    assert figs["whiteness.png"].axes[0].get_yscale() == "log"
+    for method in (r.plot_whiteness, r.plot_stationarity, r.plot_timing):
+        assert method().axes
+    plt.close("all")
+
+
+# -- random features and importance sampling ----------------------------------------------
+@pytest.fixture(scope="module")
+def random_features():
+    return run_random_features(RandomFeaturesConfig(max_features=256, feature_draws=40, n_tau=5, sampling_draws=40,
+                                                    seed=3))
+
+
+def test_feature_error_falls_with_m(random_features):
+    r = random_features
+    s = r.summary()
+    assert list(r.num_features) == [8, 16, 32, 64, 128, 256]
+    for kind in ("iid", "orthogonal"):
+        assert r.z_mse[kind][-1] < r.z_mse[kind][0] / 10
+        assert s[f"z_mse_slope_{kind}"] < -0.7  # variance ~ 1/m
+        assert np.all(np.diff(r.output_error[kind]) < 0)
+        assert s[f"output_error_slope_{kind}"] < -0.3
+    assert s["orthogonal_over_iid_output_error"] < 1  # orthogonal blocks lower the error
+
+
+def test_sampling_variance_grows_with_tau(random_features):
+    r = random_features
+    s = r.summary()
+    assert r.tau == pytest.approx(np.geomspace(0.25, 4.0, 5))
+    assert np.all(np.diff(r.uniform_exact) > 0)  # Gibbs weights concentrate as tau grows
+    assert np.all(np.diff(r.sampling_mse["uniform"]) > 0)
+    assert s["sampling_mse_uniform_tau_max"] > 100 * s["sampling_mse_uniform_tau_min"]
+    assert np.all(r.sampling_mse["tilted"] < r.sampling_mse["uniform"])
+    # Monte Carlo against the exact variance of the uniform proposal where its tails are light
+    assert r.sampling_mse["uniform"][0] == pytest.approx(r.uniform_exact[0], rel=0.1)
+
+
+def test_random_features_figures(random_features):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    r = random_features
+    figs = r.figures()
+    assert {k: len(f.axes) for k, f in figs.items()} == {"feature_error.png": 2, "sampling_variance.png": 1}
+    ax = figs["feature_error.png"].axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    for method in (r.plot_feature_error, r.plot_sampling_variance):
+        assert method().axes
+    plt.close("all")
+
+
+# -- the CLI writes a run folder for each driver -------------------------------------------
+SMALL = {
+    "projection": ["n_examples=2", "n_sigma=5", "n_points=60", "n_layers=2", "n_neighbors=8"],
+    "whitening": ["batch=200", "T=6", "D=2", "n_phi=4", "timing_T=64", "timing_D=2", "timing_batch=2",
+                  "timing_repeats=1"],
+    "random_features": ["max_features=32", "feature_draws=3", "n_tau=3", "sampling_draws=3"],
+}
+
+PNGS = {
+    "projection": ["identity.png", "sigma_sweep.png", "flattening.png", "cloud.png"],
+    "whitening": ["whiteness.png", "stationarity.png", "scan_timing.png"],
+    "random_features": ["feature_error.png", "sampling_variance.png"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_cli_runs_driver(name, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from attngeom.cli import main
+
+    args = ["run", name, "--seed", "5", "--out", str(tmp_path)]
+    for pair in SMALL[name]:
+        args += ["--set", pair]
+    assert main(args) == 0
+    (folder,) = list(tmp_path.iterdir())
+    assert folder.name.startswith(name + "_")
+    config = json.load(open(folder / "config.json"))
+    assert config["seed"] == 5 and name in EXPERIMENTS
+    key, value = SMALL[name][0].split("=")
+    assert config[key] == int(value)
+    summary = json.load(open(folder / "summary.json"))["summary"]
+    assert summary and "sweep" in summary
+    assert (folder / "summary.md").read_text().startswith(f"# {name}")
+    for fname in PNGS[name]:
+        assert (folder / fname).stat().st_size > 1000, fname
+    assert sorted(p.name for p in folder.glob("*.png")) == sorted(PNGS[name])
+    assert main(["report", str(folder)]) == 0
+    assert "| quantity | value |" in capsys.readouterr().out
+
+
+# -- progress bars -------------------------------------------------------------------------
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_progress_silent_unless_terminal(monkeypatch):
+    tqdm = pytest.importorskip("tqdm")
+    monkeypatch.setattr(sys, "stderr", _Stream(False))
+    assert list(progress(range(5), desc="x")) == list(range(5))
+    assert sys.stderr.getvalue() == ""
+    tty = _Stream(True)
+    monkeypatch.setattr(sys, "stderr", tty)
+    bar = progress(range(5), desc="sweep")
+    assert isinstance(bar, tqdm.tqdm)
+    assert list(bar) == list(range(5))
+    assert "sweep" in tty.getvalue()
+
+
+def test_progress_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    monkeypatch.setattr(sys, "stderr", _Stream(True))
+    items = [1, 2, 3]
+    assert progress(items) is items
