@@ -51,26 +51,20 @@ inline double ray_sum(int64_t n, const T* image, double cs, double sn, double ce
   return acc;
 }
 
-// image += value * (ray footprint); the caller keeps rays that touch the same pixels apart.
-template <class T>
-inline void ray_splat(int64_t n, T* image, double cs, double sn, double center, int64_t p, double value) {
-  const double dp = p - center;
-  for (int64_t r = 0; r < n; ++r) {
-    const double dr = r - center;
-    bilinear_footprint(n, center + cs * dp + sn * dr, center - sn * dp + cs * dr,
-                       [&](int64_t i, double w) { image[i] += static_cast<T>(w * value); });
-  }
-}
-
 // Splats every detector of one angle: rays three apart never share a pixel (a footprint is
 // within sqrt(2) of its ray), so each residue class mod 3 runs in parallel, deterministically.
-template <class T, class Value>
-inline void splat_angle(int64_t n, T* image, double cs, double sn, double center, Value&& value) {
+// `visit(p, pixel, weight)` is called for every footprint entry of ray p.
+template <class Visit>
+inline void splat_angle(int64_t n, double cs, double sn, double center, Visit&& visit) {
   for (int64_t phase = 0; phase < 3; ++phase) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = phase; p < n; p += 3) {
-      const double v = value(p);
-      if (v != 0) ray_splat(n, image, cs, sn, center, p, v);
+      const double dp = p - center;
+      for (int64_t r = 0; r < n; ++r) {
+        const double dr = r - center;
+        bilinear_footprint(n, center + cs * dp + sn * dr, center - sn * dp + cs * dr,
+                           [&](int64_t i, double w) { visit(p, i, w); });
+      }
     }
   }
 }
@@ -95,7 +89,9 @@ void radon_adjoint(int64_t n, const T* sino, int64_t A, const double* theta, T* 
   std::fill(image, image + n * n, T(0));
   for (int64_t a = 0; a < A; ++a) {
     const double cs = std::cos(theta[a]), sn = std::sin(theta[a]);
-    detail::splat_angle(n, image, cs, sn, center, [&](int64_t p) { return static_cast<double>(sino[p * A + a]); });
+    detail::splat_angle(n, cs, sn, center, [&](int64_t p, int64_t i, double w) {
+      image[i] += static_cast<T>(w * static_cast<double>(sino[p * A + a]));
+    });
   }
 }
 
@@ -138,30 +134,35 @@ void backproject(int64_t P, int64_t A, const T* filtered, const double* theta, i
 //   x <- x + relaxation * a^T ((b - a x) / a 1) / (a^T 1),
 // the ray lengths a 1 and the pixel weights a^T 1 being taken over rays of non-zero length.
 // `iterations` sweeps; optional clipping to [lo, hi] after each angle when clip is set.
+// The image must be zero outside the mask on entry (it stays so).
 template <class T>
 void sart(int64_t n, const T* sino, int64_t A, const double* theta, const int64_t* order, const T* mask,
           int64_t iterations, double relaxation, bool clip, double lo, double hi, T* image) {
   const double center = static_cast<double>(n / 2);
-  std::vector<T> masked(n * n), num(n * n), den(n * n);
-  std::vector<double> length(n), resid(n);
+  std::vector<T> lengths(n * A);
+  radon_forward<T>(n, mask, A, theta, lengths.data());  // ray lengths through the mask, once
+  std::vector<double> num(n * n), den(n * n), resid(n);
   for (int64_t it = 0; it < iterations; ++it) {
     for (int64_t o = 0; o < A; ++o) {
       const int64_t a = order[o];
       const double cs = std::cos(theta[a]), sn = std::sin(theta[a]);
-      for (int64_t i = 0; i < n * n; ++i) masked[i] = image[i] * mask[i];
 #pragma omp parallel for schedule(static)
       for (int64_t p = 0; p < n; ++p) {
-        length[p] = detail::ray_sum(n, mask, cs, sn, center, p);
-        resid[p] = length[p] > 1e-8 ? (sino[p * A + a] - detail::ray_sum(n, masked.data(), cs, sn, center, p)) / length[p] : 0.0;
+        const double len = lengths[p * A + a];
+        resid[p] = len > 1e-8 ? (sino[p * A + a] - detail::ray_sum(n, image, cs, sn, center, p)) / len : 0.0;
       }
-      std::fill(num.begin(), num.end(), T(0));
-      std::fill(den.begin(), den.end(), T(0));
-      detail::splat_angle(n, num.data(), cs, sn, center, [&](int64_t p) { return resid[p]; });
-      detail::splat_angle(n, den.data(), cs, sn, center, [&](int64_t p) { return length[p] > 1e-8 ? 1.0 : 0.0; });
+      std::fill(num.begin(), num.end(), 0.0);
+      std::fill(den.begin(), den.end(), 0.0);
+      detail::splat_angle(n, cs, sn, center, [&](int64_t p, int64_t i, double w) {
+        if (lengths[p * A + a] > 1e-8) {
+          num[i] += w * resid[p];
+          den[i] += w;
+        }
+      });
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n * n; ++i) {
-        if (mask[i] != 0 && den[i] > T(1e-8)) {
-          T v = image[i] + static_cast<T>(relaxation) * num[i] / den[i];
+        if (mask[i] != 0 && den[i] > 1e-8) {
+          T v = image[i] + static_cast<T>(relaxation * num[i] / den[i]);
           if (clip) v = std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));
           image[i] = v;
         }
