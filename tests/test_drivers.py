@@ -1,4 +1,4 @@
-"""The projection, whitening and random-features drivers at small configs: the identities, the
+"""The projection, whitening, random-features and inverse drivers at small configs: the identities, the
 sign and shape of every predicted effect, the figures, the CLI run folders; the progress helper."""
 import io
 import json
@@ -10,9 +10,11 @@ import pytest
 
 from attngeom.experiments import (
     EXPERIMENTS,
+    InverseConfig,
     ProjectionConfig,
     RandomFeaturesConfig,
     WhiteningConfig,
+    run_inverse,
     run_projection,
     run_random_features,
     run_whitening,
@@ -170,18 +172,122 @@ def test_random_features_figures(random_features):
     plt.close("all")
 
 
+# -- inverse pipeline -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def inverse():
+    return run_inverse(InverseConfig(max_nodes=12, node_draws=3, n_eta=4, noise_draws=4, points_n_d2=50, points_n_d3=20,
+                                     phantom_size=64, n_angles=64, timing_repeats=1, seed=4))
+
+
+def test_inverse_node_recovery(inverse):
+    r = inverse
+    s = r.summary()
+    assert r.n_nodes.tolist() == list(range(1, 13))
+    for kind in ("real", "imaginary"):
+        assert r.node_error[kind].shape == r.node_order[kind].shape == (12, 3)
+        assert np.all(r.node_order[kind] <= r.n_nodes[:, None])  # the order selection never invents nodes
+    med = {kind: np.median(r.node_error[kind], axis=1) for kind in ("real", "imaginary")}
+    beyond = r.n_nodes > 6
+    assert np.all(med["imaginary"][beyond] < med["real"][beyond])  # imaginary tau beats real tau beyond n = 6
+    assert np.all(med["imaginary"][beyond] < 1e-6 * med["real"][beyond])  # by six orders of magnitude at least
+    assert np.all(r.node_error["imaginary"] <= 1e-10) and np.all(r.node_order["imaginary"] == r.n_nodes[:, None])
+    assert np.all(r.node_error["real"][:4] <= 1e-7)  # real tau is exact for a few nodes ...
+    assert np.all(np.diff(med["real"][2:8]) > 0)  # ... and degrades with every node added from n = 3 to 8
+    assert 4 <= s["max_nodes_real_tau_error_1e-7"] <= 8 and s["max_nodes_imaginary_tau_error_1e-10"] == 12
+    assert s["order_correct_fraction_imaginary"] == 1 and s["order_correct_fraction_real"] < 1
+
+
+def test_inverse_noise(inverse):
+    r = inverse
+    s = r.summary()
+    assert r.eta == pytest.approx(np.geomspace(1e-8, 1e-2, 4))
+    assert np.all(r.noise_order == 8) and s["noise_order_max"] == s["noise_order_min"] == 8
+    med = np.median(r.noise_error, axis=1)
+    assert np.all(np.diff(med) > 0)  # the node error grows with the noise ...
+    assert 0.8 < s["noise_error_slope"] < 1.2  # ... linearly
+    assert np.all(r.noise_error >= 1e-4 * r.eta[:, None]) and np.all(r.noise_error <= 0.05 * r.eta[:, None])
+
+
+def test_inverse_points_keys_densities(inverse):
+    r = inverse
+    s = r.summary()
+    assert r.points_n == {2: 50, 3: 20, 8: 8}
+    for d in (2, 3, 8):
+        assert s[f"points_error_d{d}"] <= 1e-12 and s[f"points_time_ms_d{d}"] > 0
+    assert r.cloud_2d[0].shape == r.cloud_2d[1].shape == (50, 2)
+    assert s["recover_keys_key_error"] <= 1e-8 and s["recover_keys_value_error"] <= 1e-8
+    assert s["recover_keys_multiplicity_error"] <= 1e-6
+    assert s["density_w1_uniform"] < 0.02 and s["density_w1_uniform_noisy"] < 0.1
+    assert s["density_w1_gaussian"] < 0.01 and s["density_w1_gaussian_noisy"] < 0.05
+    for case in r.densities.values():
+        assert case.s.shape == case.truth.shape == case.clean.shape == case.noisy.shape == (201,)
+        assert np.all(case.clean >= 0) and np.all(case.noisy >= 0)  # non-negative least squares
+
+
+def test_inverse_missing_wedge(inverse):
+    r = inverse
+    s = r.summary()
+    assert r.wedges.tolist() == [0, 30, 60, 90] and r.angles_kept[0] == 64
+    assert np.all(np.diff(r.angles_kept) < 0)
+    for method in ("fbp", "sart"):
+        assert np.all(np.diff(r.rms[method]) > 0)  # the error grows with the missing wedge
+        assert r.images[method].shape == (4, 64, 64)
+    assert r.rms["sart"][-1] > 3 * r.rms["sart"][0] and r.rms["fbp"][-1] > 3 * r.rms["fbp"][0]
+    assert np.all(r.rms["sart"] < r.rms["fbp"])  # two SART sweeps beat filtered backprojection
+    assert s["fbp_rms_error"] == r.rms["fbp"][0] and s["wedge_sart2_rms_error_90"] == r.rms["sart"][-1]
+    assert s["wedge_rms_error_30"] < s["wedge_rms_error_60"] < s["wedge_rms_error_90"]
+
+
+def test_inverse_bad_config():
+    with pytest.raises(ValueError, match="node_gap"):
+        run_inverse(InverseConfig(node_gap=1.5))
+    with pytest.raises(ValueError, match="max_wedge"):
+        run_inverse(InverseConfig(max_wedge=180))
+
+
+def test_inverse_summary_json(inverse, tmp_path):
+    data = json.load(open(inverse.to_json(tmp_path / "s.json")))
+    sweep = data["summary"]["sweep"]
+    assert len(sweep["n_nodes"]) == len(sweep["node_error_real"]) == 12 and len(sweep["sart2_rms_error"]) == 4
+    assert data["config"]["seed"] == 4
+
+
+def test_inverse_figures(inverse):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    r = inverse
+    figs = r.figures()
+    assert {k: len(f.axes) for k, f in figs.items()} == {"node_recovery.png": 2, "node_noise.png": 2,
+                                                          "densities.png": 2, "points.png": 2,
+                                                          "missing_wedge.png": 10, "wedge_errors.png": 1}
+    ax = figs["node_recovery.png"].axes[0]
+    assert ax.get_yscale() == "log" and len(ax.get_lines()) == 2
+    noise = figs["node_noise.png"].axes[0]
+    assert noise.get_xscale() == "log" and noise.get_yscale() == "log"
+    assert len(figs["missing_wedge.png"].axes[0].get_images()) == 1
+    for method in (r.plot_node_recovery, r.plot_noise, r.plot_densities, r.plot_points, r.plot_missing_wedge,
+                   r.plot_wedge_errors):
+        assert method().axes
+    plt.close("all")
+
+
 # -- the CLI writes a run folder for each driver -------------------------------------------
 SMALL = {
     "projection": ["n_examples=2", "n_sigma=5", "n_points=60", "n_layers=2", "n_neighbors=8"],
     "whitening": ["batch=200", "T=6", "D=2", "n_phi=4", "timing_T=64", "timing_D=2", "timing_batch=2",
                   "timing_repeats=1"],
     "random_features": ["max_features=32", "feature_draws=3", "n_tau=3", "sampling_draws=3"],
+    "inverse": ["max_nodes=6", "node_draws=2", "n_eta=3", "noise_draws=2", "points_n_d2=20", "points_n_d3=10",
+                "phantom_size=32", "n_angles=32", "density_grid=61", "timing_repeats=1"],
 }
 
 PNGS = {
     "projection": ["identity.png", "sigma_sweep.png", "flattening.png", "cloud.png"],
     "whitening": ["whiteness.png", "stationarity.png", "scan_timing.png"],
     "random_features": ["feature_error.png", "sampling_variance.png"],
+    "inverse": ["node_recovery.png", "node_noise.png", "densities.png", "points.png", "missing_wedge.png",
+                "wedge_errors.png"],
 }
 
 

@@ -431,3 +431,128 @@ def grouped_bars(groups, series, ylabel, ax=None, title=None):
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
+    """Side-by-side panels of repeated measurements against one parameter x (n,).
+
+    panels : list of (ylabel, {label: values}, yscale). A (n, draws) array is drawn as its
+    median over the draws (solid, markers) inside the band between its smallest and largest
+    draw; a (n,) array as a dashed reference line. On a log y axis values are drawn no lower
+    than 1e-17 (exact zeros, e.g. a recovery exact to the last bit, sit on that floor).
+    Returns the figure.
+    """
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.3), squeeze=False)
+        axes = axes[0]
+    else:
+        fig = axes[0].figure
+    x = np.asarray(x, dtype=float)
+    for ax, (ylabel, curves, yscale) in zip(axes, panels):
+        for label, values in curves.items():
+            values = np.asarray(values, dtype=float)
+            if yscale == "log":
+                values = np.maximum(values, 1e-17)
+            if values.ndim == 2:
+                line, = ax.plot(x, np.median(values, axis=1), "o-", ms=3, label=label)
+                ax.fill_between(x, values.min(axis=1), values.max(axis=1), color=line.get_color(), alpha=0.2, lw=0)
+            else:
+                ax.plot(x, values, "k--" if len(curves) > 1 else "-", lw=1, label=label)
+        ax.set_xscale(xscale)
+        ax.set_yscale(yscale)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if len(curves) > 1:
+            ax.legend(frameon=False, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def density_overlays(panels, axes=None):
+    """Recovered against true densities, one panel each.
+
+    panels : list of (title, s (G,), truth (G,), {label: (G,) recovered density}); the truth
+    is drawn black, the recoveries over it. Returns the figure.
+    """
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
+        axes = axes[0]
+    else:
+        fig = axes[0].figure
+    for ax, (title, s, truth, recovered) in zip(axes, panels):
+        ax.plot(s, truth, "k-", lw=2, alpha=0.5, label="true")
+        for i, (label, p) in enumerate(recovered.items()):
+            ax.plot(s, p, "-" if i == 0 else "--", lw=1.2, label=label)
+        ax.set_xlabel("$s$")
+        ax.set_ylabel("density")
+        ax.set_title(title, fontsize=9)
+        ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def point_recovery(truth, found, errors, axes=None, title=None):
+    """Points recovered from their projections: a 2-d cloud and the errors of several cases.
+
+    truth, found : (n, 2) the true and the recovered points of one planar cloud (drawn as
+    circles and crosses); errors : {case label: largest point error}, drawn as bars on a log
+    scale (exact zeros at 1e-17). Returns the figure.
+    """
+    plt = _plt()
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
+    else:
+        fig = axes[0].figure
+    ax = axes[0]
+    truth, found = np.asarray(truth, dtype=float), np.asarray(found, dtype=float)
+    ax.plot(truth[:, 0], truth[:, 1], "o", mfc="none", ms=5, alpha=0.7, label="true")
+    ax.plot(found[:, 0], found[:, 1], "x", ms=4, color="tab:red", label="recovered")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel("$x_1$")
+    ax.set_ylabel("$x_2$")
+    ax.legend(frameon=False, fontsize=8)
+    ax = axes[1]
+    labels = list(errors)
+    ax.bar(np.arange(len(labels)), np.maximum(np.asarray([errors[k] for k in labels], dtype=float), 1e-17))
+    ax.set_xticks(np.arange(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("largest point error")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def image_grid(rows, axes=None, cmap="gray", title=None):
+    """A grid of images: rows is a list of rows, each a list of (title, image (M, N), vrange)
+    with vrange a (vmin, vmax) pair or None (the image's own range). Ticks are hidden.
+    Returns the figure."""
+    plt = _plt()
+    nrows, ncols = len(rows), max(len(r) for r in rows)
+    if axes is None:
+        fig, grid = plt.subplots(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
+    else:
+        grid = np.asarray(axes, dtype=object).reshape(nrows, ncols)
+        fig = grid[0, 0].figure
+    for i, row in enumerate(rows):
+        for j in range(ncols):
+            ax = grid[i, j]
+            if j >= len(row):
+                ax.set_visible(False)
+                continue
+            name, img, vrange = row[j]
+            vmin, vmax = vrange if vrange is not None else (None, None)
+            ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto" if img.shape[0] != img.shape[1] else "equal",
+                      interpolation="nearest")
+            ax.set_title(name, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -79,8 +79,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const int64_t units = batch * q_blocks;
+  const double work = double(batch) * n_q * n_k * (d_k + d_v);
 
-#pragma omp parallel
+#pragma omp parallel if (parallel_worth(work))
   {
     Mat Qs(bq, d_k), S(bq, bk), acc(bq, d_v);
     Vec m(bq), l(bq), shift(bq), alpha(bq);

@@ -46,7 +46,7 @@ void projected_cumulants(int64_t batch, const Stack<T>& u, const T* tau, const i
   const int64_t n_q = u.rows, d_k = u.cols, n_k = k.rows;
   const int64_t q_blocks = (n_q + block - 1) / block;
   using CMap = Eigen::Map<const RowMatrix<T>>;
-#pragma omp parallel
+#pragma omp parallel if (parallel_worth(double(batch) * n_q * n_k * d_k))
   {
     RowMatrix<T> S, P;
 #pragma omp for schedule(dynamic)
@@ -81,7 +81,7 @@ void gibbs_key_moments(int64_t batch, const Stack<T>& u, const T* tau, const int
   const int64_t n_q = u.rows, d_k = u.cols, n_k = k.rows;
   const int64_t q_blocks = (n_q + block - 1) / block;
   using CMap = Eigen::Map<const RowMatrix<T>>;
-#pragma omp parallel
+#pragma omp parallel if (parallel_worth(double(batch) * n_q * n_k * d_k))
   {
     RowMatrix<T> S, P, Kc;
 #pragma omp for schedule(dynamic)
@@ -115,7 +115,7 @@ void laplace_transform_complex(int64_t batch, const Stack<T>& u, const std::comp
   const int64_t n_q = u.rows, d_k = u.cols, n_k = k.rows, d_v = v.cols;
   const int64_t q_blocks = (n_q + block - 1) / block;
   using CMap = Eigen::Map<const RowMatrix<T>>;
-#pragma omp parallel
+#pragma omp parallel if (parallel_worth(double(batch) * n_q * n_k * (d_k + 2 * d_v)))
   {
     RowMatrix<T> S, Wr, Wi, Nr, Ni;
 #pragma omp for schedule(dynamic)

@@ -26,13 +26,14 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   using Map = Eigen::Map<Mat>;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
   if (n_q == 0 || d_v == 0) return;
+  const bool par = parallel_worth(double(batch) * (n_q + n_k) * d_k * d_v);
   if (causal == Causal::None) {
     std::vector<Mat> kv(batch);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int64_t b = 0; b < batch; ++b)
       kv[b].noalias() = CMap(k.block(b), n_k, d_k).transpose() * CMap(v.block(b), n_k, d_v);
     const int64_t rows = std::max<int64_t>(1, chunk), chunks = (n_q + rows - 1) / rows;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int64_t unit = 0; unit < batch * chunks; ++unit) {
       const int64_t b = unit / chunks, i0 = (unit % chunks) * rows, m = std::min(rows, n_q - i0);
       Map(y + (b * n_q + i0) * d_v, m, d_v).noalias() = CMap(q.block(b) + i0 * d_k, m, d_k) * kv[b];
@@ -46,7 +47,7 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   auto bound = [&](int64_t c) { return std::clamp<int64_t>(c * C + offset, 0, n_k); };
   // state[b][c] = K[0:bound(c)]^T V[0:bound(c)], c = 0..chunks-1.
   std::vector<Mat> state(batch * chunks);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t unit = 0; unit < batch * chunks; ++unit) {
     const int64_t b = unit / chunks, c = unit % chunks;
     // Chunk 0 starts from the keys before its first boundary; chunk c > 0 holds the block
@@ -55,10 +56,10 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
     state[unit].noalias() = CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose() *
                             CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t c = 1; c < chunks; ++c) state[b * chunks + c] += state[b * chunks + c - 1];
-#pragma omp parallel
+#pragma omp parallel if (par)
   {
     Mat S(C, C);
 #pragma omp for schedule(static)

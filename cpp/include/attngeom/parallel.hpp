@@ -17,6 +17,10 @@ int get_num_threads();
 void set_num_threads(int n);
 // True when the core was compiled with OpenMP.
 bool has_openmp();
+// Whether a kernel of about `work` multiply-adds is worth a parallel region: waking the
+// team costs tens of microseconds (far more when the cores are shared), so small calls run
+// on the calling thread. Used as `#pragma omp parallel ... if(parallel_worth(work))`.
+inline bool parallel_worth(double work) { return work >= 131072.0; }
 // Index of the calling thread inside a parallel region (0 outside).
 inline int thread_index() {
 #ifdef _OPENMP

@@ -56,8 +56,9 @@ inline double ray_sum(int64_t n, const T* image, double cs, double sn, double ce
 // `visit(p, pixel, weight)` is called for every footprint entry of ray p.
 template <class Visit>
 inline void splat_angle(int64_t n, double cs, double sn, double center, Visit&& visit) {
+  const bool par = parallel_worth(4.0 * n * n);
   for (int64_t phase = 0; phase < 3; ++phase) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int64_t p = phase; p < n; p += 3) {
       const double dp = p - center;
       for (int64_t r = 0; r < n; ++r) {
@@ -142,11 +143,12 @@ void sart(int64_t n, const T* sino, int64_t A, const double* theta, const int64_
   std::vector<T> lengths(n * A);
   radon_forward<T>(n, mask, A, theta, lengths.data());  // ray lengths through the mask, once
   std::vector<double> num(n * n), den(n * n), resid(n);
+  const bool par = parallel_worth(4.0 * n * n);
   for (int64_t it = 0; it < iterations; ++it) {
     for (int64_t o = 0; o < A; ++o) {
       const int64_t a = order[o];
       const double cs = std::cos(theta[a]), sn = std::sin(theta[a]);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
       for (int64_t p = 0; p < n; ++p) {
         const double len = lengths[p * A + a];
         resid[p] = len > 1e-8 ? (sino[p * A + a] - detail::ray_sum(n, image, cs, sn, center, p)) / len : 0.0;
@@ -159,7 +161,7 @@ void sart(int64_t n, const T* sino, int64_t A, const double* theta, const int64_
           den[i] += w;
         }
       });
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
       for (int64_t i = 0; i < n * n; ++i) {
         if (mask[i] != 0 && den[i] > 1e-8) {
           T v = image[i] + static_cast<T>(relaxation * num[i] / den[i]);

@@ -4,6 +4,7 @@ figure (``figures()`` gives them all). ``EXPERIMENTS`` maps the CLI names to
 (config class, run function)."""
 from .dimension import DimensionConfig, DimensionSweepResult, run_dimension
 from .identity import IdentityConfig, IdentityResult, run_identity
+from .inverse import InverseConfig, InverseResult, run_inverse
 from .projection import ProjectionConfig, ProjectionResult, run_projection
 from .random_features import RandomFeaturesConfig, RandomFeaturesResult, run_random_features
 from .tomography import TomographyConfig, TomographyResult, run_tomography
@@ -16,9 +17,11 @@ EXPERIMENTS = {
     "projection": (ProjectionConfig, run_projection),
     "whitening": (WhiteningConfig, run_whitening),
     "random_features": (RandomFeaturesConfig, run_random_features),
+    "inverse": (InverseConfig, run_inverse),
 }
 
 __all__ = ["EXPERIMENTS", "IdentityConfig", "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult",
            "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig",
            "ProjectionResult", "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening",
-           "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features"]
+           "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features", "InverseConfig", "InverseResult",
+           "run_inverse"]
