@@ -47,3 +47,20 @@ def test_cli_run_list_report(tmp_path, capsys):
         main(["run", "nope"])
     with pytest.raises(SystemExit, match="unknown config field"):
         main(["run", "identity", "--set", "bogus=1"])
+
+
+def test_figures_leave_no_pyplot_state(tmp_path):
+    """Figures are built outside pyplot's registry: a run leaves no open figures behind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    before = plt.get_fignums()
+    result = run_identity(IdentityConfig(n_heads=2, n_examples=4, seed=1))
+    figs = result.figures()
+    assert figs and all(isinstance(f, Figure) for f in figs.values())
+    for name, fig in figs.items():
+        fig.savefig(tmp_path / name)
+    assert plt.get_fignums() == before

@@ -68,13 +68,8 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
     with open(os.path.join(folder, "summary.md"), "w") as f:
         f.write(f"# {name}\n\n{table}\n")
     names = []
-    from .plotting import _plt
-
-    plt = _plt()
-
     for fname, fig in result.figures().items():
         fig.savefig(os.path.join(folder, fname), dpi=110)
-        plt.close(fig)
         names.append(fname)
     if not quiet:
         print(f"{name} ({elapsed:.1f} s), seed {config.seed}")

@@ -22,11 +22,25 @@ def _plt():
     return plt
 
 
-def _axes(ax, **fig_kw):
+def _subplots(nrows=1, ncols=1, *, figsize=None, **kw):
+    """A new Figure and its axes. Outside Jupyter the figure is built outside pyplot's
+    registry (no global state is left behind, nothing needs closing); under Jupyter's inline
+    backend it goes through pyplot so it is shown at the end of the cell, and the backend
+    closes it after showing it."""
     plt = _plt()
+    import matplotlib
+
+    if "inline" in matplotlib.get_backend().lower():
+        return plt.subplots(nrows, ncols, figsize=figsize, **kw)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def _axes(ax, **fig_kw):
     if ax is None:
-        fig, ax = plt.subplots(**fig_kw)
-        return fig, ax
+        return _subplots(**fig_kw)
     return ax.figure, ax
 
 
@@ -60,9 +74,8 @@ def transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes
     """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
     the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
     and |Z(u, i w)|, the modulus of the characteristic function."""
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+        fig, axes = _subplots(1, 3, figsize=(12, 3.2))
     else:
         fig = axes[0].figure
     ax = axes[0]
@@ -176,9 +189,8 @@ def radius_vs_chi(tau, d_k, var_q, ax=None):
 
 def two_histograms(a, label_a, b, label_b, axes=None):
     """Two histograms side by side."""
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+        fig, axes = _subplots(1, 2, figsize=(8, 3))
     else:
         fig = axes[0].figure
     for ax, data, label in ((axes[0], a, label_a), (axes[1], b, label_b)):
@@ -231,14 +243,13 @@ def layer_head_grids(maps, axes=None):
 
     maps : {title: (n_layers, n_heads) array}. Returns the figure.
     """
-    plt = _plt()
     maps = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in maps.items()}
     n_layers, n_heads = next(iter(maps.values())).shape
     if axes is None:
         w, h = 1.6 + 0.42 * n_heads, 1.0 + 0.36 * n_layers
         ncols = min(2, len(maps))
         nrows = -(-len(maps) // ncols)
-        fig, grid = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+        fig, grid = _subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
         axes = grid.ravel()
         for ax in axes[len(maps):]:
             ax.set_visible(False)
@@ -265,10 +276,9 @@ def layer_head_grids(maps, axes=None):
 def head_spectrum_pair(bilinear, ov, title="", axes=None):
     """One head's singular values of B = W_Q W_K^T and of W_OV (log scale), each with its
     cumulative energy E_k on a second axis. bilinear : (k,), ov : (k,) or None."""
-    plt = _plt()
     panels = [(r"$B = W_Q W_K^\top$", bilinear)] + ([(r"$W_{OV}$", ov)] if ov is not None else [])
     if axes is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.2), squeeze=False)
+        fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.2), squeeze=False)
         axes = axes[0]
     else:
         fig = axes[0].figure
@@ -317,9 +327,8 @@ def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
     in each panel the first curve is drawn solid with markers, the others dashed. NaN values
     leave gaps (e.g. where a model does not exist). Returns the figure.
     """
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
+        fig, axes = _subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
         axes = axes[0]
     else:
         fig = axes[0].figure
@@ -368,9 +377,8 @@ def flattening_panels(before, after, off_plane, axes=None):
     local dimension before, after one layer and after the last; right: the means and the
     off-plane fraction against the number of layers.
     """
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        fig, axes = _subplots(1, 2, figsize=(9, 3.2))
     else:
         fig = axes[0].figure
     after = np.atleast_2d(after)
@@ -400,9 +408,8 @@ def flattening_panels(before, after, off_plane, axes=None):
 def cloud_views(views, xlabel, ylabel, axes=None):
     """Scatter plots of 2-d views of point clouds side by side: {title: (n, 2) array}, one
     panel each, sharing the axis limits."""
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, len(views), figsize=(3.3 * len(views), 3.2), squeeze=False, sharex=True,
+        fig, axes = _subplots(1, len(views), figsize=(3.3 * len(views), 3.2), squeeze=False, sharex=True,
                                  sharey=True)
         axes = axes[0]
     else:
@@ -442,9 +449,8 @@ def band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
     than 1e-17 (exact zeros, e.g. a recovery exact to the last bit, sit on that floor).
     Returns the figure.
     """
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.3), squeeze=False)
+        fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.3), squeeze=False)
         axes = axes[0]
     else:
         fig = axes[0].figure
@@ -477,9 +483,8 @@ def density_overlays(panels, axes=None):
     panels : list of (title, s (G,), truth (G,), {label: (G,) recovered density}); the truth
     is drawn black, the recoveries over it. Returns the figure.
     """
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
+        fig, axes = _subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
         axes = axes[0]
     else:
         fig = axes[0].figure
@@ -502,9 +507,8 @@ def point_recovery(truth, found, errors, axes=None, title=None):
     circles and crosses); errors : {case label: largest point error}, drawn as bars on a log
     scale (exact zeros at 1e-17). Returns the figure.
     """
-    plt = _plt()
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
+        fig, axes = _subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
     else:
         fig = axes[0].figure
     ax = axes[0]
@@ -532,10 +536,9 @@ def image_grid(rows, axes=None, cmap="gray", title=None):
     """A grid of images: rows is a list of rows, each a list of (title, image (M, N), vrange)
     with vrange a (vmin, vmax) pair or None (the image's own range). Ticks are hidden.
     Returns the figure."""
-    plt = _plt()
     nrows, ncols = len(rows), max(len(r) for r in rows)
     if axes is None:
-        fig, grid = plt.subplots(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
+        fig, grid = _subplots(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
     else:
         grid = np.asarray(axes, dtype=object).reshape(nrows, ncols)
         fig = grid[0, 0].figure

@@ -112,15 +112,11 @@ class HeadReport:
 
     def save(self, folder) -> list:
         """Write heads.json and every figure into folder; returns the written paths."""
-        from ..plotting import _plt
-
         os.makedirs(folder, exist_ok=True)
         paths = [self.to_json(os.path.join(folder, "heads.json"))]
-        plt = _plt()
         for name, fig in self.figures().items():
             path = os.path.join(folder, name)
             fig.savefig(path, dpi=110)
-            plt.close(fig)
             paths.append(path)
         return paths
 
