@@ -16,22 +16,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
+from attngeom.experiments._timing import median_time
 
-
-def median_time(f, repeats):
-    f()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def numpy_pencil(tau, f, L):

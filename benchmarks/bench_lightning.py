@@ -13,26 +13,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
+from attngeom.experiments._timing import median_time
 
 NS = [1024, 2048, 4096, 8192]
 
-
-def median_time(f, repeats):
-    f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def quadratic(q, k, v, causal):

@@ -14,26 +14,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
+from attngeom.experiments._timing import median_time
 
 NS = [128, 256, 512, 1024, 2048, 4096, 8192]
 
-
-def median_time(f, repeats):
-    f()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main(argv=None):

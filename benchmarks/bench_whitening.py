@@ -16,26 +16,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sl
 
 import attngeom as ag
+from attngeom.experiments._timing import median_time
 from attngeom import _core
 
-
-def median_time(f, repeats):
-    f()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def numpy_whiten(x, L, M):

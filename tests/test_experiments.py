@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 
-import attngeom as ag
 from attngeom.experiments import IdentityConfig, run_identity
 
 

@@ -16,10 +16,9 @@ there (:func:`laplace_radon_transform` accepts complex tau).
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 

@@ -17,9 +17,7 @@ Whitened self-attention (eq. 4) is softmax attention over the w_i with no value 
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 

@@ -12,6 +12,15 @@ class ExperimentResult:
     def summary(self) -> dict:  # pragma: no cover - every result defines it
         raise NotImplementedError
 
+    def table(self) -> str:
+        """Markdown table of the summary's scalars (nested entries, such as sweeps, are left to
+        summary.json). Results with paper values override it to add that column."""
+        lines = ["| quantity | value |", "|---|---|"]
+        for key, value in self.summary().items():
+            if not isinstance(value, (dict, list)):
+                lines.append(f"| {key} | {value:.4g} |")
+        return "\n".join(lines)
+
     def to_json(self, path) -> str:
         """Write {"config": ..., "summary": ...} to `path`; returns the path."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

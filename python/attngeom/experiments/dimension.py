@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-import numpy as np
-
 from ..dimension import DimensionResult, neuromanifold_dimension
 from ._progress import progress
 from ._result import ExperimentResult

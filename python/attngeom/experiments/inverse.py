@@ -210,14 +210,6 @@ class InverseResult(ExperimentResult):
                         "fbp_rms_error": self.rms["fbp"].tolist(), f"{sart}_rms_error": self.rms["sart"].tolist()}
         return out
 
-    def table(self) -> str:
-        """Markdown table of the named scalars (the paper gives no numbers for s.9)."""
-        lines = ["| quantity | value |", "|---|---|"]
-        for key, value in self.summary().items():
-            if not isinstance(value, dict):
-                lines.append(f"| {key} | {value:.4g} |")
-        return "\n".join(lines)
-
     def plot_node_recovery(self, axes=None):
         """Node error (median and range over the draws) and estimated order against the node count,
         real vs imaginary tau."""

@@ -108,14 +108,6 @@ class ProjectionResult(ExperimentResult):
                        "off_plane": self.off_plane.tolist(), "spread": self.spread.tolist()},
         }
 
-    def table(self) -> str:
-        """Markdown table of the named scalars (the paper gives no numbers to compare with)."""
-        lines = ["| quantity | value |", "|---|---|"]
-        for key, value in self.summary().items():
-            if not isinstance(value, dict):
-                lines.append(f"| {key} | {value:.4g} |")
-        return "\n".join(lines)
-
     def plot_identity(self, ax=None):
         """Softmax (logits q.k, unit-norm q and k) against projection attention at sigma = 1."""
         from .. import plotting

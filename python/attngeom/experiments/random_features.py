@@ -91,14 +91,6 @@ class RandomFeaturesResult(ExperimentResult):
                         "uniform_exact": self.uniform_exact.tolist()}
         return out
 
-    def table(self) -> str:
-        """Markdown table of the named scalars."""
-        lines = ["| quantity | value |", "|---|---|"]
-        for key, value in self.summary().items():
-            if not isinstance(value, dict):
-                lines.append(f"| {key} | {value:.4g} |")
-        return "\n".join(lines)
-
     def plot_feature_error(self, axes=None):
         """Z's mean squared relative error and the output error against m, iid vs orthogonal."""
         from .. import plotting

@@ -15,9 +15,7 @@ for one long sequence and for a batch of them, and their agreement.
 """
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict
 
 import numpy as np
@@ -34,6 +32,7 @@ from ..whitening import (
 )
 from ._progress import progress
 from ._result import ExperimentResult
+from ._timing import median_time
 
 KINDS = ("stationary", "drifting")
 
@@ -54,15 +53,6 @@ class WhiteningConfig:
     timing_repeats: int = 5
     seed: int = 0
 
-
-def _median_time(f, repeats):
-    f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @dataclass
@@ -110,15 +100,6 @@ class WhiteningResult(ExperimentResult):
                         **{f"{name}_{kind}": [None if np.isnan(v) else float(v) for v in getattr(self, name)[kind]]
                            for name in ("psi_x", "psi_w", "psi_w_steady", "rho") for kind in KINDS}}
         return out
-
-    def table(self) -> str:
-        """Markdown table of the scalars (the paper's Figure 4 numbers come from trained GPT
-        blocks, not from a synthetic process, so there is no column to compare with)."""
-        lines = ["| quantity | value |", "|---|---|"]
-        for key, value in self.summary().items():
-            if not isinstance(value, dict):
-                lines.append(f"| {key} | {value:.4g} |")
-        return "\n".join(lines)
 
     def plot_whiteness(self, axes=None):
         """Psi_X, Psi_W (exact and steady-state filter) and Psi_W / Psi_X against phi."""
@@ -205,6 +186,6 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
         w_rec = whiten(x, L, M)
         w_scan = whiten_scan(x, L, M, block=c.timing_block)
         err = max(err, float(np.abs(w_scan - w_rec).max() / np.abs(w_rec).max()))
-        timing[f"B={B}"] = {"recursion": _median_time(lambda: whiten(x, L, M), c.timing_repeats),
-                            "scan": _median_time(lambda: whiten_scan(x, L, M, block=c.timing_block), c.timing_repeats)}
+        timing[f"B={B}"] = {"recursion": median_time(lambda: whiten(x, L, M), c.timing_repeats),
+                            "scan": median_time(lambda: whiten_scan(x, L, M, block=c.timing_block), c.timing_repeats)}
     return WhiteningResult(c, phi, psi_x, psi_w, psi_ss, rho, psi_white, timing, err)
