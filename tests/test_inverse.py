@@ -321,3 +321,78 @@ def test_normalisation_obstacle(rng):
     Z1, _ = ag.laplace_radon_transform(u, tau, k, v)
     Z2, _ = ag.laplace_radon_transform(u, tau, k2, vv2)
     assert np.all(Z2 > Z1 * 1.01)  # the partition functions differ at every probe
+
+
+def test_shared_projection_on_a_confirming_direction(rng):
+    """Two points with the same projection on one direction: a node listed twice (or once with
+    weight 2) must serve both."""
+    U = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [-0.8, 0.6]])
+    X = rng.standard_normal((6, 2))
+    X[1] = X[0] + 0.7 * np.array([-U[2, 1], U[2, 0]])  # same projection on u_2
+    nodes = [U[j] @ X.T for j in range(4)]
+    assert abs(nodes[2][0] - nodes[2][1]) < 1e-14
+    assert match_error(ag.reconstruct_points(U, nodes).points, X) <= 1e-12
+
+
+def test_base_choice_is_well_conditioned(rng):
+    """Two nearly parallel directions first in the list: the base must not be built on them."""
+    angles = np.array([0.0, 1e-3, 1.0, 2.0])
+    U = np.stack([np.cos(angles), np.sin(angles)], 1)
+    X = rng.standard_normal((20, 2))
+    eta = 1e-6
+    nodes = [U[j] @ X.T + eta * rng.standard_normal(20) for j in range(4)]
+    assert match_error(ag.reconstruct_points(U, nodes, tol=10 * eta).points, X) <= 100 * eta
+
+
+def test_degenerate_directions_raise(rng):
+    U = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # the only confirming direction repeats a base one
+    X = rng.standard_normal((5, 2))
+    with pytest.raises(ValueError, match="degenerate"):
+        ag.reconstruct_points(U, [U[j] @ X.T for j in range(3)])
+    with pytest.warns(RuntimeWarning, match="no point"):
+        U = unit_rows(rng, 4, 2)
+        ag.reconstruct_points(U, [U[j] @ X.T + 1e-3 * rng.standard_normal(5) for j in range(4)])
+
+
+def test_padded_fit_output_feeds_reconstruction(rng):
+    """fit_exponential_sum's NaN-padded nodes and 0-padded weights pass straight through."""
+    d = 2
+    X = rng.standard_normal((6, d))
+    U = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [-0.8, 0.6]])
+    X[1] = X[0] + 0.5 * np.array([-U[2, 1], U[2, 0]])  # direction 2 sees 5 distinct nodes
+    S = U @ X.T
+    tau = 1j * (2.5 / np.abs(S).max()) * np.arange(40)
+    fit = ag.fit_exponential_sum(tau, np.exp(tau[None, :, None] * S[:, None, :]).sum(-1))
+    assert fit.order.tolist() == [6, 6, 5, 6]
+    ps = ag.reconstruct_points(U, fit.nodes, weights=fit.weights, tol=1e-8)
+    assert match_error(ps.points, X) <= 1e-8
+
+
+def test_zero_pencil_eigenvalue_is_no_node():
+    tau = 1j * np.arange(12.0)
+    f = np.zeros(12, complex)
+    f[0] = 0.1  # a lone delta sample
+    fit = ag.fit_exponential_sum(tau, f)
+    assert np.all(np.isnan(fit.nodes[fit.order:])) and not np.any(np.isnan(fit.nodes[: fit.order]))
+
+
+def test_density_overflow_is_reported():
+    tau = np.linspace(-300, 300, 40)  # Z up to 3e127: formed in the log domain, no overflow
+    Z = np.sinh(tau) / tau
+    fit = ag.invert_laplace_density(tau, Z, np.linspace(-3, 3, 61))
+    assert np.isfinite(fit.mass) and fit.mass > 0
+    with pytest.raises(ValueError, match="overflows"):
+        ag.invert_laplace_density(tau, Z, np.linspace(-30, 30, 61))
+    with pytest.raises(ValueError, match="non-negative density"):
+        ag.wasserstein1(np.linspace(0, 1, 3), np.zeros(3), np.ones(3))
+
+
+def test_nnls_is_scale_free(rng):
+    optimize = pytest.importorskip("scipy.optimize")
+    from attngeom import _core
+
+    A, b = rng.standard_normal((30, 20)), rng.standard_normal(30)
+    for sa, sb in [(1e8, 1.0), (1.0, 1e-14), (1e-6, 1e6)]:
+        x, it = _core.nnls(np.ascontiguousarray(A * sa), b * sb, 2000)
+        ref_x = optimize.nnls(A * sa, b * sb)[0]
+        assert it > 0 and np.max(np.abs(x - ref_x)) <= 1e-9 * np.abs(ref_x).max()

@@ -17,6 +17,7 @@ there (:func:`laplace_radon_transform` accepts complex tau).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -106,8 +107,8 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     ================================================  =======  ===============
     imaginary, tau = i 2.5 k, k = 0..127 (no alias)   24       <= 1e-10
     imaginary, tau = i 2.5 k, k = 0..127 (no alias)   32       ~1e-9
-    real, tau uniform on [-10, 10], N = 64            4        2e-11
-    real, tau uniform on [-10, 10], N = 64            6        2e-9
+    real, tau uniform on [-10, 10], N = 64            4        5e-11
+    real, tau uniform on [-10, 10], N = 64            6        2e-8
     real, tau uniform on [-10, 10], N = 64            7        1e-7
     real, tau uniform on [-10, 10], N = 64            8        2e-5
     ================================================  =======  ===============
@@ -158,9 +159,12 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     z, orders, sv = _core.matrix_pencil(fb, L, order_in, r)
     B = fb.shape[0]
     Mmax = max(int(orders.max()) if B else 0, 1)
+    zz = z[:, :Mmax]
+    # a zero eigenvalue (a node at s = -inf, e.g. a lone delta sample) is no node of a measure
+    keep = (np.arange(Mmax)[None, :] < orders[:, None]) & (np.abs(zz) > 1e-14)
     with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.log(z[:, :Mmax]) / step
-    s = np.where(np.arange(Mmax)[None, :] < orders[:, None], s.real, np.nan)
+        s = np.where(keep, (np.log(np.where(keep, zz, 1.0)) / step).real, np.nan)
+    orders = keep.sum(axis=1).astype(np.int64)
     # sort each problem's nodes ascending (NaN padding last)
     idx = np.argsort(s, axis=1)
     s = np.take_along_axis(s, idx, axis=1)
@@ -249,7 +253,11 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
     if lam < 0:
         raise ValueError(f"regularization must be >= 0, got {lam}")
     w = _trapezoid_weights(s)
-    A = np.exp(np.outer(t, s)) * w[None, :] / z[:, None]
+    with np.errstate(over="ignore"):
+        A = np.exp(np.outer(t, s) - np.log(z)[:, None]) * w[None, :]  # relative rows, formed without overflow
+    if not np.all(np.isfinite(A)):
+        raise ValueError("exp(tau s) / Z(tau) overflows on this grid: the grid reaches far beyond where the "
+                         "transform's mass lies for the largest |tau|; narrow s_grid or the tau range")
     b = np.ones_like(t)
     G = s.size
     D2 = np.zeros((G - 2, G))
@@ -258,7 +266,11 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
     D2 *= math.sqrt(lam * t.size / (G - 2))  # mean squared misfit vs mean squared curvature
     M = np.ascontiguousarray(np.vstack([A, D2]))
     rhs = np.concatenate([b, np.zeros(G - 2)])
-    scale = np.linalg.norm(M, axis=0)  # unit columns: e^{tau s} spans orders of magnitude
+    # unit columns (e^{tau s} spans orders of magnitude); norms taken after a max-scaling so
+    # that squaring large entries cannot overflow
+    peak = np.abs(M).max(axis=0)
+    peak[peak == 0] = 1.0
+    scale = peak * np.linalg.norm(M / peak, axis=0)
     M = np.ascontiguousarray(M / scale)
     if nonneg:
         p, it = _core.nnls(M, rhs, 50 * G)
@@ -277,10 +289,16 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
 def wasserstein1(s, p, q) -> float:
     """Wasserstein-1 distance between two densities p, q on the same increasing grid s
     (the integral of |CDF_p - CDF_q|, trapezoid rule; each density normalised first)."""
-    s = np.asarray(s, dtype=np.float64)
+    s = real_array("s", s).astype(np.float64).ravel()
+    if s.size < 2 or np.any(np.diff(s) <= 0):
+        raise ValueError(f"s must be increasing with at least 2 points, got shape {s.shape}")
     cdfs = []
-    for d in (p, q):
-        d = np.asarray(d, dtype=np.float64)
+    for name, d in (("p", p), ("q", q)):
+        d = real_array(name, d).astype(np.float64)
+        if d.shape != s.shape:
+            raise ValueError(f"{name} must have the grid's shape {s.shape}, got {d.shape}")
+        if np.any(d < 0) or not np.all(np.isfinite(d)) or d.sum() <= 0:
+            raise ValueError(f"{name} must be a finite non-negative density with positive mass")
         c = np.concatenate([[0.0], np.cumsum(0.5 * (d[1:] + d[:-1]) * np.diff(s))])
         cdfs.append(c / c[-1])
     gap = np.abs(cdfs[0] - cdfs[1])
@@ -306,19 +324,44 @@ class PointSet:
     rank: int
 
 
-def _node_lists(name, nodes, m):
+def _node_lists(name, nodes, m, masks=None):
+    """nodes as m 1-D arrays: a list of arrays, or an (m, n, ...) array NaN-padded along n
+    (as fit_exponential_sum returns). `masks` (from the nodes) select the valid entries of a
+    padded weights or values array. Returns (lists, masks)."""
     if isinstance(nodes, np.ndarray) or (isinstance(nodes, (list, tuple)) and nodes and np.ndim(nodes[0]) == 0):
         arr = np.asarray(nodes, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[0] != m:
-            raise ValueError(f"{name} must have shape (m, n) (NaN padded) or be a list of m arrays, m = {m}, got {arr.shape}")
-        lists = [row[~np.isnan(row)] for row in arr]
+        if arr.ndim < 2 or arr.shape[0] != m:
+            raise ValueError(f"{name} must have shape (m, n, ...) (NaN padded) or be a list of m arrays, m = {m}, "
+                             f"got {arr.shape}")
+        if masks is None:
+            if arr.ndim != 2:
+                raise ValueError(f"{name} must have shape (m, n), got {arr.shape}")
+            masks = [~np.isnan(row) for row in arr]
+        elif arr.shape[1] != len(masks[0]):
+            raise ValueError(f"{name} must be padded like the nodes ({len(masks[0])} per direction), got {arr.shape}")
+        lists = [row[mk] for row, mk in zip(arr, masks)]
     else:
         if len(nodes) != m:
             raise ValueError(f"{name} must hold one array per direction (m = {m}), got {len(nodes)}")
-        lists = [np.asarray(x, dtype=np.float64).ravel() for x in nodes]
+        lists = [np.asarray(x, dtype=np.float64) for x in nodes]
+        if masks is None:
+            lists = [x.ravel() for x in lists]
+            masks = [np.ones(len(x), bool) for x in lists]
     for j, x in enumerate(lists):
         check_finite(f"{name}[{j}]", x)
-    return lists
+    return lists, masks
+
+
+def _merge_nodes(s, w, tol):
+    """Nodes closer than tol become one node (weight-averaged) carrying the summed weight."""
+    order = np.argsort(s)
+    s, w = s[order], w[order]
+    if s.size == 0:
+        return s, w
+    group = np.concatenate([[0], np.cumsum(np.diff(s) > tol)])
+    total = np.bincount(group, weights=w)
+    mean = np.bincount(group, weights=w * s) / total
+    return mean, total
 
 
 def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Optional[float] = None) -> PointSet:
@@ -334,7 +377,8 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     - otherwise, candidate intersection: r = rank(directions) base directions generate
       candidates, the others confirm them (meet in the middle on the first confirming
       direction, so the cost is about n^{ceil((r + 1) / 2)}, not n^r); candidates are kept
-      greedily by residual while each node has multiplicity left. Exact for generic point
+      greedily by residual while each node has multiplicity left (nodes closer than `tol`
+      are merged first, their multiplicities added). Exact for generic point
       sets with m >= r + 1 directions; use more confirming directions as n grows or when
       the nodes are noisy (a false candidate must fit every direction within `tol`).
 
@@ -342,8 +386,13 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     ----------
     directions : array_like (m, d)
     nodes : (m, n) array (NaN padding allowed) or a list of m arrays.
-    weights : like nodes, optional: multiplicities (rounded to integers).
-    values : (m, n, C) array or a list of m (n_j, C) arrays, optional.
+    weights : like nodes, optional: multiplicities (rounded to integers by candidate
+        intersection; kept as given by value matching).
+    values : (m, n, C) array or a list of m (n_j, C) arrays, optional: the value-weighted
+        node weights (N's weights, as fit_exponential_sum returns them); with `weights` they
+        are divided by the multiplicities to give each key's value vector.
+    Padded arrays (nodes NaN beyond each direction's order) are read with the nodes' mask, so
+    the fields of fit_exponential_sum's result can be passed as they are.
     tol : float, optional: the matching tolerance on projections (default 1e-8 times the
         largest |s|); set it to a few times the noise level for noisy nodes.
 
@@ -359,14 +408,14 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     check_nonempty("directions", D, "(m, d)")
     check_finite("directions", D)
     m, d = D.shape
-    S = _node_lists("nodes", nodes, m)
-    W = None if weights is None else _node_lists("weights", weights, m)
+    S, masks = _node_lists("nodes", nodes, m)
+    W = None if weights is None else [w.ravel() for w in _node_lists("weights", weights, m, masks)[0]]
     V = None
     if values is not None:
-        V = [np.asarray(x, dtype=np.float64) for x in values]
-        if len(V) != m:
-            raise ValueError(f"values must hold one (n_j, C) array per direction (m = {m}), got {len(V)}")
-        V = [x.reshape(len(S[j]), -1) if x.size else x.reshape(0, 1) for j, x in enumerate(V)]
+        V, _ = _node_lists("values", values, m, masks)
+        for j in range(m):
+            if V[j].ndim != 2 or V[j].shape[0] != len(S[j]):
+                raise ValueError(f"values[{j}] must have shape (n_j, C) = ({len(S[j])}, C), got {V[j].shape}")
     for j in range(m):
         if W is not None and W[j].shape != S[j].shape:
             raise ValueError(f"weights[{j}] must match nodes[{j}] {S[j].shape}, got {W[j].shape}")
@@ -380,8 +429,13 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     if V is not None:
         y, w, vals = _match_by_values(Dr, S, W, V)
     else:
+        merged = [_merge_nodes(S[j], np.ones(len(S[j])) if W is None else W[j], tol) for j in range(m)]
+        S, W = [a for a, _ in merged], [b for _, b in merged]
         y, w = _candidate_intersection(Dr, S, W, r, tol)
         vals = None
+        if len(y) == 0:
+            warnings.warn("reconstruct_points found no point consistent with every direction within tol; "
+                          "for noisy nodes set tol to a few times the noise level", RuntimeWarning, stacklevel=2)
     pred = y @ Dr.T  # (n, m)
     residual = np.array([max(np.min(np.abs(S[j] - pred[i, j])) if S[j].size else np.inf for j in range(m))
                          for i in range(len(y))]) if len(y) else np.zeros(0)
@@ -437,17 +491,26 @@ def _match_by_values(Dr, S, W, V):
 
 def _candidate_intersection(Dr, S, W, r, tol):
     m = Dr.shape[0]
-    # base: r independent directions (greedy), the rest confirm
-    base = []
-    for j in range(m):
-        if np.linalg.matrix_rank(Dr[base + [j]]) == len(base) + 1:
-            base.append(j)
-        if len(base) == r:
-            break
+    # base: r directions by pivoted Gram-Schmidt (the best-conditioned choice, so noise on
+    # the base nodes is not amplified), the rest confirm
+    base, R = [], Dr.copy()
+    for _ in range(r):
+        j = int(np.argmax(np.linalg.norm(R, axis=1)))
+        base.append(j)
+        e = R[j] / np.linalg.norm(R[j])
+        R = R - np.outer(R @ e, e)
+        R[base] = 0.0
     confirm = [j for j in range(m) if j not in base]
     if not confirm:
         raise ValueError(f"candidate intersection needs at least rank + 1 = {r + 1} directions, got {m}")
     C = Dr[confirm] @ np.linalg.inv(Dr[base])  # s_confirm = C @ s_base
+    full = np.all(np.abs(C) > 1e-8 * np.abs(C).max(axis=1, keepdims=True), axis=1)
+    if not np.any(full):
+        raise ValueError("directions are degenerate for candidate intersection: every confirming direction lies "
+                         f"in the span of fewer than {r} of the others; add a direction in general position")
+    first = int(np.argmax(full))  # the meet-in-the-middle direction involves every base node
+    confirm = [confirm[first]] + confirm[:first] + confirm[first + 1:]
+    C = np.concatenate([C[first:first + 1], C[:first], C[first + 1:]])
     c0 = C[0]
     half = (r + 1) // 2
     left_dirs, right_dirs = base[:half], base[half:]

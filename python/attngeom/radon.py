@@ -234,6 +234,8 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
     detectors = s.shape[0]
+    if detectors < 2:
+        raise ValueError(f"sinogram must have at least 2 detectors, got shape {s.shape}")
     if output_size is None:
         output_size = detectors if circle else int(math.floor(math.sqrt(detectors ** 2 / 2.0)))
     output_size = int(output_size)
@@ -251,8 +253,9 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
 
 def golden_ratio_order(theta) -> np.ndarray:
     """Indices into theta (degrees) visiting the angles in Kohler's golden-ratio order, so
-    consecutive SART updates use nearly uncorrelated projections (the order of scikit-image's
-    iradon_sart)."""
+    consecutive SART updates use nearly uncorrelated projections. The scheme of scikit-image's
+    iradon_sart (the same order for evenly spaced angles; distances here are taken on the
+    circle of angles mod 180, so irregular angle sets may be visited in a different order)."""
     th = np.asarray(theta, dtype=np.float64)
     remaining = list(np.argsort(th))
     angle = th[remaining[0]]
@@ -294,7 +297,7 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
     relaxation : float in (0, 2); 1 (plain SART) by default. Smaller values converge more
         slowly but damp noise (scikit-image's update is scaled differently: its 0.15 is not
         comparable).
-    clip : (lo, hi), optional; clamps the estimate after each angle.
+    clip : (lo, hi), optional; clamps the whole estimate after each angle (as scikit-image).
 
     Returns (detectors, detectors), the sinogram's float dtype; zero outside the circle.
 

@@ -108,7 +108,10 @@ inline int64_t nnls(int64_t m, int64_t n, const double* a, const double* b, doub
   const Eigen::Map<const Eigen::VectorXd> y(b, m);
   Eigen::VectorXd x = Eigen::VectorXd::Zero(n), z(n);
   std::vector<char> passive(n, 0);
-  const double tol = 10 * std::numeric_limits<double>::epsilon() * A.cwiseAbs().colwise().sum().maxCoeff() * std::max(m, n);
+  // Scale-free tolerances: the gradient A^T (b - A x) is measured against |A| |b|, and a
+  // variable leaves the passive set when it falls to rounding level relative to max |x|.
+  const double eps = std::numeric_limits<double>::epsilon();
+  const double tol = 10 * eps * std::max(m, n) * A.cwiseAbs().colwise().sum().maxCoeff() * y.cwiseAbs().maxCoeff();
   auto solve_passive = [&](Eigen::VectorXd& out) {
     std::vector<int64_t> idx;
     for (int64_t j = 0; j < n; ++j)
@@ -163,8 +166,9 @@ inline int64_t nnls(int64_t m, int64_t n, const double* a, const double* b, doub
         break;
       }
       x += alpha * (z - x);
+      const double x_floor = 10 * eps * x.cwiseAbs().maxCoeff();
       for (int64_t j = 0; j < n; ++j)
-        if (passive[j] && x(j) <= tol) {
+        if (passive[j] && x(j) <= x_floor) {
           passive[j] = 0;
           x(j) = 0;
         }

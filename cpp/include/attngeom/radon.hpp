@@ -134,8 +134,8 @@ void backproject(int64_t P, int64_t A, const T* filtered, const double* theta, i
 // restricted to the pixels where mask != 0,
 //   x <- x + relaxation * a^T ((b - a x) / a 1) / (a^T 1),
 // the ray lengths a 1 and the pixel weights a^T 1 being taken over rays of non-zero length.
-// `iterations` sweeps; optional clipping to [lo, hi] after each angle when clip is set.
-// The image must be zero outside the mask on entry (it stays so).
+// `iterations` sweeps; optional clipping of the whole image to [lo, hi] after each angle.
+// The image must be zero outside the mask on entry (it stays so unless clipping moves it).
 template <class T>
 void sart(int64_t n, const T* sino, int64_t A, const double* theta, const int64_t* order, const T* mask,
           int64_t iterations, double relaxation, bool clip, double lo, double hi, T* image) {
@@ -163,11 +163,10 @@ void sart(int64_t n, const T* sino, int64_t A, const double* theta, const int64_
       });
 #pragma omp parallel for schedule(static) if (par)
       for (int64_t i = 0; i < n * n; ++i) {
-        if (mask[i] != 0 && den[i] > 1e-8) {
-          T v = image[i] + static_cast<T>(relaxation * num[i] / den[i]);
-          if (clip) v = std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));
-          image[i] = v;
-        }
+        T v = image[i];
+        if (mask[i] != 0 && den[i] > 1e-8) v += static_cast<T>(relaxation * num[i] / den[i]);
+        if (clip) v = std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));  // every pixel, as skimage
+        image[i] = v;
       }
     }
   }
