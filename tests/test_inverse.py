@@ -396,3 +396,20 @@ def test_nnls_is_scale_free(rng):
         x, it = _core.nnls(np.ascontiguousarray(A * sa), b * sb, 2000)
         ref_x = optimize.nnls(A * sa, b * sb)[0]
         assert it > 0 and np.max(np.abs(x - ref_x)) <= 1e-9 * np.abs(ref_x).max()
+
+
+def test_value_matching_skips_a_direction_with_merged_nodes(rng):
+    """Two keys with nearly equal projections on one direction merge there into one node;
+    the other directions still identify every key."""
+    d, n, m = 3, 8, 6
+    X, vals = rng.standard_normal((n, d)), rng.standard_normal((n, 2))
+    U = unit_rows(rng, m, d)
+    nodes = [U[j] @ X.T for j in range(m)]
+    values = [vals.copy() for _ in range(m)]
+    # direction 2: keys 0 and 1 merged into one node carrying both (multiplicity 2)
+    nodes[2] = np.concatenate([[nodes[2][0]], nodes[2][2:]])
+    values[2] = np.concatenate([vals[:1] + vals[1:2], vals[2:]])
+    weights = [np.ones(n) for _ in range(m)]
+    weights[2] = np.concatenate([[2.0], np.ones(n - 2)])
+    ps = ag.reconstruct_points(U, nodes, weights=weights, values=values)
+    assert match_error(ps.points, X) <= 1e-12

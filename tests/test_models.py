@@ -218,8 +218,20 @@ def test_bad_files(tmp_path, backend):
     bad = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}
     with pytest.raises(ValueError, match="needs 16 bytes"):
         opened(_raw_file(tmp_path / "o.safetensors", bad, b"\0" * 16))
-    with pytest.raises(ValueError, match="lacks dtype"):
+    with pytest.raises(ValueError, match="needs a dtype string"):
         opened(_raw_file(tmp_path / "k.safetensors", {"w": {"shape": [1]}}, b"\0" * 4))
+    with pytest.raises(ValueError, match="integer shape"):
+        opened(_raw_file(tmp_path / "s.safetensors", {"w": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}},
+                         b"\0" * 4))
+    # tensors must tile the data: trailing bytes, gaps and overlaps are rejected
+    with pytest.raises(ValueError, match="trailing bytes"):
+        opened(_raw_file(tmp_path / "tr.safetensors", good, b"\0" * 32))
+    two = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+           "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    with pytest.raises(ValueError, match="must be contiguous"):
+        opened(_raw_file(tmp_path / "ov.safetensors", two, b"\0" * 8))
+    with pytest.raises(ValueError, match="__metadata__"):
+        opened(_raw_file(tmp_path / "md.safetensors", {"__metadata__": {"a": 1}, **good}, b"\0" * 16))
     f8 = {"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}
     f = opened(_raw_file(tmp_path / "f8.safetensors", f8, b"\0" * 4))
     with pytest.raises(ValueError, match="F8_E4M3, which is not supported"):
@@ -629,3 +641,44 @@ def test_real_model_report(tmp_path):
     s = r.summary()
     assert s["n_tokens"] == len(tokens) and 1 < s["mean"]["routing_effective_rank_mean"] <= len(tokens)
     assert s["mean"]["token_null_dim"] >= 384 + 1 - 32
+
+
+def test_forward_pass_refuses_other_architectures(tmp_path, rng):
+    """RoBERTa shares BERT's tensor names but offsets positions; a ReLU BERT differs too."""
+    bert_checkpoint(tmp_path / "b", rng)
+    cfg_path = tmp_path / "b" / "config.json"
+    cfg = json.load(open(cfg_path))
+    for key, value in [("model_type", "roberta"), ("hidden_act", "relu"), ("position_embedding_type", "relative_key")]:
+        json.dump({**cfg, key: value}, open(cfg_path, "w"))
+        with pytest.raises(ValueError, match=key):
+            BertEncoder.from_checkpoint(tmp_path / "b")
+    json.dump(cfg, open(cfg_path, "w"))
+    assert BertEncoder.from_checkpoint(tmp_path / "b").heads.n_layers == 2
+
+
+def test_cli_text_without_config(tmp_path, rng, capsys):
+    pytest.importorskip("matplotlib")
+    bert_checkpoint(tmp_path / "b", rng)
+    os.remove(tmp_path / "b" / "config.json")
+    (tmp_path / "text.txt").write_text("The cat sat on the mat.")
+    assert cli.main(["heads", str(tmp_path / "b"), "--n-heads", "2", "--text", str(tmp_path / "text.txt"),
+                     "--out", str(tmp_path / "r")]) == 0
+    assert cli.main(["heads", str(tmp_path / "b"), "--n-heads", "2", "--text", str(tmp_path / "missing.txt"),
+                     "--out", str(tmp_path / "r")]) == 2
+    assert "--text" in capsys.readouterr().err
+
+
+@pytest.mark.realmodel
+@needs_model
+def test_real_model_long_text(monkeypatch):
+    """A text longer than the model's max_seq_length (256) is truncated as sentence-transformers does."""
+    folder = packaged_model_path()
+    long = " ".join([TEXT] * 30)
+    x, tokens = text_activations("all-MiniLM-L6-v2", long)
+    assert len(tokens) == 256 and x.shape[2] == 256
+    ids, _ = tokenize(folder, long, max_length=256)
+    e = BertEncoder.from_checkpoint("all-MiniLM-L6-v2").sentence_embedding(np.asarray(ids))
+    st = pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ref = st.SentenceTransformer(folder, device="cpu").encode([long], convert_to_numpy=True)[0]
+    assert np.max(np.abs(e - ref)) < 1e-4

@@ -138,9 +138,12 @@ def _heads(args) -> int:
         heads = load_heads(args.checkpoint, n_heads=args.n_heads)
         x, tokens, source = None, None, "weights"
         if args.text is not None:
-            with open(args.text, encoding="utf-8") as f:
-                text = f.read()
-            x, tokens = text_activations(args.checkpoint, text, max_length=args.max_tokens)
+            try:
+                with open(args.text, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as exc:
+                raise ValueError(f"--text: {exc}") from None
+            x, tokens = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads)
             source = f"text ({len(tokens)} tokens, NumPy forward pass)"
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)

@@ -460,8 +460,19 @@ def _separation(x):
 
 
 def _match_by_values(Dr, S, W, V):
-    m = len(S)
-    n = len(S[0])
+    """Match nodes across directions by their value vectors. Directions with fewer nodes than
+    the most (two keys merged by a near-collision there) are left out of the matching; the
+    others must still span the space."""
+    counts = np.array([len(x) for x in S])
+    n = int(counts.max())
+    use = [j for j in range(len(S)) if counts[j] == n]
+    if np.linalg.matrix_rank(Dr[use]) < Dr.shape[1]:
+        raise ValueError(f"only directions {use} resolve all {n} nodes and they do not span the space: nodes "
+                         "collide in the others (add directions)")
+    Dr, S = Dr[use], [S[j] for j in use]
+    W = None if W is None else [W[j] for j in use]
+    V = [V[j] for j in use]
+    m = len(use)
     per_key = [V[j] / (W[j][:, None] if W is not None else 1.0) for j in range(m)]
     ref = per_key[0]
     rows = np.empty((n, m))
@@ -469,13 +480,10 @@ def _match_by_values(Dr, S, W, V):
     seps = np.empty((n, m))
     rows[:, 0], vals[:, 0], seps[:, 0] = S[0], ref, _separation(S[0])
     for j in range(1, m):
-        if len(S[j]) != n:
-            raise ValueError(f"direction {j} has {len(S[j])} nodes but direction 0 has {n}: with values the "
-                             "nodes must be in one-to-one correspondence (distinct projections in every direction)")
         dist = np.linalg.norm(ref[:, None, :] - per_key[j][None, :, :], axis=2)
         match = np.argmin(dist, axis=1)
         if len(np.unique(match)) != n:
-            raise ValueError(f"value vectors do not match one-to-one between directions 0 and {j} "
+            raise ValueError(f"value vectors do not match one-to-one between directions {use[0]} and {use[j]} "
                              "(repeated values: use candidate intersection, values=None)")
         rows[:, j], vals[:, j], seps[:, j] = S[j][match], per_key[j][match], _separation(S[j])[match]
     # each key's least squares down-weights the directions where its node nearly collides

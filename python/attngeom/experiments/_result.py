@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 
@@ -22,9 +23,21 @@ class ExperimentResult:
         return "\n".join(lines)
 
     def to_json(self, path) -> str:
-        """Write {"config": ..., "summary": ...} to `path`; returns the path."""
+        """Write {"config": ..., "summary": ...} to `path` as strict JSON (NaN and infinities,
+        e.g. a quantity that does not exist on the chosen grid, become null); returns the path."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        payload = {"config": dataclasses.asdict(self.config), "summary": self.summary()}
+        payload = _strict({"config": dataclasses.asdict(self.config), "summary": self.summary()})
         with open(path, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=False)
+            json.dump(payload, f, indent=2, sort_keys=False, allow_nan=False)
         return str(path)
+
+
+def _strict(value):
+    """value with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

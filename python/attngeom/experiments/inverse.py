@@ -199,7 +199,7 @@ class InverseResult(ExperimentResult):
         out[f"{sart}_rms_error"] = float(self.rms["sart"][0])
         for i, w in enumerate(self.wedges):
             if w > 0:
-                out[f"wedge_rms_error_{w:g}"] = float(self.rms["fbp"][i])
+                out[f"wedge_fbp_rms_error_{w:g}"] = float(self.rms["fbp"][i])
                 out[f"wedge_{sart}_rms_error_{w:g}"] = float(self.rms["sart"][i])
         out["sweep"] = {"n_nodes": self.n_nodes.tolist(),
                         **{f"node_error_{k}": _finite_list(np.median(v, axis=1)) for k, v in self.node_error.items()},

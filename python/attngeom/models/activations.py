@@ -62,15 +62,29 @@ def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:
     return x
 
 
+def _sentence_max_length(folder) -> Optional[int]:
+    """max_seq_length of a sentence-transformers model (sentence_bert_config.json), if any."""
+    import json
+
+    path = os.path.join(folder, "sentence_bert_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            value = json.load(f).get("max_seq_length")
+        return int(value) if value else None
+    return None
+
+
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
-                     encoder: Optional[BertEncoder] = None) -> Tuple[np.ndarray, List[str]]:
+                     encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None) -> Tuple[np.ndarray, List[str]]:
     """Run ``text`` through the library's NumPy BERT forward pass.
 
     checkpoint : a BERT-layout checkpoint (file, folder or packaged-model name) whose folder
     holds tokenizer.json or vocab.txt. Returns (x, tokens): x (n_layers, 1, n, d_model) the
     input of every layer's attention, tokens the n token strings. The text is truncated to
-    the model's positions (or max_length). ValueError for other layouts (save activations
-    as .npy and use :func:`load_activations`).
+    max_length, by default the model's own limit (sentence_bert_config.json's
+    max_seq_length when present, as sentence-transformers does, else the number of
+    positions). n_heads : needed without config.json. ValueError for other layouts (save
+    activations as .npy and use :func:`load_activations`).
 
     Example: ``x, tokens = text_activations("all-MiniLM-L6-v2", "The cat sat on the mat.")``
     """
@@ -79,8 +93,11 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     if layout.name != "bert":
         raise ValueError(f"the NumPy forward pass covers the bert layout, this checkpoint is {layout.name}; "
                          f"save activations as .npy (one layer_<i>.npy per layer) and pass them instead")
-    enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint)
-    limit = enc.max_length if max_length is None else min(max_length, enc.max_length)
+    enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
+    if max_length is not None and int(max_length) < 2:
+        raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]), got {max_length}")
+    default = _sentence_max_length(ck.folder) or enc.max_length
+    limit = min(default if max_length is None else int(max_length), enc.max_length)
     ids, tokens = tokenize(ck.folder, text, max_length=limit)
     out = enc.forward(np.asarray(ids, dtype=np.int64))
     return out.hidden_states[:-1, None], tokens

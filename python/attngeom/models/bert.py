@@ -76,9 +76,26 @@ class BertEncoder:
 
     @classmethod
     def from_checkpoint(cls, path, *, n_heads: Optional[int] = None, dtype=np.float64, backend: str = "auto"):
-        """Read a BERT-layout checkpoint (file, folder or packaged-model name) in ``dtype``."""
-        heads = load_heads(path, n_heads=n_heads, layout="bert", dtype=dtype, backend=backend)
+        """Read a BERT-layout checkpoint (file, folder or packaged-model name) in ``dtype``.
+
+        The forward pass is BERT's: absolute position embeddings and the exact GELU. A
+        config.json that declares another model type (RoBERTa and XLM-R share BERT's tensor
+        names but offset their positions), another activation or relative positions raises
+        ValueError rather than giving a silently different network.
+        """
         ck = Checkpoint(path, backend=backend)
+        cfg = ck.config
+        problems = []
+        if cfg.get("model_type", "bert") != "bert":
+            problems.append(f"model_type {cfg['model_type']!r}")
+        if cfg.get("hidden_act", "gelu") != "gelu":
+            problems.append(f"hidden_act {cfg['hidden_act']!r}")
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            problems.append(f"position_embedding_type {cfg['position_embedding_type']!r}")
+        if problems:
+            raise ValueError(f"the NumPy forward pass implements BERT (model_type 'bert', hidden_act 'gelu', absolute "
+                             f"positions); config.json declares {', '.join(problems)}: save activations as .npy instead")
+        heads = load_heads(path, n_heads=n_heads, layout="bert", dtype=dtype, backend=backend)
         _, prefix, layers = detect_layout(ck.names, "bert")
         names = {
             "word": "embeddings.word_embeddings.weight", "pos": "embeddings.position_embeddings.weight",

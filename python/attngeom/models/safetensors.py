@@ -118,13 +118,22 @@ class SafetensorsFile:
         if not isinstance(header, dict):
             raise ValueError(f"{where} is not a safetensors file: the header is not a JSON object")
         data_len = size - 8 - n
+        spans = []
         for name, info in header.items():
             if name == "__metadata__":
+                if not isinstance(info, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+                    raise ValueError(f"{where}: __metadata__ must map strings to strings")
                 continue
-            try:
-                code, shape, (begin, end) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
-            except (TypeError, KeyError, ValueError) as exc:
-                raise ValueError(f"{where}: header entry {name!r} lacks dtype/shape/data_offsets ({exc})") from None
+
+            def plain_ints(x):
+                return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+            if (not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or not plain_ints(info.get("shape"))
+                    or not plain_ints(info.get("data_offsets")) or len(info["data_offsets"]) != 2):
+                raise ValueError(f"{where}: header entry {name!r} needs a dtype string, an integer shape and two "
+                                 f"integer data_offsets, got {info!r}")
+            code, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+            spans.append((begin, end, name))
             itemsize = _DTYPES[code].itemsize if code in _DTYPES else _ITEMSIZE.get(code)
             if itemsize is None:
                 itemsize = 0  # unknown dtype: rejected when the tensor is read
@@ -137,6 +146,16 @@ class SafetensorsFile:
             if end > data_len:
                 raise ValueError(f"{where} is truncated: tensor {name!r} ends at byte {end} of the data, "
                                  f"which has {data_len} bytes")
+        # the data must be tiled exactly by the tensors, in order (as the reference reader requires)
+        position = 0
+        for begin, end, name in sorted(spans):
+            if begin != position:
+                raise ValueError(f"{where}: tensor {name!r} starts at byte {begin} of the data, expected {position} "
+                                 "(tensors must be contiguous and must not overlap)")
+            position = end
+        if position != data_len:
+            raise ValueError(f"{where}: the tensors cover {position} bytes but the data has {data_len} "
+                             "(trailing bytes)")
         return header, 8 + n
 
     # -- the mapping interface ---------------------------------------------------------
@@ -177,9 +196,12 @@ class SafetensorsFile:
         out = {}
         direct = [n for n in names if self.backend == "package" and self._header[n]["dtype"] != "BF16"]
         if direct:
-            with _package()(self.path, framework="numpy") as f:
-                for name in direct:
-                    out[name] = f.get_tensor(name)
+            try:
+                with _package()(self.path, framework="numpy") as f:
+                    for name in direct:
+                        out[name] = f.get_tensor(name)
+            except Exception as exc:  # the package's SafetensorError is not a ValueError
+                raise ValueError(f"{self.path!r} could not be read: {exc}") from None
         rest = [n for n in names if n not in out]
         if rest:
             with open(self.path, "rb") as f:
