@@ -160,7 +160,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
     for i, p in enumerate(progress(phi, desc="phi")):
         for kind in KINDS:
             Phi = p * Q if kind == "stationary" else p * ramp * Q
-            x = vector_ar1(Phi, c.batch, c.T, seed=c.seed + 1 + i)
+            x = vector_ar1(Phi, c.batch, c.T, seed=int(np.random.SeedSequence([c.seed, 1, i]).generate_state(1)[0]))
             psi_x[kind][i] = whiteness(x)
             rho[kind][i] = stationarity(x)
             lam0, lam1 = block_covariances(x)
