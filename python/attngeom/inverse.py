@@ -437,14 +437,25 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
             warnings.warn("reconstruct_points found no point consistent with every direction within tol; "
                           "for noisy nodes set tol to a few times the noise level", RuntimeWarning, stacklevel=2)
     pred = y @ Dr.T  # (n, m)
-    residual = np.array([max(np.min(np.abs(S[j] - pred[i, j])) if S[j].size else np.inf for j in range(m))
-                         for i in range(len(y))]) if len(y) else np.zeros(0)
+    residual = np.max(np.stack([_nearest_gap(S[j], pred[:, j]) for j in range(m)], axis=1), axis=1) \
+        if len(y) else np.zeros(0)
     return PointSet(points=y @ basis.T, weights=w, values=vals, residual=residual, rank=r)
 
 
 def _solve_points(Dr, rows):
     """Least squares u_j.x = s_j for each point: rows (n, m) of matched projections."""
     return np.linalg.lstsq(Dr, rows.T, rcond=None)[0].T
+
+
+def _nearest_gap(nodes, values):
+    """|value - nearest node| for each value (inf when there are no nodes)."""
+    if nodes.size == 0:
+        return np.full(values.shape, np.inf)
+    sorted_nodes = np.sort(nodes)
+    pos = np.clip(np.searchsorted(sorted_nodes, values), 1, max(sorted_nodes.size - 1, 1))
+    below = sorted_nodes[np.minimum(pos - 1, sorted_nodes.size - 1)]
+    above = sorted_nodes[np.minimum(pos, sorted_nodes.size - 1)]
+    return np.minimum(np.abs(values - below), np.abs(values - above))
 
 
 def _separation(x):
@@ -541,7 +552,9 @@ def _candidate_intersection(Dr, S, W, r, tol):
     hi = np.searchsorted(rsorted, lsum + tol, side="right")
     counts = hi - lo
     li = np.repeat(np.arange(len(L)), counts)
-    ri = order[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])] if counts.sum() else np.zeros(0, dtype=np.int64)
+    # every position in [lo, hi) of every left combination, without a Python loop
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    ri = order[starts + np.arange(counts.sum())]
     idx = np.concatenate([L[li], R[ri // len(s_c0)]], axis=1)  # node index per base direction
     sb = np.stack([S[base[i]][idx[:, i]] for i in range(r)], axis=1) if len(idx) else np.zeros((0, r))
     pred = sb @ C.T  # (cand, n_confirm)

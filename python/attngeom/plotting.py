@@ -38,6 +38,29 @@ def _subplots(nrows=1, ncols=1, *, figsize=None, **kw):
     return fig, fig.subplots(nrows, ncols, **kw)
 
 
+def _row(axes, n, width, height=3.2, **kw):
+    """(figure, list of n axes): a new row of n panels, each `width` inches wide, or the
+    figure of the given axes."""
+    if axes is None:
+        fig, grid = _subplots(1, n, figsize=(width * n, height), squeeze=False, **kw)
+        return fig, list(grid[0])
+    return axes[0].figure, list(axes)
+
+
+def _finish_curves(ax, xlabel, ylabel, xscale, yscale, n_curves):
+    """Scales, labels and (for several curves) the legend of a curve panel."""
+    ax.set_xscale(xscale)
+    ax.set_yscale(yscale)
+    if xscale == "log":  # no labels on minor ticks: they collide over a short decade range
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if n_curves > 1:
+        ax.legend(frameon=False, fontsize=8)
+
+
 def _axes(ax, **fig_kw):
     if ax is None:
         return _subplots(**fig_kw)
@@ -74,10 +97,7 @@ def transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes
     """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
     the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
     and |Z(u, i w)|, the modulus of the characteristic function."""
-    if axes is None:
-        fig, axes = _subplots(1, 3, figsize=(12, 3.2))
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, 3, 4.0)
     ax = axes[0]
     ax.stem(projection, np.ones_like(projection), basefmt=" ")
     ax.set_xlabel(r"$s = u \cdot k$")
@@ -189,10 +209,7 @@ def radius_vs_chi(tau, d_k, var_q, ax=None):
 
 def two_histograms(a, label_a, b, label_b, axes=None):
     """Two histograms side by side."""
-    if axes is None:
-        fig, axes = _subplots(1, 2, figsize=(8, 3))
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, 2, 4.0, 3.0)
     for ax, data, label in ((axes[0], a, label_a), (axes[1], b, label_b)):
         ax.hist(data, bins=60, alpha=0.8)
         ax.set_xlabel(label)
@@ -277,11 +294,7 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
     """One head's singular values of B = W_Q W_K^T and of W_OV (log scale), each with its
     cumulative energy E_k on a second axis. bilinear : (k,), ov : (k,) or None."""
     panels = [(r"$B = W_Q W_K^\top$", bilinear)] + ([(r"$W_{OV}$", ov)] if ov is not None else [])
-    if axes is None:
-        fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.2), squeeze=False)
-        axes = axes[0]
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, len(panels), 4.6)
     for ax, (name, s) in zip(axes, panels):
         s = np.sort(np.asarray(s, dtype=float))[::-1]
         idx = np.arange(1, s.size + 1)
@@ -327,26 +340,13 @@ def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
     in each panel the first curve is drawn solid with markers, the others dashed. NaN values
     leave gaps (e.g. where a model does not exist). Returns the figure.
     """
-    if axes is None:
-        fig, axes = _subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
-        axes = axes[0]
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, len(panels), 4.3)
     x = np.asarray(x, dtype=float)
     for ax, (ylabel, curves, yscale) in zip(axes, panels):
         for i, (label, values) in enumerate(curves.items()):
             ax.plot(x, np.asarray(values, dtype=float), "-" if i == 0 else "--", marker="o" if i == 0 else ".",
                     ms=3, label=label)
-        ax.set_xscale(xscale)
-        ax.set_yscale(yscale)
-        if xscale == "log":  # no labels on minor ticks: they collide over a short decade range
-            from matplotlib.ticker import NullFormatter
-
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        if len(curves) > 1:
-            ax.legend(frameon=False, fontsize=8)
+        _finish_curves(ax, xlabel, ylabel, xscale, yscale, len(curves))
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -377,10 +377,7 @@ def flattening_panels(before, after, off_plane, axes=None):
     local dimension before, after one layer and after the last; right: the means and the
     off-plane fraction against the number of layers.
     """
-    if axes is None:
-        fig, axes = _subplots(1, 2, figsize=(9, 3.2))
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, 2, 4.5)
     after = np.atleast_2d(after)
     n_layers = after.shape[0]
     ax = axes[0]
@@ -408,12 +405,7 @@ def flattening_panels(before, after, off_plane, axes=None):
 def cloud_views(views, xlabel, ylabel, axes=None):
     """Scatter plots of 2-d views of point clouds side by side: {title: (n, 2) array}, one
     panel each, sharing the axis limits."""
-    if axes is None:
-        fig, axes = _subplots(1, len(views), figsize=(3.3 * len(views), 3.2), squeeze=False, sharex=True,
-                                 sharey=True)
-        axes = axes[0]
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, len(views), 3.3, sharex=True, sharey=True)
     for ax, (title, pts) in zip(axes, views.items()):
         ax.plot(pts[:, 0], pts[:, 1], ".", ms=3, alpha=0.6)
         ax.set_title(title, fontsize=9)
@@ -449,11 +441,7 @@ def band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
     than 1e-17 (exact zeros, e.g. a recovery exact to the last bit, sit on that floor).
     Returns the figure.
     """
-    if axes is None:
-        fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.3), squeeze=False)
-        axes = axes[0]
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, len(panels), 4.6, 3.3)
     x = np.asarray(x, dtype=float)
     for ax, (ylabel, curves, yscale) in zip(axes, panels):
         for label, values in curves.items():
@@ -465,12 +453,7 @@ def band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
                 ax.fill_between(x, values.min(axis=1), values.max(axis=1), color=line.get_color(), alpha=0.2, lw=0)
             else:
                 ax.plot(x, values, "k--" if len(curves) > 1 else "-", lw=1, label=label)
-        ax.set_xscale(xscale)
-        ax.set_yscale(yscale)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        if len(curves) > 1:
-            ax.legend(frameon=False, fontsize=8)
+        _finish_curves(ax, xlabel, ylabel, xscale, yscale, len(curves))
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -483,11 +466,7 @@ def density_overlays(panels, axes=None):
     panels : list of (title, s (G,), truth (G,), {label: (G,) recovered density}); the truth
     is drawn black, the recoveries over it. Returns the figure.
     """
-    if axes is None:
-        fig, axes = _subplots(1, len(panels), figsize=(4.3 * len(panels), 3.2), squeeze=False)
-        axes = axes[0]
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, len(panels), 4.3)
     for ax, (title, s, truth, recovered) in zip(axes, panels):
         ax.plot(s, truth, "k-", lw=2, alpha=0.5, label="true")
         for i, (label, p) in enumerate(recovered.items()):
@@ -507,10 +486,7 @@ def point_recovery(truth, found, errors, axes=None, title=None):
     circles and crosses); errors : {case label: largest point error}, drawn as bars on a log
     scale (exact zeros at 1e-17). Returns the figure.
     """
-    if axes is None:
-        fig, axes = _subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
-    else:
-        fig = axes[0].figure
+    fig, axes = _row(axes, 2, 4.75, 3.6, gridspec_kw={"width_ratios": [1, 1.3]})
     ax = axes[0]
     truth, found = np.asarray(truth, dtype=float), np.asarray(found, dtype=float)
     ax.plot(truth[:, 0], truth[:, 1], "o", mfc="none", ms=5, alpha=0.7, label="true")

@@ -107,24 +107,14 @@ def _theta(theta, n_angles: Optional[int], default_full: bool) -> np.ndarray:
     return t
 
 
-def _image(image) -> np.ndarray:
-    img = real_array("image", image)
-    if img.ndim != 2:
-        raise ValueError(f"image must have shape (M, N), got {img.shape}")
-    check_nonempty("image", img, "(M, N)")
-    check_finite("image", img)
-    dt = np.float32 if img.dtype == np.float32 else np.float64
-    return np.ascontiguousarray(img, dtype=dt)
-
-
-def _sinogram(sinogram) -> np.ndarray:
-    s = real_array("sinogram", sinogram)
-    if s.ndim != 2:
-        raise ValueError(f"sinogram must have shape (detectors, angles), got {s.shape}")
-    check_nonempty("sinogram", s, "(detectors, angles)")
-    check_finite("sinogram", s)
-    dt = np.float32 if s.dtype == np.float32 else np.float64
-    return np.ascontiguousarray(s, dtype=dt)
+def _plane(name: str, x, expected: str) -> np.ndarray:
+    """A finite, non-empty 2-D real array as contiguous float32 (if given float32) or float64."""
+    a = real_array(name, x)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
+    check_nonempty(name, a, expected)
+    check_finite(name, a)
+    return np.ascontiguousarray(a, dtype=np.float32 if a.dtype == np.float32 else np.float64)
 
 
 def circle_mask(size: int) -> np.ndarray:
@@ -154,7 +144,7 @@ def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
 
     Example: ``sino = ag.radon(img, np.linspace(0, 180, 160, endpoint=False))``
     """
-    img = _image(image)
+    img = _plane("image", image, "(M, N)")
     th = _theta(theta, None, True)
     if circle:
         m = min(img.shape)
@@ -176,7 +166,7 @@ def radon_adjoint(sinogram, theta=None) -> np.ndarray:
     """The exact transpose of `radon` (circle=True) for a square image of size `detectors`:
     ``sum(radon(x) * s) == sum(x * radon_adjoint(s))``. Unfiltered backprojection by bilinear
     splatting; returns (detectors, detectors)."""
-    s = _sinogram(sinogram)
+    s = _plane("sinogram", sinogram, "(detectors, angles)")
     th = _theta(theta, s.shape[1], False)
     return _core.radon_adjoint(s, np.deg2rad(th))
 
@@ -229,7 +219,7 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
 
     Example: ``rec = ag.iradon(sino, theta, filter="hann")``
     """
-    s = _sinogram(sinogram)
+    s = _plane("sinogram", sinogram, "(detectors, angles)")
     th = _theta(theta, s.shape[1], False)
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
@@ -303,7 +293,7 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
 
     Example: ``rec = ag.iradon_sart(sino, theta, iterations=2)``
     """
-    s = _sinogram(sinogram)
+    s = _plane("sinogram", sinogram, "(detectors, angles)")
     th = _theta(theta, s.shape[1], False)
     n = s.shape[0]
     iterations = int(iterations)
