@@ -1,20 +1,23 @@
-"""Softmax attention: attngeom against NumPy, PyTorch CPU SDPA and the batched-GEMM ceiling.
+"""Softmax attention: attngeom against PyTorch CPU SDPA, NumPy and the batched-GEMM ceiling.
 
-For float32/float64, causal off/on and three (batch*heads, n, d) shapes, every contender
-runs on the same inputs, interleaved round by round after a warm-up; the table reports
-medians and ratios measured in this run (never absolute-time assertions):
+For float32/float64, causal off/on, 1 and 2 threads and four (batch, heads, n, d) shapes,
+every contender runs on the same inputs, interleaved round by round after a warm-up; the
+table reports medians and ratios measured in this run (never absolute-time assertions):
 
-  o/numpy   time of attngeom.softmax_attention over the plain NumPy reference
-  o/torch   ... over torch.nn.functional.scaled_dot_product_attention (CPU)
-  o/gemm    ... over the GEMM ceiling: _core.batched_gemm of (n, n) @ (n, d) products doing
-            the same flop count (the machine's GEMM rate at attention's shapes)
-  GF/s      our GFLOP/s; flops = 4 B n^2 d, or 2 B n^2 d when causal (the work needed)
-  %ceil     our GFLOP/s as a fraction of the ceiling's
+  torch/o   time of torch.nn.functional.scaled_dot_product_attention over ours (above 1 =
+            attngeom faster). torch gets 4-D (batch, heads, n, d) tensors: that is what
+            reaches its flash kernel (3-D tensors take its slower math path).
+  o/numpy   our time over the plain NumPy reference (small shapes only)
+  %ceil     our GFLOP/s as a fraction of the GEMM ceiling's: _core.batched_gemm of
+            (n, n) @ (n, d) products doing the same flop count (flops = 4 B H n^2 d, or
+            2 B H n^2 d when causal: the work needed)
+  gauss/o, cauchy/o   kernel_attention (Gaussian, Cauchy) time over softmax attention's
 
-Lower ratios mean attngeom is faster. The output is checked against torch (and NumPy where
-it runs) so the benchmark never times wrong code; a mismatch makes the exit status 1.
+The output is checked against torch (and NumPy where it runs) so the benchmark never times
+wrong code; a mismatch makes the exit status 1. The JSON records the build (instruction-set
+level, compiled levels) so a table always names what it measured.
 
-  python benchmarks/bench_attention.py [--out DIR] [--threads N] [--repeats R] [--blocks] [--dtype T]
+  python benchmarks/bench_attention.py [--out DIR] [--threads N ...] [--repeats R] [--blocks] [--dtype T]
 
 --blocks adds a sweep over the kernel's (block_q, block_k) tiling and reports the best.
 """
@@ -36,11 +39,12 @@ import numpy as np
 import attngeom as ag
 from attngeom import _core
 
-SHAPES = [(16, 1024, 64), (4, 4096, 64), (96, 256, 64)]
+SHAPES = [(2, 8, 1024, 64), (1, 4, 4096, 64), (8, 12, 256, 64), (1, 8, 2048, 128)]
 DTYPES = [np.float32, np.float64]
-NUMPY_LIMIT_S = 10.0  # skip the NumPy reference when one call would take longer
+NUMPY_LIMIT_S = 5.0  # skip the NumPy reference when one call would take longer
 TOLERANCE = {np.float32: 1e-4, np.float64: 1e-10}
 BLOCK_SWEEP = [(bq, bk) for bq in (32, 64, 128, 256) for bk in (64, 128, 256, 512)]
+KERNELS = {"gaussian": {"sigma": 4.0}, "cauchy": {"gamma": 4.0}}
 
 try:
     import torch
@@ -99,31 +103,35 @@ def once(f):
 def core_attention(q, k, v, causal, block_q, block_k):
     """The kernel with an explicit (block_q, block_k) tiling, bypassing the Python layer."""
     scale = 1.0 / math.sqrt(q.shape[-1])
+    q, k, v = (a.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
     return lambda: _core.softmax_attention(q.shape[0], q, None, k, None, v, None, None, None, None, int(causal),
                                            scale, False, False, block_q, block_k)[0]
 
 
 def bench_case(dtype, causal, shape, repeats, sweep, rng):
-    batch, n, d = shape
-    q, k, v = (rng.standard_normal((batch, n, d)).astype(dtype) for _ in range(3))
-    row = {"dtype": np.dtype(dtype).name, "causal": causal, "batch": batch, "n": n, "d": d,
-           "flops": flops(batch, n, d, causal)}
+    B, H, n, d = shape
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    row = {"dtype": np.dtype(dtype).name, "causal": causal, "shape": list(shape), "flops": flops(B * H, n, d, causal),
+           "threads": ag.get_num_threads()}
     notes = []
 
     ours = lambda: ag.softmax_attention(q, k, v, causal=causal)  # noqa: E731
-    contenders = {"ours": ours, "gemm": gemm_ceiling(batch, n, d, causal, dtype, rng)}
+    contenders = {"ours": ours, "gemm": gemm_ceiling(B * H, n, d, causal, dtype, rng)}
+    for name, params in KERNELS.items():
+        contenders[name] = (lambda p=params, kn=name:
+                            ag.kernel_attention(q, k, v, kernel=kn, causal=causal, **p))
     y, _ = once(ours)
 
     if torch is not None:
-        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))  # 4-D: torch's flash path
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
         contenders["torch"] = sdpa
         row["maxdiff_torch"] = float(np.max(np.abs(y - sdpa().numpy())))
 
-    # Estimate the NumPy reference from one batch element before committing to the full call.
-    _, t_one = once(lambda: numpy_attention(q[:1], k[:1], v[:1], causal))
-    if t_one * batch > NUMPY_LIMIT_S:
-        notes.append(f"numpy skipped (~{t_one * batch:.0f} s per call)")
+    # Estimate the NumPy reference from one (batch, head) before committing to the full call.
+    _, t_one = once(lambda: numpy_attention(q[:1, :1], k[:1, :1], v[:1, :1], causal))
+    if t_one * B * H > NUMPY_LIMIT_S:
+        notes.append("numpy skipped")
     else:
         ref = numpy_attention(q, k, v, causal)
         row["maxdiff_numpy"] = float(np.max(np.abs(y - ref)))
@@ -131,9 +139,12 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
 
     med = time_interleaved(contenders, repeats)
     row.update({f"t_{name}": t for name, t in med.items()})
-    for name in ("numpy", "torch", "gemm"):
-        if name in med:
-            row[f"ours/{name}"] = med["ours"] / med[name]
+    if "numpy" in med:
+        row["ours/numpy"] = med["ours"] / med["numpy"]
+    if "torch" in med:
+        row["torch/ours"] = med["torch"] / med["ours"]
+    for name in KERNELS:
+        row[f"{name}/ours"] = med[name] / med["ours"]
     row["gflops_ours"] = row["flops"] / med["ours"] / 1e9
     row["gflops_gemm"] = row["flops"] / med["gemm"] / 1e9
     row["fraction_of_ceiling"] = row["gflops_ours"] / row["gflops_gemm"]
@@ -159,10 +170,11 @@ def fmt(x, spec, width):
 
 def print_row(row, sweep):
     cells = [
-        f"{row['dtype']:>7}", f"{str(row['causal']):>6}", f"{row['batch']:>4}", f"{row['n']:>5}", f"{row['d']:>3}",
-        f"{row['t_ours'] * 1e3:>9.1f}", fmt(row.get("ours/numpy"), ".3f", 7), fmt(row.get("ours/torch"), ".3f", 7),
-        f"{row['ours/gemm']:>7.3f}", f"{row['gflops_ours']:>6.1f}", f"{row['gflops_gemm']:>6.1f}",
-        f"{100 * row['fraction_of_ceiling']:>4.0f}%", fmt(row.get("maxdiff_torch"), ".1e", 8),
+        f"{row['threads']:>2}", f"{row['dtype']:>7}", f"{str(row['causal']):>6}",
+        f"{str(tuple(row['shape'])):>18}", f"{row['t_ours'] * 1e3:>9.1f}",
+        fmt(row.get("torch/ours"), ".2f", 7), fmt(row.get("ours/numpy"), ".3f", 7),
+        f"{row['gflops_ours']:>6.1f}", f"{row['gflops_gemm']:>6.1f}", f"{100 * row['fraction_of_ceiling']:>4.0f}%",
+        f"{row['gaussian/ours']:>7.2f}", f"{row['cauchy/ours']:>8.2f}", fmt(row.get("maxdiff_torch"), ".1e", 8),
     ]
     if sweep:
         b = row["best_blocks"]
@@ -173,41 +185,44 @@ def print_row(row, sweep):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results", help="directory for bench_attention.json")
-    p.add_argument("--threads", type=int, default=None, help="threads for attngeom and torch (default: attngeom's)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                   help="thread counts for attngeom and torch, each measured in turn (default: 1 2)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per configuration")
     p.add_argument("--blocks", action="store_true", help="also sweep (block_q, block_k) of the kernel")
     p.add_argument("--dtype", choices=["float32", "float64"], action="append",
                    help="restrict to this dtype (repeatable; default both)")
+    p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "N", "D"),
+                   help="restrict to this (batch, heads, n, d) shape (repeatable)")
     args = p.parse_args(argv)
 
-    if args.threads is not None:
-        ag.set_num_threads(args.threads)
-    threads = ag.get_num_threads()
     if torch is None:
         print("torch is not importable: the PyTorch SDPA column is skipped (install the 'bench' extra)")
-    else:
-        torch.set_num_threads(threads)
-
-    meta = {"threads": threads, "repeats": args.repeats, "numpy": np.__version__,
+    config = ag.show_config(file=open(os.devnull, "w"))
+    meta = {"repeats": args.repeats, "numpy": np.__version__,
             "torch": torch.__version__ if torch is not None else None, "python": platform.python_version(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "attngeom": dict(_core.build_config()),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "attngeom": config,
             "gemm_ceiling": "batched (n, n) @ (n, d) products with the same flop count"}
-    print(f"softmax attention, {threads} threads, median of {args.repeats} interleaved rounds; "
-          "ratios are time_ours / time_anchor (lower = attngeom faster)")
-    header = ["  dtype", "causal", "   B", "    n", "  d", "ours [ms]", "o/numpy", "o/torch", " o/gemm",
-              "  GF/s", "gemmGF", "%ceil", " maxdiff"]
+    print(f"softmax attention, attngeom level {config['isa']} (compiled: {config['isa_compiled']}), "
+          f"median of {args.repeats} interleaved rounds")
+    header = ["th", "  dtype", "causal", "     (B, H, n, d)", "ours [ms]", "torch/o", "o/numpy",
+              "  GF/s", "gemmGF", "%ceil", "gauss/o", "cauchy/o", " maxdiff"]
     if args.blocks:
         header.append("best blocks  GF/s")
     print("  ".join(header))
 
+    shapes = [tuple(s) for s in args.shape] if args.shape else SHAPES
     rng = np.random.default_rng(0)
     rows = []
-    for dtype in [t for t in DTYPES if not args.dtype or np.dtype(t).name in args.dtype]:
-        for causal in (False, True):
-            for shape in SHAPES:
-                row = bench_case(dtype, causal, shape, args.repeats, args.blocks, rng)
-                print_row(row, args.blocks)
-                rows.append(row)
+    for threads in args.threads:
+        ag.set_num_threads(threads)
+        if torch is not None:
+            torch.set_num_threads(threads)
+        for dtype in [t for t in DTYPES if not args.dtype or np.dtype(t).name in args.dtype]:
+            for causal in (False, True):
+                for shape in shapes:
+                    row = bench_case(dtype, causal, shape, args.repeats, args.blocks, rng)
+                    print_row(row, args.blocks)
+                    rows.append(row)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

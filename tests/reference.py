@@ -249,3 +249,32 @@ def matrix_pencil(f, L, M):
     W = vh[:M].T  # (L + 1, M): the rows of Y = U S Vh lie in the span of the rows of Vh
     F = np.linalg.pinv(W[:-1]) @ W[1:]
     return np.linalg.eigvals(F)
+
+
+def favor_attention(q, k, v, W, scale):
+    """FAVOR+ written out: phi(x) = exp(W x - |x|^2/2) / sqrt(m) of sqrt(scale) q and k, y = N/Z."""
+    root = math.sqrt(scale)
+
+    def phi(x):
+        x = x * root
+        return np.exp(x @ W.T - 0.5 * np.sum(x * x, -1, keepdims=True)) / math.sqrt(W.shape[0])
+
+    fq, fk = phi(q), phi(k)
+    num = fq @ (np.swapaxes(fk, -1, -2) @ v)
+    den = fq @ fk.sum(-2)[..., None]
+    return num / den
+
+
+def vector_ar1_steps(Phi, B, T, seed, burn_in):
+    """x_i = Phi_i x_{i-1} + e_i simulated step by step (Phi (D, D) or (T, D, D))."""
+    rng = np.random.default_rng(seed)
+    D = Phi.shape[-1]
+    x = np.zeros((B, D))
+    first = Phi if Phi.ndim == 2 else Phi[0]
+    for _ in range(burn_in):
+        x = x @ first.T + rng.standard_normal((B, D))
+    out = np.empty((B, T, D))
+    for t in range(T):
+        x = x @ (Phi if Phi.ndim == 2 else Phi[t]).T + rng.standard_normal((B, D))
+        out[:, t] = x
+    return out

@@ -6,6 +6,7 @@ import pytest
 from conftest import rel_err
 
 import attngeom as ag
+import reference as ref
 
 
 def head(rng, n_q=48, n_k=96, d=8, d_v=3, s=0.7):
@@ -71,6 +72,23 @@ def test_features_and_batches(rng):
     k = rng.standard_normal((8, 4)).astype(np.float32)
     y = ag.random_feature_attention(q, k, k, num_features=16)
     assert y.shape == (3, 8, 4) and y.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (37, 70), (130, 65)])
+def test_matches_reference(rng, dtype, tol, n_q, n_k):
+    """The core's feature map + lightning product equals FAVOR+ written out in NumPy."""
+    q = rng.standard_normal((2, n_q, 8)).astype(dtype)
+    k, v = rng.standard_normal((2, 2, n_k, 8)).astype(dtype)
+    y, log_z = ag.random_feature_attention(q, k, v, num_features=24, seed=3, scale=0.3,
+                                           return_log_partition=True)
+    W = ag.feature_matrix(8, 24, seed=3)
+    expected = ref.favor_attention(q.astype(float), k.astype(float), v.astype(float), W, 0.3)
+    assert y.dtype == dtype and log_z.dtype == dtype
+    assert rel_err(y, expected) <= tol
+    fq = np.exp((np.sqrt(0.3) * q.astype(float)) @ W.T - 0.15 * np.sum(q.astype(float) ** 2, -1, keepdims=True))
+    fk = np.exp((np.sqrt(0.3) * k.astype(float)) @ W.T - 0.15 * np.sum(k.astype(float) ** 2, -1, keepdims=True))
+    assert np.max(np.abs(log_z - np.log(fq @ fk.sum(-2)[..., None] / 24)[..., 0])) <= 100 * tol
 
 
 def test_bad_input(rng):

@@ -191,3 +191,14 @@ def test_bad_input(rng):
         ag.whiteness(x[:1])
     with pytest.raises(ValueError, match="Theta"):
         ag.vector_ma1(np.eye(3)[:2], 4, 5)
+
+
+@pytest.mark.parametrize("varying", [False, True])
+@pytest.mark.parametrize("burn_in", [0, 7])
+def test_vector_ar1_equals_step_by_step(rng, varying, burn_in):
+    """The kernel-driven AR(1) equals the step-by-step simulation with the same draws."""
+    D, T = 3, 11
+    Phi = 0.4 * rng.standard_normal((T, D, D) if varying else (D, D))
+    x = ag.vector_ar1(Phi, 4, T, seed=5, burn_in=burn_in)
+    assert x.shape == (4, T, D)
+    assert rel_err(x, ref.vector_ar1_steps(Phi, 4, T, 5, burn_in)) <= 1e-14

@@ -1,9 +1,11 @@
 // Build configuration and thread control.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <Eigen/Core>
 #include <string>
 
+#include "attngeom/isa.hpp"
 #include "attngeom/parallel.hpp"
 
 namespace py = pybind11;
@@ -45,12 +47,14 @@ std::string simd_flags() {
 void bind_config(py::module_& m) {
   m.def("get_num_threads", &attngeom::get_num_threads);
   m.def("set_num_threads", &attngeom::set_num_threads, py::arg("n"));
+  m.def("supported_levels", &attngeom::supported_levels);
   m.def("build_config", []() {
     py::dict d;
     d["version"] = ATTNGEOM_VERSION;
     d["eigen_version"] = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) +
                          "." + std::to_string(EIGEN_MINOR_VERSION);
     d["openmp"] = attngeom::has_openmp();
+    d["isa"] = attngeom::compiled_level();
     d["simd"] = simd_flags();
     d["eigen_simd"] = std::string(Eigen::SimdInstructionSetsInUse());
 #if defined(__VERSION__)

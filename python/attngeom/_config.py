@@ -29,8 +29,18 @@ def set_num_threads(n: int) -> None:
 
 
 def show_config(file=None) -> dict:
-    """Print and return the build configuration: version, Eigen version, OpenMP, threads, SIMD."""
+    """Print and return the build configuration.
+
+    Keys: version, Eigen version, OpenMP, compiler, ``isa`` (the instruction-set level in
+    use), ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
+    runs), ``simd`` (the compiler's flags of the level in use) and ``threads``. Set
+    ``ATTNGEOM_ISA=baseline|avx2|avx512`` before the import to force a level.
+
+    Example: ``ag.show_config()["isa"]`` is ``'avx512'`` on a CPU with AVX-512.
+    """
     cfg = dict(_core.build_config())
+    cfg["isa_compiled"] = " ".join(_core.COMPILED)
+    cfg["isa_supported"] = " ".join(_core.SUPPORTED)
     cfg["threads"] = get_num_threads()
     lines = [f"attngeom {cfg['version']}"]
     lines += [f"  {k:12s} {v}" for k, v in cfg.items() if k != "version"]

@@ -22,6 +22,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from . import _core
 from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
 from .attention import _causal_code
 from .lightning import lightning_attention
@@ -58,11 +59,12 @@ class RandomFeatures(NamedTuple):
     log_shift: np.ndarray
 
 
-def _features(x, W, shift_axes):
-    logits = x @ W.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)
-    shift = np.max(logits, axis=shift_axes, keepdims=True)
-    phi = np.exp(logits - shift) / math.sqrt(W.shape[0])
-    return phi, shift
+def _features(x, W, root, per_row):
+    """phi (..., n, m) and shift (..., n) of x (..., n, d) scaled by root, in the core."""
+    lead, (n, d) = x.shape[:-2], x.shape[-2:]
+    flat = np.ascontiguousarray(x.reshape((-1, n, d)))
+    phi, shift = _core.positive_features(flat, np.ascontiguousarray(W, dtype=x.dtype), float(root), bool(per_row))
+    return phi.reshape(lead + (n, W.shape[0])), shift.reshape(lead + (n,))
 
 
 def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, per_row: bool = True) -> RandomFeatures:
@@ -80,8 +82,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     check_finite("x", a)
     a = a.astype(compute_dtype(a), copy=False)
     W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
-    phi, shift = _features(a, W, -1 if per_row else (-2, -1))
-    return RandomFeatures(phi, np.broadcast_to(shift[..., 0], a.shape[:-1]).copy())
+    return RandomFeatures(*_features(a, W, 1.0, per_row))
 
 
 def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
@@ -119,10 +120,10 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
         raise ValueError(f"v must have shape (..., {ka.shape[-2]}, d_v), got {va.shape}")
     dt = compute_dtype(qa, ka, va)
     scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
-    root = dt.type(math.sqrt(scale))
+    root = math.sqrt(scale)
     W = feature_matrix(d_k, m, orthogonal=orthogonal, seed=seed).astype(dt)
-    phi_q, shift_q = _features(qa.astype(dt) * root, W, -1)
-    phi_k, shift_k = _features(ka.astype(dt) * root, W, (-2, -1))
+    phi_q, shift_q = _features(qa.astype(dt, copy=False), W, root, per_row=True)
+    phi_k, shift_k = _features(ka.astype(dt, copy=False), W, root, per_row=False)
     ones = np.ones(va.shape[:-1] + (1,), dt)
     out = lightning_attention(phi_q, phi_k, np.concatenate([va.astype(dt), ones], axis=-1), causal=causal)
     num, den = out[..., :-1], out[..., -1]
@@ -130,5 +131,5 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     if not return_log_partition:
         return y
     with np.errstate(divide="ignore"):
-        log_z = np.log(den) + shift_q[..., 0] + shift_k[..., 0, 0][..., None]
+        log_z = np.log(den) + shift_q + shift_k[..., :1]
     return y, log_z

@@ -105,8 +105,12 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         cdf = np.cumsum(np.exp(log_probs), axis=-1)
         cdf /= cdf[..., -1:]
         u = rng.random(batch + (n_q, S))
-        # inverse-CDF sampling, all rows at once: count the cdf entries below each draw
-        idx = np.minimum((cdf[..., None, :] < u[..., :, None]).sum(-1), n_k - 1)
+        # inverse-CDF sampling, one binary search per row: the first cdf entry >= the draw
+        rows_cdf, rows_u = cdf.reshape(-1, n_k), u.reshape(-1, S)
+        idx = np.empty(rows_u.shape, dtype=np.intp)
+        for r in range(rows_cdf.shape[0]):
+            idx[r] = np.searchsorted(rows_cdf[r], rows_u[r], side="left")
+        idx = np.minimum(idx, n_k - 1).reshape(u.shape)
         log_p = np.take_along_axis(log_probs, idx, -1)
 
     # logits of the sampled keys only: l = scale q_i . k_J

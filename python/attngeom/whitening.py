@@ -333,21 +333,29 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
 def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray:
     """x_i = Phi_i x_{i-1} + e_i (started in steady state by a burn-in): (B, T, D).
 
-    Phi (D, D) with spectral radius < 1, or (T, D, D) time-varying. Not block-tridiagonal:
-    its covariance decays geometrically with the lag.
+    Phi (D, D) with spectral radius < 1, or (T, D, D) time-varying (the burn-in uses Phi_0).
+    Not block-tridiagonal: its covariance decays geometrically with the lag. Computed by the
+    whitening recursion with L = I, M = -Phi run on the noise (:func:`whiten`), so the core
+    does the time loop.
+
+    Example: ``x = ag.vector_ar1(0.5 * np.eye(4), 8, 256, seed=1)``
     """
     ph = real_array("Phi", Phi).astype(np.float64)
     D = ph.shape[-1]
     if ph.shape not in ((D, D), (T, D, D)):
         raise ValueError(f"Phi must have shape ({D}, {D}) or ({T}, {D}, {D}), got {ph.shape}")
-    rng = np.random.default_rng(seed)
-    x = np.zeros((B, D))
-    first = ph if ph.ndim == 2 else ph[0]
-    for _ in range(burn_in):
-        x = x @ first.T + rng.standard_normal((B, D))
-    out = np.empty((B, T, D))
-    for t in range(T):
-        step = ph if ph.ndim == 2 else ph[t]
-        x = x @ step.T + rng.standard_normal((B, D))
-        out[:, t] = x
-    return out
+    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
+        raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
+    # The draws in the order of a step-by-step simulation: (burn_in + T) steps of (B, D).
+    e = np.random.default_rng(seed).standard_normal((burn_in + T, B, D)).transpose(1, 0, 2)
+    eye = np.eye(D)
+    if ph.ndim == 2:
+        x = _core.whiten(np.ascontiguousarray(e), eye, np.ascontiguousarray(-ph), True, 0, False)
+        return x[:, burn_in:]
+    # Time-varying: the burn-in with Phi_0, then its last state folded into the first draw.
+    noise = np.ascontiguousarray(e[:, burn_in:])
+    if burn_in:
+        state = _core.whiten(np.ascontiguousarray(e[:, :burn_in]), eye, np.ascontiguousarray(-ph[0]), True, 0, False)
+        noise[:, 0] += state[:, -1] @ ph[0].T
+    return _core.whiten(noise, np.ascontiguousarray(np.broadcast_to(eye, ph.shape)), np.ascontiguousarray(-ph),
+                        True, 0, True)
