@@ -19,6 +19,7 @@ from typing import Dict
 
 import numpy as np
 
+from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import tilt_radius
 from ..random_features import random_feature_attention
@@ -93,8 +94,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def plot_feature_error(self, axes=None):
         """Z's mean squared relative error and the output error against m, iid vs orthogonal."""
-        from .. import plotting
-
         m = self.num_features.astype(float)
         ref = self.z_mse["iid"][0] * m[0] / m
         return plotting.curve_panels(m, [
@@ -104,8 +103,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def plot_sampling_variance(self, ax=None):
         """Mean squared relative error of the importance-sampled Z against tau, per proposal."""
-        from .. import plotting
-
         curves = {**dict(self.sampling_mse), "uniform, exact": self.uniform_exact}
         return plotting.curve_panels(self.tau, [(r"mean $(\hat Z / Z - 1)^2$", curves, "log")],
                                      r"mean Laplace radius $\tau$", axes=None if ax is None else [ax],
@@ -113,7 +110,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def figures(self) -> dict:
         return {"feature_error.png": self.plot_feature_error(), "sampling_variance.png": self.plot_sampling_variance()}
-
 
 
 def _draw_seed(seed: int, stream: int, draw: int) -> int:
