@@ -33,7 +33,7 @@ def test_head_operator_takes_the_row_convention_ov_circuit(rng):
     P, X = stochastic(rng, n, n), rng.standard_normal((n, d))
     W_V, W_O = rng.standard_normal((d, h)), rng.standard_normal((h, d))
     assert rel_err(ag.head_operator(P, W_V @ W_O, X), P @ (X @ W_V) @ W_O) <= 1e-14
-    with pytest.raises(ValueError, match=r"W_OV must have shape \(\.\.\., 6, d_out\)"):
+    with pytest.raises(ValueError, match=r"W_OV must have shape \(\.\.\., d_model, d_out\) with 6 rows \(the columns of X"):
         ag.head_operator(P, rng.standard_normal((3, d)), X)
 
 

@@ -24,6 +24,17 @@ from .subspace import Subspace
 
 
 # -- heads as tensor products --------------------------------------------------------------
+def _product(*factors):
+    """The checked factors (name, array, expected shape) of a matrix product, in product
+    order: each factor's rows must match the columns of the one before it."""
+    arrays = [operand(name, a, expected) for name, a, expected in factors]
+    for (left, _, _), a, (right, _, expected), b in zip(factors, arrays, factors[1:], arrays[1:]):
+        if a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"{right} must have shape {expected} with {a.shape[-1]} rows (the columns of {left} "
+                             f"{a.shape}), got {b.shape}")
+    return arrays
+
+
 @renamed_arguments(P="routing")
 def head_operator(routing, W_OV, X):
     """P X W_OV: a head with frozen routing P applied to tokens X (the notes' "single-head
@@ -36,15 +47,8 @@ def head_operator(routing, W_OV, X):
 
     Example: ``y = ag.head_operator(P, W_V @ W_O, X)``
     """
-    P = operand("routing", routing, "(..., n, n_k)")
-    W = operand("W_OV", W_OV, "(..., d_model, d_out)")
-    X = operand("X", X, "(..., n_k, d_model)")
-    if P.shape[-1] != X.shape[-2]:
-        raise ValueError(f"routing (..., n, n_k) and X (..., n_k, d_model) disagree on n_k: routing {P.shape}, "
-                         f"X {X.shape}")
-    if W.shape[-2] != X.shape[-1]:
-        raise ValueError(f"W_OV must have shape (..., {X.shape[-1]}, d_out) (row convention x -> x W_OV), "
-                         f"got {W.shape}")
+    P, X, W = _product(("routing", routing, "(..., n, n_k)"), ("X", X, "(..., n_k, d_model)"),
+                       ("W_OV", W_OV, "(..., d_model, d_out)"))
     return P @ X @ W
 
 
@@ -59,15 +63,8 @@ def virtual_head(routing1, W_OV1, routing2, W_OV2):
 
     Example: ``P, W = ag.virtual_head(P1, W1, P2, W2)``
     """
-    P1 = operand("routing1", routing1, "(..., n1, n0)")
-    P2 = operand("routing2", routing2, "(..., n2, n1)")
-    W1 = operand("W_OV1", W_OV1, "(..., d0, d1)")
-    W2 = operand("W_OV2", W_OV2, "(..., d1, d2)")
-    if P2.shape[-1] != P1.shape[-2]:
-        raise ValueError(f"routing2 (..., n2, n1) must act on routing1's output rows: routing1 {P1.shape}, "
-                         f"routing2 {P2.shape}")
-    if W2.shape[-2] != W1.shape[-1]:
-        raise ValueError(f"W_OV2 (..., d1, d2) must act on W_OV1's output: W_OV1 {W1.shape}, W_OV2 {W2.shape}")
+    P2, P1 = _product(("routing2", routing2, "(..., n2, n1)"), ("routing1", routing1, "(..., n1, n0)"))
+    W1, W2 = _product(("W_OV1", W_OV1, "(..., d0, d1)"), ("W_OV2", W_OV2, "(..., d1, d2)"))
     return P2 @ P1, W1 @ W2
 
 

@@ -32,7 +32,7 @@ from ..laplace_radon import head_probe
 from ..point_sets import reconstruct_points, recover_keys
 from ..radon import iradon, iradon_sart, limited_angle, radon, rms_error, shepp_logan_phantom
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 from .timing import timed
 
 
@@ -374,9 +374,7 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
     Example: ``res = run_inverse(InverseConfig(max_nodes=12, phantom_size=64, n_angles=64)); res.table()``
     """
     c = config
-    if c.max_nodes < 1 or c.node_draws < 1 or c.n_eta < 2 or c.noise_draws < 1 or c.n_wedges < 2:
-        raise ValueError(f"need max_nodes, node_draws, noise_draws >= 1 and n_eta, n_wedges >= 2, got "
-                         f"{c.max_nodes}, {c.node_draws}, {c.noise_draws}, {c.n_eta}, {c.n_wedges}")
+    check_minimums(c, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
     if not 0 < c.node_gap < 1:
         raise ValueError(f"node_gap must lie in (0, 1) (a fraction of the mean spacing), got {c.node_gap}")
     if not 0 <= c.max_wedge < 180:

@@ -20,7 +20,7 @@ from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 
 
 @dataclass
@@ -143,8 +143,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
     c = config
-    if c.n_layers < 1 or c.n_sigma < 2:
-        raise ValueError(f"n_layers must be >= 1 and n_sigma >= 2, got {c.n_layers} and {c.n_sigma}")
+    check_minimums(c, n_layers=1, n_sigma=2)
     rng = np.random.default_rng(c.seed)
     # (1) the identity on unit-norm queries and keys (cross-attention, separate values)
     q = _unit(rng, (c.n_examples, c.n_tokens, c.d))

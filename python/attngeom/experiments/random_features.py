@@ -25,7 +25,7 @@ from ..laplace_radon import tilt_radius
 from ..random_features import random_feature_attention
 from ..sampling import sampled_attention
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 
 FEATURE_KINDS = ("iid", "orthogonal")
 PROPOSALS = ("uniform", "tilted")
@@ -123,9 +123,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
     Example: ``res = run_random_features(RandomFeaturesConfig(feature_draws=10)); res.table()``
     """
     c = config
-    if not 1 <= c.min_features <= c.max_features or c.n_tau < 2:
-        raise ValueError(f"need 1 <= min_features <= max_features and n_tau >= 2, got {c.min_features}, "
-                         f"{c.max_features}, {c.n_tau}")
+    check_minimums(c, min_features=1, max_features=c.min_features, n_tau=2)
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))

@@ -32,7 +32,7 @@ from ..whitening import (
     whiteness,
 )
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 from .timing import median_time
 
 
@@ -142,8 +142,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
     Example: ``res = run_whitening(WhiteningConfig(batch=500)); res.summary()["relative_whiteness_stationary"]``
     """
     c = config
-    if c.n_phi < 2 or c.T < 2:
-        raise ValueError(f"n_phi and T must be >= 2, got {c.n_phi} and {c.T}")
+    check_minimums(c, n_phi=2, T=2)
     rng = np.random.default_rng(c.seed)
     Q = np.linalg.qr(rng.standard_normal((c.D, c.D)))[0]
     phi = np.linspace(0.0, c.phi_max, c.n_phi)
