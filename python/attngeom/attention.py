@@ -14,9 +14,6 @@ A query that sees no key (a fully masked row) returns zeros and log Z = -inf.
 from __future__ import annotations
 
 import math
-from typing import Optional
-
-import numpy as np
 
 from . import _core
 from ._operands import AttentionOperands, operand, scalar
