@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import attngeom as ag
-from attngeom.experiments._timing import median_time
+from attngeom.experiments.timing import median_time
 
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import attngeom as ag
-from attngeom.experiments._timing import median_time
+from attngeom.experiments.timing import median_time
 
 NS = [1024, 2048, 4096, 8192]
 

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.linalg as sl
 
 import attngeom as ag
-from attngeom.experiments._timing import median_time
+from attngeom.experiments.timing import median_time
 from attngeom import _core
 
 

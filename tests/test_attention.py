@@ -203,6 +203,10 @@ def test_bad_inputs(rng, fn):
         f(q, k[..., :2], v)
     with pytest.raises(ValueError, match=r"v must have shape .*n_k = 6"):
         f(q, k, v[:, :5])
+    # a transposed q is blamed on q (its rows match the keys' width), not on k
+    with pytest.raises(ValueError, match=r"^q must have shape \(\.\.\., n_q, d_k\) with d_k = 3 \(from k\), "
+                                         r"got \(2, 3, 5\): is q transposed\?"):
+        f(np.swapaxes(q, -1, -2), k, v)
     with pytest.raises(ValueError, match=r"batch dimensions do not broadcast"):
         f(q, np.concatenate([k, k, k]), np.concatenate([v, v, v]))
     qn = q.copy()

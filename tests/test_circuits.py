@@ -19,11 +19,41 @@ def test_head_operator_is_the_kronecker_product(rng):
     n, d = 5, 4
     A, W, X = stochastic(rng, n, n), rng.standard_normal((d, d)), rng.standard_normal((n, d))
     y = ag.head_operator(A, W, X)
-    # (A (x) W) acting on vec(X) with X's rows as positions: np.kron(A, W) @ X.ravel()
-    assert rel_err(y.ravel(), np.kron(A, W) @ X.ravel()) <= 1e-14
-    # the notes' NumPy tensor form A[:, :, None, None] * W[None, None, :, :]
-    T = A[:, :, None, None] * W[None, None, :, :]
+    # W is the row-convention W_OV (x -> x W_OV); the notes' column matrix is W^T, and their
+    # (A (x) W^T) acting on vec(X) with X's rows as positions is np.kron(A, W.T) @ X.ravel()
+    assert rel_err(y.ravel(), np.kron(A, W.T) @ X.ravel()) <= 1e-14
+    # the notes' NumPy tensor form A[:, :, None, None] * W_col[None, None, :, :]
+    T = A[:, :, None, None] * W.T[None, None, :, :]
     assert rel_err(y, np.einsum("ijab,jb->ia", T, X)) <= 1e-14
+
+
+def test_head_operator_takes_the_row_convention_ov_circuit(rng):
+    """W_OV = W_V W_O (TransformerLens layout): the head's output is P (X W_V) W_O."""
+    n, d, h = 5, 6, 2
+    P, X = stochastic(rng, n, n), rng.standard_normal((n, d))
+    W_V, W_O = rng.standard_normal((d, h)), rng.standard_normal((h, d))
+    assert rel_err(ag.head_operator(P, W_V @ W_O, X), P @ (X @ W_V) @ W_O) <= 1e-14
+    with pytest.raises(ValueError, match=r"W_OV must have shape \(\.\.\., d_model, d_out\) with 6 rows \(the columns of X"):
+        ag.head_operator(P, rng.standard_normal((3, d)), X)
+
+
+def test_deprecated_routing_keywords(rng):
+    n, d = 4, 3
+    P1, P2, X = stochastic(rng, n, n), stochastic(rng, n, n), rng.standard_normal((n, d))
+    W1, W2 = rng.standard_normal((2, d, d))
+    with pytest.warns(DeprecationWarning, match="'P' is deprecated, use 'routing'"):
+        old = ag.head_operator(P=P1, W_OV=W1, X=X)
+    np.testing.assert_array_equal(old, ag.head_operator(routing=P1, W_OV=W1, X=X))
+    with pytest.warns(DeprecationWarning) as record:
+        old = ag.virtual_head(P1=P1, W_OV1=W1, P2=P2, W_OV2=W2)
+    messages = [str(w.message) for w in record]
+    assert any("'P1' is deprecated, use 'routing1'" in m for m in messages)
+    assert any("'P2' is deprecated, use 'routing2'" in m for m in messages)
+    new = ag.virtual_head(routing1=P1, W_OV1=W1, routing2=P2, W_OV2=W2)
+    np.testing.assert_array_equal(old[0], new[0])
+    np.testing.assert_array_equal(old[1], new[1])
+    with pytest.raises(TypeError, match="both 'P'"):
+        ag.head_operator(routing=P1, W_OV=W1, X=X, P=P1)
 
 
 def test_virtual_head_mixed_product(rng):
@@ -35,7 +65,9 @@ def test_virtual_head_mixed_product(rng):
     seq = ag.head_operator(P2, W2, ag.head_operator(P1, W1, X))
     assert rel_err(ag.head_operator(P, W, X), seq) <= 1e-14
     with pytest.raises(ValueError, match="W_OV2"):
-        ag.virtual_head(P1, W1, P2, np.ones((d, d + 1)))
+        ag.virtual_head(P1, W1, P2, np.ones((d + 1, d)))
+    # row convention: the virtual OV map is W1 W2
+    np.testing.assert_allclose(W, W1 @ W2)
 
 
 def dense_scores(Q, K, V, O, mode):
@@ -88,7 +120,7 @@ def test_path_expansion_sums_to_forward(rng):
         # direct forward pass, written out
         r = x.copy()
         for l in range(L):
-            r = r + sum(P[l, h] @ r @ W[l, h].T for h in range(H))
+            r = r + sum(P[l, h] @ r @ W[l, h] for h in range(H))
             if mlp is not None:
                 r = r + r @ mlp[l].T
         assert rel_err(ex.forward, r) <= 1e-13
@@ -96,8 +128,8 @@ def test_path_expansion_sums_to_forward(rng):
         assert len(ex.paths) == (H + 1) ** L * (2 ** L if mlp is not None else 1)
     ex = ag.path_expansion(P, W, x)
     np.testing.assert_allclose(ex.paths[()], x)
-    np.testing.assert_allclose(ex.paths[((0, 1),)], P[0, 1] @ x @ W[0, 1].T)
-    np.testing.assert_allclose(ex.paths[((0, 1), (2, 0))], P[2, 0] @ P[0, 1] @ x @ W[0, 1].T @ W[2, 0].T)
+    np.testing.assert_allclose(ex.paths[((0, 1),)], P[0, 1] @ x @ W[0, 1])
+    np.testing.assert_allclose(ex.paths[((0, 1), (2, 0))], P[2, 0] @ P[0, 1] @ x @ W[0, 1] @ W[2, 0])
     # a virtual two-head path is the virtual head applied to x
     Pv, Wv = ag.virtual_head(P[0, 1], W[0, 1], P[2, 0], W[2, 0])
     assert rel_err(ex.paths[((0, 1), (2, 0))], ag.head_operator(Pv, Wv, x)) <= 1e-14
@@ -219,7 +251,7 @@ def test_mlp_key_value(rng, activation):
 
 
 def test_bad_input(rng):
-    with pytest.raises(ValueError, match="P"):
+    with pytest.raises(ValueError, match="routing"):
         ag.head_operator(np.ones((3, 4)), np.eye(2), np.ones((3, 2)))
     with pytest.raises(ValueError, match="X contains NaN"):
         ag.head_operator(np.eye(2), np.eye(2), np.full((2, 2), np.nan))

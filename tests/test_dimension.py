@@ -39,7 +39,7 @@ def test_forward_is_the_deep_network(rng):
     Vs = [V for _, _, V in weights]
     assert rel_err(ag.network_forward(weights, X), ag.deep_lightning(X, As, Vs)) <= 1e-13
     assert rel_err(ag.network_forward(weights, X, kind="softmax", temperature=0.7),
-                   ag.deep_lightning(X, As, Vs, normalize=True, temperature=0.7)) <= 1e-13
+                   ag.deep_lightning(X, As, Vs, kind="softmax", temperature=0.7)) <= 1e-13
     # the Jacobian is linear in each layer's V: phi is trilinear in (Q, K, V) per layer
     J = ag.parametrization_jacobian(weights[:1], X)
     P = ag.parameter_count(d[:2], a[:1])

@@ -114,3 +114,12 @@ def test_errors(rng):
         ag.head_diagnostics(W_Q, W_K, x=np.full((5, 24), np.nan))
     with pytest.raises(ValueError, match="rtol"):
         ag.head_diagnostics(W_Q, W_K, rtol=-1)
+
+
+def test_attention_heatmap_deprecated_keyword(rng):
+    pytest.importorskip("matplotlib")
+    P = rng.random((4, 4))
+    with pytest.warns(DeprecationWarning, match="'P' is deprecated, use 'routing'"):
+        old = ag.plotting.attention_heatmap(P=P)
+    new = ag.plotting.attention_heatmap(routing=P)
+    np.testing.assert_array_equal(old.axes[0].images[0].get_array(), new.axes[0].images[0].get_array())

@@ -62,7 +62,7 @@ def test_layer_is_the_papers_equation(rng):
     y = ag.lightning_layer(x, A, V)
     for b in range(2):
         assert rel_err(y[b].T, ref.lightning_layer_columns(x[b].T, A, V)) <= 1e-13
-    yn = ag.lightning_layer(x, A, V, normalize=True, temperature=2.0)
+    yn = ag.lightning_layer(x, A, V, kind="softmax", temperature=2.0)
     for b in range(2):
         assert rel_err(yn[b].T, ref.normalized_layer_columns(x[b].T, A, V, 2.0)) <= 1e-13
 
@@ -80,8 +80,8 @@ def test_homogeneity_and_rescaling_fiber(rng):
     assert rel_err(ag.deep_lightning(1.5 * x, [A, A2], [V, V2]), 1.5 ** 9 * deep) <= 1e-12
     assert rel_err(deep, ag.lightning_layer(ag.lightning_layer(x, A, V), A2, V2)) <= 1e-14
     # the normalised network has no rescaling fiber
-    yn = ag.lightning_layer(x, A, V, normalize=True)
-    assert rel_err(ag.lightning_layer(x, 2 * A, V / 2, normalize=True), yn) > 1e-3
+    yn = ag.lightning_layer(x, A, V, kind="softmax")
+    assert rel_err(ag.lightning_layer(x, 2 * A, V / 2, kind="softmax"), yn) > 1e-3
 
 
 def test_rank_one_swap_theorem_3_2(rng):
@@ -106,7 +106,7 @@ def test_layer_errors(rng):
     with pytest.raises(ValueError, match="V must have shape"):
         ag.lightning_layer(x, A, V[:, :3])
     with pytest.raises(ValueError, match="temperature"):
-        ag.lightning_layer(x, A, V, normalize=True, temperature=0)
+        ag.lightning_layer(x, A, V, kind="softmax", temperature=0)
     with pytest.raises(ValueError, match="Vs\\[1\\]"):
         ag.deep_lightning(x, [A, np.eye(3)], [V, np.ones((2, 4))])
     with pytest.raises(ValueError, match="As\\[1\\]"):
@@ -115,3 +115,16 @@ def test_layer_errors(rng):
         ag.deep_lightning(x, [A], [])
     with pytest.raises(ValueError, match="x contains NaN"):
         ag.lightning_layer(np.full((3, 4), np.nan), A, V)
+
+
+def test_deprecated_normalize_keyword(rng):
+    x, A, V = rng.standard_normal((2, 5, 3)), rng.standard_normal((3, 3)), rng.standard_normal((2, 3))
+    for normalize, kind in ((True, "softmax"), (False, "lightning")):
+        with pytest.warns(DeprecationWarning, match="normalize= is deprecated"):
+            old = ag.lightning_layer(x, A, V, normalize=normalize)
+        np.testing.assert_array_equal(old, ag.lightning_layer(x, A, V, kind=kind))
+        with pytest.warns(DeprecationWarning, match="normalize= is deprecated"):
+            old = ag.deep_lightning(x, [A], [V], normalize=normalize, temperature=0.5)
+        np.testing.assert_array_equal(old, ag.deep_lightning(x, [A], [V], kind=kind, temperature=0.5))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ag.lightning_layer(x, A, V, kind="normalized")

@@ -419,6 +419,17 @@ def test_routing_nulls_one_hot_with_repeated_columns():
     assert np.all(r.null.contains([[0, 0, 0, 1, -1]]))
 
 
+def test_routing_nulls_deprecated_keyword(rng):
+    P = rng.random((5, 4))
+    with pytest.warns(DeprecationWarning, match="'P' is deprecated, use 'routing'"):
+        old = ag.routing_nulls(P=P)
+    new = ag.routing_nulls(routing=P)
+    assert old.rank == new.rank and old.nullity == new.nullity
+    np.testing.assert_array_equal(old.singular_values, new.singular_values)
+    with pytest.raises(ValueError, match="routing must have shape"):
+        ag.routing_nulls(np.ones(4))
+
+
 def test_routing_nulls_batched_softmax(rng):
     q = rng.standard_normal((2, 3, 10, 4))
     k = rng.standard_normal((2, 3, 12, 4))

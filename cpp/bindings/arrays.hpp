@@ -9,7 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "attngeom/attention.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom::bindings {
 
@@ -52,7 +52,5 @@ Mask<T> mask(const std::optional<CArray<uint8_t>>& keep, const std::optional<CAr
   m.col_stride = (mk == n_k && n_k > 1) ? 1 : 0;
   return m;
 }
-
-inline int64_t batch_size(const CArray<int64_t>& idx) { return idx.shape(0); }
 
 }  // namespace attngeom::bindings

@@ -1,15 +1,12 @@
-// Benchmark-only helpers: the machine's batched GEMM ceiling, computed the way the
-// attention kernel computes its blocks (Eigen row-major products, OpenMP over the batch,
-// Eigen itself single-threaded).
+// pybind11 glue for bench.hpp (benchmark-only: the batched GEMM ceiling).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <Eigen/Core>
 #include <cstdint>
 #include <stdexcept>
 
 #include "arrays.hpp"
-#include "attngeom/kernels.hpp"
+#include "attngeom/bench.hpp"
 
 namespace py = pybind11;
 using namespace attngeom;
@@ -27,18 +24,9 @@ void def_bench(py::module_& m) {
         if (b.shape(0) != batch || b.shape(1) != inner)
           throw std::invalid_argument("batched_gemm: shapes (B, m, k) and (B, k, n) do not match");
         CArray<T> c({batch, rows, cols});
-        const T* pa = a.data();
-        const T* pb = b.data();
-        T* pc = c.mutable_data();
         {
           py::gil_scoped_release release;
-          using CMap = Eigen::Map<const RowMatrix<T>>;
-          using Map = Eigen::Map<RowMatrix<T>>;
-#pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < batch; ++i) {
-            Map C(pc + i * rows * cols, rows, cols);
-            C.noalias() = CMap(pa + i * rows * inner, rows, inner) * CMap(pb + i * inner * cols, inner, cols);
-          }
+          batched_gemm<T>(batch, rows, inner, cols, a.data(), b.data(), c.mutable_data());
         }
         return c;
       },

@@ -17,23 +17,6 @@ namespace {
 template <class T>
 void def_dimension(py::module_& m) {
   m.def(
-      "network_forward",
-      [](const std::vector<int64_t>& d, const std::vector<int64_t>& a, const CArray<T>& params, const CArray<T>& x,
-         bool softmax, double temperature) {
-        const NetworkShape s{d, a};
-        s.check();
-        if (params.size() != s.parameters()) throw std::invalid_argument("internal: parameter count");
-        const int64_t n = x.shape(0), t = x.shape(1);
-        CArray<T> out({n, t, d.back()});
-        {
-          py::gil_scoped_release release;
-          network_forward<T>(s, params.data(), n, t, x.data(), softmax, T(temperature), out.mutable_data());
-        }
-        return out;
-      },
-      py::arg("d"), py::arg("a"), py::arg("params").noconvert(), py::arg("x").noconvert(), py::arg("softmax"),
-      py::arg("temperature"));
-  m.def(
       "network_jacobian",
       [](const std::vector<int64_t>& d, const std::vector<int64_t>& a, const CArray<T>& params, const CArray<T>& x,
          bool softmax, double temperature) {

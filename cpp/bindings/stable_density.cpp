@@ -2,6 +2,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 #include "attngeom/stable_density.hpp"
 
 namespace py = pybind11;
@@ -11,15 +13,10 @@ void bind_stable_density(py::module_& m) {
       "stable_density",
       [](const py::array_t<double, py::array::c_style>& x, double alpha, double c, bool log) {
         const auto density = attngeom::StableDensity::shared(alpha, c);
-        const attngeom::StableDensity& f = *density;
         py::array_t<double> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-        const double* in = x.data();
-        double* o = out.mutable_data();
-        const py::ssize_t n = x.size();
         {
           py::gil_scoped_release release;
-#pragma omp parallel for schedule(static)
-          for (py::ssize_t i = 0; i < n; ++i) o[i] = log ? f.log_density(in[i]) : f(in[i]);
+          density->evaluate(x.data(), x.size(), log, out.mutable_data());
         }
         return out;
       },

@@ -1,5 +1,9 @@
 #include "attngeom/parallel.hpp"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <stdexcept>
 
 namespace attngeom {

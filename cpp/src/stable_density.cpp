@@ -243,6 +243,11 @@ double StableDensity::log_density(double x) const {
 
 double StableDensity::operator()(double x) const { return std::exp(log_density(x)); }
 
+void StableDensity::evaluate(const double* x, int64_t n, bool log, double* out) const {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = log ? log_density(x[i]) : (*this)(x[i]);
+}
+
 std::shared_ptr<const StableDensity> StableDensity::shared(double alpha, double c) {
   static std::mutex mutex;
   static std::map<std::pair<double, double>, std::shared_ptr<const StableDensity>> cache;

@@ -21,6 +21,7 @@ from .sampling import SampledAttention, sampled_attention
 from .laplace_radon import (
     LogTransform,
     Transform,
+    head_probe,
     laplace_radon_attention,
     laplace_radon_transform,
     log_partition_gradient,
@@ -100,18 +101,8 @@ from .whitening import (
     whitened_attention,
     whiteness,
 )
-from .inverse import (
-    DensityFit,
-    ExponentialSum,
-    PointSet,
-    RecoveredHead,
-    fit_exponential_sum,
-    head_probe,
-    invert_laplace_density,
-    reconstruct_points,
-    recover_keys,
-    wasserstein1,
-)
+from .inverse import DensityFit, ExponentialSum, fit_exponential_sum, invert_laplace_density, wasserstein1
+from .point_sets import PointSet, RecoveredHead, reconstruct_points, recover_keys
 from .radon import (
     circle_mask,
     fourier_filter,

@@ -14,117 +14,11 @@ A query that sees no key (a fully masked row) returns zeros and log Z = -inf.
 from __future__ import annotations
 
 import math
-from typing import Optional
-
-import numpy as np
 
 from . import _core
-from ._arrays import (
-    batch_operands,
-    broadcast_batch,
-    check_finite,
-    check_min_ndim,
-    check_nonempty,
-    compute_dtype,
-    real_array,
-    scalar,
-)
+from ._operands import AttentionOperands, operand, scalar
 from .kernels import kernel_params
-
-_CAUSAL = {None: 0, False: 0, True: 1, "top_left": 1, "bottom_right": 2}
-
-
-def _causal_code(causal) -> int:
-    try:
-        return _CAUSAL[causal]
-    except (KeyError, TypeError):
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
-
-
-class _Problem:
-    """Checked and broadcast operands of one attention call (queries given as q or as u, tau)."""
-
-    def __init__(self, q, k, v, *, qname="q", tau=None, mask=None, causal=False):
-        q = real_array(qname, q)
-        k = real_array("k", k)
-        check_min_ndim(qname, q, 2, "(..., n_q, d_k)")
-        check_min_ndim("k", k, 2, "(..., n_k, d_k)")
-        # v=None: no values, only the partition (a zero-width value block).
-        checks = [(qname, q, "(..., n_q, d_k)"), ("k", k, "(..., n_k, d_k)")]
-        if v is None:
-            v = np.empty(k.shape[:-1] + (0,), k.dtype)
-        else:
-            v = real_array("v", v)
-            check_min_ndim("v", v, 2, "(..., n_k, d_v)")
-            checks.append(("v", v, "(..., n_k, d_v)"))
-        for name, a, exp in checks:
-            check_nonempty(name, a, exp)
-        n_q, d_k = q.shape[-2:]
-        n_k = k.shape[-2]
-        if k.shape[-1] != d_k:
-            raise ValueError(f"k must have shape (..., n_k, d_k) with d_k = {d_k} (from {qname}), got {k.shape}")
-        if v.shape[-2] != n_k:
-            raise ValueError(f"v must have shape (..., n_k, d_v) with n_k = {n_k} (from k), got {v.shape}")
-        named = [(qname, q, 2), ("k", k, 2), ("v", v, 2)]
-        arrays = [q, k, v]
-        if tau is not None:
-            tau = real_array("tau", tau)
-            if tau.ndim < 1 or tau.shape[-1] not in (n_q, 1):
-                raise ValueError(f"tau must have shape (..., n_q) with n_q = {n_q} (from {qname}), got {tau.shape}")
-            check_nonempty("tau", tau, "(..., n_q)")
-            if tau.shape[-1] == 1 and n_q != 1:
-                tau = np.broadcast_to(tau, tau.shape[:-1] + (n_q,))
-            named.append(("tau", tau, 1))
-            arrays.append(tau)
-        self.dtype = compute_dtype(*arrays)
-        for name, a, _ in named:
-            check_finite(name, a)
-        self.mask_kind = None
-        if mask is not None:
-            mask = real_array("mask", mask, allow_bool=True)
-            check_nonempty("mask", mask, "broadcastable to (..., n_q, n_k)")
-            if mask.ndim < 2:
-                mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
-            if mask.shape[-2] not in (1, n_q) or mask.shape[-1] not in (1, n_k):
-                raise ValueError(
-                    f"mask must be broadcastable to (..., n_q, n_k) = (..., {n_q}, {n_k}), got {mask.shape}")
-            if mask.dtype.kind == "b":
-                self.mask_kind = "keep"
-            else:
-                if np.any(np.isnan(mask)) or np.any(mask == np.inf):
-                    raise ValueError("mask (additive) must not contain NaN or +inf; use -inf to hide a key")
-                self.mask_kind = "bias"
-            named.append(("mask", mask, 2))
-        self.batch_shape = broadcast_batch(named)
-        dtypes = [self.dtype] * len(named)
-        if self.mask_kind == "keep":
-            dtypes[-1] = np.uint8
-        ops = batch_operands(self.batch_shape, [a for _, a, _ in named], [c for _, _, c in named], dtypes)
-        self.q, self.k, self.v = ops[:3]
-        self.tau = ops[3] if tau is not None else None
-        self.mask = ops[-1] if mask is not None else None
-        self.batch = int(np.prod(self.batch_shape, dtype=np.int64))
-        self.n_q, self.n_k, self.d_k, self.d_v = n_q, n_k, d_k, v.shape[-1]
-        self.causal = _causal_code(causal)
-
-    def mask_args(self):
-        if self.mask is None:
-            return None, None, None
-        if self.mask_kind == "keep":
-            return self.mask.array, None, self.mask.index
-        return None, self.mask.array, self.mask.index
-
-    def shaped(self, a: Optional[np.ndarray], *core):
-        return None if a is None else a.reshape(self.batch_shape + core)
-
-
-def _pack(y, weights, log_partition, return_weights, return_log_partition):
-    out = (y,)
-    if return_weights:
-        out += (weights,)
-    if return_log_partition:
-        out += (log_partition,)
-    return out[0] if len(out) == 1 else out
+from .laplace_radon import ridge_attention, tilt_radius
 
 
 def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_weights=False,
@@ -162,26 +56,13 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
 
     Example: ``y = ag.softmax_attention(q, k, v, causal=True)``
     """
-    pr = _Problem(q, k, v, mask=mask, causal=causal)
+    pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
     scale = 1.0 / math.sqrt(pr.d_k) if scale is None else scalar("scale", scale)
     keep, bias, mi = pr.mask_args()
     y, w, lz = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
                                        pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
                                        bool(return_log_partition))
-    return _pack(pr.shaped(y, pr.n_q, pr.d_v), pr.shaped(w, pr.n_q, pr.n_k), pr.shaped(lz, pr.n_q),
-                 return_weights, return_log_partition)
-
-
-def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_weights=False,
-                    return_log_partition=False):
-    """Shared path of kernel_attention and laplace_radon_attention (parameters checked there)."""
-    pr = _Problem(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal)
-    keep, bias, mi = pr.mask_args()
-    y, w, lz = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                     pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel, params,
-                                     bool(return_weights), bool(return_log_partition))
-    return _pack(pr.shaped(y, pr.n_q, pr.d_v), pr.shaped(w, pr.n_q, pr.n_k), pr.shaped(lz, pr.n_q),
-                 return_weights, return_log_partition)
+    return pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
 
 
 def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
@@ -215,11 +96,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     Example: ``y = ag.kernel_attention(q, k, v, kernel="gaussian", sigma=0.5)``
     """
     name, p = kernel_params(kernel, params)
-    from .laplace_radon import tilt_radius
-
-    q = real_array("q", q)
-    check_min_ndim("q", q, 2, "(..., n_q, d_k)")
-    check_finite("q", q)
+    q = operand("q", q, "(..., n_q, d_k)", dtype=None)
     u, tau = tilt_radius(q, scale=scale)
     return ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
                            return_weights=return_weights, return_log_partition=return_log_partition)

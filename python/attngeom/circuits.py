@@ -3,12 +3,13 @@ the layer-norm Jacobian, MoE routing, latent (MLA) factorisation, MLP key-value 
 
 Source: the lecture notes "linear algebra applications for transformers" (cited by the
 notes' headings). Conventions: tokens are rows, X (n, d_model). A head with attention
-(routing) matrix A (n, n) and OV matrix W_OV acting on column vectors (the notes' and
-transformer-circuits' convention, W_OV = W_O W_V) maps X to (A (x) W_OV) X = A X W_OV^T.
-Stacked head weights use TransformerLens's row convention and layout: W_Q, W_K, W_V
-(n_layers, n_heads, d_model, d_head), W_O (n_layers, n_heads, d_head, d_model), so the
-row-convention OV circuit is W_V W_O (= W_OV^T) and QK is W_Q W_K^T; d_model x d_model
-products are never formed.
+(routing) matrix P (n, n) and OV matrix W_OV maps X to P X W_OV, where W_OV is always the
+library's row-convention map x -> x W_V W_O (d_model x d_model; DESIGN "One vocabulary").
+The notes and transformer-circuits write the column-convention matrix W_O W_V acting on
+column vectors, which is W_OV^T: their (A (x) W_OV) X is our P X W_OV. Stacked head weights
+use TransformerLens's row convention and layout: W_Q, W_K, W_V (n_layers, n_heads,
+d_model, d_head), W_O (n_layers, n_heads, d_head, d_model), so W_OV = W_V @ W_O and
+QK is W_Q W_K^T; d_model x d_model products are never formed.
 """
 from __future__ import annotations
 
@@ -18,57 +19,53 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from ._operands import operand, renamed_arguments, scalar
 from .subspace import Subspace
 
 
-def _array(name, x, ndim=None, expected=""):
-    a = real_array(name, x)
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
-    check_nonempty(name, a, expected)
-    check_finite(name, a)
-    return a.astype(compute_dtype(a), copy=False)
-
-
 # -- heads as tensor products --------------------------------------------------------------
-def head_operator(P, W_OV, X):
-    """(A (x) W_OV) X = A X W_OV^T: a head with frozen routing P applied to tokens X.
+def _product(*factors):
+    """The checked factors (name, array, expected shape) of a matrix product, in product
+    order: each factor's rows must match the columns of the one before it."""
+    arrays = [operand(name, a, expected) for name, a, expected in factors]
+    for (left, _, _), a, (right, _, expected), b in zip(factors, arrays, factors[1:], arrays[1:]):
+        if a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"{right} must have shape {expected} with {a.shape[-1]} rows (the columns of {left} "
+                             f"{a.shape}), got {b.shape}")
+    return arrays
 
-    P (..., n, n_k) attention matrix, W_OV (d_out, d_model) acting on column vectors (the
-    notes' "single-head attention as a tensor product"; for TransformerLens weights pass
-    W_OV = (W_V @ W_O).T), X (..., n_k, d_model). Returns (..., n, d_out).
 
-    Example: ``y = ag.head_operator(P, W_OV, X)``
+@renamed_arguments(P="routing")
+def head_operator(routing, W_OV, X):
+    """P X W_OV: a head with frozen routing P applied to tokens X (the notes' "single-head
+    attention as a tensor product" (A (x) W_OV^T) X, in the row convention).
+
+    routing (..., n, n_k) attention matrix P; W_OV (..., d_model, d_out) the row-convention
+    OV map x -> x W_OV (for TransformerLens weights W_OV = W_V @ W_O; the notes' column
+    matrix W_O W_V is its transpose); X (..., n_k, d_model). Returns (..., n, d_out).
+    The old keyword ``P`` is deprecated (use ``routing``).
+
+    Example: ``y = ag.head_operator(P, W_V @ W_O, X)``
     """
-    P = _array("P", P, expected="(..., n, n_k)")
-    W = _array("W_OV", W_OV, expected="(..., d_out, d_model)")
-    X = _array("X", X, expected="(..., n_k, d_model)")
-    check_min_ndim("P", P, 2, "(..., n, n_k)")
-    check_min_ndim("W_OV", W, 2, "(..., d_out, d_model)")
-    check_min_ndim("X", X, 2, "(..., n_k, d_model)")
-    if P.shape[-1] != X.shape[-2]:
-        raise ValueError(f"P (..., n, n_k) and X (..., n_k, d_model) disagree on n_k: P {P.shape}, X {X.shape}")
-    if W.shape[-1] != X.shape[-1]:
-        raise ValueError(f"W_OV must have shape (..., d_out, {X.shape[-1]}), got {W.shape}")
-    return P @ X @ np.swapaxes(W, -1, -2)
+    P, X, W = _product(("routing", routing, "(..., n, n_k)"), ("X", X, "(..., n_k, d_model)"),
+                       ("W_OV", W_OV, "(..., d_model, d_out)"))
+    return P @ X @ W
 
 
-def virtual_head(P1, W_OV1, P2, W_OV2):
-    """The virtual head of head 1 followed by head 2: (P2 P1, W_OV2 W_OV1).
+@renamed_arguments(P1="routing1", P2="routing2")
+def virtual_head(routing1, W_OV1, routing2, W_OV2):
+    """The virtual head of head 1 followed by head 2: (P2 P1, W_OV1 W_OV2).
 
-    By the mixed-product property (A2 (x) W2)(A1 (x) W1) = (A2 A1) (x) (W2 W1), applying the
-    two heads in sequence equals applying the virtual head once (notes: "virtual heads").
+    Row convention: head 1 maps X to P1 X W_OV1, head 2 maps that to P2 P1 X W_OV1 W_OV2,
+    so applying the two heads in sequence equals applying the virtual head once (the
+    mixed-product property of the notes' "virtual heads"). The old keywords ``P1``, ``P2``
+    are deprecated (use ``routing1``, ``routing2``).
 
     Example: ``P, W = ag.virtual_head(P1, W1, P2, W2)``
     """
-    P1, P2 = _array("P1", P1), _array("P2", P2)
-    W1, W2 = _array("W_OV1", W_OV1), _array("W_OV2", W_OV2)
-    if P2.shape[-1] != P1.shape[-2]:
-        raise ValueError(f"P2 (..., n2, n1) must act on P1's output rows: P1 {P1.shape}, P2 {P2.shape}")
-    if W2.shape[-1] != W1.shape[-2]:
-        raise ValueError(f"W_OV2 (..., d2, d1) must act on W_OV1's output: W_OV1 {W1.shape}, W_OV2 {W2.shape}")
-    return P2 @ P1, W2 @ W1
+    P2, P1 = _product(("routing2", routing2, "(..., n2, n1)"), ("routing1", routing1, "(..., n1, n0)"))
+    W1, W2 = _product(("W_OV1", W_OV1, "(..., d0, d1)"), ("W_OV2", W_OV2, "(..., d1, d2)"))
+    return P2 @ P1, W1 @ W2
 
 
 # -- composition scores --------------------------------------------------------------------
@@ -101,7 +98,7 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
     if mode not in ("Q", "K", "V"):
         raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
     names = ("W_Q", "W_K", "W_V", "W_O")
-    Q, K, V, O = (_array(n, w, 4, "(n_layers, n_heads, ...)") for n, w in zip(names, (W_Q, W_K, W_V, W_O)))
+    Q, K, V, O = (operand(n, w, "(n_layers, n_heads, ...)", ndim=4) for n, w in zip(names, (W_Q, W_K, W_V, W_O)))
     L, H, d_model, d_head = Q.shape
     for n, w, shape in (("W_K", K, Q.shape), ("W_V", V, (L, H, d_model, V.shape[-1])),
                         ("W_O", O, (L, H, V.shape[-1], d_model))):
@@ -158,7 +155,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
     """Expand a network with frozen attention into residual paths (notes: "Proposition
     (Residual path expansion)").
 
-    Layer l maps the residual stream r to r + sum_h P_{l,h} r W_OV_{l,h}^T and then, when a
+    Layer l maps the residual stream r to r + sum_h P_{l,h} r W_OV_{l,h} and then, when a
     frozen MLP Jacobian J_l (d_model, d_model, column convention) is given, to r + r J_l^T.
     Every component is linear once attention is frozen, so the output is the sum over all
     ordered choices of components (at most one per sublayer) of their products applied to x.
@@ -166,7 +163,8 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
     Parameters
     ----------
     routing : (n_layers, n_heads, n, n) frozen attention matrices P_{l,h}.
-    W_OV : (n_layers, n_heads, d_model, d_model) OV matrices on column vectors.
+    W_OV : (n_layers, n_heads, d_model, d_model) row-convention OV maps x -> x W_OV
+        (W_V @ W_O for TransformerLens weights).
     x : (n, d_model) the input residual stream.
     mlp_jacobians : optional (n_layers, d_model, d_model).
     max_length : keep paths through at most this many components (None: all; then the
@@ -174,9 +172,9 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
 
     Example: ``ex = ag.path_expansion(P, W_OV, x); ex.by_length()``
     """
-    P = _array("routing", routing, 4, "(n_layers, n_heads, n, n)")
-    W = _array("W_OV", W_OV, 4, "(n_layers, n_heads, d_model, d_model)")
-    X = _array("x", x, 2, "(n, d_model)")
+    P = operand("routing", routing, "(n_layers, n_heads, n, n)", ndim=4)
+    W = operand("W_OV", W_OV, "(n_layers, n_heads, d_model, d_model)", ndim=4)
+    X = operand("x", x, "(n, d_model)", ndim=2)
     L, H, n, _ = P.shape
     d = X.shape[1]
     if P.shape[-1] != n or n != X.shape[0]:
@@ -185,7 +183,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
         raise ValueError(f"W_OV must have shape {(L, H, d, d)}, got {W.shape}")
     J = None
     if mlp_jacobians is not None:
-        J = _array("mlp_jacobians", mlp_jacobians, 3, "(n_layers, d_model, d_model)")
+        J = operand("mlp_jacobians", mlp_jacobians, "(n_layers, d_model, d_model)", ndim=3)
         if J.shape != (L, d, d):
             raise ValueError(f"mlp_jacobians must have shape {(L, d, d)}, got {J.shape}")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
@@ -196,7 +194,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
         layer, which = component
         if which == "mlp":
             return r @ J[layer].T
-        return P[layer, which] @ r @ W[layer, which].T
+        return P[layer, which] @ r @ W[layer, which]
 
     sublayers = []
     for layer in range(L):
@@ -225,12 +223,12 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
 # -- layer norm ----------------------------------------------------------------------------
 def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     """N(x) = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis."""
-    x = _array("x", x)
+    x = operand("x", x, "(..., d)", min_ndim=0)
     mu = x.mean(-1, keepdims=True)
     c = x - mu
     s = np.sqrt((c * c).mean(-1, keepdims=True) + eps)
-    g = 1.0 if gamma is None else _array("gamma", gamma)
-    b = 0.0 if beta is None else _array("beta", beta)
+    g = 1.0 if gamma is None else operand("gamma", gamma, "(d,)", min_ndim=0)
+    b = 0.0 if beta is None else operand("beta", beta, "(d,)", min_ndim=0)
     return g * c / s + b
 
 
@@ -245,8 +243,7 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
 
     Example: ``J = ag.layernorm_jacobian(x, gamma)``
     """
-    x = _array("x", x)
-    check_min_ndim("x", x, 1, "(..., d)")
+    x = operand("x", x, "(..., d)")
     eps = scalar("eps", eps)
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
@@ -259,7 +256,7 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     s = np.sqrt(s2)
     eye = np.eye(d, dtype=x.dtype)
     B = eye - 1.0 / d - c[..., :, None] * c[..., None, :] / (d * s2[..., None, None])
-    g = np.ones(d, dtype=x.dtype) if gamma is None else _array("gamma", gamma, 1, f"({d},)")
+    g = np.ones(d, dtype=x.dtype) if gamma is None else operand("gamma", gamma, f"({d},)", ndim=1)
     if g.shape != (d,):
         raise ValueError(f"gamma must have shape ({d},), got {g.shape}")
     return g[:, None] * B / s[..., None, None]
@@ -274,8 +271,7 @@ def topk_routing(gate_logits, k: int) -> np.ndarray:
 
     Example: ``R = ag.topk_routing(gates, 2)``
     """
-    g = _array("gate_logits", gate_logits)
-    check_min_ndim("gate_logits", g, 2, "(..., n_tokens, n_experts)")
+    g = operand("gate_logits", gate_logits, "(..., n_tokens, n_experts)")
     E = g.shape[-1]
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= E:
         raise ValueError(f"k must be an integer in [1, n_experts = {E}], got {k!r}")
@@ -308,7 +304,7 @@ class RoutingGram:
 def routing_gram(R) -> RoutingGram:
     """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts)
     (notes: "Inspecting R^T R diagnoses load imbalance and expert redundancy")."""
-    R = _array("R", R, 2, "(n_tokens, n_experts)")
+    R = operand("R", R, "(n_tokens, n_experts)", ndim=2)
     if np.any(R < 0):
         raise ValueError("R must be non-negative")
     G = R.T @ R
@@ -344,7 +340,7 @@ def latent_factorization(K, rank: int) -> LatentFactorization:
 
     Example: ``f = ag.latent_factorization(K, 16); f.error, f.condition``
     """
-    K = _array("K", K, 2, "(m, n)")
+    K = operand("K", K, "(m, n)", ndim=2)
     k = min(K.shape)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= k:
         raise ValueError(f"rank must be an integer in [1, min(m, n) = {k}], got {rank!r}")
@@ -361,8 +357,8 @@ def principal_angles(A, B) -> np.ndarray:
 
     Accurate for small angles (sines, not only cosines). Example: ``ag.principal_angles(E, P)``
     """
-    A = _array("A", A, 2, "(d, p)")
-    B = _array("B", B, 2, "(d, q)")
+    A = operand("A", A, "(d, p)", ndim=2)
+    B = operand("B", B, "(d, q)", ndim=2)
     if A.shape[0] != B.shape[0]:
         raise ValueError(f"A (d, p) and B (d, q) must share d: A {A.shape}, B {B.shape}")
     return Subspace.span(A.T).principal_angles(Subspace.span(B.T))
@@ -390,8 +386,8 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
 
     Example: ``ag.embedding_injectivity(E, P).smallest_angle``
     """
-    E = _array("E", E, 2, "(d, n_tokens)")
-    P = _array("P", P, 2, "(d, n_positions)")
+    E = operand("E", E, "(d, n_tokens)", ndim=2)
+    P = operand("P", P, "(d, n_positions)", ndim=2)
     if E.shape[0] != P.shape[0]:
         raise ValueError(f"E (d, n_tokens) and P (d, n_positions) must share d: E {E.shape}, P {P.shape}")
     se, sp = Subspace.span(E.T), Subspace.span(P.T)
@@ -447,10 +443,9 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
 
     Example: ``kv = ag.mlp_key_value(x, W1, W2, "relu"); kv.writes().sum(-2)``
     """
-    X = _array("x", x)
-    check_min_ndim("x", X, 1, "(..., n, d_model)")
-    A = _array("W1", W1, 2, "(d_model, d_ff)")
-    B = _array("W2", W2, 2, "(d_ff, d_model)")
+    X = operand("x", x, "(..., n, d_model)", min_ndim=1)
+    A = operand("W1", W1, "(d_model, d_ff)", ndim=2)
+    B = operand("W2", W2, "(d_ff, d_model)", ndim=2)
     if A.shape[0] != X.shape[-1]:
         raise ValueError(f"W1 must have shape ({X.shape[-1]}, d_ff), got {A.shape}")
     if B.shape[0] != A.shape[1]:
@@ -463,9 +458,9 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
         raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)} or a callable, got {activation!r}")
     pre = X @ A
     if b1 is not None:
-        pre = pre + _array("b1", b1, 1, f"({A.shape[1]},)")
+        pre = pre + operand("b1", b1, f"({A.shape[1]},)", ndim=1)
     a = phi(pre)
     out = a @ B
     if b2 is not None:
-        out = out + _array("b2", b2, 1, f"({B.shape[1]},)")
+        out = out + operand("b2", b2, f"({B.shape[1]},)", ndim=1)
     return KeyValueMLP(A.T.copy(), B.copy(), a, out)

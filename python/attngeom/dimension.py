@@ -22,9 +22,8 @@ from typing import List, Tuple
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, real_array, scalar
-
-_KINDS = ("lightning", "softmax")
+from ._operands import count, operand, scalar
+from .lightning import deep_lightning, network_kind
 
 Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -45,12 +44,6 @@ def _dims(d, a) -> Tuple[List[int], List[int]]:
     return d, a
 
 
-def _kind(kind) -> bool:
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-    return kind == "softmax"
-
-
 def parameter_count(d, a) -> int:
     """Number of weights sum_i (2 a_i d_{i-1} + d_i d_{i-1})."""
     d, a = _dims(d, a)
@@ -66,19 +59,15 @@ def random_weights(d, a, *, seed=0) -> Weights:
              rng.standard_normal((d[i + 1], d[i])) * s[i]) for i in range(len(a))]
 
 
-def _flatten(weights) -> Tuple[List[int], List[int], np.ndarray]:
-    """Check [(Q_i, K_i, V_i)] and return (d, a, flat float64 parameter vector)."""
+def _flatten(weights) -> Tuple[List[int], List[int], np.ndarray, list]:
+    """Check [(Q_i, K_i, V_i)] and return (d, a, flat float64 parameter vector, checked triples)."""
     if len(weights) == 0:
         raise ValueError("weights must be a non-empty list of (Q, K, V) triples")
-    d, a, flat = [], [], []
+    d, a, flat, triples = [], [], [], []
     for i, triple in enumerate(weights):
         if len(triple) != 3:
             raise ValueError(f"weights[{i}] must be a (Q, K, V) triple")
-        Q, K, V = (real_array(f"weights[{i}].{n}", w).astype(np.float64) for n, w in zip("QKV", triple))
-        for n, w in zip("QKV", (Q, K, V)):
-            if w.ndim != 2 or w.size == 0:
-                raise ValueError(f"weights[{i}].{n} must be a non-empty matrix, got shape {w.shape}")
-            check_finite(f"weights[{i}].{n}", w)
+        Q, K, V = (operand(f"weights[{i}].{n}", w, "(rows, cols)", dtype=np.float64) for n, w in zip("QKV", triple))
         din = Q.shape[1] if i == 0 else d[-1]
         if Q.shape[1] != din or K.shape != Q.shape or V.shape[1] != din:
             raise ValueError(f"weights[{i}]: need Q, K of shape (a, {din}) and V of shape (d_out, {din}), got "
@@ -88,17 +77,18 @@ def _flatten(weights) -> Tuple[List[int], List[int], np.ndarray]:
         d.append(V.shape[0])
         a.append(Q.shape[0])
         flat += [Q.ravel(), K.ravel(), V.ravel()]
-    return d, a, np.concatenate(flat)
+        triples.append((Q, K, V))
+    return d, a, np.concatenate(flat), triples
 
 
 def _samples(X, d0) -> np.ndarray:
-    x = real_array("X", X)
+    expected = f"(N, t, {d0}) (tokens as rows)"
+    x = operand("X", X, expected, min_ndim=2, dtype=np.float64, contiguous=True)
     if x.ndim == 2:
         x = x[None]
-    if x.ndim != 3 or x.shape[-1] != d0 or x.shape[0] == 0 or x.shape[1] == 0:
-        raise ValueError(f"X must have shape (N, t, {d0}) (tokens as rows), got {np.shape(X)}")
-    check_finite("X", x)
-    return np.ascontiguousarray(x, dtype=np.float64)
+    if x.ndim != 3 or x.shape[-1] != d0:
+        raise ValueError(f"X must have shape {expected}, got {np.shape(X)}")
+    return x
 
 
 def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
@@ -110,10 +100,11 @@ def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndar
 
     Example: ``y = ag.network_forward(ag.random_weights((4, 4), (2,)), X)``
     """
-    softmax = _kind(kind)
-    temperature = scalar("temperature", temperature, positive=True)
-    d, a, p = _flatten(weights)
-    return _core.network_forward(d, a, p, _samples(X, d[0]), softmax, temperature)
+    kind = network_kind(kind)
+    d, _, _, triples = _flatten(weights)
+    x = _samples(X, d[0])
+    As = [K.T @ Q for Q, K, _ in triples]  # A = K^T Q (eq. 3)
+    return deep_lightning(x, As, [V for _, _, V in triples], kind=kind, temperature=temperature)
 
 
 def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
@@ -125,9 +116,9 @@ def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -
 
     Example: ``J = ag.parametrization_jacobian(ag.random_weights(d, a), X)``
     """
-    softmax = _kind(kind)
+    softmax = network_kind(kind) == "softmax"
     temperature = scalar("temperature", temperature, positive=True)
-    d, a, p = _flatten(weights)
+    d, a, p, _ = _flatten(weights)
     jac = _core.network_jacobian(d, a, p, _samples(X, d[0]), softmax, temperature)
     return jac.reshape(-1, jac.shape[-1])
 
@@ -147,7 +138,7 @@ def expected_dimension(d, a, kind="lightning") -> int:
 
     Example: ``ag.expected_dimension((4, 4, 4, 4), (2, 2, 2), "softmax")  # 52``
     """
-    softmax = _kind(kind)
+    softmax = network_kind(kind) == "softmax"
     d, a = _dims(d, a)
     l = len(a)
     if l == 1:
@@ -258,11 +249,10 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
 
     Example: ``ag.neuromanifold_dimension((4, 4, 4, 4), (2, 2, 2), kind="softmax").dims``
     """
-    softmax = _kind(kind)
+    softmax = network_kind(kind) == "softmax"
     d, a = _dims(d, a)
-    for name, v, lo in (("t", t, 1), ("n_samples", n_samples, 1), ("n_draws", n_draws, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    for name, v in (("t", t), ("n_samples", n_samples), ("n_draws", n_draws)):
+        count(name, v)
     rng = np.random.default_rng(seed)
     dims, gaps, spectra = [], [], []
     for _ in range(n_draws):
@@ -287,16 +277,14 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
 def _layers(As, Vs, d0=None):
     if len(As) != len(Vs) or len(As) == 0:
         raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
-    As = [real_array(f"As[{i}]", A).astype(np.float64) for i, A in enumerate(As)]
-    Vs = [real_array(f"Vs[{i}]", V).astype(np.float64) for i, V in enumerate(Vs)]
+    As = [operand(f"As[{i}]", A, "(d, d)", nonempty=False, dtype=np.float64) for i, A in enumerate(As)]
+    Vs = [operand(f"Vs[{i}]", V, "(d', d)", nonempty=False, dtype=np.float64) for i, V in enumerate(Vs)]
     width = As[0].shape[-1] if d0 is None else d0
     for i, (A, V) in enumerate(zip(As, Vs)):
         if A.shape != (width, width):
             raise ValueError(f"As[{i}] must have shape ({width}, {width}), got {A.shape}")
         if V.ndim != 2 or V.shape[1] != width:
             raise ValueError(f"Vs[{i}] must have shape (d_{i + 1}, {width}), got {V.shape}")
-        check_finite(f"As[{i}]", A)
-        check_finite(f"Vs[{i}]", V)
         width = V.shape[0]
     return As, Vs
 
@@ -347,7 +335,7 @@ def gl_transform(As, Vs, Cs):
     if len(Cs) != l - 1:
         raise ValueError(f"Cs must hold l - 1 = {l - 1} matrices C_1..C_(l-1), got {len(Cs)}")
     dims = [V.shape[0] for V in Vs]
-    C = [np.eye(As[0].shape[0])] + [real_array(f"Cs[{i}]", c).astype(np.float64) for i, c in enumerate(Cs)]
+    C = [np.eye(As[0].shape[0])] + [operand(f"Cs[{i}]", c, "(d_i, d_i)", dtype=np.float64) for i, c in enumerate(Cs)]
     C.append(np.eye(dims[-1]))
     for i in range(1, l):
         if C[i].shape != (dims[i - 1], dims[i - 1]):
@@ -373,12 +361,9 @@ def rescale(As, Vs, lambdas):
 def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
     """max |phi_W(X) - phi_W'(X)| / max |phi_W(X)| for two networks given as (As, Vs) pairs
     on samples X (N, t, d_0): ~1e-15 when W and W' lie in one fiber."""
-    _kind(kind)
+    kw = dict(kind=network_kind(kind), temperature=temperature)
     (A1, V1), (A2, V2) = first, second
     x = _samples(X, np.shape(A1[0])[0])
-    from .lightning import deep_lightning
-
-    kw = dict(normalize=kind == "softmax", temperature=temperature)
     y1, y2 = deep_lightning(x, A1, V1, **kw), deep_lightning(x, A2, V2, **kw)
     return float(np.max(np.abs(y1 - y2)) / max(float(np.max(np.abs(y1))), np.finfo(float).tiny))
 
@@ -403,15 +388,13 @@ def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> Critica
     d^2 + d d' for softmax. Lemma 3.7 / Corollary 3.8: for lightning the
     points with rk(A) rk(V) <= 1 are exactly the singular ones.
     """
-    A = real_array("A", A).astype(np.float64)
-    V = real_array("V", V).astype(np.float64)
+    A = operand("A", A, "(d, d)", nonempty=False, dtype=np.float64)
+    V = operand("V", V, "(d', d)", nonempty=False, dtype=np.float64)
     if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 2:
         raise ValueError(f"A must have shape (d, d) with d >= 2, got {A.shape}")
     d = A.shape[0]
     if V.ndim != 2 or V.shape[1] != d or V.shape[0] < 1:
         raise ValueError(f"V must have shape (d', {d}), got {V.shape}")
-    check_finite("A", A)
-    check_finite("V", V)
     X = np.random.default_rng(seed).standard_normal((n_samples, t, d))
     J = parametrization_jacobian([(np.eye(d), A.T.copy(), V)], X, kind=kind)
     r, _, gap = numerical_rank(J, block_rows=t * V.shape[0])

@@ -17,18 +17,17 @@ from typing import Optional
 
 import numpy as np
 
-from ._arrays import broadcast_batch, check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from ._operands import broadcast_batch, compute_dtype, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
     TiltCoverage,
     TiltCoverageResult,
-    _rank,
-    _rtol,
     effective_rank,
     factored_svd,
     parameter_nulls,
     singular_values,
+    spectrum_rank,
 )
 
 # Attention matrices of one chunk of heads are materialised; this bounds their size.
@@ -160,16 +159,8 @@ class HeadDiagnostics:
         return plotting.head_map(values, metric, ax=ax)
 
 
-def _weights(name, w, required=True):
-    if w is None:
-        if required:
-            raise ValueError(f"{name} is required")
-        return None
-    a = real_array(name, w)
-    check_min_ndim(name, a, 2, "(..., d_model, d_head)")
-    check_nonempty(name, a, "(..., d_model, d_head)")
-    check_finite(name, a)
-    return a
+def _weights(name, w):
+    return None if w is None else operand(name, w, "(..., d_model, d_head)", dtype=None)
 
 
 def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
@@ -194,11 +185,11 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
 
     Example: ``d = ag.head_diagnostics(W_Q, W_K, W_V, W_O, x); d.summary()``
     """
-    wq = _weights("W_Q", W_Q)
-    wk = _weights("W_K", W_K)
-    wv = _weights("W_V", W_V, required=False)
-    wo = _weights("W_O", W_O, required=False)
-    rtol = _rtol(rtol)
+    wq = operand("W_Q", W_Q, "(..., d_model, d_head)", dtype=None)
+    wk = operand("W_K", W_K, "(..., d_model, d_head)", dtype=None)
+    wv = _weights("W_V", W_V)
+    wo = _weights("W_O", W_O)
+    rtol = rtol_arg(rtol)
     d_model, d_head = wq.shape[-2:]
     for name, w in (("W_K", wk), ("W_V", wv)):
         if w is not None and w.shape[-2] != d_model:
@@ -224,7 +215,7 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
         s = factored_svd(wv, wo).S
         s = np.broadcast_to(s, batch + s.shape[-1:])
         out.ov_singular_values = s
-        out.ov_rank = _rank(s, rtol, d_model, d_model)
+        out.ov_rank = spectrum_rank(s, rtol, d_model, d_model)
         out.ov_effective_rank = np.asarray(effective_rank(s, kind="energy", spectrum=True))
     if x is not None:
         _data_diagnostics(out, wq.astype(dt, copy=False), wk.astype(dt, copy=False), x, dt, scale, causal, rtol)
@@ -233,10 +224,7 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
 
 def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
     d_model, d_head = out.d_model, out.d_head
-    xs = real_array("x", x)
-    check_min_ndim("x", xs, 2, f"(..., n, {d_model})")
-    check_nonempty("x", xs, f"(..., n, {d_model})")
-    check_finite("x", xs)
+    xs = operand("x", x, f"(..., n, {d_model})", dtype=None)
     if xs.shape[-1] != d_model:
         raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
     if xs.ndim == 2:
@@ -276,5 +264,5 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
     out.radius_std = tau_std.reshape(batch)
     out.tilt = tilts[0] if batch == () else tilts.reshape(batch)
     out.routing_singular_values = sv.reshape(batch + (n_seq, n))
-    out.routing_rank = _rank(out.routing_singular_values, rtol, n, n)
+    out.routing_rank = spectrum_rank(out.routing_singular_values, rtol, n, n)
     out.routing_effective_rank = np.asarray(effective_rank(out.routing_singular_values, kind="entropy", spectrum=True))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import compute_dtype, real_array, scalar
+from ._operands import compute_dtype, real_array, scalar
 
 KERNELS = ("exp", "gaussian", "cauchy", "stable")
 _DEFAULTS = {"exp": {}, "gaussian": {"sigma": 1.0}, "cauchy": {"gamma": 1.0}, "stable": {"alpha": 1.5, "c": 1.0}}

@@ -16,13 +16,12 @@ axes broadcast.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
-from .attention import _Problem, ridge_attention
+from ._operands import AttentionOperands, check_finite, check_shared_width, compute_dtype, operand, scalar
 from .kernels import kernel_params
 
 
@@ -57,11 +56,7 @@ def tilt_radius(q, *, scale=None):
 
     Example: ``u, tau = ag.tilt_radius(q)``
     """
-    q = real_array("q", q)
-    check_min_ndim("q", q, 1, "(..., d_k)")
-    check_nonempty("q", q, "(..., n, d_k)")
-    check_finite("q", q)
-    q = q.astype(compute_dtype(q), copy=False)
+    q = operand("q", q, "(..., n, d_k)", min_ndim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
     norm = np.linalg.norm(q, axis=-1)
     safe = np.where(norm > 0, norm, 1)
@@ -87,15 +82,9 @@ def radon_project(u, k):
 
     Example: ``s = ag.radon_project(*ag.tilt_radius(q)[:1], k)``
     """
-    u, k = real_array("u", u), real_array("k", k)
-    check_min_ndim("u", u, 2, "(..., n_q, d_k)")
-    check_min_ndim("k", k, 2, "(..., n_k, d_k)")
-    if u.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k must have shape (..., n_k, d_k) with d_k = {u.shape[-1]} (from u), got {k.shape}")
-    check_nonempty("u", u, "(..., n_q, d_k)")
-    check_nonempty("k", k, "(..., n_k, d_k)")
-    check_finite("u", u)
-    check_finite("k", k)
+    u = operand("u", u, "(..., n_q, d_k)", dtype=None)
+    k = operand("k", k, "(..., n_k, d_k)", dtype=None)
+    check_shared_width("u", u, "k", k)
     dt = compute_dtype(u, k)
     try:
         return np.matmul(u.astype(dt, copy=False), np.swapaxes(k.astype(dt, copy=False), -1, -2))
@@ -103,8 +92,17 @@ def radon_project(u, k):
         raise ValueError(f"batch dimensions do not broadcast: u {u.shape[:-2]}, k {k.shape[:-2]}") from None
 
 
-def _complex_tau(tau) -> bool:
-    return np.iscomplexobj(tau)
+def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_weights=False,
+                    return_log_partition=False):
+    """The core call behind :func:`laplace_radon_attention` and kernel_attention: weights
+    psi(tau_i, u_i.k_j) normalised per row, with the kernel already checked
+    (``kernel_params``); `qname` names the query argument in error messages."""
+    pr = AttentionOperands(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal)
+    keep, bias, mi = pr.mask_args()
+    y, w, lz = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
+                                     pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel, params,
+                                     bool(return_weights), bool(return_log_partition))
+    return pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
 
 
 def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False, **params):
@@ -139,7 +137,7 @@ def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False
     """
     name, p = kernel_params(kernel, params)
     tau_arr = np.asarray(tau)
-    if _complex_tau(tau_arr):
+    if np.iscomplexobj(tau_arr):
         if name != "exp":
             raise ValueError(f"complex tau is supported for kernel='exp' only, got kernel={name!r}")
         return _transform_complex(u, tau_arr, k, v, log_domain)
@@ -152,9 +150,8 @@ def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False
 
 
 def _transform_complex(u, tau, k, v, log_domain):
-    if not np.all(np.isfinite(tau)):
-        raise ValueError("tau contains NaN or infinite values")
-    pr = _Problem(u, k, v, qname="u", tau=tau.real)  # shapes, checks and broadcasting
+    check_finite("tau", tau)
+    pr = AttentionOperands(u, k, v, qname="u", tau=tau.real)  # shapes, checks and broadcasting
     ctype = np.complex64 if pr.dtype == np.float32 else np.complex128
     tau_b = np.broadcast_to(tau, tau.shape[:-1] + (pr.n_q,)) if tau.shape[-1] == 1 else tau
     tau_flat = np.ascontiguousarray(tau_b.reshape((-1,) + tau_b.shape[-1:]), dtype=ctype)
@@ -221,7 +218,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
     name, p = kernel_params(kernel, params)
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
         raise ValueError(f"order must be an integer in 1..4, got {order!r}")
-    pr = _Problem(u, k, None, qname="u", tau=tau)
+    pr = AttentionOperands(u, k, None, qname="u", tau=tau)
     out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                     pr.k.index, name, p, int(order))
     return pr.shaped(out, pr.n_q, int(order))
@@ -246,14 +243,36 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
 
     Example: ``g = ag.log_partition_gradient(q, k)``
     """
-    q = real_array("q", q)
-    check_min_ndim("q", q, 2, "(..., n_q, d_k)")
+    q = operand("q", q, "(..., n_q, d_k)", dtype=None, nonempty=False, finite=False)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
     tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
-    pr = _Problem(q, k, None, qname="q", tau=tau)
+    pr = AttentionOperands(q, k, None, qname="q", tau=tau)
     mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                         pr.k.index, "exp", {}, bool(hessian))
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)
     if not hessian:
         return grad
     return grad, pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale * scale)
+
+
+def head_probe(k, v) -> Callable:
+    """A probe of a head's unnormalised transforms, for :func:`attngeom.recover_keys`.
+
+    Returns the callable ``probe(u, tau) -> (Z, N)`` with u (m, d_k) and tau (T,) (real or
+    complex), giving Z (m, T) and N (m, T, d_v) through :func:`laplace_radon_transform`
+    (Laplace-Radon eq. 34): every tilt at every radius of the grid.
+
+    Example: ``Z, N = ag.head_probe(k, v)(U, 1j * np.arange(8.0))``
+    """
+    k = operand("k", k, "(..., n_k, d_k)", dtype=np.float64)
+    v = operand("v", v, "(..., n_k, d_v)", dtype=np.float64)
+
+    def probe(u, tau):
+        u = np.asarray(u, dtype=np.float64)
+        tau = np.asarray(tau)
+        m, T = u.shape[0], tau.size
+        uu = np.broadcast_to(u[:, None, :], (m, T, u.shape[1]))
+        tt = np.broadcast_to(tau[None, :], (m, T))
+        return laplace_radon_transform(uu, tt, k, v)
+
+    return probe

@@ -9,21 +9,40 @@ with no normalisation, so it costs O(t) instead of O(t^2). The paper writes toke
 columns (X in R^{d x t}); here tokens are rows, x of shape (..., t, d), and the output is
 (..., t, d'), i.e. the transpose of the paper's phi(X). Weights keep the paper's shapes.
 
-The softmax-normalised network of s.3.4 (eq. 16) weights token j for token i by
-S(x_i^T A x_j) = exp(x_i^T A x_j / temperature), normalised over j. Note the order of
-x_i, x_j there is the transpose of eq. 1's; both are implemented as written.
+The softmax-normalised network of s.3.4 (eq. 16), ``kind="softmax"``, weights token j for
+token i by S(x_i^T A x_j) = exp(x_i^T A x_j / temperature), normalised over j. Note the
+order of x_i, x_j there is the transpose of eq. 1's; both are implemented as written.
+``kind="lightning"`` (the default) is eq. 1. The same two words select the network in
+:mod:`attngeom.dimension`, whose forward pass is :func:`deep_lightning`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import warnings
+from typing import Optional, Sequence
 
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
-from .attention import _Problem, softmax_attention
+from ._operands import AttentionOperands, compute_dtype, operand, scalar
+from .attention import softmax_attention
 
 _CHUNK = 64
+
+KINDS = ("lightning", "softmax")
+
+
+def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
+    """The checked network kind, "lightning" (eq. 1) or "softmax" (eq. 16).
+
+    ``normalize`` is the deprecated spelling (True = "softmax", False = "lightning"),
+    accepted for one release with a DeprecationWarning."""
+    if normalize is not None:
+        warnings.warn(f"{func}(): normalize= is deprecated, use kind='softmax' (normalize=True) or "
+                      "kind='lightning' (normalize=False)", DeprecationWarning, stacklevel=3)
+        kind = "softmax" if normalize else "lightning"
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kind
 
 
 def lightning_attention(q, k, v, *, causal=False):
@@ -46,44 +65,34 @@ def lightning_attention(q, k, v, *, causal=False):
 
     Example: ``y = ag.lightning_attention(q, k, v, causal=True)``
     """
-    p = _Problem(q, k, v, causal=causal)
+    p = AttentionOperands(q, k, v, causal=causal)
     y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
                                   p.causal, _CHUNK)
     return p.shaped(y, p.n_q, p.d_v)
 
 
 def _layer_weights(A, V, d, name_a="A", name_v="V"):
-    a = real_array(name_a, A)
-    v = real_array(name_v, V)
+    a = operand(name_a, A, f"(d, d) = ({d}, {d})", ndim=2, dtype=None)
     if a.shape != (d, d):
         raise ValueError(f"{name_a} must have shape (d, d) = ({d}, {d}) for tokens of width {d}, got {a.shape}")
-    if v.ndim != 2 or v.shape[1] != d or v.shape[0] == 0:
+    v = operand(name_v, V, f"(d', {d})", dtype=None)
+    if v.shape[1] != d:
         raise ValueError(f"{name_v} must have shape (d', d) with d = {d}, got {v.shape}")
-    check_finite(name_a, a)
-    check_finite(name_v, v)
     return a, v
 
 
-def _tokens(x):
-    x = real_array("x", x)
-    check_min_ndim("x", x, 2, "(..., t, d)")
-    check_nonempty("x", x, "(..., t, d)")
-    check_finite("x", x)
-    return x
-
-
-def _layer(x, a, v, normalize, temperature, causal):
+def _layer(x, a, v, kind, temperature, causal):
     dt = compute_dtype(x, a, v)
     x, a, v = (m.astype(dt, copy=False) for m in (x, a, v))
     values = x @ v.T
-    if normalize:
+    if kind == "softmax":
         # eq. 16: weights exp(x_i^T A x_j / T): query i is A^T x_i, key j is x_j.
         return softmax_attention(x @ a, x, values, scale=1.0 / temperature, causal=causal)
     # eq. 1: weights x_j^T A x_i: query i is A x_i, key j is x_j.
     return lightning_attention(x @ a.T, x, values, causal=causal)
 
 
-def lightning_layer(x, A, V, *, normalize=False, temperature=1.0, causal=False):
+def lightning_layer(x, A, V, *, kind="lightning", temperature=1.0, causal=False, normalize=None):
     """One self-attention layer in the paper's weights W = (A, V), tokens as rows.
 
     Parameters
@@ -91,37 +100,43 @@ def lightning_layer(x, A, V, *, normalize=False, temperature=1.0, causal=False):
     x : (..., t, d) tokens.
     A : (d, d) attention matrix A = K^T Q (eq. 3), any rank; x_j^T A x_i is the weight.
     V : (d', d) value matrix.
-    normalize : False gives lightning attention (eq. 1); True the softmax-normalised layer of
-        eq. 16 with S(s) = exp(s / temperature).
+    kind : "lightning" gives lightning attention (eq. 1); "softmax" the softmax-normalised
+        layer of eq. 16 with S(s) = exp(s / temperature).
     causal : restrict token i to j <= i.
+    normalize : deprecated spelling of kind (True = "softmax").
 
     Returns (..., t, d'): row i is phi_W(X)_i.
 
     Example: ``y = ag.lightning_layer(x, K.T @ Q, V)``
     """
-    x = _tokens(x)
+    kind = network_kind(kind, normalize, "lightning_layer")
+    x = operand("x", x, "(..., t, d)", dtype=None)
     a, v = _layer_weights(A, V, x.shape[-1])
     temperature = scalar("temperature", temperature, positive=True)
-    return _layer(x, a, v, normalize, temperature, causal)
+    return _layer(x, a, v, kind, temperature, causal)
 
 
-def deep_lightning(x, As: Sequence, Vs: Sequence, *, normalize=False, temperature=1.0, causal=False):
+def deep_lightning(x, As: Sequence, Vs: Sequence, *, kind="lightning", temperature=1.0, causal=False,
+                   normalize=None):
     """A deep self-attention network phi_W = phi_{W_l} o ... o phi_{W_1} (Definition 2).
 
     Layer i has A_i (d_{i-1}, d_{i-1}) and V_i (d_i, d_{i-1}); x is (..., t, d_0) and the
     output (..., t, d_l). Lightning layers make the network a homogeneous polynomial of
-    degree 3^l in x; ``normalize=True`` gives the softmax-normalised network of s.3.4
-    (eq. 16 per layer), the input of the dimension estimator.
+    degree 3^l in x; ``kind="softmax"`` gives the softmax-normalised network of s.3.4
+    (eq. 16 per layer). This is the one forward pass of both kinds of network; the
+    dimension module's :func:`attngeom.network_forward` calls it. ``normalize`` is the
+    deprecated spelling of kind (True = "softmax").
 
     Example: ``y = ag.deep_lightning(x, [A1, A2], [V1, V2])``
     """
-    x = _tokens(x)
+    kind = network_kind(kind, normalize, "deep_lightning")
+    x = operand("x", x, "(..., t, d)", dtype=None)
     if len(As) != len(Vs) or len(As) == 0:
         raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
     temperature = scalar("temperature", temperature, positive=True)
     layers = [_layer_weights(a, v, _width(i, Vs, x), f"As[{i}]", f"Vs[{i}]") for i, (a, v) in enumerate(zip(As, Vs))]
     for a, v in layers:
-        x = _layer(x, a, v, normalize, temperature, causal)
+        x = _layer(x, a, v, kind, temperature, causal)
     return x
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from ._operands import check_nonempty, compute_dtype, operand, query_key_value, real_array, scalar
 from .attention import softmax_attention
 from .spectral import effective_rank, singular_values
 
@@ -47,19 +47,10 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
     Example: ``y = ag.projection_attention(x, x, sigma=0.5)  # self-attention, q = k = v``
     """
     sigma = scalar("sigma", sigma, positive=True)
-    qa = real_array("q", q)
-    ka = real_array("k", k)
-    check_min_ndim("q", qa, 2, "(..., n_q, d)")
-    check_min_ndim("k", ka, 2, "(..., n_k, d)")
-    check_nonempty("k", ka, "(..., n_k, d)")
-    check_nonempty("q", qa, "(..., n_q, d)")
-    check_finite("q", qa)
-    check_finite("k", ka)
-    if ka.shape[-1] != qa.shape[-1]:
-        raise ValueError(f"k must have shape (..., n_k, d) with d = {qa.shape[-1]} (from q), got {ka.shape}")
+    qa, ka, va = query_key_value(q, k, v, width="d")
     if v is None:
-        v = ka
-    dt = compute_dtype(qa, ka, real_array("v", v))
+        v = va = ka
+    dt = compute_dtype(qa, ka, va)
     qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
     center = ka.mean(axis=-2, keepdims=True)
     qc, kc = qa - center, ka - center
@@ -118,14 +109,10 @@ def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
 
     Example: ``ag.local_flatness(x, ag.projection_attention(x, x, sigma=0.5)).summary()``
     """
-    xa = real_array("x", x)
-    ya = real_array("y", y)
-    if xa.ndim != 2 or xa.shape[0] == 0 or xa.shape[1] == 0:
-        raise ValueError(f"x must have shape (n, d), got {xa.shape}")
-    if ya.ndim != 2 or ya.shape[0] != xa.shape[0] or ya.shape[1] == 0:
+    xa = operand("x", x, "(n, d)", dtype=None)
+    ya = operand("y", y, f"(n, d') with n = {xa.shape[0]} (from x)", ndim=2, dtype=None)
+    if ya.shape[0] != xa.shape[0]:
         raise ValueError(f"y must have shape (n, d') with n = {xa.shape[0]} (from x), got {ya.shape}")
-    check_finite("x", xa)
-    check_finite("y", ya)
     n = xa.shape[0]
     if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, (int, np.integer)) or not 2 <= n_neighbors <= n:
         raise ValueError(f"n_neighbors must be an integer in [2, n = {n}], got {n_neighbors!r}")

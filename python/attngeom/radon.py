@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, check_nonempty, real_array, scalar
+from ._operands import check_finite, operand, real_array, scalar
 
 FILTERS = ("ramp", "shepp-logan", "cosine", "hamming", "hann", None)
 
@@ -99,22 +99,10 @@ def _theta(theta, n_angles: Optional[int], default_full: bool) -> np.ndarray:
         if default_full:
             return np.arange(180, dtype=np.float64)
         return np.linspace(0.0, 180.0, n_angles, endpoint=False)
-    t = real_array("theta", theta).astype(np.float64).ravel()
-    check_nonempty("theta", t, "(n_angles,)")
-    check_finite("theta", t)
+    t = operand("theta", theta, "(n_angles,)", min_ndim=0, dtype=np.float64).ravel()
     if n_angles is not None and t.size != n_angles:
         raise ValueError(f"theta must have one angle per sinogram column ({n_angles}), got {t.size}")
     return t
-
-
-def _plane(name: str, x, expected: str) -> np.ndarray:
-    """A finite, non-empty 2-D real array as contiguous float32 (if given float32) or float64."""
-    a = real_array(name, x)
-    if a.ndim != 2:
-        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
-    check_nonempty(name, a, expected)
-    check_finite(name, a)
-    return np.ascontiguousarray(a, dtype=np.float32 if a.dtype == np.float32 else np.float64)
 
 
 def circle_mask(size: int) -> np.ndarray:
@@ -144,7 +132,7 @@ def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
 
     Example: ``sino = ag.radon(img, np.linspace(0, 180, 160, endpoint=False))``
     """
-    img = _plane("image", image, "(M, N)")
+    img = operand("image", image, "(M, N)", ndim=2, contiguous=True)
     th = _theta(theta, None, True)
     if circle:
         m = min(img.shape)
@@ -166,7 +154,7 @@ def radon_adjoint(sinogram, theta=None) -> np.ndarray:
     """The exact transpose of `radon` (circle=True) for a square image of size `detectors`:
     ``sum(radon(x) * s) == sum(x * radon_adjoint(s))``. Unfiltered backprojection by bilinear
     splatting; returns (detectors, detectors)."""
-    s = _plane("sinogram", sinogram, "(detectors, angles)")
+    s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     return _core.radon_adjoint(s, np.deg2rad(th))
 
@@ -219,7 +207,7 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
 
     Example: ``rec = ag.iradon(sino, theta, filter="hann")``
     """
-    s = _plane("sinogram", sinogram, "(detectors, angles)")
+    s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
@@ -293,7 +281,7 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
 
     Example: ``rec = ag.iradon_sart(sino, theta, iterations=2)``
     """
-    s = _plane("sinogram", sinogram, "(detectors, angles)")
+    s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     n = s.shape[0]
     iterations = int(iterations)

@@ -23,15 +23,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
-from .attention import _causal_code
+from ._operands import causal_code, compute_dtype, count, operand, query_key_value, scalar
 from .lightning import lightning_attention
-
-
-def _count(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed=0) -> np.ndarray:
@@ -39,7 +32,7 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
 
     Example: ``W = ag.feature_matrix(64, 256, seed=1)``
     """
-    dim, m = _count("dim", dim), _count("num_features", num_features)
+    dim, m = count("dim", dim), count("num_features", num_features)
     rng = np.random.default_rng(seed)
     if not orthogonal:
         return rng.standard_normal((m, dim))
@@ -76,11 +69,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
 
     Example: ``f = ag.random_features(k, 256, per_row=False)``
     """
-    a = real_array("x", x)
-    check_min_ndim("x", a, 2, "(..., n, d)")
-    check_nonempty("x", a, "(..., n, d)")
-    check_finite("x", a)
-    a = a.astype(compute_dtype(a), copy=False)
+    a = operand("x", x, "(..., n, d)")
     W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 
@@ -106,18 +95,10 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
 
     Example: ``y = ag.random_feature_attention(q, k, v, num_features=512, causal=True)``
     """
-    m = _count("num_features", num_features)
-    _causal_code(causal)
-    qa, ka, va = real_array("q", q), real_array("k", k), real_array("v", v)
-    for name, a, exp in (("q", qa, "(..., n_q, d_k)"), ("k", ka, "(..., n_k, d_k)"), ("v", va, "(..., n_k, d_v)")):
-        check_min_ndim(name, a, 2, exp)
-        check_nonempty(name, a, exp)
-        check_finite(name, a)
+    m = count("num_features", num_features)
+    causal_code(causal)
+    qa, ka, va = query_key_value(q, k, v)
     d_k = qa.shape[-1]
-    if ka.shape[-1] != d_k:
-        raise ValueError(f"k must have shape (..., n_k, {d_k}), got {ka.shape}")
-    if va.shape[-2] != ka.shape[-2]:
-        raise ValueError(f"v must have shape (..., {ka.shape[-2]}, d_v), got {va.shape}")
     dt = compute_dtype(qa, ka, va)
     scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
     root = math.sqrt(scale)

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._arrays import check_finite, check_min_ndim, check_nonempty, real_array, scalar
+from ._operands import count, query_key_value, scalar
 
 PROPOSALS = ("uniform", "tilted")
 
@@ -68,19 +68,12 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
 
     Example: ``est = ag.sampled_attention(q, k, v, num_samples=64, proposal="tilted")``
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    count("num_samples", num_samples)
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
-    qa, ka, va = real_array("q", q), real_array("k", k), real_array("v", v)
-    for name, a, exp in (("q", qa, "(..., n_q, d_k)"), ("k", ka, "(..., n_k, d_k)"), ("v", va, "(..., n_k, d_v)")):
-        check_min_ndim(name, a, 2, exp)
-        check_nonempty(name, a, exp)
-        check_finite(name, a)
+    qa, ka, va = query_key_value(q, k, v)
     d_k, n_k = qa.shape[-1], ka.shape[-2]
-    if ka.shape[-1] != d_k:
-        raise ValueError(f"k must have shape (..., n_k, {d_k}), got {ka.shape}")
-    if va.shape[-2] != n_k or va.shape[:-2] != ka.shape[:-2]:
+    if va.shape[:-2] != ka.shape[:-2]:
         raise ValueError(f"v must have shape {ka.shape[:-2] + (n_k, 'd_v')}, got {va.shape}")
     if qa.shape[:-2] != ka.shape[:-2]:
         raise ValueError(f"q and k must have the same leading axes, got q {qa.shape}, k {ka.shape}")

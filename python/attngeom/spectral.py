@@ -26,14 +26,14 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._arrays import (
+from ._operands import (
     batch_operands,
     broadcast_batch,
     check_finite,
-    check_min_ndim,
-    check_nonempty,
     compute_dtype,
-    real_array,
+    operand,
+    renamed_arguments,
+    rtol_arg,
     scalar,
 )
 from .subspace import Subspace
@@ -41,26 +41,11 @@ from .subspace import Subspace
 _KINDS = ("entropy", "energy", "participation")
 
 
-# -- argument checks ---------------------------------------------------------------------
-def _rtol(rtol) -> Optional[float]:
-    if rtol is None:
-        return None
-    rtol = scalar("rtol", rtol)
-    if rtol < 0:
-        raise ValueError(f"rtol must be >= 0, got {rtol}")
-    return rtol
-
-
-def _matrix(name: str, x, expected: str = "(..., m, n)") -> np.ndarray:
-    a = real_array(name, x)
-    check_min_ndim(name, a, 2, expected)
-    check_nonempty(name, a, expected)
-    check_finite(name, a)
-    return a.astype(compute_dtype(a), copy=False)
-
-
-def _rank(s: np.ndarray, rtol: Optional[float], m: int, n: int) -> np.ndarray:
-    """Numerical ranks of descending spectra s (..., k): count of s > rtol * s_max."""
+# -- rank decisions ------------------------------------------------------------------------
+def spectrum_rank(s: np.ndarray, rtol: Optional[float], m: int, n: int) -> np.ndarray:
+    """Numerical ranks of the descending spectra s (..., k) of m x n matrices: the count of
+    singular values > rtol * s_max, rtol = max(m, n) * eps by default (NumPy's matrix_rank
+    rule). Returns int64 (...)."""
     if rtol is None:
         rtol = max(m, n) * np.finfo(s.dtype).eps
     if s.shape[-1] == 0:
@@ -100,7 +85,7 @@ def singular_values(x) -> np.ndarray:
 
     Example: ``ag.singular_values(np.diag([3.0, 1.0]))  # [3, 1]``
     """
-    a = _matrix("x", x)
+    a = operand("x", x, "(..., m, n)")
     return _svd(a, vectors=False)[0]
 
 
@@ -132,8 +117,8 @@ def factored_svd(A, B) -> SVD:
 
     Example: ``U, S, Vh = ag.factored_svd(W_Q, W_K.swapaxes(-1, -2))  # spectrum of B``
     """
-    a = _matrix("A", A, "(..., m, r)")
-    b = _matrix("B", B, "(..., r, p)")
+    a = operand("A", A, "(..., m, r)")
+    b = operand("B", B, "(..., r, p)")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"A (..., m, r) and B (..., r, p) must share r: got A {a.shape}, B {b.shape}")
     batch = broadcast_batch([("A", a, 2), ("B", b, 2)])
@@ -172,11 +157,11 @@ def null_space(M, *, rtol=None):
 
     Example: ``null, s = ag.null_space(W_K.T)  # ker(W_K^T), Laplace-Radon eq. 19``
     """
-    a = _matrix("M", M)
-    rtol = _rtol(rtol)
+    a = operand("M", M, "(..., m, n)")
+    rtol = rtol_arg(rtol)
     m, n = a.shape[-2:]
     s, _, vh = _svd(a, vectors=True)
-    rank = _rank(s, rtol, m, n)
+    rank = spectrum_rank(s, rtol, m, n)
     return _objects(a.shape[:-2], lambda i: _null_from_svd(s[i], vh[i], n, int(rank[i]))), s
 
 
@@ -206,7 +191,7 @@ class ParameterNulls:
 
 
 def _head_weights(name: str, w, d_model: Optional[int] = None) -> np.ndarray:
-    a = _matrix(name, w, "(..., d_model, d_head)")
+    a = operand(name, w, "(..., d_model, d_head)")
     if d_model is not None and a.shape[-2] != d_model:
         raise ValueError(f"{name} must have shape (..., {d_model}, d_head), got {a.shape}")
     return a
@@ -239,7 +224,7 @@ def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
     wk = _head_weights("W_K", W_K, wq.shape[-2])
     if wk.shape[-1] != wq.shape[-1]:
         raise ValueError(f"W_Q and W_K must share d_k: got W_Q {wq.shape}, W_K {wk.shape}")
-    rtol = _rtol(rtol)
+    rtol = rtol_arg(rtol)
     batch = broadcast_batch([("W_Q", wq, 2), ("W_K", wk, 2)])
     dt = compute_dtype(wq, wk)
     wq = np.broadcast_to(wq, batch + wq.shape[-2:]).astype(dt, copy=False)
@@ -248,13 +233,13 @@ def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
 
     def range_complement(w):  # ker(W^T) = range(W)^perp
         s, u, _ = _svd(w, vectors=True)
-        rank = _rank(s, rtol, d_model, d_k)
+        rank = spectrum_rank(s, rtol, d_model, d_k)
         return _objects(batch, lambda i: Subspace(u[i][:, : rank[i]], complement=True)), rank
 
     ker_q, rank_q = range_complement(wq)
     ker_k, rank_k = range_complement(wk)
     U, S, Vh = factored_svd(wq, np.swapaxes(wk, -1, -2))
-    rank = _rank(S, rtol, d_model, d_model)
+    rank = spectrum_rank(S, rtol, d_model, d_model)
     ker_b = _objects(batch, lambda i: Subspace(Vh[i][: rank[i]].T, complement=True))
     ker_bt = _objects(batch, lambda i: Subspace(U[i][:, : rank[i]], complement=True))
     return ParameterNulls(ker_q, ker_k, ker_b, ker_bt, S, _int(rank), _int(rank_q), _int(rank_k))
@@ -262,10 +247,7 @@ def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
 
 # -- effective ranks -----------------------------------------------------------------------
 def _spectrum(x, spectrum: Optional[bool]) -> np.ndarray:
-    a = real_array("x", x)
-    check_min_ndim("x", a, 1, "(..., k) singular values or (..., m, n) matrices")
-    check_nonempty("x", a, "(..., k) or (..., m, n)")
-    check_finite("x", a)
+    a = operand("x", x, "(..., k) singular values or (..., m, n) matrices", min_ndim=1, dtype=None)
     if spectrum is None:
         spectrum = a.ndim == 1
     if spectrum:
@@ -403,8 +385,7 @@ class TiltCoverage:
 
     def update(self, u) -> "TiltCoverage":
         """Add the tilts of the rows of u (..., d_k); returns self."""
-        a = real_array("u", u)
-        check_min_ndim("u", a, 1, f"(..., {self.dim})")
+        a = operand("u", u, f"(..., {self.dim})", dtype=None, nonempty=False, finite=False)
         if a.shape[-1] != self.dim:
             raise ValueError(f"u must have shape (..., {self.dim}), got {a.shape}")
         check_finite("u", a)
@@ -446,12 +427,12 @@ class TiltCoverage:
         """
         if self.count == 0:
             raise ValueError("no tilts: update() the accumulator with nonzero vectors first")
-        rtol = _rtol(rtol)
+        rtol = rtol_arg(rtol)
         eps = np.finfo(np.float32 if self._float32 else np.float64).eps
         d, n = self.dim, self.count
         wk = None
         if W_K is not None:
-            wk = _matrix("W_K", W_K, f"(d_model, {d})").astype(np.float64)
+            wk = operand("W_K", W_K, f"(d_model, {d})").astype(np.float64)
             if wk.ndim != 2 or wk.shape[1] != d:
                 raise ValueError(f"W_K must have shape (d_model, {d}), got {wk.shape}")
 
@@ -497,9 +478,7 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False) -> TiltCove
 
     Example: ``cov = ag.tilt_coverage(q, W_K=W_K); cov.effective_dim, cov.null.dim``
     """
-    a = real_array("u", u)
-    check_min_ndim("u", a, 1, "(..., d_k)")
-    check_nonempty("u", a, "(..., d_k)")
+    a = operand("u", u, "(..., d_k)", dtype=None, finite=False)
     return TiltCoverage(a.shape[-1]).update(a).result(W_K=W_K, rtol=rtol, centered=centered)
 
 
@@ -523,16 +502,19 @@ class RoutingNulls:
     effective_rank: Union[float, np.ndarray]
 
 
-def routing_nulls(P, *, rtol=None) -> RoutingNulls:
-    """Rank, nullity, null space and spectrum of attention matrices P (..., n_q, n_k).
+@renamed_arguments(P="routing")
+def routing_nulls(routing, *, rtol=None) -> RoutingNulls:
+    """Rank, nullity, null space and spectrum of attention (routing) matrices P (..., n_q, n_k).
 
     dim ker(P) = n_k - rank(P) (app. B.3): near one-hot routing lowers the rank and widens
     the set of value perturbations the head cannot see. rtol as in :func:`null_space`.
+    The old keyword ``P`` is deprecated (use ``routing``).
 
     Example: ``r = ag.routing_nulls(P); r.nullity``
     """
+    P = operand("routing", routing, "(..., n_q, n_k)")
     null, s = null_space(P, rtol=rtol)
-    n_k = np.shape(P)[-1]
+    n_k = P.shape[-1]
     if isinstance(null, Subspace):
         nullity = null.dim
     else:
@@ -556,7 +538,7 @@ def gauge_transform(W_Q, W_K, A):
     d_k = wq.shape[-1]
     if wk.shape[-1] != d_k:
         raise ValueError(f"W_Q and W_K must share d_k: got W_Q {wq.shape}, W_K {wk.shape}")
-    a = _matrix("A", A, f"(..., {d_k}, {d_k})")
+    a = operand("A", A, f"(..., {d_k}, {d_k})")
     if a.shape[-2:] != (d_k, d_k):
         raise ValueError(f"A must have shape (..., {d_k}, {d_k}), got {a.shape}")
     dt = compute_dtype(wq, wk, a)
@@ -596,7 +578,7 @@ def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErro
         raise ValueError(f"W_Q must be one head (d_model, d_k), got {wq.shape}")
     wq2, wk2 = gauge_transform(wq, wk, A)
     d_model, d_k = wq.shape
-    xs = _matrix("x", x, f"(..., n, {d_model})")
+    xs = operand("x", x, f"(..., n, {d_model})")
     if xs.shape[-1] != d_model:
         raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
     scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._arrays import real_array, scalar
+from ._operands import real_array, scalar
 
 
 def stable_density(x, alpha, c=1.0, *, log=False):

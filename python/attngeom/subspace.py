@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._arrays import check_finite, real_array, scalar
+from ._operands import check_finite, real_array, scalar
 
 
 def _orthogonal_complement(q: np.ndarray) -> np.ndarray:

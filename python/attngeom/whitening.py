@@ -22,29 +22,13 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._arrays import check_finite, check_min_ndim, check_nonempty, compute_dtype, real_array, scalar
+from ._operands import check_finite, operand, real_array, scalar
 from .attention import softmax_attention
-
-
-def _sequences(name, x, min_ndim=2):
-    a = real_array(name, x)
-    check_min_ndim(name, a, min_ndim, "(..., T, D)")
-    check_nonempty(name, a, "(..., T, D)")
-    check_finite(name, a)
-    return a.astype(compute_dtype(a), copy=False)
-
-
-def _square(name, m, D, dtype):
-    a = real_array(name, m)
-    if a.shape != (D, D):
-        raise ValueError(f"{name} must have shape ({D}, {D}), got {a.shape}")
-    check_finite(name, a)
-    return np.ascontiguousarray(a, dtype=dtype)
 
 
 def _filter(x, L, M):
     """Checked operands: L, M either (D, D) (steady state) or (T, D, D) (one pair per step)."""
-    x = _sequences("x", x)
+    x = operand("x", x, "(..., T, D)")
     T, D = x.shape[-2:]
     La, Ma = real_array("L", L), real_array("M", M)
     shapes = ((D, D), (T, D, D))
@@ -114,7 +98,7 @@ def block_covariances(x):
     Lambda_1 = mean of (x_t - mu)(x_{t-1} - mu)^T over t >= 1 (the subdiagonal block
     Cov(x_i, x_{i-1})); mu is the mean over sequences and positions. Returns (Lambda_0, Lambda_1).
     """
-    a = _sequences("x", x, 3).astype(np.float64)
+    a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
     if a.shape[1] < 2:
         raise ValueError(f"x needs T >= 2 positions for a lag-1 covariance, got shape {a.shape}")
@@ -134,14 +118,20 @@ class SteadyState(NamedTuple):
     converged: bool
 
 
+def _covariance_block(name, m, D=None):
+    """A (D, D) covariance block as float64 (D from the block itself when not given)."""
+    expected = "(D, D)" if D is None else f"({D}, {D})"
+    a = operand(name, m, expected, dtype=np.float64, contiguous=True)
+    if a.shape[0] != a.shape[1] or (D is not None and a.shape[0] != D):
+        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
+    return a
+
+
 def _cholesky_blocks(Lambda0, Lambda1):
     """Checked Lambda_0, Lambda_1 and the generator of the block Cholesky blocks (L_i, M_i)."""
-    lam0 = real_array("Lambda0", Lambda0).astype(np.float64)
-    if lam0.ndim != 2 or lam0.shape[0] != lam0.shape[1] or lam0.size == 0:
-        raise ValueError(f"Lambda0 must have shape (D, D), got {lam0.shape}")
+    lam0 = _covariance_block("Lambda0", Lambda0)
     D = lam0.shape[0]
-    lam1 = _square("Lambda1", Lambda1, D, np.float64)
-    check_finite("Lambda0", lam0)
+    lam1 = _covariance_block("Lambda1", Lambda1, D)
     if not np.allclose(lam0, lam0.T, rtol=1e-10, atol=1e-12 * np.abs(lam0).max()):
         raise ValueError("Lambda0 must be symmetric")
     try:
@@ -211,10 +201,7 @@ def steady_state_factor(Lambda0, Lambda1, *, tol: float = 1e-12, max_iter: int =
 
 def block_diagonal_factor(Lambda0):
     """The block-diagonal model (Lambda_k = 0 for k > 0): L = chol(Lambda_0), M = 0 (s.4)."""
-    lam0 = real_array("Lambda0", Lambda0).astype(np.float64)
-    if lam0.ndim != 2 or lam0.shape[0] != lam0.shape[1] or lam0.size == 0:
-        raise ValueError(f"Lambda0 must have shape (D, D), got {lam0.shape}")
-    check_finite("Lambda0", lam0)
+    lam0 = _covariance_block("Lambda0", Lambda0)
     try:
         return np.linalg.cholesky(lam0), np.zeros_like(lam0)
     except np.linalg.LinAlgError:
@@ -228,7 +215,7 @@ def full_whitening(x) -> np.ndarray:
     normalised by B - 1); its symmetric inverse square root is applied to every centred
     sequence, so the output's sample covariance is exactly the identity. Needs B > T D.
     """
-    a = _sequences("x", x, 3).astype(np.float64)
+    a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
     B, T, D = a.shape
     if B <= T * D:
@@ -256,8 +243,8 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
     """
     w = whiten(x, L, M)
     D = w.shape[-1]
-    wq = real_array("W_Q", W_Q)
-    wk = real_array("W_K", W_K)
+    wq = operand("W_Q", W_Q, f"({D}, d_k)", dtype=None)
+    wk = operand("W_K", W_K, f"({D}, d_k)", dtype=None)
     if wq.ndim != 2 or wq.shape[0] != D:
         raise ValueError(f"W_Q must have shape ({D}, d_k), got {wq.shape}")
     if wk.shape != wq.shape:
@@ -268,7 +255,7 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
 
 # -- measures ------------------------------------------------------------------------------
 def _batch_covariance(x):
-    a = _sequences("x", x, 3).astype(np.float64)
+    a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
     if a.shape[0] < 2:
         raise ValueError(f"x needs at least 2 sequences (the batch axis), got shape {a.shape}")
@@ -321,7 +308,7 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     Theta (D, D), or (T, D, D) for a time-varying (non-stationary) process. With a fixed Theta
     the covariance is exactly block-tridiagonal: Lambda_0 = I + Theta Theta^T, Lambda_1 = Theta.
     """
-    th = real_array("Theta", Theta).astype(np.float64)
+    th = operand("Theta", Theta, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
     D = th.shape[-1]
     if th.shape not in ((D, D), (T, D, D)):
         raise ValueError(f"Theta must have shape ({D}, {D}) or ({T}, {D}, {D}), got {th.shape}")
@@ -340,7 +327,7 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
 
     Example: ``x = ag.vector_ar1(0.5 * np.eye(4), 8, 256, seed=1)``
     """
-    ph = real_array("Phi", Phi).astype(np.float64)
+    ph = operand("Phi", Phi, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
     D = ph.shape[-1]
     if ph.shape not in ((D, D), (T, D, D)):
         raise ValueError(f"Phi must have shape ({D}, {D}) or ({T}, {D}, {D}), got {ph.shape}")

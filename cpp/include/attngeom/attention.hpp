@@ -1,9 +1,6 @@
 // Attention kernels: softmax scaled dot-product attention and ridge (kernel-swapped)
-// attention on the projected coordinate, both through one flash-style driver.
-//
-// Layout: every operand is a stack of contiguous row-major (n, d) blocks. The flat batch
-// index b selects block `index[b]` of each operand, which is how NumPy broadcasting of the
-// leading dimensions reaches the core without copies.
+// attention on the projected coordinate, both through one flash-style driver. Operands are
+// stacks of row-major blocks (types.hpp); the ridge kernels psi are in kernels.hpp.
 #pragma once
 
 #include <Eigen/Core>
@@ -11,35 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
 
-#include "attngeom/kernels.hpp"
 #include "attngeom/parallel.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom {
-
-// Which keys a query may see. TopLeft (PyTorch's is_causal): key j <= query i.
-// BottomRight (FlashAttention >= 2.1, a query block appended to a cache): j <= i + n_k - n_q.
-enum class Causal { None, TopLeft, BottomRight };
-
-// A stack of (rows, cols) row-major blocks addressed through a batch index.
-template <class T>
-struct Stack {
-  const T* data = nullptr;
-  const int64_t* index = nullptr;  // flat batch -> block; nullptr means identity
-  int64_t rows = 0, cols = 0;
-  const T* block(int64_t b) const { return data + (index ? index[b] : b) * rows * cols; }
-};
-
-// Boolean (True = attend) or additive mask, broadcast over (n_q, n_k) with zero strides.
-template <class T>
-struct Mask {
-  const uint8_t* keep = nullptr;  // boolean mask, or
-  const T* bias = nullptr;        // additive mask
-  const int64_t* index = nullptr;
-  int64_t block_size = 0, row_stride = 0, col_stride = 0;
-  bool active() const { return keep != nullptr || bias != nullptr; }
-};
 
 template <class T>
 struct AttentionOutput {
@@ -55,12 +28,12 @@ struct Blocking {
 
 namespace detail {
 
-// Applies scale (dot products) or nothing (ridge) to a block of query rows.
+// Scores of softmax attention: the dot products themselves (the scale is folded into the
+// query block), so log psi leaves them as they are.
 template <class T>
 struct DotScores {
-  T scale;
   template <class M>
-  void log_psi(M&& S, const T*) const {}  // the scale is folded into the query block
+  void log_psi(M&&, const T*) const {}
 };
 
 // The flash driver. `query_scale` multiplies the query block once (1 for ridge scores);
@@ -176,7 +149,7 @@ template <class T>
 void softmax_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v, const Mask<T>& mask,
                        Causal causal, T scale, const AttentionOutput<T>& out, Blocking blocking = {}) {
   detail::attend(batch, q, static_cast<const T*>(nullptr), nullptr, k, v, mask, causal, scale,
-                 detail::DotScores<T>{scale}, out, blocking);
+                 detail::DotScores<T>{}, out, blocking);
 }
 
 // Ridge attention: weights psi(tau_j, u_j . k_i) normalised per row (eq. 40-44), for a

@@ -7,6 +7,8 @@
 //   lightning (eq. 1):  y = (q k^T) v            weight of token j for i: (Q x_i).(K x_j)
 //   softmax  (eq. 16):  y = softmax_rows(k q^T / T) v   weight exp(x_i^T K^T Q x_j / T).
 // Parameters are flattened layer by layer, each layer as Q, K, V in row-major order.
+// The forward pass here is only the base point of the tangents: the network's own forward
+// pass is the attention kernels' (Python's deep_lightning), one path for both kinds.
 #pragma once
 
 #include <Eigen/Core>
@@ -14,7 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "attngeom/kernels.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom {
 
@@ -105,24 +107,6 @@ void layer_tangent(const LayerView<T>& W, const LayerCache<T>& c, bool softmax, 
 }
 
 }  // namespace detail
-
-// phi_W(x) for n samples x (n, t, d_0) -> out (n, t, d_l).
-template <class T>
-void network_forward(const NetworkShape& s, const T* params, int64_t n, int64_t t, const T* x, bool softmax,
-                     T temperature, T* out) {
-  s.check();
-  const int64_t l = s.layers(), d0 = s.d[0], dl = s.d[l];
-#pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < n; ++m) {
-    RowMatrix<T> cur = Eigen::Map<const RowMatrix<T>>(x + m * t * d0, t, d0), next;
-    detail::LayerCache<T> cache;
-    for (int64_t i = 0; i < l; ++i) {
-      detail::layer_forward(detail::layer_view(s, params, i), cur, softmax, temperature, cache, next);
-      cur.swap(next);
-    }
-    Eigen::Map<RowMatrix<T>>(out + m * t * dl, t, dl) = cur;
-  }
-}
 
 // The Jacobian d phi_W(x) / dW for n samples: jac (n, t, d_l, P), P = s.parameters().
 template <class T>

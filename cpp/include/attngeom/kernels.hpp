@@ -7,19 +7,11 @@
 #pragma once
 
 #include <Eigen/Core>
-#include <cmath>
 #include <memory>
 
 #include "attngeom/stable_density.hpp"
 
 namespace attngeom {
-
-template <class T>
-using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using RowBlock = Eigen::Block<RowMatrix<T>, Eigen::Dynamic, Eigen::Dynamic, false>;
-
-enum class KernelKind { Exp, Gaussian, Cauchy, Stable };
 
 // psi(tau, s) = exp(tau s): softmax (eq. 53).
 template <class T>

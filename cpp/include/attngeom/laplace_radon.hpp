@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "attngeom/attention.hpp"
-#include "attngeom/kernels.hpp"
+#include "attngeom/parallel.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom {
 

@@ -13,7 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attngeom/attention.hpp"
+#include "attngeom/parallel.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom {
 

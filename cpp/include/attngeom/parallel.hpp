@@ -5,10 +5,6 @@
 // so a unit is computed the same way whatever the thread count.
 #pragma once
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace attngeom {
 
 // Number of threads the next parallel region will use.
@@ -21,13 +17,5 @@ bool has_openmp();
 // team costs tens of microseconds (far more when the cores are shared), so small calls run
 // on the calling thread. Used as `#pragma omp parallel ... if(parallel_worth(work))`.
 inline bool parallel_worth(double work) { return work >= 131072.0; }
-// Index of the calling thread inside a parallel region (0 outside).
-inline int thread_index() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 }  // namespace attngeom

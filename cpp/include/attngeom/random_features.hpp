@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "attngeom/attention.hpp"
+#include "attngeom/types.hpp"
 #include "attngeom/parallel.hpp"
 
 namespace attngeom {

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "attngeom/attention.hpp"
+#include "attngeom/types.hpp"
 
 namespace attngeom {
 

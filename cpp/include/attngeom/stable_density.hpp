@@ -19,6 +19,7 @@
 // beyond the table.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -32,10 +33,10 @@ class StableDensity {
   double operator()(double x) const;
   // log f(x), accurate where f underflows.
   double log_density(double x) const;
+  // out[i] = f(x[i]) (or log f(x[i])) for i < n; OpenMP over i.
+  void evaluate(const double* x, int64_t n, bool log, double* out) const;
   // A shared instance for (alpha, c): tables are built once per process (at most 64 kept).
   static std::shared_ptr<const StableDensity> shared(double alpha, double c = 1.0);
-  double alpha() const { return alpha_; }
-  double c() const { return c_; }
 
   // Reference evaluation of log f_1 (c = 1) straight from the integral representation,
   // without the table (slow; for tests and the table itself).

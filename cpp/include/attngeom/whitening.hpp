@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attngeom/kernels.hpp"
+#include "attngeom/types.hpp"
 #include "attngeom/parallel.hpp"
 
 namespace attngeom {

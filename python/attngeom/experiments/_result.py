@@ -6,6 +6,8 @@ import json
 import math
 import os
 
+import numpy as np
+
 
 class ExperimentResult:
     """Mixin for result dataclasses: ``summary()`` (dict of named scalars) and ``to_json``."""
@@ -30,6 +32,17 @@ class ExperimentResult:
         with open(path, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=False, allow_nan=False)
         return str(path)
+
+
+def check_minimums(config, **minimums) -> None:
+    """Raise ValueError naming the first config field that is not an integer >= its minimum.
+
+    Example: ``check_minimums(c, n_layers=1, n_sigma=2)``
+    """
+    for name, minimum in minimums.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _strict(value):

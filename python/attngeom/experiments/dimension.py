@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+from .. import plotting
 from ..dimension import DimensionResult, neuromanifold_dimension
 from ._progress import progress
 from ._result import ExperimentResult
@@ -51,20 +52,13 @@ class DimensionSweepResult(ExperimentResult):
 
     def plot_dimensions(self, ax=None):
         """Figure 4: estimated (every draw) and expected dimension against a."""
-        from .. import plotting
-
-        fig, ax = plotting._axes(ax, figsize=(5, 3.2))
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
         for kind, color in (("softmax", "tab:blue"), ("lightning", "tab:orange")):
             for a, r in enumerate(self.results[kind], start=1):
                 ax.scatter([a] * len(r.dims), r.dims, color=color, s=18, label=f"{kind}, estimated" if a == 1 else None)
                 if r.expected is not None:
                     ax.scatter([a], [r.expected], marker="x", color="k", s=50)
-        ax.set_xlabel("heads a")
-        ax.set_ylabel("dimension")
-        ax.set_title("neuromanifold dimension (x: closed form)")
-        ax.legend(frameon=False)
-        fig.tight_layout()
-        return fig
+        return plotting.finish(fig, ax, "heads a", "dimension", "neuromanifold dimension (x: closed form)", legend=True)
 
     def plot_gaps(self, ax=None):
         """Normalised Jacobian spectra for the widest a (softmax), estimated rank marked."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, laplace_radon_transform, radon_project, tilt_radius
 from ._result import ExperimentResult
@@ -51,33 +52,22 @@ class IdentityResult(ExperimentResult):
             "n_heads": int(self.config.n_heads),
         }
 
-    def table(self) -> str:
-        lines = ["| quantity | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.4g} |" for k, v in self.summary().items()]
-        return "\n".join(lines)
-
     def figures(self) -> dict:
         return {"identity_errors.png": self.plot_errors(), "radii.png": self.plot_radii(),
                 "transform.png": self.plot_transform()}
 
     def plot_errors(self, ax=None):
         """Per-head relative error of the identity, against float64 machine epsilon."""
-        from .. import plotting
-
-        return plotting.identity_errors(self.rel_error_per_head, ax=ax)
+        return _identity_errors(self.rel_error_per_head, ax=ax)
 
     def plot_radii(self, ax=None):
         """Histogram of the Laplace radii tau = |q| / sqrt(d_k) of every query."""
-        from .. import plotting
-
-        return plotting.radius_histogram(self.tau, ax=ax)
+        return _radius_histogram(self.tau, ax=ax)
 
     def plot_transform(self, axes=None):
         """One query: its Radon projection, log Z on real tau and |Z| on imaginary tau."""
-        from .. import plotting
-
-        return plotting.transform_panels(self.projection, self.tau_query, self.tau_grid, self.Z_real, self.omega, self.Z_imag,
-                                         axes=axes)
+        return _transform_panels(self.projection, self.tau_query, self.tau_grid, self.Z_real, self.omega, self.Z_imag,
+                                 axes=axes)
 
 
 def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
@@ -110,3 +100,51 @@ def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
     return IdentityResult(config=c, rel_error_per_head=err, rel_error_float32=err32, tau=tau,
                           projection=radon_project(u0, k0)[0], tau_query=float(tau[0, 0, 0]), tau_grid=grid,
                           Z_real=real, omega=w, Z_imag=imag)
+
+
+# -- figures of this driver ---------------------------------------------------------------
+def _identity_errors(rel_error, ax=None):
+    """Bar chart of per-head relative errors of an identity, with float64 epsilon marked."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
+    heads = np.arange(len(rel_error))
+    ax.bar(heads, np.maximum(rel_error, 1e-18), color="tab:blue")
+    ax.axhline(np.finfo(np.float64).eps, color="k", ls="--", lw=1, label="float64 eps")
+    ax.set_yscale("log")
+    return plotting.finish(fig, ax, "head", "relative error", "Laplace-Radon identity: N/Z vs softmax", legend=True)
+
+
+def _radius_histogram(tau, ax=None):
+    """Histogram of Laplace radii tau."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
+    ax.hist(np.ravel(tau), bins=60, color="tab:orange", alpha=0.85)
+    ax.set_xlabel(r"radius $\tau = |q| / \sqrt{d_k}$")
+    ax.set_ylabel("queries")
+    ax.set_title("Laplace radii")
+    fig.tight_layout()
+    return fig
+
+
+def _transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes=None):
+    """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
+    the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
+    and |Z(u, i w)|, the modulus of the characteristic function."""
+    fig, axes = plotting.panel_row(axes, 3, 4.0)
+    ax = axes[0]
+    ax.stem(projection, np.ones_like(projection), basefmt=" ")
+    ax.set_xlabel(r"$s = u \cdot k$")
+    ax.set_yticks([])
+    ax.set_title(r"Radon projection $(\mathcal{R}\mu)(u, s)$")
+    ax = axes[1]
+    ax.plot(tau_grid, log_Z)
+    ax.axvline(tau_query, color="k", ls=":", lw=1, label=r"query's $\tau$")
+    ax.set_xlabel(r"$\tau$")
+    ax.set_ylabel(r"$\log Z(u, \tau)$")
+    ax.set_title("Laplace transform (CGF)")
+    ax.legend(frameon=False)
+    ax = axes[2]
+    ax.plot(omega, np.abs(Z_imag))
+    ax.set_xlabel(r"$\omega$")
+    ax.set_ylabel(r"$|Z(u, i\omega)|$")
+    ax.set_title("characteristic function")
+    fig.tight_layout()
+    return fig

@@ -21,24 +21,20 @@ analogue of the tilt null span(U)^perp, s.6.2): RMS errors and the images.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Dict, Tuple
 
 import numpy as np
 
-from ..inverse import (
-    fit_exponential_sum,
-    head_probe,
-    invert_laplace_density,
-    reconstruct_points,
-    recover_keys,
-    wasserstein1,
-)
+from .. import plotting
+from ..inverse import fit_exponential_sum, invert_laplace_density, wasserstein1
+from ..laplace_radon import head_probe
+from ..point_sets import reconstruct_points, recover_keys
 from ..radon import iradon, iradon_sart, limited_angle, radon, rms_error, shepp_logan_phantom
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
+from .timing import timed
+
 
 TAU_KINDS = ("real", "imaginary")
 POINT_DIMS = (2, 3, 8)
@@ -99,16 +95,6 @@ def _hausdorff(a, b) -> float:
         return math.inf
     dist = np.linalg.norm(a[:, None, :] - b[None, :, :], axis=2)
     return float(max(dist.min(0).max(), dist.min(1).max()))
-
-
-def _timed(f, repeats):
-    """(f(), median seconds over `repeats` calls)."""
-    times, out = [], None
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        out = f()
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
 
 
 def _finite_list(values):
@@ -213,24 +199,20 @@ class InverseResult(ExperimentResult):
     def plot_node_recovery(self, axes=None):
         """Node error (median and range over the draws) and estimated order against the node count,
         real vs imaginary tau."""
-        from .. import plotting
-
         c = self.config
         n = self.n_nodes.astype(float)
         title = (f"matrix pencil: real tau on [-{c.real_tau_max:g}, {c.real_tau_max:g}] ({c.real_samples} samples) "
                  f"vs tau = i {c.imag_step:g} k ({c.imag_samples} samples)")
-        return plotting.band_panels(n, [
+        return _band_panels(n, [
             ("node error (Hausdorff)", {f"{k} tau": self.node_error[k] for k in TAU_KINDS}, "log"),
             ("estimated order", {**{f"{k} tau": self.node_order[k] for k in TAU_KINDS}, "n (true)": n}, "linear"),
         ], "nodes n", axes=axes, title=title)
 
     def plot_noise(self, axes=None):
         """Node error and estimated order against the relative noise eta (imaginary tau)."""
-        from .. import plotting
-
         c = self.config
         ref = np.median(self.noise_error / self.eta[:, None]) * self.eta
-        return plotting.band_panels(self.eta, [
+        return _band_panels(self.eta, [
             ("node error", {"matrix pencil": self.noise_error, r"$\propto \eta$": ref}, "log"),
             ("estimated order", {"matrix pencil": self.noise_order,
                                  "n (true)": np.full(self.eta.shape, float(c.noise_nodes))}, "linear"),
@@ -239,30 +221,24 @@ class InverseResult(ExperimentResult):
 
     def plot_densities(self, axes=None):
         """Recovered projected densities over the true ones (noiseless and noisy transforms)."""
-        from .. import plotting
-
         eta = self.config.density_noise
         titles = {"uniform": "uniform on [-1, 1]", "gaussian": f"N(0, {GAUSSIAN_SIGMA:g}$^2$)"}
         panels = [(f"{titles[k]}: W1 {v.w1_clean:.3f} / {v.w1_noisy:.3f}", v.s, v.truth,
                    {"recovered, noiseless": v.clean, f"recovered, noise {eta:g}": v.noisy})
                   for k, v in self.densities.items()]
-        return plotting.density_overlays(panels, axes=axes)
+        return _density_overlays(panels, axes=axes)
 
     def plot_points(self, axes=None):
         """A planar cloud and its recovery; the largest point error of every cloud and of the head's keys."""
-        from .. import plotting
-
         errors = {f"d={d}, n={self.points_n[d]}": self.points_error[d] for d in POINT_DIMS}
         errors[f"head keys\nd={self.config.head_dim}, n={self.config.head_keys}"] = self.keys_error
         truth, found = self.cloud_2d
-        return plotting.point_recovery(truth, found, errors, axes=axes,
+        return _point_recovery(truth, found, errors, axes=axes,
                                        title="points from their projections (inverse Radon of a point set)")
 
     def plot_missing_wedge(self, axes=None):
         """The phantom, its sinogram with the largest wedge removed, and the FBP and SART
         reconstructions for every wedge."""
-        from .. import plotting
-
         sino = self.sinogram.copy()
         theta = np.linspace(0.0, 180.0, sino.shape[1], endpoint=False)
         sino[:, ~limited_angle(theta, self.wedges[-1])] = 0.0
@@ -272,12 +248,10 @@ class InverseResult(ExperimentResult):
         for row, method in zip(rows, METHODS):
             for i, w in enumerate(self.wedges):
                 row.append((f"{names[method]}, wedge {w:g}: {self.rms[method][i]:.3f}", self.images[method][i], unit))
-        return plotting.image_grid(rows, axes=axes)
+        return _image_grid(rows, axes=axes)
 
     def plot_wedge_errors(self, ax=None):
         """RMS error against the missing wedge, FBP and SART."""
-        from .. import plotting
-
         c = self.config
         curves = {"FBP": self.rms["fbp"], f"SART ({c.sart_iterations})": self.rms["sart"]}
         return plotting.curve_panels(self.wedges, [("RMS error", curves, "linear")], "missing wedge [degrees]",
@@ -334,7 +308,7 @@ def _points(c, rng):
         X = rng.standard_normal((sizes[d], d))
         U = _unit_rows(rng, d + c.point_extra_directions, d)
         nodes = [rng.permutation(U[j] @ X.T) for j in range(len(U))]  # each direction's nodes in any order
-        ps, times[d] = _timed(lambda: reconstruct_points(U, nodes), c.timing_repeats)
+        ps, times[d] = timed(lambda: reconstruct_points(U, nodes), c.timing_repeats)
         err[d] = _hausdorff(ps.points, X)
         if d == 2:
             cloud = (X, ps.points)
@@ -347,7 +321,7 @@ def _keys(c, rng):
     U = _unit_rows(rng, c.head_directions, c.head_dim)
     step = 2.5 / np.abs(U @ k.T).max()  # |s| step < pi: no aliasing
     tau = 1j * step * np.arange(c.head_samples)
-    head, seconds = _timed(lambda: recover_keys(head_probe(k, v), U, tau), c.timing_repeats)
+    head, seconds = timed(lambda: recover_keys(head_probe(k, v), U, tau), c.timing_repeats)
     dist = np.linalg.norm(head.keys[:, None, :] - k[None, :, :], axis=2)
     match = dist.argmin(axis=1)
     if len(head.keys) != c.head_keys or len(np.unique(match)) != c.head_keys:
@@ -400,9 +374,7 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
     Example: ``res = run_inverse(InverseConfig(max_nodes=12, phantom_size=64, n_angles=64)); res.table()``
     """
     c = config
-    if c.max_nodes < 1 or c.node_draws < 1 or c.n_eta < 2 or c.noise_draws < 1 or c.n_wedges < 2:
-        raise ValueError(f"need max_nodes, node_draws, noise_draws >= 1 and n_eta, n_wedges >= 2, got "
-                         f"{c.max_nodes}, {c.node_draws}, {c.noise_draws}, {c.n_eta}, {c.n_wedges}")
+    check_minimums(c, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
     if not 0 < c.node_gap < 1:
         raise ValueError(f"node_gap must lie in (0, 1) (a fraction of the mean spacing), got {c.node_gap}")
     if not 0 <= c.max_wedge < 180:
@@ -417,3 +389,109 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
     phantom, sino, wedges, kept, rms, images = _missing_wedge(c)
     return InverseResult(c, n_nodes, node_error, node_order, eta, noise_error, noise_order, sizes, p_err, p_time,
                          k_err, v_err, m_err, k_time, densities, wedges, kept, rms, phantom, sino, images, cloud)
+
+
+# -- figures of this driver ---------------------------------------------------------------
+def _band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
+    """Side-by-side panels of repeated measurements against one parameter x (n,).
+
+    panels : list of (ylabel, {label: values}, yscale). A (n, draws) array is drawn as its
+    median over the draws (solid, markers) inside the band between its smallest and largest
+    draw; a (n,) array as a dashed reference line. On a log y axis values are drawn no lower
+    than 1e-17 (exact zeros, e.g. a recovery exact to the last bit, sit on that floor).
+    Returns the figure.
+    """
+    fig, axes = plotting.panel_row(axes, len(panels), 4.6, 3.3)
+    x = np.asarray(x, dtype=float)
+    for ax, (ylabel, curves, yscale) in zip(axes, panels):
+        for label, values in curves.items():
+            values = np.asarray(values, dtype=float)
+            if yscale == "log":
+                values = np.maximum(values, 1e-17)
+            if values.ndim == 2:
+                line, = ax.plot(x, np.median(values, axis=1), "o-", ms=3, label=label)
+                ax.fill_between(x, values.min(axis=1), values.max(axis=1), color=line.get_color(), alpha=0.2, lw=0)
+            else:
+                ax.plot(x, values, "k--" if len(curves) > 1 else "-", lw=1, label=label)
+        plotting.finish_curves(ax, xlabel, ylabel, xscale, yscale, len(curves))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _density_overlays(panels, axes=None):
+    """Recovered against true densities, one panel each.
+
+    panels : list of (title, s (G,), truth (G,), {label: (G,) recovered density}); the truth
+    is drawn black, the recoveries over it. Returns the figure.
+    """
+    fig, axes = plotting.panel_row(axes, len(panels), 4.3)
+    for ax, (title, s, truth, recovered) in zip(axes, panels):
+        ax.plot(s, truth, "k-", lw=2, alpha=0.5, label="true")
+        for i, (label, p) in enumerate(recovered.items()):
+            ax.plot(s, p, "-" if i == 0 else "--", lw=1.2, label=label)
+        ax.set_xlabel("$s$")
+        ax.set_ylabel("density")
+        ax.set_title(title, fontsize=9)
+        ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _point_recovery(truth, found, errors, axes=None, title=None):
+    """Points recovered from their projections: a 2-d cloud and the errors of several cases.
+
+    truth, found : (n, 2) the true and the recovered points of one planar cloud (drawn as
+    circles and crosses); errors : {case label: largest point error}, drawn as bars on a log
+    scale (exact zeros at 1e-17). Returns the figure.
+    """
+    fig, axes = plotting.panel_row(axes, 2, 4.75, 3.6, gridspec_kw={"width_ratios": [1, 1.3]})
+    ax = axes[0]
+    truth, found = np.asarray(truth, dtype=float), np.asarray(found, dtype=float)
+    ax.plot(truth[:, 0], truth[:, 1], "o", mfc="none", ms=5, alpha=0.7, label="true")
+    ax.plot(found[:, 0], found[:, 1], "x", ms=4, color="tab:red", label="recovered")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel("$x_1$")
+    ax.set_ylabel("$x_2$")
+    ax.legend(frameon=False, fontsize=8)
+    ax = axes[1]
+    labels = list(errors)
+    ax.bar(np.arange(len(labels)), np.maximum(np.asarray([errors[k] for k in labels], dtype=float), 1e-17))
+    ax.set_xticks(np.arange(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("largest point error")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _image_grid(rows, axes=None, cmap="gray", title=None):
+    """A grid of images: rows is a list of rows, each a list of (title, image (M, N), vrange)
+    with vrange a (vmin, vmax) pair or None (the image's own range). Ticks are hidden.
+    Returns the figure."""
+    nrows, ncols = len(rows), max(len(r) for r in rows)
+    if axes is None:
+        fig, grid = plotting.new_figure(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
+    else:
+        grid = np.asarray(axes, dtype=object).reshape(nrows, ncols)
+        fig = grid[0, 0].figure
+    for i, row in enumerate(rows):
+        for j in range(ncols):
+            ax = grid[i, j]
+            if j >= len(row):
+                ax.set_visible(False)
+                continue
+            name, img, vrange = row[j]
+            vmin, vmax = vrange if vrange is not None else (None, None)
+            ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto" if img.shape[0] != img.shape[1] else "equal",
+                      interpolation="nearest")
+            ax.set_title(name, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

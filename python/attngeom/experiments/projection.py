@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 
 
 @dataclass
@@ -110,15 +111,11 @@ class ProjectionResult(ExperimentResult):
 
     def plot_identity(self, ax=None):
         """Softmax (logits q.k, unit-norm q and k) against projection attention at sigma = 1."""
-        from .. import plotting
-
         return plotting.identity_scatter(self.y_softmax, self.y_projection, self.identity_rel_error,
                                          "softmax attention, logits q.k", r"projection attention, $\sigma = 1$", ax=ax)
 
     def plot_sigma_sweep(self, axes=None):
         """Entropy, largest weight and output change of self-attention against sigma."""
-        from .. import plotting
-
         c = self.config
         return plotting.curve_panels(self.sigma, [
             ("mean row entropy", {"self-attention": self.entropy,
@@ -129,15 +126,11 @@ class ProjectionResult(ExperimentResult):
 
     def plot_flattening(self, axes=None):
         """Local dimension before and after the layers, and the variance left off the plane."""
-        from .. import plotting
-
-        return plotting.flattening_panels(self.local_dim_before, self.local_dim_after, self.off_plane, axes=axes)
+        return _flattening_panels(self.local_dim_before, self.local_dim_after, self.off_plane, axes=axes)
 
     def plot_cloud(self, axes=None):
         """Side view of the cloud (an in-plane against an off-plane direction) before and after."""
-        from .. import plotting
-
-        return plotting.cloud_views(self.cloud_views, "in-plane direction", "off-plane direction", axes=axes)
+        return _cloud_views(self.cloud_views, "in-plane direction", "off-plane direction", axes=axes)
 
     def figures(self) -> dict:
         return {"identity.png": self.plot_identity(), "sigma_sweep.png": self.plot_sigma_sweep(),
@@ -150,8 +143,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
     c = config
-    if c.n_layers < 1 or c.n_sigma < 2:
-        raise ValueError(f"n_layers must be >= 1 and n_sigma >= 2, got {c.n_layers} and {c.n_sigma}")
+    check_minimums(c, n_layers=1, n_sigma=2)
     rng = np.random.default_rng(c.seed)
     # (1) the identity on unit-norm queries and keys (cross-attention, separate values)
     q = _unit(rng, (c.n_examples, c.n_tokens, c.d))
@@ -212,3 +204,51 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
         views[f"after {c.n_layers} layers"] = side(y)
     return ProjectionResult(c, rel, w_err, ident, unsquared, sigma, entropy, max_prob, change, before, after,
                             np.array(off), np.array(spr), y_s, y_p, views)
+
+
+# -- figures of this driver ---------------------------------------------------------------
+def _flattening_panels(before, after, off_plane, axes=None):
+    """Local dimension of a token cloud under repeated layers (Sanger's "flattening").
+
+    before : (n,) local dimension of each point's neighbourhood; after : (n_layers, n) the
+    same neighbourhoods after 1..n_layers layers; off_plane : (n_layers + 1,) the fraction of
+    the cloud's variance off its plane, before and after each layer. Left: histograms of the
+    local dimension before, after one layer and after the last; right: the means and the
+    off-plane fraction against the number of layers.
+    """
+    fig, axes = plotting.panel_row(axes, 2, 4.5)
+    after = np.atleast_2d(after)
+    n_layers = after.shape[0]
+    ax = axes[0]
+    bins = np.linspace(min(before.min(), after.min()), max(before.max(), after.max()), 40)
+    ax.hist(before, bins=bins, alpha=0.6, label="before")
+    ax.hist(after[0], bins=bins, alpha=0.6, label="after 1 layer")
+    if n_layers > 1:
+        ax.hist(after[-1], bins=bins, alpha=0.6, label=f"after {n_layers} layers")
+    ax.set_xlabel("local dimension (participation ratio)")
+    ax.set_ylabel("points")
+    ax.legend(frameon=False, fontsize=8)
+    ax = axes[1]
+    layers = np.arange(n_layers + 1)
+    ax.plot(layers, np.concatenate([[before.mean()], after.mean(1)]), "o-", label="mean local dimension")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("mean local dimension")
+    twin = ax.twinx()
+    twin.semilogy(layers, off_plane, "s--", color="tab:red", ms=4)
+    twin.set_ylabel("variance fraction off the plane", color="tab:red")
+    ax.set_xticks(layers)
+    fig.tight_layout()
+    return fig
+
+
+def _cloud_views(views, xlabel, ylabel, axes=None):
+    """Scatter plots of 2-d views of point clouds side by side: {title: (n, 2) array}, one
+    panel each, sharing the axis limits."""
+    fig, axes = plotting.panel_row(axes, len(views), 3.3, sharex=True, sharey=True)
+    for ax, (title, pts) in zip(axes, views.items()):
+        ax.plot(pts[:, 0], pts[:, 1], ".", ms=3, alpha=0.6)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel(ylabel)
+    fig.tight_layout()
+    return fig

@@ -19,12 +19,13 @@ from typing import Dict
 
 import numpy as np
 
+from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import tilt_radius
 from ..random_features import random_feature_attention
 from ..sampling import sampled_attention
 from ._progress import progress
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_minimums
 
 FEATURE_KINDS = ("iid", "orthogonal")
 PROPOSALS = ("uniform", "tilted")
@@ -93,8 +94,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def plot_feature_error(self, axes=None):
         """Z's mean squared relative error and the output error against m, iid vs orthogonal."""
-        from .. import plotting
-
         m = self.num_features.astype(float)
         ref = self.z_mse["iid"][0] * m[0] / m
         return plotting.curve_panels(m, [
@@ -104,8 +103,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def plot_sampling_variance(self, ax=None):
         """Mean squared relative error of the importance-sampled Z against tau, per proposal."""
-        from .. import plotting
-
         curves = {**dict(self.sampling_mse), "uniform, exact": self.uniform_exact}
         return plotting.curve_panels(self.tau, [(r"mean $(\hat Z / Z - 1)^2$", curves, "log")],
                                      r"mean Laplace radius $\tau$", axes=None if ax is None else [ax],
@@ -113,7 +110,6 @@ class RandomFeaturesResult(ExperimentResult):
 
     def figures(self) -> dict:
         return {"feature_error.png": self.plot_feature_error(), "sampling_variance.png": self.plot_sampling_variance()}
-
 
 
 def _draw_seed(seed: int, stream: int, draw: int) -> int:
@@ -127,9 +123,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
     Example: ``res = run_random_features(RandomFeaturesConfig(feature_draws=10)); res.table()``
     """
     c = config
-    if not 1 <= c.min_features <= c.max_features or c.n_tau < 2:
-        raise ValueError(f"need 1 <= min_features <= max_features and n_tau >= 2, got {c.min_features}, "
-                         f"{c.max_features}, {c.n_tau}")
+    check_minimums(c, min_features=1, max_features=c.min_features, n_tau=2)
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))

@@ -14,11 +14,13 @@ from typing import Dict
 
 import numpy as np
 
+from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
 from ._progress import progress
 from ._result import ExperimentResult
+
 
 # Table 1 of the paper (run_20251217_190709), for the side-by-side comparison.
 PAPER_TABLE_1 = {
@@ -96,52 +98,37 @@ class TomographyResult(ExperimentResult):
     # -- figures (numbered as in the paper) ----------------------------------------------
     def plot_reconstruction(self, ax=None):
         """Figure 1: Y (softmax) against Y_hat (Laplace-Radon)."""
-        from .. import plotting
-
-        return plotting.scatter_identity(self.y.ravel(), self.y_hat.ravel(), self.scalars["laplace_radon_rel_error"], ax=ax)
+        return plotting.identity_scatter(self.y, self.y_hat, self.scalars["laplace_radon_rel_error"],
+                                         "Y (softmax attention)", r"$\hat Y$ (Laplace-Radon)", ax=ax)
 
     def plot_radius_density(self, ax=None):
         """Figure 2: density of tau against the scaled chi prediction."""
-        from .. import plotting
-
-        return plotting.radius_vs_chi(self.tau.ravel(), self.config.d_k, self.scalars["var_q"], ax=ax)
+        return _radius_vs_chi(self.tau.ravel(), self.config.d_k, self.scalars["var_q"], ax=ax)
 
     def plot_raw_distributions(self, axes=None):
         """Figure 3: histograms of tau and of row entropies at alpha = 1."""
-        from .. import plotting
-
-        return plotting.two_histograms(self.tau.ravel(), r"$\tau$", self.row_entropy.ravel(), "row entropy", axes=axes)
+        return _two_histograms(self.tau.ravel(), r"$\tau$", self.row_entropy.ravel(), "row entropy", axes=axes)
 
     def plot_logits(self, ax=None):
         """Figure 4: empirical logits against N(0, Var(q) Var(k))."""
-        from .. import plotting
-
-        return plotting.logits_vs_gaussian(self.logits.ravel(), self.scalars["logit_std_predicted"], ax=ax)
+        return _logits_vs_gaussian(self.logits.ravel(), self.scalars["logit_std_predicted"], ax=ax)
 
     def plot_tilt_spectrum(self, ax=None):
         """Figure 5: eigenvalues of Cov(u)."""
-        from .. import plotting
-
-        return plotting.eigen_spectrum(self.tilt_eigenvalues, rf"Cov(u): dim$_{{eff}}$ = {self.scalars['dim_eff_span_U']:.2f}", ax=ax)
+        return _eigen_spectrum(self.tilt_eigenvalues, rf"Cov(u): dim$_{{eff}}$ = {self.scalars['dim_eff_span_U']:.2f}", ax=ax)
 
     def plot_token_spectrum(self, ax=None):
         """Figure 6: eigenvalues of Cov(n), n = W_K u."""
-        from .. import plotting
-
-        return plotting.eigen_spectrum(self.token_eigenvalues, rf"Cov(n): dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}", ax=ax)
+        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n): dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}", ax=ax)
 
     def plot_routing_spectrum(self, ax=None):
         """Figure 7: singular values of a representative P at alpha = 1."""
-        from .. import plotting
-
-        return plotting.eigen_spectrum(self.routing_singular_values,
+        return _eigen_spectrum(self.routing_singular_values,
                                        f"P: effective rank {self.scalars['effective_rank_P']:.2f}", ax=ax,
                                        ylabel="singular value")
 
     def _sweep_plot(self, key, ylabel, ax):
-        from .. import plotting
-
-        return plotting.sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
+        return _sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
                                            "bilinear Gaussian Q, K": self.sweep[key + "_bilinear"]}, ylabel, ax=ax)
 
     def plot_entropy_sweep(self, ax=None):
@@ -220,3 +207,70 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
             sweep["entropy" + suffix][i], sweep["max_prob" + suffix][i], sweep["effective_rank" + suffix][i] = e, m, r
     return TomographyResult(c, scalars, alpha, sweep, y, y_hat, tau, logits, p_ent, cov.eigenvalues,
                             cov.token_eigenvalues, sv_P[0])
+
+
+# -- figures of this driver ---------------------------------------------------------------
+def _radius_vs_chi(tau, d_k, var_q, ax=None):
+    """Density of tau = |q| / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
+    from math import lgamma, log
+
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+    ax.hist(tau, bins=60, density=True, alpha=0.6, label="empirical")
+    c = np.sqrt(var_q / d_k)
+    t = np.linspace(max(tau.min() * 0.8, 1e-6), tau.max() * 1.2, 400)
+    z = t / c
+    logpdf = (d_k - 1) * np.log(z) - z * z / 2 - (d_k / 2 - 1) * log(2) - lgamma(d_k / 2)
+    ax.plot(t, np.exp(logpdf) / c, "k--", label=r"scaled $\chi_{d_k}$ prediction")
+    ax.set_xlabel(r"$\tau$")
+    ax.set_ylabel("density")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def _two_histograms(a, label_a, b, label_b, axes=None):
+    """Two histograms side by side."""
+    fig, axes = plotting.panel_row(axes, 2, 4.0, 3.0)
+    for ax, data, label in ((axes[0], a, label_a), (axes[1], b, label_b)):
+        ax.hist(data, bins=60, alpha=0.8)
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("count")
+    fig.tight_layout()
+    return fig
+
+
+def _logits_vs_gaussian(logits, std, ax=None):
+    """Empirical logit density against N(0, std^2)."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+    ax.hist(logits, bins=100, density=True, alpha=0.6, label="empirical logits")
+    t = np.linspace(logits.min(), logits.max(), 400)
+    ax.plot(t, np.exp(-t * t / (2 * std * std)) / (std * np.sqrt(2 * np.pi)), "k--", label="Gaussian mean field")
+    ax.set_xlabel(r"$\ell = q \cdot k / \sqrt{d_k}$")
+    ax.set_ylabel("density")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue"):
+    """A descending spectrum on a log scale."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+    shown, _ = plotting.log_floor(np.sort(np.asarray(values, dtype=float))[::-1])
+    ax.semilogy(np.arange(1, shown.size + 1), shown, "o-", ms=3)
+    ax.set_xlabel("index")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def _sweep(x, curves, ylabel, ax=None, xlabel=r"logit scale $\alpha$"):
+    """Curves against a log-scaled parameter: {label: values}; the first is drawn solid."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+    for i, (label, values) in enumerate(curves.items()):
+        ax.semilogx(x, values, "-" if i == 0 else "--", marker="o" if i == 0 else None, ms=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig

@@ -20,6 +20,7 @@ from typing import Dict
 
 import numpy as np
 
+from .. import plotting
 from ..whitening import (
     block_cholesky_factors,
     block_covariances,
@@ -31,8 +32,9 @@ from ..whitening import (
     whiteness,
 )
 from ._progress import progress
-from ._result import ExperimentResult
-from ._timing import median_time
+from ._result import ExperimentResult, check_minimums
+from .timing import median_time
+
 
 KINDS = ("stationary", "drifting")
 
@@ -52,7 +54,6 @@ class WhiteningConfig:
     timing_block: int = 64
     timing_repeats: int = 5
     seed: int = 0
-
 
 
 @dataclass
@@ -103,8 +104,6 @@ class WhiteningResult(ExperimentResult):
 
     def plot_whiteness(self, axes=None):
         """Psi_X, Psi_W (exact and steady-state filter) and Psi_W / Psi_X against phi."""
-        from .. import plotting
-
         floor = np.full(self.phi.shape, self.psi_white)
         curves = {}
         for kind in KINDS:
@@ -120,18 +119,14 @@ class WhiteningResult(ExperimentResult):
 
     def plot_stationarity(self, ax=None):
         """rho (eq. 14) of the stationary and the drifting process against phi."""
-        from .. import plotting
-
         return plotting.curve_panels(self.phi, [(r"stationarity $\rho$", dict(self.rho), "log")],
                                      r"AR(1) correlation $\phi$", xscale="linear", axes=None if ax is None else [ax])
 
     def plot_timing(self, ax=None):
         """Seconds of the recursion and the blocked scan on the same inputs."""
-        from .. import plotting
-
         c = self.config
         groups = list(self.timing)
-        return plotting.grouped_bars(groups, {"recursion (whiten)": [1e3 * self.timing[g]["recursion"] for g in groups],
+        return _grouped_bars(groups, {"recursion (whiten)": [1e3 * self.timing[g]["recursion"] for g in groups],
                                               f"blocked scan (block {c.timing_block})": [1e3 * self.timing[g]["scan"]
                                                                                          for g in groups]},
                                      "time [ms]", ax=ax, title=f"T = {c.timing_T}, D = {c.timing_D}")
@@ -147,8 +142,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
     Example: ``res = run_whitening(WhiteningConfig(batch=500)); res.summary()["relative_whiteness_stationary"]``
     """
     c = config
-    if c.n_phi < 2 or c.T < 2:
-        raise ValueError(f"n_phi and T must be >= 2, got {c.n_phi} and {c.T}")
+    check_minimums(c, n_phi=2, T=2)
     rng = np.random.default_rng(c.seed)
     Q = np.linalg.qr(rng.standard_normal((c.D, c.D)))[0]
     phi = np.linspace(0.0, c.phi_max, c.n_phi)
@@ -189,3 +183,21 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
         timing[f"B={B}"] = {"recursion": median_time(lambda: whiten(x, L, M), c.timing_repeats),
                             "scan": median_time(lambda: whiten_scan(x, L, M, block=c.timing_block), c.timing_repeats)}
     return WhiteningResult(c, phi, psi_x, psi_w, psi_ss, rho, psi_white, timing, err)
+
+
+# -- figures of this driver ---------------------------------------------------------------
+def _grouped_bars(groups, series, ylabel, ax=None, title=None):
+    """Grouped bar chart: groups (g,) labels, series {name: (g,) values}."""
+    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

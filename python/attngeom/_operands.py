@@ -1,0 +1,346 @@
+"""The private operand layer: how arguments become checked operands of the C++ core.
+
+Every public module checks its arguments here, so that every error names the argument, the
+expected shape and the one received (DESIGN "Errors"), in one wording:
+
+* :func:`operand` turns an array argument into a real ndarray in one pass: real ->
+  number of axes -> non-empty -> finite -> computation dtype. The expected-shape string,
+  e.g. ``"(..., n_q, d_k)"``, is both the message and the rule for the number of axes.
+* :func:`scalar`, :func:`count`, :func:`rtol_arg`, :func:`causal_code` check scalar
+  arguments.
+* :class:`AttentionOperands` checks and broadcasts the (q, k, v, tau, mask) operands of one
+  attention-like call.
+
+Conventions (see the package docstring): tokens are rows, the last one or two axes are
+the core axes, every leading axis is a batch axis that broadcasts like NumPy. The core
+works on contiguous (blocks, rows, cols) stacks; broadcasting reaches it as an index array
+mapping each flat batch position to the operand's own block, so no operand is copied to
+broadcast it. An operand is copied once only when it is not C-contiguous or not of the
+computation dtype.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+_FLOAT_KINDS = "fiu"
+
+
+def real_array(name: str, x, *, allow_bool: bool = False) -> np.ndarray:
+    """x as a real ndarray (no dtype change yet); TypeError for complex, object, string input."""
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be a real array, got {type(x).__name__}: {exc}") from None
+    if a.dtype.kind == "b" and allow_bool:
+        return a
+    if a.dtype.kind not in _FLOAT_KINDS:
+        raise TypeError(f"{name} must be a real floating or integer array, got dtype {a.dtype}")
+    return a
+
+
+def compute_dtype(*arrays: np.ndarray) -> np.dtype:
+    """float32 if every operand is float32 (or float16), else float64 (integers become float64)."""
+    if arrays and all(a.dtype in (np.float32, np.float16) for a in arrays):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def check_finite(name: str, a) -> None:
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def check_nonempty(name: str, a: np.ndarray, expected: str) -> None:
+    if a.size == 0:
+        raise ValueError(f"{name} must be non-empty with shape {expected}, got {a.shape}")
+
+
+def check_min_ndim(name: str, a: np.ndarray, ndim: int, expected: str) -> None:
+    if a.ndim < ndim:
+        raise ValueError(f"{name} must have shape {expected} (at least {ndim} dimensions), got {a.shape}")
+
+
+def _axes_rule(expected: str) -> tuple:
+    """(ndim, min_ndim) read from an expected-shape string: "(m, n)" -> exactly 2 axes,
+    "(..., n, d)" -> at least 2; anything else (e.g. "broadcastable to ...") -> no rule."""
+    text = expected.strip()
+    if not (text.startswith("(") and text.endswith(")")):
+        return None, None
+    parts = [p.strip() for p in text[1:-1].split(",") if p.strip()]
+    if "..." in parts:
+        return None, len(parts) - 1
+    return len(parts), None
+
+
+COMPUTE = "compute"  # operand(dtype=COMPUTE): float32 stays float32 (float16 too), else float64
+
+
+def operand(name: str, x, expected: str, *, ndim: Optional[int] = None, min_ndim: Optional[int] = None,
+            dtype=COMPUTE, nonempty: bool = True, finite: bool = True, contiguous: bool = False) -> np.ndarray:
+    """The checked array argument `name`: real -> axes -> non-empty -> finite -> dtype.
+
+    expected : the shape in the message, e.g. "(..., n_q, d_k)"; unless ndim / min_ndim are
+        given it also sets the rule: "(m, n)" needs exactly 2 axes, "(..., n, d)" at least 2.
+    dtype : COMPUTE (float32 for float32 / float16 input, float64 otherwise), a dtype, or
+        None to keep the input's dtype.
+    contiguous : return a C-contiguous array.
+    """
+    a = real_array(name, x)
+    if ndim is None and min_ndim is None:
+        ndim, min_ndim = _axes_rule(expected)
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must have shape {expected}, got {a.shape}")
+    if min_ndim is not None:
+        check_min_ndim(name, a, min_ndim, expected)
+    if nonempty:
+        check_nonempty(name, a, expected)
+    if finite:
+        check_finite(name, a)
+    if dtype is COMPUTE:
+        dtype = compute_dtype(a)
+    if contiguous:
+        return np.ascontiguousarray(a, dtype=dtype)
+    return a if dtype is None else a.astype(dtype, copy=False)
+
+
+def scalar(name: str, x, *, positive: bool = False, allow_none: bool = False) -> Optional[float]:
+    """A finite real scalar (strictly positive when asked)."""
+    if x is None and allow_none:
+        return None
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Real, np.floating, np.integer)):
+        if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in _FLOAT_KINDS:
+            x = x.item()
+        else:
+            raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    if positive and x <= 0:
+        raise ValueError(f"{name} must be > 0, got {x}")
+    return x
+
+
+def count(name: str, value, minimum: int = 1) -> int:
+    """An integer argument >= minimum (bool is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def rtol_arg(rtol) -> Optional[float]:
+    """The rank tolerance of every rank decision: None (the matrix_rank rule) or a float >= 0."""
+    if rtol is None:
+        return None
+    rtol = scalar("rtol", rtol)
+    if rtol < 0:
+        raise ValueError(f"rtol must be >= 0, got {rtol}")
+    return rtol
+
+
+_CAUSAL = {None: 0, False: 0, True: 1, "top_left": 1, "bottom_right": 2}
+
+
+def causal_code(causal) -> int:
+    """The core's code for a causal argument: 0 none, 1 top-left, 2 bottom-right."""
+    try:
+        return _CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def uniform_grid(name: str, tau, minimum: int = 3) -> tuple:
+    """A uniformly spaced real or purely imaginary 1-D grid: (grid as complex128, step, kind)
+    with kind "real" or "imaginary"."""
+    t = np.asarray(tau)
+    if t.dtype.kind not in "fiuc":
+        raise TypeError(f"{name} must be a real or complex array, got dtype {t.dtype}")
+    if t.ndim != 1 or t.size < minimum:
+        raise ValueError(f"{name} must have shape (N,) with N >= {minimum} samples, got {t.shape}")
+    check_finite(name, t)
+    t = t.astype(np.complex128)
+    step = t[1] - t[0]
+    if step == 0 or np.max(np.abs(np.diff(t) - step)) > 1e-9 * max(abs(step), np.max(np.abs(t))):
+        raise ValueError(f"{name} must be uniformly spaced")
+    if np.all(t.imag == 0):
+        kind = "real"
+    elif np.all(t.real == 0):
+        kind = "imaginary"
+    else:
+        raise ValueError(f"{name} must be real or purely imaginary (uniformly spaced on a line through 0)")
+    return t, step, kind
+
+
+@dataclass
+class Operand:
+    """A (blocks, *core) contiguous array and the index of its block for each batch position."""
+
+    array: np.ndarray
+    index: Optional[np.ndarray]
+
+
+def batch_operands(batch_shape: tuple, arrays: Sequence[np.ndarray], core_ndims: Sequence[int], dtypes) -> list:
+    """Flatten each array's batch axes and build its broadcast index over `batch_shape`."""
+    total = int(np.prod(batch_shape, dtype=np.int64))
+    out = []
+    for a, core, dt in zip(arrays, core_ndims, dtypes):
+        lead = a.shape[: a.ndim - core]
+        flat = np.ascontiguousarray(a.reshape((int(np.prod(lead, dtype=np.int64)),) + a.shape[a.ndim - core:]), dtype=dt)
+        if core == 1:
+            flat = flat.reshape(flat.shape[0], 1, flat.shape[1])
+        if tuple(lead) == tuple(batch_shape):
+            index = None
+        else:
+            pad = (1,) * (len(batch_shape) - len(lead)) + tuple(lead)
+            ids = np.arange(flat.shape[0], dtype=np.int64).reshape(pad)
+            index = np.ascontiguousarray(np.broadcast_to(ids, batch_shape).reshape(total))
+        out.append(Operand(flat, index))
+    return out
+
+
+def broadcast_batch(named: Sequence[tuple]) -> tuple:
+    """Broadcast the leading (batch) shapes of (name, array, core_ndim) triples."""
+    shapes = [a.shape[: a.ndim - core] for _, a, core in named]
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        desc = ", ".join(f"{n} {s}" for (n, _, _), s in zip(named, shapes))
+        raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+
+class AttentionOperands:
+    """Checked and broadcast operands of one attention-like call (queries given as q, or as
+    tilts u with radii tau).
+
+    Shapes: q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) or None (no values: a
+    zero-width value block), tau (..., n_q) or (..., 1), mask broadcastable to
+    (..., n_q, n_k) (boolean: True = attend; float: additive). Fields: ``q, k, v, tau, mask``
+    as :class:`Operand`, ``batch_shape``, ``batch``, ``n_q, n_k, d_k, d_v``, ``dtype``,
+    ``causal`` (the core's code), ``mask_kind`` ("keep", "bias" or None).
+    """
+
+    def __init__(self, q, k, v, *, qname="q", tau=None, mask=None, causal=False):
+        q, k, v = query_key_value(q, k, v, qname=qname, finite=False)
+        if v is None:  # no values, only the partition: a zero-width value block
+            v = np.empty(k.shape[:-1] + (0,), k.dtype)
+        n_q, d_k = q.shape[-2:]
+        n_k = k.shape[-2]
+        named = [(qname, q, 2), ("k", k, 2), ("v", v, 2)]
+        arrays = [q, k, v]
+        if tau is not None:
+            tau = real_array("tau", tau)
+            if tau.ndim < 1 or tau.shape[-1] not in (n_q, 1):
+                raise ValueError(f"tau must have shape (..., n_q) with n_q = {n_q} (from {qname}), got {tau.shape}")
+            check_nonempty("tau", tau, "(..., n_q)")
+            if tau.shape[-1] == 1 and n_q != 1:
+                tau = np.broadcast_to(tau, tau.shape[:-1] + (n_q,))
+            named.append(("tau", tau, 1))
+            arrays.append(tau)
+        self.dtype = compute_dtype(*arrays)
+        for name, a, _ in named:
+            check_finite(name, a)
+        self.mask_kind = None
+        if mask is not None:
+            mask = real_array("mask", mask, allow_bool=True)
+            check_nonempty("mask", mask, "broadcastable to (..., n_q, n_k)")
+            if mask.ndim < 2:
+                mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
+            if mask.shape[-2] not in (1, n_q) or mask.shape[-1] not in (1, n_k):
+                raise ValueError(
+                    f"mask must be broadcastable to (..., n_q, n_k) = (..., {n_q}, {n_k}), got {mask.shape}")
+            if mask.dtype.kind == "b":
+                self.mask_kind = "keep"
+            else:
+                if np.any(np.isnan(mask)) or np.any(mask == np.inf):
+                    raise ValueError("mask (additive) must not contain NaN or +inf; use -inf to hide a key")
+                self.mask_kind = "bias"
+            named.append(("mask", mask, 2))
+        self.batch_shape = broadcast_batch(named)
+        dtypes = [self.dtype] * len(named)
+        if self.mask_kind == "keep":
+            dtypes[-1] = np.uint8
+        ops = batch_operands(self.batch_shape, [a for _, a, _ in named], [c for _, _, c in named], dtypes)
+        self.q, self.k, self.v = ops[:3]
+        self.tau = ops[3] if tau is not None else None
+        self.mask = ops[-1] if mask is not None else None
+        self.batch = int(np.prod(self.batch_shape, dtype=np.int64))
+        self.n_q, self.n_k, self.d_k, self.d_v = n_q, n_k, d_k, v.shape[-1]
+        self.causal = causal_code(causal)
+
+    def mask_args(self):
+        """(keep, bias, index) as the core takes them."""
+        if self.mask is None:
+            return None, None, None
+        if self.mask_kind == "keep":
+            return self.mask.array, None, self.mask.index
+        return None, self.mask.array, self.mask.index
+
+    def shaped(self, a: Optional[np.ndarray], *core):
+        """A core output (batch, *core) with the broadcast batch shape restored."""
+        return None if a is None else a.reshape(self.batch_shape + core)
+
+    def attention_outputs(self, y, weights, log_partition, return_weights: bool, return_log_partition: bool):
+        """y (..., n_q, d_v), or the tuple (y, [P (..., n_q, n_k)], [log Z (..., n_q)]) asked for."""
+        out = (self.shaped(y, self.n_q, self.d_v),)
+        if return_weights:
+            out += (self.shaped(weights, self.n_q, self.n_k),)
+        if return_log_partition:
+            out += (self.shaped(log_partition, self.n_q),)
+        return out[0] if len(out) == 1 else out
+
+
+def query_key_value(q, k, v, *, qname: str = "q", width: str = "d_k", finite: bool = True) -> tuple:
+    """Checked queries (..., n_q, d_k), keys (..., n_k, d_k) and values (..., n_k, d_v) (v may
+    be None), dtypes kept: the keys share the queries' width, the values the keys' count."""
+    q = operand(qname, q, f"(..., n_q, {width})", dtype=None, finite=finite)
+    k = operand("k", k, f"(..., n_k, {width})", dtype=None, finite=finite)
+    if v is not None:
+        v = operand("v", v, "(..., n_k, d_v)", dtype=None, finite=finite)
+    check_shared_width(qname, q, "k", k, width)
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v must have shape (..., n_k, d_v) with n_k = {k.shape[-2]} (from k), got {v.shape}")
+    return q, k, v
+
+
+def check_shared_width(qname: str, q: np.ndarray, kname: str, k: np.ndarray, width: str = "d_k") -> None:
+    """Queries (..., n_q, d_k) and keys (..., n_k, d_k) must share their last axis.
+
+    The message blames the argument whose shape is wrong: the keys, unless the queries look
+    transposed (their row count equals the keys' width), then the queries."""
+    d_q, d_k = q.shape[-1], k.shape[-1]
+    if d_q == d_k:
+        return
+    if q.ndim >= 2 and q.shape[-2] == d_k:
+        raise ValueError(f"{qname} must have shape (..., n_q, {width}) with {width} = {d_k} (from {kname}), got "
+                         f"{q.shape}: is {qname} transposed?")
+    raise ValueError(f"{kname} must have shape (..., n_k, {width}) with {width} = {d_q} (from {qname}), "
+                     f"got {k.shape}")
+
+
+def renamed_arguments(**renames):
+    """Decorator: keyword arguments renamed in this release are still accepted under their
+    old names for one release, with a DeprecationWarning naming the new one.
+
+    ``@renamed_arguments(P="routing")`` lets ``f(P=x)`` mean ``f(routing=x)``."""
+
+    def wrap(func):
+        @functools.wraps(func)
+        def inner(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{func.__name__}() got both {old!r} (deprecated) and {new!r}")
+                    warnings.warn(f"{func.__name__}(): the argument {old!r} is deprecated, use {new!r}",
+                                  DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return inner
+
+    return wrap

@@ -1,0 +1,141 @@
+"""The package's import structure (DESIGN "Layout"): no module imports another module's private
+names. Private infrastructure modules exist to be imported: the operand layer, the compiled
+core, its configuration, and the experiment drivers' shared result and progress helpers.
+Benchmarks use the public API (and the core for their GEMM ceiling), never private helpers."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "python" / "attngeom"
+
+INFRASTRUCTURE = {
+    "attngeom._operands",
+    "attngeom._core",
+    "attngeom._config",
+    "attngeom.experiments._result",
+    "attngeom.experiments._progress",
+}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    if path.is_relative_to(PACKAGE):
+        parts = ("attngeom",) + path.relative_to(PACKAGE).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return "benchmarks." + path.stem
+
+
+def _package_of(path: pathlib.Path, name: str) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _resolve(path: pathlib.Path, name: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = _package_of(path, name).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def _violations(path: pathlib.Path) -> list:
+    """(line, what) for every import of a private name or module that is not infrastructure."""
+    name = _module_name(path)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(path, name, node)
+            targets = [(source, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [(alias.name.rpartition(".")[0], alias.name.rpartition(".")[2]) for alias in node.names]
+        else:
+            continue
+        for source, imported in targets:
+            if not source.startswith("attngeom"):
+                continue
+            full = f"{source}.{imported}" if source else imported
+            if full in INFRASTRUCTURE or source in INFRASTRUCTURE:
+                continue  # infrastructure modules and names from them
+            private_module = any(_private(p) for p in source.split("."))
+            if private_module or _private(imported):
+                out.append((node.lineno, f"from {source} import {imported}"))
+    return out
+
+
+def _sources():
+    files = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_another_modules_private_names(path):
+    bad = _violations(path)
+    assert not bad, f"{path.relative_to(ROOT)} imports private names: " + "; ".join(
+        f"line {line}: {what}" for line, what in bad)
+
+
+def test_the_checker_catches_private_imports(tmp_path):
+    pkg = tmp_path / "python" / "attngeom"
+    pkg.mkdir(parents=True)
+    bad = pkg / "bad.py"
+    bad.write_text("from .attention import _helper\nfrom ._operands import operand\nfrom . import _core\n"
+                   "from .experiments._timing import median_time\n")
+    global PACKAGE
+    saved = PACKAGE
+    PACKAGE = pkg
+    try:
+        found = [what for _, what in _violations(bad)]
+    finally:
+        PACKAGE = saved
+    assert found == ["from attngeom.attention import _helper",
+                     "from attngeom.experiments._timing import median_time"]
+
+
+def _module_imports(path: pathlib.Path) -> set:
+    """The attngeom modules `path` imports, at any level (lazy imports inside functions too)."""
+    name = _module_name(path)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(path, name, node)
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                out.add(sub if _is_module(sub) or sub in INFRASTRUCTURE else source)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m.startswith("attngeom") and m != name}
+
+
+def _is_module(name: str) -> bool:
+    rel = pathlib.Path(*name.split(".")[1:])
+    return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
+
+
+def test_no_import_cycles():
+    """The modules of the package form a DAG (packages' __init__ files, which only re-export,
+    are left out as sources of edges)."""
+    graph = {_module_name(p): _module_imports(p) for p in sorted(PACKAGE.rglob("*.py"))
+             if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)

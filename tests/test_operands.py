@@ -1,0 +1,65 @@
+"""The private operand layer: one wording for every argument error (name, expected shape,
+received shape) and one dtype rule."""
+import numpy as np
+import pytest
+
+from attngeom._operands import count, operand, query_key_value, renamed_arguments, rtol_arg, uniform_grid
+
+
+def test_operand_reads_the_axes_rule_from_the_expected_shape():
+    assert operand("x", np.ones((2, 3)), "(m, n)").shape == (2, 3)
+    with pytest.raises(ValueError, match=r"^x must have shape \(m, n\), got \(2, 3, 4\)$"):
+        operand("x", np.ones((2, 3, 4)), "(m, n)")
+    assert operand("x", np.ones((5, 2, 3)), "(..., m, n)").shape == (5, 2, 3)
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., m, n\) \(at least 2 dimensions\), got \(3,\)$"):
+        operand("x", np.ones(3), "(..., m, n)")
+    with pytest.raises(ValueError, match=r"^x must be non-empty with shape \(m, n\), got \(0, 3\)$"):
+        operand("x", np.ones((0, 3)), "(m, n)")
+    with pytest.raises(ValueError, match="^x contains NaN or infinite values$"):
+        operand("x", np.array([[np.inf]]), "(m, n)")
+    with pytest.raises(TypeError, match="x must be a real floating or integer array"):
+        operand("x", np.ones((2, 2), complex), "(m, n)")
+
+
+@pytest.mark.parametrize("dtype, expected", [(np.float32, np.float32), (np.float16, np.float32),
+                                             (np.float64, np.float64), (np.int64, np.float64)])
+def test_operand_computation_dtype(dtype, expected):
+    assert operand("x", np.ones((2, 2), dtype), "(m, n)").dtype == expected
+    assert operand("x", np.ones((2, 2), dtype), "(m, n)", dtype=None).dtype == dtype
+    a = operand("x", np.ones((3, 4))[:, ::2], "(m, n)", contiguous=True)
+    assert a.flags.c_contiguous
+
+
+def test_shared_width_blames_the_argument_whose_shape_is_wrong():
+    q, k, v = np.ones((5, 3)), np.ones((6, 3)), np.ones((6, 2))
+    with pytest.raises(ValueError, match=r"^q must have shape .* with d_k = 3 \(from k\), got \(3, 5\): is q transposed"):
+        query_key_value(q.T, k, v)
+    with pytest.raises(ValueError, match=r"^k must have shape \(\.\.\., n_k, d_k\) with d_k = 3 \(from q\), got \(6, 2\)"):
+        query_key_value(q, k[:, :2], v)
+    with pytest.raises(ValueError, match=r"^v must have shape \(\.\.\., n_k, d_v\) with n_k = 6 \(from k\), got \(5, 2\)"):
+        query_key_value(q, k, v[:5])
+
+
+def test_scalar_arguments():
+    assert count("n", 3) == 3
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="n must be an integer >= 1"):
+            count("n", bad)
+    assert rtol_arg(None) is None and rtol_arg(0) == 0.0
+    with pytest.raises(ValueError, match="rtol must be >= 0"):
+        rtol_arg(-1.0)
+    t, step, kind = uniform_grid("tau", 1j * np.arange(4.0))
+    assert kind == "imaginary" and step == 1j
+    with pytest.raises(ValueError, match="tau must be uniformly spaced"):
+        uniform_grid("tau", np.array([0.0, 1.0, 3.0]))
+
+
+def test_renamed_arguments():
+    @renamed_arguments(old="new")
+    def f(new=0):
+        return new
+
+    with pytest.warns(DeprecationWarning, match=r"f\(\): the argument 'old' is deprecated, use 'new'"):
+        assert f(old=2) == 2
+    with pytest.raises(TypeError, match="both 'old'"):
+        f(old=1, new=2)
