@@ -487,3 +487,35 @@ def test_threads_do_not_change_results(rng):
     for x, y in zip(one[0], two[0]):
         assert rel_err(x, y) <= 1e-12
     assert rel_err(one[1], two[1]) <= 1e-12
+
+
+@pytest.mark.parametrize("centered", [False, True])
+def test_tilt_coverage_batched_heads_equal_one_by_one(rng, centered):
+    """batch_ndim: one result per head, equal to the head's own tilt_coverage."""
+    q = rng.standard_normal((2, 3, 4, 9, 6))  # (2, 3) heads, 36 samples each
+    q[0, 1, :, :, 4:] = 0.0  # a head whose tilts span 4 of 6 directions
+    q[1, 2, 0, :3] = 0.0  # zero rows are skipped
+    W_K = rng.standard_normal((3, 10, 6))  # broadcast over the first head axis
+    stack = ag.tilt_coverage(q, W_K=W_K, batch_ndim=2, centered=centered)
+    assert stack.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            one = ag.tilt_coverage(q[i, j], W_K=W_K[j], centered=centered)
+            got = stack[i, j]
+            assert got.count == one.count and got.rank == one.rank and got.token_rank == one.token_rank
+            np.testing.assert_allclose(got.eigenvalues, one.eigenvalues, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(got.token_eigenvalues, one.token_eigenvalues, rtol=1e-12, atol=1e-13)
+            assert math.isclose(got.effective_dim, one.effective_dim, rel_tol=1e-12)
+            assert got.null.dim == one.null.dim and got.token_null.dim == one.token_null.dim
+            assert got.null.distance(one.null) <= 1e-10
+            assert got.token_null.distance(one.token_null) <= 1e-10
+    assert stack[0, 1].rank == 4 and stack[1, 2].count == 33
+
+
+def test_tilt_coverage_batch_ndim_errors(rng):
+    with pytest.raises(ValueError, match="batch_ndim"):
+        ag.tilt_coverage(rng.standard_normal((3, 4)), batch_ndim=2)
+    with pytest.raises(ValueError, match="no nonzero rows"):
+        ag.tilt_coverage(np.zeros((2, 5, 3)), batch_ndim=1)
+    with pytest.raises(ValueError, match="W_K"):
+        ag.tilt_coverage(rng.standard_normal((2, 5, 3)), W_K=np.ones((3, 7, 3)), batch_ndim=1)

@@ -21,13 +21,13 @@ from ._operands import broadcast_batch, compute_dtype, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
-    TiltCoverage,
     TiltCoverageResult,
     effective_rank,
     factored_svd,
     parameter_nulls,
     singular_values,
     spectrum_rank,
+    tilt_coverage,
 )
 
 # Attention matrices of one chunk of heads are materialised; this bounds their size.
@@ -256,8 +256,7 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
         tau = scale * np.linalg.norm(q, axis=-1)
         tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
         tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)
-        for i, h in enumerate(range(sl.start, sl.stop)):
-            tilts[h] = TiltCoverage(d_head).update(q[i]).result(W_K=wkb[h], rtol=rtol)
+        tilts[sl] = tilt_coverage(q, W_K=wkb[sl], rtol=rtol, batch_ndim=1)
         _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_weights=True)
         sv[sl] = singular_values(P)
     out.radius_mean = tau_mean.reshape(batch)

@@ -428,45 +428,65 @@ class TiltCoverage:
         if self.count == 0:
             raise ValueError("no tilts: update() the accumulator with nonzero vectors first")
         rtol = rtol_arg(rtol)
-        eps = np.finfo(np.float32 if self._float32 else np.float64).eps
-        d, n = self.dim, self.count
         wk = None
         if W_K is not None:
-            wk = operand("W_K", W_K, f"(d_model, {d})").astype(np.float64)
-            if wk.ndim != 2 or wk.shape[1] != d:
-                raise ValueError(f"W_K must have shape (d_model, {d}), got {wk.shape}")
-
-        def decide(s, cols):
-            tol = (max(n, cols) * eps if rtol is None else rtol) * (s[0] if s.size else 0.0)
-            return int(np.count_nonzero(s > tol))
-
-        _, s, vh = np.linalg.svd(self._r, full_matrices=False)
-        rank = decide(s, d)
-        null = Subspace(vh[:rank].T, complement=True)
-        if centered:
-            mean = self._sum / n
-            cov = self.gram / n - np.outer(mean, mean)
-            lam, vec = np.linalg.eigh((cov + cov.T) / 2)
-            lam, vec = np.clip(lam[::-1], 0, None), vec[:, ::-1]
-            factor = vec * np.sqrt(lam)  # Cov(u) = factor factor^T
-        else:
-            lam = np.zeros(d)
-            lam[: s.size] = s * s / n
-            factor = (vh.T * s) / math.sqrt(n)  # E[uu^T] = factor factor^T
-        out = TiltCoverageResult(n, lam, _participation(lam), rank, null, centered=centered)
-        if wk is not None:
-            # n = W_K u: E[n n^T] = (W_K factor)(W_K factor)^T; span(N) = W_K span(U).
-            st = np.linalg.svd(wk @ factor, compute_uv=False)
-            out.token_eigenvalues = st * st
-            out.effective_dim_token = _participation(out.token_eigenvalues)
-            # span(N)^perp from the tilts' own factor: the row space of R W_K^T.
-            _, sn, vhn = np.linalg.svd(self._r @ wk.T, full_matrices=False)
-            out.token_rank = decide(sn, wk.shape[0])
-            out.token_null = Subspace(vhn[: out.token_rank].T, complement=True)
-        return out
+            wk = _key_weights(W_K, self.dim)
+            if wk.ndim != 2:
+                raise ValueError(f"W_K must have shape (d_model, {self.dim}), got {wk.shape}")
+            wk = wk[None]
+        eps = np.finfo(np.float32 if self._float32 else np.float64).eps
+        return _coverage_results(self._r[None], np.array([self.count]), self._sum[None], wk, rtol, eps, centered)[0]
 
 
-def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
+def _key_weights(W_K, d: int) -> np.ndarray:
+    wk = operand("W_K", W_K, f"(..., d_model, {d})").astype(np.float64)
+    if wk.shape[-1] != d:
+        raise ValueError(f"W_K must have shape (..., d_model, {d}), got {wk.shape}")
+    return wk
+
+
+def _coverage_results(R, count, total, wk, rtol, eps, centered) -> list:
+    """TiltCoverageResult per head from stacked factors R (h, r, d), counts (h,), sums (h, d)
+    and key weights wk (h, d_model, d) or None: every SVD batched over the heads."""
+    h, d = R.shape[0], R.shape[-1]
+
+    def decide(s, cols, n):
+        tol = (max(n, cols) * eps if rtol is None else rtol) * (s[0] if s.size else 0.0)
+        return int(np.count_nonzero(s > tol))
+
+    _, S, VH = np.linalg.svd(R, full_matrices=False)
+    n = count.astype(np.float64)
+    if centered:
+        mean = total / n[:, None]
+        gram = np.swapaxes(R, -1, -2) @ R
+        cov = gram / n[:, None, None] - mean[:, :, None] * mean[:, None, :]
+        lam, vec = np.linalg.eigh((cov + np.swapaxes(cov, -1, -2)) / 2)
+        lam, vec = np.clip(lam[:, ::-1], 0, None), vec[:, :, ::-1]
+        factor = vec * np.sqrt(lam)[:, None, :]  # Cov(u) = factor factor^T
+    else:
+        lam = np.zeros((h, d))
+        lam[:, : S.shape[-1]] = S * S / n[:, None]
+        factor = (np.swapaxes(VH, -1, -2) * S[:, None, :]) / np.sqrt(n)[:, None, None]  # E[uu^T]
+    out = []
+    for i in range(h):
+        rank = decide(S[i], d, count[i])
+        out.append(TiltCoverageResult(int(count[i]), lam[i], _participation(lam[i]), rank,
+                                      Subspace(VH[i, :rank].T, complement=True), centered=centered))
+    if wk is not None:
+        wk = np.broadcast_to(wk, (h,) + wk.shape[-2:])
+        # n = W_K u: E[n n^T] = (W_K factor)(W_K factor)^T; span(N) = W_K span(U).
+        ST = np.linalg.svd(wk @ factor, compute_uv=False)
+        # span(N)^perp from the tilts' own factor: the row space of R W_K^T.
+        _, SN, VHN = np.linalg.svd(R @ np.swapaxes(wk, -1, -2), full_matrices=False)
+        for i, res in enumerate(out):
+            res.token_eigenvalues = ST[i] * ST[i]
+            res.effective_dim_token = _participation(res.token_eigenvalues)
+            res.token_rank = decide(SN[i], wk.shape[-2], count[i])
+            res.token_null = Subspace(VHN[i, : res.token_rank].T, complement=True)
+    return out
+
+
+def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim: int = 0):
     """Angular coverage of the tilts u (..., d_k) of a head on a dataset.
 
     Laplace-Radon s.6.2 and s.12.1: the eigenvalues of C_u = E[u u^T] (eq. 58), the
@@ -476,10 +496,43 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False) -> TiltCove
     vectors: they are normalised (so queries q can be passed directly) and zero rows are
     skipped. For data that does not fit in memory use :class:`TiltCoverage`.
 
+    batch_ndim : the first ``batch_ndim`` axes of u index heads (the rest are samples): the
+        result is an object array of that batch shape, one TiltCoverageResult per head, and
+        W_K may be stacked (..., d_model, d_k) over the same heads. Every factorization is
+        batched over the heads.
+
     Example: ``cov = ag.tilt_coverage(q, W_K=W_K); cov.effective_dim, cov.null.dim``
     """
     a = operand("u", u, "(..., d_k)", dtype=None, finite=False)
-    return TiltCoverage(a.shape[-1]).update(a).result(W_K=W_K, rtol=rtol, centered=centered)
+    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)) or \
+            not 0 <= batch_ndim < a.ndim:
+        raise ValueError(f"batch_ndim must be an integer in [0, {a.ndim - 1}] for u of shape {a.shape}, "
+                         f"got {batch_ndim!r}")
+    if batch_ndim == 0:
+        return TiltCoverage(a.shape[-1]).update(a).result(W_K=W_K, rtol=rtol, centered=centered)
+    check_finite("u", a)
+    rtol = rtol_arg(rtol)
+    batch, d = a.shape[:batch_ndim], a.shape[-1]
+    rows = a.reshape((-1, int(np.prod(a.shape[batch_ndim:-1], dtype=np.int64)), d)).astype(np.float64)
+    norm = np.linalg.norm(rows, axis=-1, keepdims=True)
+    rows = np.divide(rows, norm, out=np.zeros_like(rows), where=norm > 0)  # zero rows add nothing to R^T R
+    count = np.count_nonzero(norm[..., 0] > 0, axis=-1)
+    if np.any(count == 0):
+        raise ValueError("u has a head with no nonzero rows: its tilts are undefined")
+    wk = None
+    if W_K is not None:
+        wk = _key_weights(W_K, d)
+        try:
+            wk = np.broadcast_to(wk, batch + wk.shape[-2:]).reshape((-1,) + wk.shape[-2:])
+        except ValueError:
+            raise ValueError(f"W_K must have shape {batch} + (d_model, {d}) or broadcast to it, got {wk.shape}") \
+                from None
+    eps = np.finfo(np.float32 if a.dtype == np.float32 else np.float64).eps
+    R = np.linalg.qr(rows, mode="r")
+    results = _coverage_results(R, count, rows.sum(axis=1), wk, rtol, eps, centered)
+    out = np.empty(len(results), dtype=object)
+    out[:] = results
+    return out.reshape(batch)
 
 
 # -- routing nulls -------------------------------------------------------------------------
