@@ -47,6 +47,7 @@ std::string simd_flags() {
 void bind_config(py::module_& m) {
   m.def("get_num_threads", &attngeom::get_num_threads);
   m.def("set_num_threads", &attngeom::set_num_threads, py::arg("n"));
+  m.def("max_threads", &attngeom::max_threads);
   m.def("supported_levels", &attngeom::supported_levels);
   m.def("build_config", []() {
     py::dict d;

@@ -4,7 +4,9 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace attngeom {
 
@@ -16,8 +18,18 @@ int get_num_threads() {
 #endif
 }
 
+int max_threads() {
+#ifdef _OPENMP
+  return std::max(1, std::min(omp_get_thread_limit(), 16 * std::max(1, omp_get_num_procs())));
+#else
+  return 1;
+#endif
+}
+
 void set_num_threads(int n) {
-  if (n < 1) throw std::invalid_argument("n must be >= 1");
+  if (n < 1 || n > max_threads())
+    throw std::invalid_argument("n must be an integer in [1, " + std::to_string(max_threads()) + "], got " +
+                                std::to_string(n));
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif

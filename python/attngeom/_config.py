@@ -16,15 +16,17 @@ def set_num_threads(n: int) -> None:
 
     OMP_NUM_THREADS sets the initial value. Results do not depend on the thread count
     beyond rounding (<= 1e-12 relative in float64): every unit of work is computed the same
-    way whichever thread runs it.
+    way whichever thread runs it. n is at most ``max_threads()``: the OpenMP thread limit,
+    capped at 16 threads per processor (larger teams fail to start).
 
     Example: ``ag.set_num_threads(1)``
     """
     if isinstance(n, bool) or not isinstance(n, (int,)) and not hasattr(n, "__index__"):
         raise TypeError(f"n must be an integer >= 1, got {type(n).__name__}")
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n}")
+    n = int(n.__index__()) if not isinstance(n, int) else n
+    limit = int(_core.max_threads())
+    if not 1 <= n <= limit:
+        raise ValueError(f"n must be an integer in [1, {limit}], got {n}")
     _core.set_num_threads(n)
 
 

@@ -9,8 +9,13 @@ namespace attngeom {
 
 // Number of threads the next parallel region will use.
 int get_num_threads();
-// Sets the thread count (n >= 1) for subsequent kernels; OMP_NUM_THREADS sets the default.
+// Sets the thread count (1 <= n <= max_threads()) for subsequent kernels; OMP_NUM_THREADS
+// sets the default. Throws std::invalid_argument outside that range.
 void set_num_threads(int n);
+// The largest thread count set_num_threads accepts: the OpenMP thread limit, capped at
+// 16 threads per processor (beyond that a team only costs memory and creation time, and
+// tens of thousands of threads fail to start).
+int max_threads();
 // True when the core was compiled with OpenMP.
 bool has_openmp();
 // Whether a kernel of about `work` multiply-adds is worth a parallel region: waking the
