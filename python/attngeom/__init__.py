@@ -12,7 +12,13 @@ Example::
     assert np.allclose(ag.laplace_radon_attention(u, tau, k, v), y)
 """
 from ._config import __version__, get_num_threads, set_num_threads, show_config
-from .attention import kernel_attention, softmax_attention
+from .attention import (
+    AttentionGrads,
+    kernel_attention,
+    kernel_attention_backward,
+    softmax_attention,
+    softmax_attention_backward,
+)
 from .kernels import KERNELS, psi
 from .lightning import deep_lightning, lightning_attention, lightning_layer
 from .projection import LocalFlatness, local_flatness, projection_attention
@@ -129,7 +135,8 @@ from .models import ModelHeads, load_heads
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
-    "softmax_attention", "kernel_attention", "projection_attention", "local_flatness", "LocalFlatness",
+    "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
+    "AttentionGrads", "projection_attention", "local_flatness", "LocalFlatness",
     "lightning_attention", "lightning_layer", "deep_lightning",
     "random_feature_attention", "random_features", "feature_matrix", "RandomFeatures",
     "sampled_attention", "SampledAttention",

@@ -106,3 +106,34 @@ def broadcast_batch(named: Sequence[tuple]) -> tuple:
     except ValueError:
         desc = ", ".join(f"{n} {s}" for (n, _, _), s in zip(named, shapes))
         raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+
+def cotangent(name: str, x, shape: tuple, dtype, *, allow_neg_inf: bool = False) -> np.ndarray:
+    """A cotangent or saved forward output of a backward pass, as a C-contiguous array of `dtype`.
+
+    ValueError names the argument for a non-real dtype, a shape other than `shape`, or NaN / inf
+    values (-inf allowed with allow_neg_inf: the log-partition of a fully masked row).
+    """
+    try:
+        a = np.asarray(x)
+    except Exception as exc:
+        raise ValueError(f"{name} must be a real array of shape {shape}, got {type(x).__name__}: {exc}") from None
+    if a.dtype.kind not in _FLOAT_KINDS:
+        raise ValueError(f"{name} must be a real floating array of shape {shape}, got dtype {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
+    bad = np.isnan(a) | (a == np.inf) if allow_neg_inf else ~np.isfinite(a)
+    if np.any(bad):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def reduce_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a gradient of a broadcast shape back to an operand's `shape` (NumPy broadcasting rules)."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, g.shape)) if s == 1 and t != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)

@@ -32,6 +32,9 @@ class StableDensity {
   double operator()(double x) const;
   // log f(x), accurate where f underflows.
   double log_density(double x) const;
+  // d/dx log f(x): the exact derivative of what log_density evaluates (the same Chebyshev
+  // table, tail series or closed form), so values and gradients are consistent.
+  double d_log_density(double x) const;
   // A shared instance for (alpha, c): tables are built once per process (at most 64 kept).
   static std::shared_ptr<const StableDensity> shared(double alpha, double c = 1.0);
   double alpha() const { return alpha_; }
@@ -45,6 +48,7 @@ class StableDensity {
 
  private:
   double log_f1(double x) const;  // x >= 0, c = 1
+  double d_log_f1(double x) const;  // its derivative
 
   double alpha_, c_;
   double log_scale_;  // log c / alpha
