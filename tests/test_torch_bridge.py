@@ -71,7 +71,7 @@ def test_softmax_matches_plain_torch_in_float32_and_float64():
 def test_torch_compile_one_call():
     q, k, v = tensors([(2, 2, 16, 8), (2, 2, 16, 8), (2, 2, 16, 8)], seed=6)
 
-    @torch.compile(backend="aot_eager", fullgraph=True)
+    @torch.compile(fullgraph=True)  # the default (inductor) backend
     def f(q, k, v):
         return (agt.softmax_attention(q * 2, k, v, causal=True) ** 2).sum()
 

@@ -94,7 +94,7 @@ class WhitenGrads(NamedTuple):
     dM: np.ndarray
 
 
-def whiten_backward(x, L0, M, dw, *, w=None) -> WhitenGrads:
+def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
     """Cotangents (dx, dL0, dM) of the steady-state recursion :func:`whiten` for the cotangent dw.
 
     Forward (eq. 9): w_0 = L0^{-1} x_0, w_i = L0^{-1} z_i, z_i = x_i - M w_{i-1}. The adjoint
@@ -106,6 +106,11 @@ def whiten_backward(x, L0, M, dw, *, w=None) -> WhitenGrads:
     summed over all sequences. C++ core: one GEMM and one solve per step across a chunk of
     sequences (OpenMP over chunks), then dL0 and dM as two GEMMs over all rows.
 
+    In row form the adjoint step dz_i = (dw_i - dz_{i+1} M) L0^{-1} is the forward recursion
+    with (L0^T, M^T) run on the time-reversed dw. With ``block`` it is computed that way by the
+    blocked scan of :func:`whiten_scan` (for few, long sequences), then dL0 and dM by two
+    GEMMs; it agrees with the sequential adjoint to rounding while the filter is stable.
+
     L0 is treated as a full matrix: dL0 is the gradient with respect to all D^2 entries
     (when L0 is lower triangular the forward uses triangular solves, which give the same
     values; a lower-triangular parametrisation takes ``np.tril(dL0)``).
@@ -116,6 +121,7 @@ def whiten_backward(x, L0, M, dw, *, w=None) -> WhitenGrads:
         the time-varying (T, D, D) factors are not supported here).
     dw : (..., T, D), x's shape: the cotangent of w.
     w : optional, the forward output ``whiten(x, L0, M)`` (recomputed when omitted).
+    block : None (sequential adjoint) or an integer >= 1, the scan's block length.
 
     Returns WhitenGrads(dx, dL0, dM); float32 when x, L0, M are float32 (see :func:`whiten`),
     else float64. ValueError naming the argument for a bad dw (shape, dtype, NaN) or for
@@ -123,6 +129,8 @@ def whiten_backward(x, L0, M, dw, *, w=None) -> WhitenGrads:
 
     Example: ``dx, dL0, dM = ag.whiten_backward(x, L0, M, dw)``
     """
+    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
+        raise ValueError(f"block must be None or an integer >= 1, got {block!r}")
     shape, flat, L, Mm, lower, varying = _filter(x, L0, M)
     if varying:
         raise ValueError(f"L0 must have shape (D, D) for whiten_backward (the steady-state recursion), got {L.shape}")
@@ -131,8 +139,16 @@ def whiten_backward(x, L0, M, dw, *, w=None) -> WhitenGrads:
         w = _core.whiten(flat, L, Mm, lower, 0, False)
     else:
         w = cotangent("w", w, shape, flat.dtype).reshape(flat.shape)
-    dx, dL, dM = _core.whiten_backward(L, Mm, lower, w, dw)
-    return WhitenGrads(dx.reshape(shape), dL, dM)
+    if block is None:
+        dx, dL, dM = _core.whiten_backward(L, Mm, lower, w, dw)
+        return WhitenGrads(dx.reshape(shape), dL, dM)
+    reversed_dw = np.ascontiguousarray(dw[:, ::-1])
+    Lt, Mt = np.ascontiguousarray(L.T), np.ascontiguousarray(Mm.T)
+    dx = _core.whiten(reversed_dw, Lt, Mt, False, int(block), False)[:, ::-1]
+    D = flat.shape[-1]
+    dL = -(dx.reshape(-1, D).T @ w.reshape(-1, D))
+    dM = -(dx[:, 1:].reshape(-1, D).T @ w[:, :-1].reshape(-1, D))
+    return WhitenGrads(np.ascontiguousarray(dx).reshape(shape), dL, dM)
 
 
 def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
