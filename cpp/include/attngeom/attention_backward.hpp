@@ -126,7 +126,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
 #pragma omp parallel if (par)
   {
     Mat Qs(bq, d_k), S(bq, bk), Raw(ridge ? bq : 0, ridge ? bk : 0), dP(bq, bk), dK(bk, d_k), dV(bk, d_v);
-    Vec colsum(bk);
+    Vec colsum(bk), shift(bq);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < batch * k_blocks; ++unit) {
       const int64_t b = unit / k_blocks, jb = unit % k_blocks;
@@ -171,17 +171,18 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
             for (int64_t c = first_hidden; c < cols; ++c) L(r, c) = neg_inf;
           }
         }
-        // P = exp(l - log Z); rows with no visible key (log Z = -inf) are zero. Eigen's exp
-        // maps -inf to the smallest normal number: flush as the forward does.
+        // P = exp(l - log Z) in one pass; rows with no visible key (log Z = -inf) are shifted
+        // by +inf and become zero. Hidden entries (mask, causal, empty rows) are -inf, which
+        // Eigen's vectorised exp maps to the smallest normal number: flush them as the forward
+        // does. Without mask, causal limit or empty row no entry is hidden.
+        bool hidden = mask.active() || causal != Causal::None;
         for (int64_t r = 0; r < rows; ++r) {
-          if (std::isfinite(lz[r])) {
-            L.row(r).array() -= lz[r];
-          } else {
-            L.row(r).setConstant(neg_inf);
-          }
+          const bool empty = !std::isfinite(lz[r]);
+          shift[r] = empty ? std::numeric_limits<T>::infinity() : lz[r];
+          hidden = hidden || empty;
         }
-        L.array() = L.array().exp();
-        L.array() = (L.array() < tiny).select(T(0), L.array());
+        L.array() = (L.array().colwise() - shift.head(rows)).exp();
+        if (hidden) L.array() = (L.array() < tiny).select(T(0), L.array());
         const CMap dY(dy + (b * n_q + i0) * d_v, rows, d_v);
         dVa.noalias() += L.transpose() * dY;
         auto dPa = dP.topLeftCorner(rows, cols);
