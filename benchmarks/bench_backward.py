@@ -12,8 +12,9 @@
    (variant="softmax"), fwd+bwd. Target: <= 1.5 (the paper reports whitened attention at
    6-10x the time per iteration of standard attention).
 
-Gradients are checked against torch's before timing; a mismatch makes the exit status 1.
-Never absolute-time assertions.
+Contenders are timed round by round (medians over --repeats rounds after a warm-up), so load
+drifting on a shared machine hits both alike. Gradients are checked against torch's before
+timing; a mismatch makes the exit status 1. Never absolute-time assertions.
 
   python benchmarks/bench_backward.py [--out DIR] [--repeats R] [--quick]
 """
@@ -31,6 +32,7 @@ import numpy as np
 
 import attngeom as ag
 from attngeom.experiments._timing import median_time
+from bench_attention import time_interleaved  # contenders timed round by round (load drifts on shared machines)
 
 try:
     import torch
@@ -70,7 +72,8 @@ def attention_rows(repeats, shapes):
             sdpa = fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dy)
             sdpa()
             err = max(rel(a, t.grad) for a, t in zip(mine, (q, k, v)))
-            t_ours, t_torch = median_time(ours, repeats), median_time(sdpa, repeats)
+            t = time_interleaved({"ours": ours, "torch": sdpa}, repeats)
+            t_ours, t_torch = t["ours"], t["torch"]
             row = {"shape": list(shape), "causal": causal, "dtype": "float32", "t_ours": t_ours, "t_torch": t_torch,
                    "o/torch": t_ours / t_torch, "max_rel_grad_err": err, "correct": err < 1e-3}
             rows.append(row)
@@ -122,7 +125,7 @@ def block_row(repeats, B, n, d_model, heads):
             block(x).backward(dy)
         return run
 
-    t = {v: median_time(step(b), repeats) for v, b in blocks.items()}
+    t = time_interleaved({v: step(b) for v, b in blocks.items()}, repeats)
     ratio = t["whitened"] / t["softmax"]
     print(f"blocks fwd+bwd, float32, (batch, n, d_model, heads) = ({B}, {n}, {d_model}, {heads}): standard "
           f"{t['softmax'] * 1e3:.1f} ms, whitened {t['whitened'] * 1e3:.1f} ms, whitened/standard {ratio:.2f}",
@@ -134,7 +137,7 @@ def block_row(repeats, B, n, d_model, heads):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     args, _ = p.parse_known_args(argv)
     if torch is None:
