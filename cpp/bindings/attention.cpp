@@ -5,6 +5,7 @@
 
 #include "arrays.hpp"
 #include "attngeom/attention.hpp"
+#include "attngeom/attention_backward.hpp"
 #include "kernel_dispatch.hpp"
 
 namespace py = pybind11;
@@ -80,9 +81,98 @@ void def_attention(py::module_& m) {
       py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"));
 }
 
+// Gradient arrays of one backward call; dtau and dkey_bias only when asked for.
+template <class T>
+struct Gradients {
+  CArray<T> dq, dk, dv;
+  std::optional<CArray<T>> dtau, dkey_bias;
+  AttentionGradients<T> view() {
+    return {dq.mutable_data(), dk.mutable_data(), dv.mutable_data(), dtau ? dtau->mutable_data() : nullptr,
+            dkey_bias ? dkey_bias->mutable_data() : nullptr};
+  }
+  py::tuple result() {
+    return py::make_tuple(dq, dk, dv, dtau ? py::object(*dtau) : py::none(),
+                          dkey_bias ? py::object(*dkey_bias) : py::none());
+  }
+};
+
+template <class T>
+Gradients<T> make_gradients(int64_t batch, int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, bool want_dtau,
+                            bool want_dkey_bias) {
+  Gradients<T> g{CArray<T>({batch, n_q, d_k}), CArray<T>({batch, n_k, d_k}), CArray<T>({batch, n_k, d_v}),
+                 std::nullopt, std::nullopt};
+  if (want_dtau) g.dtau = CArray<T>({batch, n_q});
+  if (want_dkey_bias) g.dkey_bias = CArray<T>({batch, n_k});
+  return g;
+}
+
+// y, log Z and dy are indexed by the flat batch: (batch, n_q, d_v), (batch, n_q), (batch, n_q, d_v).
+template <class T>
+void check_saved(int64_t batch, int64_t n_q, int64_t d_v, const CArray<T>& y, const CArray<T>& log_z,
+                 const CArray<T>& dy) {
+  auto same = [&](const CArray<T>& a) {
+    return a.ndim() == 3 && a.shape(0) == batch && a.shape(1) == n_q && a.shape(2) == d_v;
+  };
+  if (!same(y) || !same(dy) || log_z.ndim() != 2 || log_z.shape(0) != batch || log_z.shape(1) != n_q)
+    throw std::invalid_argument("internal: y, log_partition and dy must be (batch, n_q, d_v), (batch, n_q)");
+}
+
+template <class T>
+void def_attention_backward(py::module_& m) {
+  m.def(
+      "softmax_attention_backward",
+      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
+         const Index& vi, const std::optional<CArray<uint8_t>>& keep, const std::optional<CArray<T>>& bias,
+         const Index& mi, int causal, double scale, const CArray<T>& y, const CArray<T>& log_z, const CArray<T>& dy,
+         bool want_dkey_bias, int64_t block_q, int64_t block_k) {
+        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
+        const auto M = mask<T>(keep, bias, mi, Q.rows, K.rows);
+        check_saved(batch, Q.rows, V.cols, y, log_z, dy);
+        auto g = make_gradients<T>(batch, Q.rows, K.rows, Q.cols, V.cols, false, want_dkey_bias);
+        {
+          py::gil_scoped_release release;
+          softmax_attention_backward<T>(batch, Q, K, V, M, static_cast<Causal>(causal), T(scale), y.data(),
+                                        log_z.data(), dy.data(), g.view(), Blocking{block_q, block_k});
+        }
+        return g.result();
+      },
+      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
+      py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
+      py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("y").noconvert(),
+      py::arg("log_partition").noconvert(), py::arg("dy").noconvert(), py::arg("want_dkey_bias"),
+      py::arg("block_q") = 64, py::arg("block_k") = 256,
+      "Returns (dq, dk, dv, None, dkey_bias or None), each over the flat batch.");
+
+  m.def(
+      "ridge_attention_backward",
+      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
+         const Index& ki, const CArray<T>& v, const Index& vi, const std::optional<CArray<uint8_t>>& keep,
+         const std::optional<CArray<T>>& bias, const Index& mi, int causal, const std::string& kernel,
+         const py::dict& params, const CArray<T>& y, const CArray<T>& log_z, const CArray<T>& dy) {
+        const auto U = stack(u, ui), K = stack(k, ki), V = stack(v, vi);
+        const auto M = mask<T>(keep, bias, mi, U.rows, K.rows);
+        check_saved(batch, U.rows, V.cols, y, log_z, dy);
+        auto g = make_gradients<T>(batch, U.rows, K.rows, U.cols, V.cols, true, false);
+        with_kernel<T>(kernel, params, [&](const auto& psi) {
+          py::gil_scoped_release release;
+          ridge_attention_backward<T>(batch, U, tau.data(), index_ptr(ti), K, V, M, static_cast<Causal>(causal), psi,
+                                      y.data(), log_z.data(), dy.data(), g.view());
+        });
+        return g.result();
+      },
+      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
+      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("v").noconvert(),
+      py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(), py::arg("mask_index"),
+      py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("y").noconvert(),
+      py::arg("log_partition").noconvert(), py::arg("dy").noconvert(),
+      "Returns (du, dk, dv, dtau, None), each over the flat batch.");
+}
+
 }  // namespace
 
 void bind_attention(py::module_& m) {
   def_attention<double>(m);
   def_attention<float>(m);
+  def_attention_backward<double>(m);
+  def_attention_backward<float>(m);
 }

@@ -114,6 +114,25 @@ double log_tail_series(double alpha, double x) {
   return log_t1 + std::log(rel);
 }
 
+// d/dx of log_tail_series: with f_1 = t_1 rel, t_1 ~ x^-(alpha + 1) and the k-th term of rel
+// ~ x^-(alpha (k - 1)), d log f_1 / dx = -(alpha + 1) / x - (alpha / x) sum_k (k - 1) r_k / sum_k r_k.
+// Summed term by term with the same stopping rule as the value.
+double d_log_tail_series(double alpha, double x) {
+  const double lx = std::log(x), s1 = std::sin(kPi * alpha / 2);
+  double sum = 0, wsum = 0, prev = std::numeric_limits<double>::infinity();
+  for (int k = 1; k < 401; ++k) {
+    const double m = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
+                              alpha * (k - 1) * lx) / s1;
+    const double t = ((k % 2) ? 1.0 : -1.0) * m * std::sin(k * kPi * alpha / 2);
+    if (!std::isfinite(t) || m > prev) break;
+    prev = m;
+    sum += t;
+    wsum += (k - 1) * t;
+    if (m < 1e-17 * std::abs(sum)) break;
+  }
+  return -(alpha + 1) / x - alpha * wsum / (x * sum);
+}
+
 }  // namespace
 
 double StableDensity::log_density_direct(double alpha, double x) {
@@ -234,6 +253,34 @@ double StableDensity::log_f1(double x) const {
     b1 = b0;
   }
   return t * b1 - b2 + c[0];
+}
+
+double StableDensity::d_log_f1(double x) const {
+  if (alpha_ == 1.0) return -2 * x / (1 + x * x);
+  if (x >= x_max_) {
+    if (alpha_ == 2.0) return -x / 2;
+    return d_log_tail_series(alpha_, x);
+  }
+  // d/dx of the Chebyshev sum in t(z(x)): sum_k c_k k U_{k-1}(t) * dt/dz * dz/dx.
+  const double z = std::asinh(x / z_unit_);
+  const int p = std::min(pieces_ - 1, int(z / kPieceWidth));
+  const double t = 2 * (z - p * kPieceWidth) / kPieceWidth - 1;
+  const double* c = &coef_[size_t(p) * kNodes];
+  double u_prev = 1, u = 2 * t, sum = c[1];  // U_0, U_1
+  for (int k = 2; k < kNodes; ++k) {
+    sum += c[k] * k * u;
+    const double u_next = 2 * t * u - u_prev;
+    u_prev = u;
+    u = u_next;
+  }
+  return sum * (2 / kPieceWidth) / std::sqrt(x * x + z_unit_ * z_unit_);
+}
+
+double StableDensity::d_log_density(double x) const {
+  if (std::isnan(x)) return x;
+  if (x == 0.0) return 0.0;  // f is even and smooth
+  const double g = d_log_f1(std::abs(x) * inv_scale_) * inv_scale_;
+  return x > 0 ? g : -g;
 }
 
 double StableDensity::log_density(double x) const {

@@ -12,11 +12,23 @@ Example::
     assert np.allclose(ag.laplace_radon_attention(u, tau, k, v), y)
 """
 from ._config import __version__, get_num_threads, set_num_threads, show_config
-from .attention import kernel_attention, softmax_attention
+from .attention import (
+    AttentionGrads,
+    kernel_attention,
+    kernel_attention_backward,
+    softmax_attention,
+    softmax_attention_backward,
+)
 from .kernels import KERNELS, psi
-from .lightning import deep_lightning, lightning_attention, lightning_layer
-from .projection import LocalFlatness, local_flatness, projection_attention
-from .random_features import RandomFeatures, feature_matrix, random_feature_attention, random_features
+from .lightning import deep_lightning, lightning_attention, lightning_attention_backward, lightning_layer
+from .projection import LocalFlatness, local_flatness, projection_attention, projection_attention_backward
+from .random_features import (
+    RandomFeatures,
+    feature_matrix,
+    random_feature_attention,
+    random_feature_attention_backward,
+    random_features,
+)
 from .sampling import SampledAttention, sampled_attention
 from .laplace_radon import (
     LogTransform,
@@ -96,7 +108,9 @@ from .whitening import (
     steady_state_factor,
     vector_ar1,
     vector_ma1,
+    WhitenGrads,
     whiten,
+    whiten_backward,
     whiten_scan,
     whitened_attention,
     whiteness,
@@ -120,7 +134,9 @@ from .models import ModelHeads, load_heads
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
-    "softmax_attention", "kernel_attention", "projection_attention", "local_flatness", "LocalFlatness",
+    "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
+    "AttentionGrads", "projection_attention", "projection_attention_backward", "lightning_attention_backward",
+    "random_feature_attention_backward", "local_flatness", "LocalFlatness",
     "lightning_attention", "lightning_layer", "deep_lightning",
     "random_feature_attention", "random_features", "feature_matrix", "RandomFeatures",
     "sampled_attention", "SampledAttention",
@@ -133,7 +149,7 @@ __all__ = [
     "head_diagnostics", "HeadDiagnostics",
     "network_forward", "parametrization_jacobian", "expected_dimension", "neuromanifold_dimension",
     "numerical_rank", "parameter_count", "random_weights", "DimensionResult", "virtual_weights",
-    "whiten", "whiten_scan", "block_covariances", "steady_state_factor", "SteadyState", "block_cholesky_factors", "block_diagonal_factor",
+    "whiten", "whiten_backward", "WhitenGrads", "whiten_scan", "block_covariances", "steady_state_factor", "SteadyState", "block_cholesky_factors", "block_diagonal_factor",
     "full_whitening", "whitened_attention", "whiteness", "stationarity", "vector_ma1", "vector_ar1",
     "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
     "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",

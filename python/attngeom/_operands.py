@@ -9,7 +9,9 @@ expected shape and the one received (DESIGN "Errors"), in one wording:
 * :func:`scalar`, :func:`count`, :func:`rtol_arg`, :func:`causal_code` check scalar
   arguments.
 * :class:`AttentionOperands` checks and broadcasts the (q, k, v, tau, mask) operands of one
-  attention-like call.
+  attention-like call; its ``cotangent``, ``saved`` and ``gradients`` serve the backward
+  passes, with :func:`cotangent` (a checked cotangent or saved forward output) and
+  :func:`reduce_to_shape` (a gradient summed back over broadcast axes).
 
 Conventions (see the package docstring): tokens are rows, the last one or two axes are
 the core axes, every leading axis is a batch axis that broadcasts like NumPy. The core
@@ -293,6 +295,62 @@ class AttentionOperands:
         if return_log_partition:
             out += (self.shaped(log_partition, self.n_q),)
         return out[0] if len(out) == 1 else out
+
+    def cotangent(self, dy):
+        """The output cotangent dy (..., n_q, d_v), checked, over the flat batch."""
+        out = self.batch_shape + (self.n_q, self.d_v)
+        return cotangent("dy", dy, out, self.dtype).reshape(self.batch, self.n_q, self.d_v)
+
+    def saved(self, dy, y, log_partition, forward):
+        """Checked (dy, y, log Z) over the flat batch; y and log Z from `forward()` (which
+        returns the core's (y, weights, log Z)) unless both are given."""
+        out = self.batch_shape + (self.n_q, self.d_v)
+        dy = self.cotangent(dy)
+        if y is None or log_partition is None:
+            y, _, log_z = forward()
+        else:
+            y = cotangent("y", y, out, self.dtype).reshape(self.batch, self.n_q, self.d_v)
+            log_z = cotangent("log_partition", log_partition, self.batch_shape + (self.n_q,), self.dtype,
+                              allow_neg_inf=True).reshape(self.batch, self.n_q)
+        return dy, y, log_z
+
+    def gradients(self, dq, dk, dv, shapes):
+        """Core cotangents (batch, n, d) of q, k, v reshaped to the broadcast batch and summed
+        back to the inputs' `shapes` (three tuples)."""
+        return (reduce_to_shape(self.shaped(dq, self.n_q, self.d_k), shapes[0]),
+                reduce_to_shape(self.shaped(dk, self.n_k, self.d_k), shapes[1]),
+                reduce_to_shape(self.shaped(dv, self.n_k, self.d_v), shapes[2]))
+
+
+def cotangent(name: str, x, shape: tuple, dtype, *, allow_neg_inf: bool = False) -> np.ndarray:
+    """A cotangent or saved forward output of a backward pass, as a C-contiguous array of `dtype`.
+
+    ValueError names the argument for a non-real dtype, a shape other than `shape`, or NaN / inf
+    values (-inf allowed with allow_neg_inf: the log-partition of a fully masked row).
+    """
+    try:
+        a = np.asarray(x)
+    except Exception as exc:
+        raise ValueError(f"{name} must be a real array of shape {shape}, got {type(x).__name__}: {exc}") from None
+    if a.dtype.kind not in _FLOAT_KINDS:
+        raise ValueError(f"{name} must be a real floating array of shape {shape}, got dtype {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
+    bad = np.isnan(a) | (a == np.inf) if allow_neg_inf else ~np.isfinite(a)
+    if np.any(bad):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def reduce_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a gradient of a broadcast shape back to an operand's `shape` (NumPy broadcasting rules)."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, g.shape)) if s == 1 and t != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
 
 
 def query_key_value(q, k, v, *, qname: str = "q", width: str = "d_k", finite: bool = True) -> tuple:

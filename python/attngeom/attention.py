@@ -14,9 +14,12 @@ A query that sees no key (a fully masked row) returns zeros and log Z = -inf.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
+
+import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, operand, scalar
+from ._operands import AttentionOperands, operand, reduce_to_shape, scalar
 from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
@@ -65,6 +68,73 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     return pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
 
 
+class AttentionGrads(NamedTuple):
+    """Cotangents of an attention call's inputs, each with its input's shape (broadcast axes summed)."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+
+
+def attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=None, log_partition=None,
+                       key_bias_grad=False):
+    """Shared path of softmax_attention_backward and projection_attention_backward.
+
+    With key_bias_grad, also returns the cotangent of an additive bias b_j constant along the
+    query axis (sum_i dl_ij), shape (..., n_k) over the broadcast batch.
+    """
+    pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
+    shapes = [np.shape(a) for a in (q, k, v)]
+    scale = 1.0 / math.sqrt(pr.d_k) if scale is None else scalar("scale", scale)
+    keep, bias, mi = pr.mask_args()
+
+    def forward():
+        return _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
+                                       pr.v.index, keep, bias, mi, pr.causal, scale, False, True)
+
+    dy, y, log_z = pr.saved(dy, y, log_partition, forward)
+    dq, dk, dv, _, dbias = _core.softmax_attention_backward(
+        pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal,
+        scale, y, log_z, dy, bool(key_bias_grad))
+    grads = AttentionGrads(*pr.gradients(dq, dk, dv, shapes))
+    return (grads, pr.shaped(dbias, pr.n_k)) if key_bias_grad else grads
+
+
+def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=None,
+                               log_partition=None) -> AttentionGrads:
+    """Cotangents (dq, dk, dv) of :func:`softmax_attention` for the output cotangent dy.
+
+    With l_ij = scale q_i.k_j + mask_ij, P = softmax_j(l), y = P v (Laplace-Radon eq. 2-3):
+
+        dv_j = sum_i P_ij dy_i,  dl_ij = P_ij (dy_i.v_j - D_i),  D_i = dy_i.y_i,
+        dq_i = scale sum_j dl_ij k_j,  dk_j = scale sum_i dl_ij q_i.
+
+    Flash-style C++ kernel (FlashAttention-2 backward): P is recomputed block by block from
+    the saved log Z, no n_q x n_k buffer; OpenMP over batch x key blocks, with the dq
+    contributions of each key block summed in a fixed order, so the result does not depend
+    on the thread count. The mask gets no gradient; a query with no visible key (a fully
+    masked row) contributes nothing.
+
+    Parameters
+    ----------
+    q, k, v, mask, causal, scale : exactly as given to :func:`softmax_attention`.
+    dy : array_like, shape (..., n_q, d_v), the forward output's (broadcast) shape.
+    y, log_partition : optional, the forward's outputs ``softmax_attention(...,
+        return_log_partition=True)``, shapes (..., n_q, d_v) and (..., n_q); recomputed when
+        either is missing.
+
+    Returns
+    -------
+    AttentionGrads(dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast leading
+    axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the forward's (float32
+    when q, k, v are all float32, else float64); dy is cast to it. ValueError naming the
+    argument for a dy (or y, log_partition) of the wrong shape or dtype, or containing NaN.
+
+    Example: ``dq, dk, dv = ag.softmax_attention_backward(q, k, v, dy, causal=True)``
+    """
+    return attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y, log_partition=log_partition)
+
+
 def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
                      return_log_partition=False, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
@@ -100,3 +170,62 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     u, tau = tilt_radius(q, scale=scale)
     return ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
                            return_weights=return_weights, return_log_partition=return_log_partition)
+
+
+def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=None, scale=None, y=None,
+                              log_partition=None, **params) -> AttentionGrads:
+    """Cotangents (dq, dk, dv) of :func:`kernel_attention` for the output cotangent dy.
+
+    With u_i = q_i / |q_i|, tau_i = scale |q_i| (Laplace-Radon eq. 9), s_ij = u_i.k_j and
+    l_ij = log psi(tau_i, s_ij) + mask_ij (eq. 40-44):
+
+        dl_ij = P_ij (dy_i.v_j - dy_i.y_i),   dk_j = sum_i dl_ij dl/ds u_i,
+        du_i = sum_j dl_ij dl/ds k_j,   dtau_i = sum_j dl_ij dl/dtau,
+        dq_i = (du_i - u_i (u_i.du_i)) / |q_i| + scale dtau_i u_i.
+
+    dl/ds = -dl/dtau is -(s - tau) / sigma^2 (gaussian), -2 z / (gamma (1 + z^2)) with
+    z = (s - tau) / gamma (cauchy), -(log f)'(tau - s) (stable: the derivative of the same
+    Chebyshev table / tail series that gives the value). ``kernel="exp"`` is softmax attention
+    with logits scale q.k and goes through :func:`softmax_attention_backward`. Flash-style C++
+    kernel as in softmax_attention_backward.
+
+    A zero query has no direction (u = 0): the weights are not differentiable in q there and
+    its dq is 0 (except for "exp", which is smooth at 0).
+
+    Parameters
+    ----------
+    q, k, v, kernel, causal, mask, scale, **params : as given to :func:`kernel_attention`.
+    dy : (..., n_q, d_v); y, log_partition : optional forward outputs (recomputed if missing).
+
+    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed),
+    dtype as the forward's; ValueError naming the argument for a bad dy, y or log_partition.
+
+    Example: ``dq, dk, dv = ag.kernel_attention_backward(q, k, v, dy, kernel="cauchy", gamma=0.5)``
+    """
+    name, p = kernel_params(kernel, params)
+    if name == "exp":
+        return softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
+                                          log_partition=log_partition)
+    qa = operand("q", q, "(..., n_q, d_k)", dtype=None)
+    scale = 1.0 / math.sqrt(qa.shape[-1]) if scale is None else scalar("scale", scale)
+    u, tau = tilt_radius(qa, scale=scale)
+    pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
+    keep, bias, mi = pr.mask_args()
+
+    def forward():
+        return _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
+                                     pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, name, p, False,
+                                     True)
+
+    dy, y, log_z = pr.saved(dy, y, log_partition, forward)
+    du, dk, dv, dtau, _ = _core.ridge_attention_backward(
+        pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array, pr.k.index, pr.v.array,
+        pr.v.index, keep, bias, mi, pr.causal, name, p, y, log_z, dy)
+    du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
+    dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
+    u = u.astype(pr.dtype, copy=False)
+    norm = np.linalg.norm(qa.astype(pr.dtype, copy=False), axis=-1, keepdims=True)
+    radial = np.sum(u * du, axis=-1, keepdims=True)
+    dq = np.divide(du - u * radial, norm, out=np.zeros_like(du), where=norm > 0)
+    dq += pr.dtype.type(scale) * dtau[..., None] * u
+    return AttentionGrads(dq, dk, dv)

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core
 from ._operands import AttentionOperands, compute_dtype, operand, scalar
-from .attention import softmax_attention
+from .attention import AttentionGrads, softmax_attention
 
 _CHUNK = 64
 
@@ -69,6 +69,35 @@ def lightning_attention(q, k, v, *, causal=False):
     y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
                                   p.causal, _CHUNK)
     return p.shaped(y, p.n_q, p.d_v)
+
+
+def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads:
+    """Cotangents (dq, dk, dv) of :func:`lightning_attention` for the output cotangent dy.
+
+    With the visibility pattern C (C_ij = 1 iff query i sees key j) and Y = (Q K^T o C) V:
+
+        dQ = (dY V^T o C) K,   dK = (V dY^T o C^T) Q,   dV = (K Q^T o C^T) dY,
+
+    three lightning products, each computed by the chunked O(n d_k d_v) kernel (the
+    transposed pattern is the causal one on time-reversed sequences with the other
+    alignment); no n_q x n_k buffer.
+
+    Parameters
+    ----------
+    q, k, v, causal : as given to :func:`lightning_attention`.
+    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+
+    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed);
+    dtype as the forward's. ValueError naming dy for a wrong shape or dtype, or NaN.
+
+    Example: ``dq, dk, dv = ag.lightning_attention_backward(q, k, v, dy, causal=True)``
+    """
+    shapes = [np.shape(a) for a in (q, k, v)]
+    p = AttentionOperands(q, k, v, causal=causal)
+    dy = p.cotangent(dy)
+    dq, dk, dv = _core.lightning_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
+                                                    p.v.index, p.causal, dy, _CHUNK)
+    return AttentionGrads(*p.gradients(dq, dk, dv, shapes))
 
 
 def _layer_weights(A, V, d, name_a="A", name_v="V"):

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._operands import check_nonempty, compute_dtype, operand, query_key_value, real_array, scalar
-from .attention import softmax_attention
+from ._operands import check_nonempty, compute_dtype, operand, query_key_value, real_array, reduce_to_shape, scalar
+from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
 
@@ -46,6 +46,13 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
 
     Example: ``y = ag.projection_attention(x, x, sigma=0.5)  # self-attention, q = k = v``
     """
+    qc, kc, v, bias, scale = _centered(q, k, v, sigma, mask)
+    return softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_weights=return_weights)
+
+
+def _centered(q, k, v, sigma, mask):
+    """Checked operands as the softmax kernel sees them: q, k moved to the keys' mean, the
+    per-key bias -|k_j - mean|^2 / (2 sigma^2) (with the mask folded in), scale 1 / sigma^2."""
     sigma = scalar("sigma", sigma, positive=True)
     qa, ka, va = query_key_value(q, k, v, width="d")
     if v is None:
@@ -62,8 +69,47 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
         else:
             check_nonempty("mask", m, "broadcastable to (..., n_q, n_k)")
             bias = bias + m
-    return softmax_attention(qc, kc, v, mask=bias.astype(dt, copy=False), causal=causal, scale=1.0 / sigma ** 2,
-                             return_weights=return_weights)
+    return qc, kc, v, bias.astype(dt, copy=False), 1.0 / sigma ** 2
+
+
+def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None) -> AttentionGrads:
+    """Cotangents (dq, dk, dv) of :func:`projection_attention` for the output cotangent dy (sigma fixed).
+
+    With l_ij = -|q_i - k_j|^2 / (2 sigma^2) + mask_ij (Sanger eq. 3-14, squared distance) and
+    dl_ij = z_ij (dy_i.v_j - dy_i.y_i):
+
+        dq_i = sum_j dl_ij (k_j - q_i) / sigma^2,   dk_j = sum_i dl_ij (q_i - k_j) / sigma^2,
+        dv_j = sum_i z_ij dy_i
+
+    (sum_j dl_ij = 0, so dq_i = sum_j dl_ij k_j / sigma^2). Computed by the flash softmax
+    backward on the centred operands, with the gradient of the per-key bias
+    -|k_j|^2 / (2 sigma^2) from the same pass; no n_q x n_k buffer. With v omitted (v = k),
+    dk includes the value path.
+
+    Parameters
+    ----------
+    q, k, v, sigma, causal, mask : as given to :func:`projection_attention`.
+    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+
+    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (dv is None when v was
+    omitted); dtype as the forward's. ValueError naming dy for a bad cotangent.
+
+    Example: ``dq, dk, dv = ag.projection_attention_backward(x, x, x, dy, sigma=0.5)``
+    """
+    value_is_key = v is None
+    qc, kc, vv, bias, scale = _centered(q, k, v, sigma, mask)
+    (gq, gk, gv), dbias = attention_backward(qc, kc, vv, dy, mask=bias, causal=causal, scale=scale,
+                                             key_bias_grad=True)
+    dbias = reduce_to_shape(dbias, kc.shape[:-1])
+    dkc = gk - dbias[..., None] * kc * kc.dtype.type(scale)
+    # q - c and k - c with c the keys' mean: c's cotangent spreads evenly over the keys.
+    n_k = kc.shape[-2]
+    dc = -reduce_to_shape(gq, kc.shape[:-2] + (1, kc.shape[-1])) - dkc.sum(axis=-2, keepdims=True)
+    dk = dkc + dc / n_k
+    if value_is_key:
+        dk = dk + gv
+        gv = None
+    return AttentionGrads(reduce_to_shape(gq, np.shape(q)), reduce_to_shape(dk, np.shape(k)), gv)
 
 
 @dataclass

@@ -23,8 +23,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import causal_code, compute_dtype, count, operand, query_key_value, scalar
-from .lightning import lightning_attention
+from ._operands import causal_code, compute_dtype, cotangent, count, operand, query_key_value, scalar
+from .attention import AttentionGrads
+from .lightning import lightning_attention, lightning_attention_backward
 
 
 def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed=0) -> np.ndarray:
@@ -95,6 +96,24 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
 
     Example: ``y = ag.random_feature_attention(q, k, v, num_features=512, causal=True)``
     """
+    y, log_z, _ = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=return_log_partition)
+    return (y, log_z) if return_log_partition else y
+
+
+class _Favor(NamedTuple):
+    """The forward's intermediates, kept for the backward pass."""
+
+    x_q: np.ndarray  # q in the computation dtype (the features see sqrt(scale) q)
+    x_k: np.ndarray
+    W: np.ndarray
+    phi_q: np.ndarray
+    phi_k: np.ndarray
+    values: np.ndarray  # [v, 1]
+    den: np.ndarray
+    root: float
+
+
+def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=True):
     m = count("num_features", num_features)
     causal_code(causal)
     qa, ka, va = query_key_value(q, k, v)
@@ -103,14 +122,59 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
     root = math.sqrt(scale)
     W = feature_matrix(d_k, m, orthogonal=orthogonal, seed=seed).astype(dt)
-    phi_q, shift_q = _features(qa.astype(dt, copy=False), W, root, per_row=True)
-    phi_k, shift_k = _features(ka.astype(dt, copy=False), W, root, per_row=False)
+    qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
+    phi_q, shift_q = _features(qa, W, root, per_row=True)
+    phi_k, shift_k = _features(ka, W, root, per_row=False)
     ones = np.ones(va.shape[:-1] + (1,), dt)
-    out = lightning_attention(phi_q, phi_k, np.concatenate([va.astype(dt), ones], axis=-1), causal=causal)
+    values = np.concatenate([va.astype(dt), ones], axis=-1)
+    out = lightning_attention(phi_q, phi_k, values, causal=causal)
     num, den = out[..., :-1], out[..., -1]
     y = np.divide(num, den[..., None], out=np.zeros_like(num), where=den[..., None] > 0)
-    if not return_log_partition:
-        return y
-    with np.errstate(divide="ignore"):
-        log_z = np.log(den) + shift_q + shift_k[..., :1]
-    return y, log_z
+    log_z = None
+    if want_log_z:
+        with np.errstate(divide="ignore"):
+            log_z = np.log(den) + shift_q + shift_k[..., :1]
+    return y, log_z, _Favor(qa, ka, W, phi_q, phi_k, values, den, root)
+
+
+def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, orthogonal: bool = True, seed=0,
+                                      causal=False, scale: Optional[float] = None) -> AttentionGrads:
+    """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.
+
+    y_i = N_i / Z_i with N_i = phi(q_i).sum_j phi(k_j) v_j^T, Z_i = phi(q_i).sum_j phi(k_j) and
+    phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), x' = sqrt(scale) x (Laplace-Radon s.7.3):
+
+        dN_i = dy_i / Z_i,  dZ_i = -dy_i.y_i / Z_i,
+        (dphi_q, dphi_k, d[v, 1]) = lightning backward of (phi_q, phi_k, [v, 1]) at [dN, dZ],
+        dx' = (dphi o phi) W - x' rowsum(dphi o phi),  dx = sqrt(scale) dx'.
+
+    The stabilising shifts cancel in y and get no gradient. The same W as the forward (same
+    num_features, orthogonal, seed); rows with Z = 0 (y = 0) pass no gradient.
+
+    Parameters
+    ----------
+    q, k, v, num_features, orthogonal, seed, causal, scale : as given to
+        :func:`random_feature_attention`.
+    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+
+    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed);
+    dtype as the forward's. ValueError naming dy for a bad cotangent.
+
+    Example: ``dq, dk, dv = ag.random_feature_attention_backward(q, k, v, dy, num_features=512)``
+    """
+    y, _, f = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=False)
+    dy = cotangent("dy", dy, y.shape, y.dtype)
+    den = f.den[..., None]
+    live = den > 0
+    safe = np.where(live, den, 1)
+    dnum = np.where(live, dy / safe, 0)
+    dden = np.where(live, -np.sum(dy * y, axis=-1, keepdims=True) / safe, 0)
+    dphi_q, dphi_k, dvals = lightning_attention_backward(f.phi_q, f.phi_k, f.values,
+                                                         np.concatenate([dnum, dden], axis=-1), causal=causal)
+
+    def through_features(dphi, phi, x):
+        dlogits = dphi * phi
+        return f.root * (dlogits @ f.W - (f.root * x) * np.sum(dlogits, axis=-1, keepdims=True))
+
+    return AttentionGrads(through_features(dphi_q, f.phi_q, f.x_q), through_features(dphi_k, f.phi_k, f.x_k),
+                          dvals[..., :-1])

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, operand, real_array, scalar
+from ._operands import check_finite, cotangent, count, operand, real_array, scalar
 from .attention import softmax_attention
 
 
@@ -68,6 +68,70 @@ def whiten(x, L, M) -> np.ndarray:
     """
     shape, flat, L, M, lower, varying = _filter(x, L, M)
     return _core.whiten(flat, L, M, lower, 0, varying).reshape(shape)
+
+
+class WhitenGrads(NamedTuple):
+    """Cotangents of :func:`whiten`'s inputs: dx (x's shape), dL0 and dM (D, D)."""
+
+    dx: np.ndarray
+    dL0: np.ndarray
+    dM: np.ndarray
+
+
+def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
+    """Cotangents (dx, dL0, dM) of the steady-state recursion :func:`whiten` for the cotangent dw.
+
+    Forward (eq. 9): w_0 = L0^{-1} x_0, w_i = L0^{-1} z_i, z_i = x_i - M w_{i-1}. The adjoint
+    runs backwards in time:
+
+        g_{T-1} = dw_{T-1},  g_i = dw_i - M^T dz_{i+1},  dz_i = L0^{-T} g_i,  dx_i = dz_i,
+        dL0 = -sum_i dz_i w_i^T,   dM = -sum_{i >= 1} dz_i w_{i-1}^T,
+
+    summed over all sequences. C++ core: one GEMM and one solve per step across a chunk of
+    sequences (OpenMP over chunks), then dL0 and dM as two GEMMs over all rows.
+
+    In row form the adjoint step dz_i = (dw_i - dz_{i+1} M) L0^{-1} is the forward recursion
+    with (L0^T, M^T) run on the time-reversed dw. With ``block`` it is computed that way by the
+    blocked scan of :func:`whiten_scan` (for few, long sequences), then dL0 and dM by two
+    GEMMs; it agrees with the sequential adjoint to rounding while the filter is stable.
+
+    L0 is treated as a full matrix: dL0 is the gradient with respect to all D^2 entries
+    (when L0 is lower triangular the forward uses triangular solves, which give the same
+    values; a lower-triangular parametrisation takes ``np.tril(dL0)``).
+
+    Parameters
+    ----------
+    x : (..., T, D) sequences; L0 : (D, D) invertible; M : (D, D) (the steady-state pair;
+        the time-varying (T, D, D) factors are not supported here).
+    dw : (..., T, D), x's shape: the cotangent of w.
+    w : optional, the forward output ``whiten(x, L0, M)`` (recomputed when omitted).
+    block : None (sequential adjoint) or an integer >= 1, the scan's block length.
+
+    Returns WhitenGrads(dx, dL0, dM); float32 when x, L0, M are float32 (see :func:`whiten`),
+    else float64. ValueError naming the argument for a bad dw (shape, dtype, NaN) or for
+    time-varying L0, M.
+
+    Example: ``dx, dL0, dM = ag.whiten_backward(x, L0, M, dw)``
+    """
+    block = None if block is None else count("block", block)
+    shape, flat, L, Mm, lower, varying = _filter(x, L0, M)
+    if varying:
+        raise ValueError(f"L0 must have shape (D, D) for whiten_backward (the steady-state recursion), got {L.shape}")
+    dw = cotangent("dw", dw, shape, flat.dtype).reshape(flat.shape)
+    if w is None:
+        w = _core.whiten(flat, L, Mm, lower, 0, False)
+    else:
+        w = cotangent("w", w, shape, flat.dtype).reshape(flat.shape)
+    if block is None:
+        dx, dL, dM = _core.whiten_backward(L, Mm, lower, w, dw)
+        return WhitenGrads(dx.reshape(shape), dL, dM)
+    reversed_dw = np.ascontiguousarray(dw[:, ::-1])
+    Lt, Mt = np.ascontiguousarray(L.T), np.ascontiguousarray(Mm.T)
+    dx = _core.whiten(reversed_dw, Lt, Mt, False, block, False)[:, ::-1]
+    D = flat.shape[-1]
+    dL = -(dx.reshape(-1, D).T @ w.reshape(-1, D))
+    dM = -(dx[:, 1:].reshape(-1, D).T @ w[:, :-1].reshape(-1, D))
+    return WhitenGrads(np.ascontiguousarray(dx).reshape(shape), dL, dM)
 
 
 def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:

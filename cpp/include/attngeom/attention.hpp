@@ -36,6 +36,33 @@ struct DotScores {
   void log_psi(M&&, const T*) const {}
 };
 
+// Applies the mask and the causal limit to the log-weights L of batch b, query rows from i0
+// and keys from j0: hidden entries become -inf, an additive mask is added. `offset` is the
+// causal alignment's n_k - n_q (BottomRight) or 0.
+template <class T, class M>
+void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int64_t j0, int64_t offset) {
+  const int64_t rows = L.rows(), cols = L.cols();
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  if (mask.active()) {
+    const int64_t mb = (mask.index ? mask.index[b] : b) * mask.block_size;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t base = mb + (i0 + r) * mask.row_stride;
+      if (mask.keep) {
+        for (int64_t c = 0; c < cols; ++c)
+          if (!mask.keep[base + (j0 + c) * mask.col_stride]) L(r, c) = neg_inf;
+      } else {
+        for (int64_t c = 0; c < cols; ++c) L(r, c) += mask.bias[base + (j0 + c) * mask.col_stride];
+      }
+    }
+  }
+  if (causal != Causal::None && j0 + cols - 1 > i0 + offset) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);
+      for (int64_t c = first_hidden; c < cols; ++c) L(r, c) = neg_inf;
+    }
+  }
+}
+
 // The flash driver. `query_scale` multiplies the query block once (1 for ridge scores);
 // `kernel.log_psi(S, tau_rows)` turns raw dot products into log-weights in place.
 template <class T, class Kernel>
@@ -81,24 +108,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         auto L = S.topLeftCorner(rows, cols);
         L.noalias() = Q * K.middleRows(j0, cols).transpose();
         kernel.log_psi(L, tau_rows);
-        if (mask.active()) {
-          const int64_t mb = (mask.index ? mask.index[b] : b) * mask.block_size;
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t base = mb + (i0 + r) * mask.row_stride;
-            if (mask.keep) {
-              for (int64_t c = 0; c < cols; ++c)
-                if (!mask.keep[base + (j0 + c) * mask.col_stride]) L(r, c) = neg_inf;
-            } else {
-              for (int64_t c = 0; c < cols; ++c) L(r, c) += mask.bias[base + (j0 + c) * mask.col_stride];
-            }
-          }
-        }
-        if (causal != Causal::None && j0 + cols - 1 > i0 + offset) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);
-            for (int64_t c = first_hidden; c < cols; ++c) L(r, c) = neg_inf;
-          }
-        }
+        hide(L, mask, causal, b, i0, j0, offset);
         if (W)
           for (int64_t r = 0; r < rows; ++r)
             Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(W + r * n_k + j0, cols) = L.row(r);

@@ -55,14 +55,22 @@ void positive_features(int64_t batch, const Stack<T>& x, const T* W, int64_t m, 
       std::fill(s, s + n, *std::max_element(s, s + n));
     }
   }
-  // Pass 2: phi = exp(L - shift) / sqrt(m).
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t unit = 0; unit < batch * blocks; ++unit) {
-    const int64_t b = unit / blocks, i0 = (unit % blocks) * rows_per_block;
-    const int64_t rows = std::min(rows_per_block, n - i0);
-    for (int64_t r = 0; r < rows; ++r) {
-      auto row = Map(phi + (b * n + i0 + r) * m, 1, m).array();
-      row = (row - shift[b * n + i0 + r]).exp() * norm;
+  // Pass 2: phi = exp(L - shift) / sqrt(m), through an aligned scratch row: Eigen evaluates
+  // the unaligned head of a row with the scalar exp and the rest with the vectorised one, so
+  // exp straight into phi would make the last bit depend on where NumPy put the array.
+#pragma omp parallel if (par)
+  {
+    Eigen::Array<T, 1, Eigen::Dynamic> row(m);
+#pragma omp for schedule(static)
+    for (int64_t unit = 0; unit < batch * blocks; ++unit) {
+      const int64_t b = unit / blocks, i0 = (unit % blocks) * rows_per_block;
+      const int64_t rows = std::min(rows_per_block, n - i0);
+      for (int64_t r = 0; r < rows; ++r) {
+        auto out = Map(phi + (b * n + i0 + r) * m, 1, m).array();
+        row = out;
+        row = (row - shift[b * n + i0 + r]).exp() * norm;
+        out = row;
+      }
     }
   }
 }

@@ -35,6 +35,9 @@ class StableDensity {
   double log_density(double x) const;
   // out[i] = f(x[i]) (or log f(x[i])) for i < n; OpenMP over i.
   void evaluate(const double* x, int64_t n, bool log, double* out) const;
+  // d/dx log f(x): the exact derivative of what log_density evaluates (the same Chebyshev
+  // table, tail series or closed form), so values and gradients are consistent.
+  double d_log_density(double x) const;
   // A shared instance for (alpha, c): tables are built once per process (at most 64 kept).
   static std::shared_ptr<const StableDensity> shared(double alpha, double c = 1.0);
 
@@ -46,6 +49,7 @@ class StableDensity {
 
  private:
   double log_f1(double x) const;  // x >= 0, c = 1
+  double d_log_f1(double x) const;  // its derivative
 
   double alpha_, c_;
   double log_scale_;  // log c / alpha

@@ -28,21 +28,26 @@ namespace detail {
 template <class T>
 using ColMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-// Applies R <- R L^{-T} to a block of row vectors.
+// Applies R <- R L^{-T} (transposed, the forward recursion) or R <- R L^{-1} (its adjoint,
+// whitening_backward.hpp) to a block of row vectors: a triangular solve when L is lower
+// triangular, one LU factorization otherwise.
 template <class T>
-struct InverseTransposeL {
+struct InverseL {
   Eigen::Map<const RowMatrix<T>> L;
-  bool lower;
-  Eigen::PartialPivLU<ColMat<T>> lu;
-  InverseTransposeL(const T* l, int64_t D, bool lower_triangular) : L(l, D, D), lower(lower_triangular) {
-    if (!lower) lu.compute(ColMat<T>(L));
+  bool lower, transposed;
+  Eigen::PartialPivLU<ColMat<T>> lu;  // of L (transposed) or of L^T
+  InverseL(const T* l, int64_t D, bool lower_triangular, bool transposed_ = true)
+      : L(l, D, D), lower(lower_triangular), transposed(transposed_) {
+    if (!lower) lu.compute(transposed ? ColMat<T>(L) : ColMat<T>(L.transpose()));
   }
   void apply(RowMatrix<T>& R) const {
     if (R.rows() == 0) return;
-    if (lower) {
+    if (!lower) {
+      R = lu.solve(R.transpose()).transpose();
+    } else if (transposed) {
       L.transpose().template triangularView<Eigen::Upper>().template solveInPlace<Eigen::OnTheRight>(R);
     } else {
-      R = lu.solve(R.transpose()).transpose();
+      L.template triangularView<Eigen::Lower>().template solveInPlace<Eigen::OnTheRight>(R);
     }
   }
 };
@@ -52,6 +57,19 @@ using Strided = Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>>;
 template <class T>
 using CStrided = Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
 
+// Splits B sequences into one contiguous chunk per thread and calls f(b0, nb) for each
+// chunk (sequences b0 .. b0 + nb - 1), in parallel.
+template <class F>
+void for_sequence_chunks(int64_t B, F&& f) {
+  const int64_t chunks = std::min<int64_t>(B, std::max(1, get_num_threads()));
+  const int64_t per = (B + chunks - 1) / chunks;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b0 = c * per, nb = std::min(per, B - b0);
+    if (nb > 0) f(b0, nb);
+  }
+}
+
 }  // namespace detail
 
 // With `varying`, L and M hold Tn blocks (the time-varying block Cholesky factor: step i
@@ -60,17 +78,12 @@ template <class T>
 void whiten(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M, bool lower_triangular,
             bool varying, T* w) {
   if (B == 0 || Tn == 0 || D == 0) return;
-  std::vector<detail::InverseTransposeL<T>> solvers;
+  std::vector<detail::InverseL<T>> solvers;
   const int64_t n_factors = varying ? Tn : 1;
   solvers.reserve(n_factors);
   for (int64_t i = 0; i < n_factors; ++i) solvers.emplace_back(L + i * D * D, D, lower_triangular);
-  const int64_t chunks = std::min<int64_t>(B, std::max(1, get_num_threads()));
-  const int64_t per = (B + chunks - 1) / chunks;
   const Eigen::OuterStride<> stride(Tn * D);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b0 = c * per, nb = std::min(per, B - b0);
-    if (nb <= 0) continue;
+  detail::for_sequence_chunks(B, [&](int64_t b0, int64_t nb) {
     RowMatrix<T> R(nb, D);
     for (int64_t i = 0; i < Tn; ++i) {
       const int64_t f = varying ? i : 0;
@@ -81,14 +94,14 @@ void whiten(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M
       solvers[f].apply(R);
       detail::Strided<T>(w + (b0 * Tn + i) * D, nb, D, stride) = R;
     }
-  }
+  });
 }
 
 template <class T>
 void whiten_scan(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M, bool lower_triangular,
                  int64_t block, T* w) {
   if (B == 0 || Tn == 0 || D == 0) return;
-  const detail::InverseTransposeL<T> solve(L, D, lower_triangular);
+  const detail::InverseL<T> solve(L, D, lower_triangular);
   const int64_t S = std::max<int64_t>(1, std::min(block, Tn));
   const int64_t K = (Tn + S - 1) / S;
   const Eigen::OuterStride<> stride(Tn * D);
