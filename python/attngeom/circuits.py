@@ -86,7 +86,7 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
     Parameters
     ----------
     W_Q, W_K, W_V : (n_layers, n_heads, d_model, d_head); W_O : (n_layers, n_heads, d_head, d_model).
-    mode : "Q" | "K" | "V".
+    mode : {"Q", "K", "V"}
 
     Returns
     -------
@@ -290,7 +290,7 @@ class RoutingGram:
 
     loads : (n_experts,) token mass per expert, sum_t R[t, e]
     diagonal : (n_experts,) diag(G), each expert's self-interference
-    off_diagonal_mass : sum of |G| off the diagonal over its total (0 for disjoint experts)
+    off_diagonal_mass : sum of ``|G|`` off the diagonal over its total (0 for disjoint experts)
     imbalance : coefficient of variation std(loads) / mean(loads) (0 when balanced)
     """
 
@@ -428,7 +428,7 @@ class KeyValueMLP:
         return self.activations[..., None] * self.values
 
     def top_neurons(self, token_index, k: int = 5):
-        """The k neurons writing the most (by |a_j| |v_j|) for one token: (indices, norms)."""
+        """The k neurons writing the most (by ``|a_j|`` ``|v_j|``) for one token: (indices, norms)."""
         norms = np.abs(self.activations[token_index]) * np.linalg.norm(self.values, axis=1)
         order = np.argsort(-norms, kind="stable")[:k]
         return order, norms[order]

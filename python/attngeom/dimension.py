@@ -359,7 +359,7 @@ def rescale(As, Vs, lambdas):
 
 
 def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
-    """max |phi_W(X) - phi_W'(X)| / max |phi_W(X)| for two networks given as (As, Vs) pairs
+    """max ``|phi_W(X) - phi_W'(X)|`` / max ``|phi_W(X)|`` for two networks given as (As, Vs) pairs
     on samples X (N, t, d_0): ~1e-15 when W and W' lie in one fiber."""
     kw = dict(kind=network_kind(kind), temperature=temperature)
     (A1, V1), (A2, V2) = first, second

@@ -47,7 +47,7 @@ class HeadDiagnostics:
 
     Data fields (None without x)
     ----------------------------
-    radius_mean, radius_std : (...) statistics of tau = scale |q| (eq. 9, 16)
+    radius_mean, radius_std : (...) statistics of tau = scale ``|q|`` (eq. 9, 16)
     tilt : TiltCoverageResult per head (object array, or one result for one head)
     routing_singular_values : (..., n_seq, n) singular values of each attention matrix P
     routing_rank, routing_effective_rank : (..., n_seq) rank(P) and entropy rank_eff(P)

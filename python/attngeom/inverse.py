@@ -34,7 +34,7 @@ class ExponentialSum:
         for N); 0 beyond the order.
     order : (...) int, the number of nodes found.
     singular_values : (..., K) of the stacked Hankel matrix (the gap decides the order).
-    residual : (...) relative misfit |f - model| / |f| of the fitted real sum.
+    residual : (...) relative misfit ``|f - model|`` / ``|f|`` of the fitted real sum.
     """
 
     nodes: np.ndarray
@@ -59,7 +59,7 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     Parameters
     ----------
     tau : array_like (N,), uniformly spaced, real or purely imaginary (N >= 2 M + 1).
-        Imaginary tau = i w: nodes are identifiable only for |s| < pi / dw (aliasing).
+        Imaginary tau = i w: nodes are identifiable only for ``|s|`` < pi / dw (aliasing).
     values : array_like (..., N) scalar samples, or (..., N, C) vector samples sharing nodes
         (e.g. Z and N stacked as channels). A trailing axis of length N is read as scalar
         samples unless ``vector=True``.
@@ -203,8 +203,8 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
     tau : array_like (K,), real (need not be uniform).
     Z : array_like (K,), positive samples of the transform.
     s_grid : array_like (G,), increasing. It must cover where e^{tau s} p(s) carries mass for
-        every sampled tau, not only the support's bulk: for N(0, sigma^2) and |tau| <= T
-        that is |s| <= sigma^2 T + 3 sigma.
+        every sampled tau, not only the support's bulk: for N(0, sigma^2) and ``|tau|`` <= T
+        that is ``|s|`` <= sigma^2 T + 3 sigma.
     regularization : float >= 0; the default 1e-3 gives (tau = 81 points on [-10, 10],
         G = 201, tests/test_inverse.py) Wasserstein-1 errors of 0.015 noiseless and 0.019 at
         relative noise 1e-3 for the uniform density on [-1, 1] (grid [-2, 2]); 0.0015 and
@@ -265,7 +265,7 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
 
 def wasserstein1(s, p, q) -> float:
     """Wasserstein-1 distance between two densities p, q on the same increasing grid s
-    (the integral of |CDF_p - CDF_q|, trapezoid rule; each density normalised first)."""
+    (the integral of ``|CDF_p - CDF_q|``, trapezoid rule; each density normalised first)."""
     s = real_array("s", s).astype(np.float64).ravel()
     if s.size < 2 or np.any(np.diff(s) <= 0):
         raise ValueError(f"s must be increasing with at least 2 points, got shape {s.shape}")

@@ -56,7 +56,7 @@ def lightning_attention(q, k, v, *, causal=False):
     Parameters
     ----------
     q : (..., n_q, d_k); k : (..., n_k, d_k); v : (..., n_k, d_v); leading axes broadcast.
-    causal : False | True | "top_left" | "bottom_right", as in :func:`softmax_attention`
+    causal : False ``| True |`` "top_left" | "bottom_right", as in :func:`softmax_attention`
         (top-left: key j <= query i; bottom-right: j <= i + n_k - n_q).
 
     Returns

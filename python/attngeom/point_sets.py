@@ -27,7 +27,7 @@ class PointSet:
         directions do not span R^d: the rest is the limited-angle null, Laplace-Radon s.6.2).
     weights : (n,) multiplicities (1 without `weights`).
     values : (n, C) value vectors, or None.
-    residual : (n,) largest |u_j.x - s_j| over the directions.
+    residual : (n,) largest ``|u_j.x - s_j|`` over the directions.
     rank : dimension of span(directions).
     """
 
@@ -108,7 +108,7 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     Padded arrays (nodes NaN beyond each direction's order) are read with the nodes' mask, so
     the fields of fit_exponential_sum's result can be passed as they are.
     tol : float, optional: the matching tolerance on projections (default 1e-8 times the
-        largest |s|); set it to a few times the noise level for noisy nodes.
+        largest ``|s|``); set it to a few times the noise level for noisy nodes.
 
     Returns PointSet. When the directions span only an r-dimensional subspace U, the
     points are recovered in U (x = P_U k): the components along U^perp are invisible,
@@ -158,7 +158,7 @@ def _solve_points(Dr, rows):
 
 
 def _nearest_gap(nodes, values):
-    """|value - nearest node| for each value (inf when there are no nodes)."""
+    """``|value - nearest node|`` for each value (inf when there are no nodes)."""
     if nodes.size == 0:
         return np.full(values.shape, np.inf)
     sorted_nodes = np.sort(nodes)
@@ -332,7 +332,7 @@ def recover_keys(probe: Callable, directions, tau_grid, *, order: Optional[int] 
     probe : callable (u (m, d), tau (T,)) -> (Z (m, T), N (m, T, d_v)); see :func:`head_probe`.
     directions : array_like (m, d), m >= d spanning R^d (more directions average noise).
     tau_grid : array_like (T,), uniform; imaginary (tau = i w) is well conditioned and needs
-        step dw < pi / max |u.k| (no aliasing) and T >= 2 n + 2.
+        step dw < pi / max ``|u.k|`` (no aliasing) and T >= 2 n + 2.
     order, rtol : passed to fit_exponential_sum.
 
     Returns RecoveredHead; keys are in the order of the first direction's nodes.

@@ -1,15 +1,15 @@
 """Projection (Gaussian-distance) attention and the local flattening it causes.
 
 Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
-surface": with weights z_ij proportional to exp(-|q_i - k_j|^2 / (2 sigma^2)), normalised
+surface": with weights z_ij proportional to exp(-``|q_i - k_j|^2`` / (2 sigma^2)), normalised
 over j, the output y_i = sum_j z_ij v_j projects each query onto the surface spanned by
 nearby keys (cross-attention y = z k when v = k; self-attention q = k = v).
 
-The paper writes the distance |q - k| where the squared distance |q - k|^2 is meant (its
+The paper writes the distance ``|q - k|`` where the squared distance ``|q - k|^2`` is meant (its
 eq. 3-14): only with the square does the identity with softmax hold. Here the square is
-used. Expanding |q - k|^2 = |q|^2 + |k|^2 - 2 q.k, the |q|^2 term is constant along a row
+used. Expanding ``|q - k|^2`` = ``|q|^2`` + ``|k|^2`` - 2 q.k, the ``|q|^2`` term is constant along a row
 and cancels in the normalisation, so the weights are exactly softmax weights with logits
-q.k / sigma^2 and a per-key bias -|k|^2 / (2 sigma^2). That is how they are computed: by
+q.k / sigma^2 and a per-key bias -``|k|^2`` / (2 sigma^2). That is how they are computed: by
 the flash softmax kernel with that bias, after moving the origin to the keys' mean
 (distances do not change, magnitudes and rounding do), so tiny sigma and far-away clouds
 neither overflow nor lose the nearest key.
@@ -26,7 +26,7 @@ from .spectral import effective_rank, singular_values
 
 
 def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False):
-    """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-|q_i - k_j|^2 / (2 sigma^2)).
+    """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-``|q_i - k_j|^2`` / (2 sigma^2)).
 
     Sanger eq. (3)-(14) with the squared distance (see the module docstring). For unit-norm
     q and k and sigma = 1 it equals ``softmax_attention(q, k, v, scale=1)`` exactly.

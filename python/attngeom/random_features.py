@@ -1,7 +1,7 @@
 """Positive random features (FAVOR+) and the linear-time estimator of softmax attention.
 
-Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[exp(w.q - |q|^2/2) exp(w.k - |k|^2/2)] for
-w ~ N(0, I), so with m features phi(x) = exp(W x - |x|^2/2) / sqrt(m) the partition
+Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[exp(w.q - ``|q|^2``/2) exp(w.k - ``|k|^2``/2)] for
+w ~ N(0, I), so with m features phi(x) = exp(W x - ``|x|^2``/2) / sqrt(m) the partition
 Z_i = sum_j exp(scale q_i.k_j) and numerator N_i = sum_j exp(scale q_i.k_j) v_j have the
 unbiased estimates phi(q_i).sum_j phi(k_j) and phi(q_i).sum_j phi(k_j) v_j^T, computed in
 O(n m d) by lightning attention (Choromanski et al., Performer). q and k are scaled by
@@ -11,7 +11,7 @@ Orthogonal features: W in blocks of d_k rows, each block the Q of a Gaussian mat
 with rows rescaled to chi(d_k)-distributed norms: every row is still N(0, I) (so Z stays
 unbiased) but rows within a block are exactly orthogonal, which lowers the variance.
 
-Stabilising shifts: query features are divided by exp(max_f (w_f.q - |q|^2/2)) per query,
+Stabilising shifts: query features are divided by exp(max_f (w_f.q - ``|q|^2``/2)) per query,
 key features by the maximum over all keys and features of the head; both factors cancel in
 y = N / Z and are added back to log Z.
 """
@@ -59,7 +59,7 @@ def _features(x, W, shift_axes):
 
 
 def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, per_row: bool = True) -> RandomFeatures:
-    """Positive random features phi(x) = exp(W x - |x|^2 / 2) / sqrt(m) of the rows of x (..., n, d).
+    """Positive random features phi(x) = exp(W x - ``|x|^2`` / 2) / sqrt(m) of the rows of x (..., n, d).
 
     per_row: shift each row by its own maximum (queries) or, if False, the whole (n, m)
     block by one maximum (keys), so exp never overflows. The unshifted features are

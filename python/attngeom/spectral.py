@@ -278,7 +278,7 @@ def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None)
         A 1-D spectrum (k,), or matrices (..., m, n). Pass ``spectrum=True`` for a batch
         of spectra (..., k); ``spectrum=False`` to treat a 1-D input as... not allowed
         (matrices need 2 axes).
-    kind : "entropy" | "energy" | "participation"
+    kind : "entropy" ``| "energy" |`` "participation"
 
     Returns
     -------
@@ -352,7 +352,7 @@ def _participation(lam: np.ndarray) -> float:
 
 
 class TiltCoverage:
-    """Streaming accumulator of tilts u = q / |q| for :func:`tilt_coverage`.
+    """Streaming accumulator of tilts u = q / ``|q|`` for :func:`tilt_coverage`.
 
     Holds the triangular factor R of the stacked tilts (U = Q R, so U^T U = R^T R exactly
     up to rounding), their count and their sum: O(d_k^2) memory whatever the number of

@@ -266,7 +266,7 @@ def whiteness(x) -> float:
     """The paper's whiteness Psi (eq. 10-12): with Lambda the sample covariance over the batch
     of the stacked sequences (TD x TD, normalised by B - 1),
 
-        Psi = sum_{i != j} |Lambda_ij| / ((TD - 1) sum_i |Lambda_ii|),
+        Psi = sum_{i != j} ``|Lambda_ij|`` / ((TD - 1) sum_i ``|Lambda_ii|``),
 
     the mean off-diagonal magnitude over the mean diagonal magnitude: 0 for white sequences.
     Sampling noise keeps it above 0 for finite B (about sqrt(2 / (pi B)) for white noise).

@@ -1,8 +1,8 @@
 """Projection SDPA (Sanger): softmax vs Gaussian-distance attention, the sigma sweep, flattening.
 
 Three parts. (1) The identity: on unit-norm queries and keys, softmax attention with logits
-q.k / sigma^2 equals projection attention with weights exp(-|q - k|^2 / (2 sigma^2)) (Sanger
-eq. 3-14 with the squared distance; with the paper's unsquared |q - k| the weights differ, and
+q.k / sigma^2 equals projection attention with weights exp(-``|q - k|^2`` / (2 sigma^2)) (Sanger
+eq. 3-14 with the squared distance; with the paper's unsquared ``|q - k|`` the weights differ, and
 the driver reports by how much). (2) The sigma sweep of self-attention (q = k = v, unit-norm
 tokens): mean row entropy, mean largest weight and how far the layer moves the tokens, from
 sigma = 0.01 (the paper's self-attention setting) to sigma = 10. (3) Flattening: a noisy cloud

@@ -2,9 +2,9 @@
 
 One random head (Gaussian tokens, weights scaled by 1 / sqrt(d_model)). (1) FAVOR+ positive
 random features: the mean squared relative error of the partition estimate Z_hat and the
-output error |y_hat - y| against the number of features m, for iid and orthogonal features
+output error ``|y_hat - y|`` against the number of features m, for iid and orthogonal features
 (the variance falls like 1/m; orthogonal blocks lower it). The queries and keys are scaled by
-``feature_gain`` because the estimator's variance grows like exp(|q + k|^2) scale: at the
+``feature_gain`` because the estimator's variance grows like exp(``|q + k|^2``) scale: at the
 s.13 head's own radii (tau ~ 1) it needs far more features. (2) Importance sampling of Z
 with S keys per query: the queries rescaled so that the mean Laplace radius tau runs from
 tau_min to tau_max; the mean squared relative error of Z_hat for the uniform and the tilted

@@ -211,7 +211,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
 # -- figures of this driver ---------------------------------------------------------------
 def _radius_vs_chi(tau, d_k, var_q, ax=None):
-    """Density of tau = |q| / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
+    """Density of tau = ``|q|`` / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
     from math import lgamma, log
 
     fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))

@@ -14,7 +14,7 @@ Layouts (``prefix`` is whatever precedes the names below, e.g. ``bert.``, ``tran
   {weight,bias}`` and ``encoder.layer.N.attention.output.dense.{weight,bias}``, stored
   (out, in) as torch.nn.Linear (y = x W^T + b). Bidirectional.
 * ``gpt2``  (Hugging Face GPT-2): ``h.N.attn.c_attn.{weight,bias}``, one fused Conv1D
-  stored (in, 3 * out) with y = x W + b, columns [q | k | v]; ``h.N.attn.c_proj``. Causal.
+  stored (in, 3 * out) with y = x W + b, columns [q ``| k |`` v]; ``h.N.attn.c_proj``. Causal.
 * ``llama`` (Llama, Qwen, Mistral and other grouped-query models): ``layers.N.self_attn.
   {q,k,v,o}_proj.{weight,bias}`` stored (out, in); k and v have n_kv_heads heads and query
   head h reads key/value head h // (n_heads / n_kv_heads). Causal. The rotary position

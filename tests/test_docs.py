@@ -1,0 +1,105 @@
+"""The documentation a user reads is checked like code.
+
+* numpydoc's validation over every public function (``attngeom.__all__`` and the public
+  functions of :mod:`attngeom.plotting` and :mod:`attngeom.models`): a docstring exists
+  (GL08), has a summary (SS01), documents every parameter (PR01), no parameter that does not
+  exist (PR02), each with a description (PR07), a Returns section (RT01) and an Examples
+  section (EX01).
+* Every docstring example in the package runs as a doctest and its printed output is
+  compared.
+* The API reference (``make docs``) builds with Sphinx without a warning.
+"""
+import doctest
+import importlib
+import inspect
+import os
+import pkgutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+
+CHECKS = ("GL08", "SS01", "PR01", "PR02", "PR07", "RT01", "EX01")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def public_functions():
+    out = {}
+    for name in ag.__all__:
+        obj = getattr(ag, name)
+        if inspect.isfunction(obj):
+            out[f"attngeom.{name}"] = obj
+    for mod in (ag.plotting, ag.models):
+        names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(mod, name)
+            if inspect.isfunction(obj) and obj.__module__.startswith(mod.__name__):
+                out[f"{mod.__name__}.{name}"] = obj
+    return out
+
+
+PUBLIC = public_functions()
+
+
+def test_the_public_surface_is_large():
+    assert len(PUBLIC) > 100
+
+
+@pytest.mark.parametrize("qualname", sorted(PUBLIC))
+def test_numpydoc_validation(qualname):
+    validate = pytest.importorskip("numpydoc.validate").validate
+    result = validate(qualname)
+    errors = [f"{code}: {msg}" for code, msg in result["errors"] if code in CHECKS]
+    assert not errors, f"{qualname}:\n" + "\n".join(errors)
+
+
+def package_modules():
+    names = ["attngeom"]
+    for info in pkgutil.walk_packages(ag.__path__, "attngeom."):
+        if info.name.endswith("__main__"):
+            continue
+        names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("module", package_modules())
+def test_doctests(module, monkeypatch, tmp_path):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    mod = importlib.import_module(module)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report = []
+    with np.printoptions(precision=4, suppress=True):
+        for test in doctest.DocTestFinder().find(mod, module, globs={"np": np, "ag": ag}):
+            if test.examples and _own(test, mod):
+                runner.run(test, out=report.append)
+    try:
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    except ImportError:
+        pass
+    assert runner.failures == 0, "".join(report)
+
+
+def _own(test, mod):
+    """Doctests of objects defined in this module (not of names it imports)."""
+    return test.filename is None or os.path.abspath(test.filename) == os.path.abspath(mod.__file__)
+
+
+def test_every_public_function_has_a_running_example():
+    """EX01 asks for an Examples section; this asks that it holds a doctest."""
+    finder = doctest.DocTestFinder()
+    missing = [q for q, f in PUBLIC.items() if not any(t.examples for t in finder.find(f, q))]
+    assert not missing, missing
+
+
+def test_api_reference_builds_without_warnings(tmp_path):
+    pytest.importorskip("sphinx")
+    pytest.importorskip("numpydoc")
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html",
+                           os.path.join(ROOT, "docs"), str(tmp_path / "html")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert (tmp_path / "html" / "api.html").exists()
