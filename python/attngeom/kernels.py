@@ -51,18 +51,31 @@ def kernel_params(kernel, params: dict) -> tuple:
 def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     """Evaluate the kernel psi(tau, s) elementwise (NumPy broadcasting of tau and s).
 
+    Laplace-Radon s.10.5-10.6, eq. 40-44: the weight of a key at projected coordinate s for a
+    query of radius tau; "exp" gives softmax attention.
+
     Parameters
     ----------
-    tau, s : array_like
-        Radius and projected coordinate; any broadcastable shapes.
-    kernel : {"exp", "gaussian", "cauchy", "stable"}
-    **params : sigma (gaussian), gamma (cauchy), alpha and c (stable).
+    tau : array_like
+        Radius; any shape broadcastable with s.
+    s : array_like
+        Projected coordinate.
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel.
+    **params
+        sigma (gaussian), gamma (cauchy), alpha and c (stable).
 
     Returns
     -------
-    ndarray of the broadcast shape; float32 when both inputs are float32, else float64.
+    ndarray
+        The broadcast shape; float32 when both inputs are float32, else float64.
 
-    Example: ``ag.psi(1.0, np.linspace(-3, 3, 7), "cauchy", gamma=0.5)``
+    Examples
+    --------
+    >>> ag.psi(1.0, np.array([0.0, 1.0]))
+    array([1.    , 2.7183])
+    >>> ag.psi(1.0, np.array([1.0, 1.5]), "cauchy", gamma=0.5)
+    array([1. , 0.5])
     """
     name, p = kernel_params(kernel, params)
     tau, s = real_array("tau", tau), real_array("s", s)
