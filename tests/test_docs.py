@@ -43,15 +43,41 @@ def public_functions():
 
 PUBLIC = public_functions()
 
+# Not yet converted to numpydoc. Each entry is a strict xfail: the test fails as soon as the
+# docstring passes, so the entry must then be removed. The three configuration functions live
+# in _config.py, which the build-system work owns for now.
+PENDING = {
+    "attngeom.get_num_threads", "attngeom.set_num_threads", "attngeom.show_config",
+    "attngeom.load_heads", "attngeom.models.load_heads", "attngeom.models.bfloat16_to_float32",
+    "attngeom.models.float32_to_bfloat16", "attngeom.models.read_safetensors", "attngeom.models.write_safetensors",
+    "attngeom.models.detect_layout", "attngeom.models.split_layer", "attngeom.models.gelu",
+    "attngeom.models.head_report", "attngeom.models.load_activations", "attngeom.models.text_activations",
+    "attngeom.models.packaged_model_path", "attngeom.models.resolve_checkpoint", "attngeom.models.tokenize",
+} | {f"attngeom.plotting.{n}" for n in (
+    "attention_heatmap", "axes_or_new", "curve_panels", "finish", "finish_curves", "head_map", "head_spectra",
+    "head_spectrum_pair", "identity_scatter", "layer_head_grids", "log_floor", "new_figure", "panel_row", "pyplot",
+    "spectrum_with_energy")}
+
+
+def _params(names):
+    return [pytest.param(q, marks=pytest.mark.xfail(strict=True, reason="docstring not yet converted"))
+            if q in PENDING else q for q in sorted(names)]
+
 
 def test_the_public_surface_is_large():
     assert len(PUBLIC) > 100
 
 
-@pytest.mark.parametrize("qualname", sorted(PUBLIC))
+def test_pending_list_names_public_functions():
+    assert PENDING <= set(PUBLIC)
+
+
+@pytest.mark.parametrize("qualname", _params(PUBLIC))
 def test_numpydoc_validation(qualname):
     validate = pytest.importorskip("numpydoc.validate").validate
-    result = validate(qualname)
+    func = PUBLIC[qualname]
+    # by the defining module: ``attngeom.random_features`` names a module and a function
+    result = validate(f"{func.__module__}.{func.__qualname__}")
     errors = [f"{code}: {msg}" for code, msg in result["errors"] if code in CHECKS]
     assert not errors, f"{qualname}:\n" + "\n".join(errors)
 
@@ -92,10 +118,14 @@ def _own(test, mod):
 def test_every_public_function_has_a_running_example():
     """EX01 asks for an Examples section; this asks that it holds a doctest."""
     finder = doctest.DocTestFinder()
-    missing = [q for q, f in PUBLIC.items() if not any(t.examples for t in finder.find(f, q))]
+    missing = [q for q, f in PUBLIC.items()
+               if q not in PENDING and not any(t.examples for t in finder.find(f, q))]
     assert not missing, missing
 
 
+# Class docstrings (dataclass field lists) and a few module docstrings still produce docutils
+# warnings; strict, so the marker must go when the build is clean.
+@pytest.mark.xfail(strict=True, reason="class and module docstrings not yet valid reST")
 def test_api_reference_builds_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     pytest.importorskip("numpydoc")

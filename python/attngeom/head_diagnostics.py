@@ -166,24 +166,43 @@ def _weights(name, w):
 def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
     """The geometry of one head or a stack of heads, from weights and optionally tokens.
 
+    Laplace-Radon s.12.1 (all diagnostics of s.5-6 and app. B for each head): spectra and
+    nulls of B = W_Q W_K^T and of the OV circuit, and with tokens the radii, tilt coverage and
+    routing ranks. Cost: O(d_model d_head^2) per head for the weights; with data, one attention
+    matrix (n x n) per head and sequence plus its singular values, O(n^3) each.
+
     Parameters
     ----------
-    W_Q, W_K : (..., d_model, d_head), q = x W_Q (TransformerLens layout for stacks, e.g.
-        (n_layers, n_heads, d_model, d_head)); leading axes broadcast.
-    W_V : (..., d_model, d_v), optional; W_O : (..., d_v, d_model), optional. With both,
-        the OV circuit W_V W_O (d_model x d_model, never formed) is analysed.
-    x : tokens, optional: (n, d_model) one sequence, (n_seq, n, d_model) several, or
-        (..., n_seq, n, d_model) with leading axes broadcasting against the heads' (one
-        residual stream per layer: x of shape (n_layers, 1, n_seq, n, d_model)).
-    scale : logit scale, default 1 / sqrt(d_head).
-    causal : passed to :func:`attngeom.softmax_attention` for the routing matrices.
-    rtol : rank threshold (relative to sigma_max) for every rank decision; default the
+    W_Q, W_K : array_like, shape (..., d_model, d_head)
+        q = x W_Q (TransformerLens layout for stacks, e.g. (n_layers, n_heads, d_model,
+        d_head)); leading axes broadcast.
+    W_V : array_like, shape (..., d_model, d_v), optional
+        Value weights.
+    W_O : array_like, shape (..., d_v, d_model), optional
+        Output weights. With W_V, the OV circuit W_V W_O (never formed) is analysed.
+    x : array_like, optional
+        Tokens: (n, d_model) one sequence, (n_seq, n, d_model) several, or
+        (..., n_seq, n, d_model) with leading axes broadcasting against the heads'.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d_head).
+    causal : bool or str, default False
+        Passed to :func:`attngeom.softmax_attention` for the routing matrices.
+    rtol : float, optional
+        Rank threshold (relative to sigma_max) for every rank decision; default the
         matrix_rank rule of each matrix.
 
-    Cost: O(d_model d_head^2) per head for the weights; with data, one attention matrix
-    (n x n) per head and sequence plus its singular values, O(n^3) each.
+    Returns
+    -------
+    HeadDiagnostics
+        Per-head results with ``summary()``, ``table()``, ``to_json()`` and plots.
 
-    Example: ``d = ag.head_diagnostics(W_Q, W_K, W_V, W_O, x); d.summary()``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 3, 16, 4))  # 3 heads
+    >>> d = ag.head_diagnostics(W_Q, W_K, x=rng.standard_normal((10, 16)))
+    >>> [int(r) for r in d.nulls.rank]
+    [4, 4, 4]
     """
     wq = operand("W_Q", W_Q, "(..., d_model, d_head)", dtype=None)
     wk = operand("W_K", W_K, "(..., d_model, d_head)", dtype=None)

@@ -247,9 +247,11 @@ def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
     fig, ax = axes_or_new(ax, figsize=(4, 4))
     a, b = np.ravel(a), np.ravel(b)
     idx = np.random.default_rng(0).permutation(a.size)[:20000]
-    ax.plot(a[idx], b[idx], ".", ms=1.5, alpha=0.4)
     lim = [float(min(a.min(), b.min())), float(max(a.max(), b.max()))]
-    ax.plot(lim, lim, "k--", lw=1)
+    # the diagonal goes underneath, thin and light, so the points on it stay visible
+    ax.plot(lim, lim, "-", color="0.75", lw=0.8, zorder=1, label="y = x")
+    ax.plot(a[idx], b[idx], "o", ms=2.5, alpha=0.6, mec="none", zorder=2, label="entries")
+    ax.legend(loc="upper left", frameon=False, fontsize="small")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(f"relative error {rel_error:.2e}")

@@ -82,13 +82,37 @@ def _features(x, W, shift_axes):
 
 
 def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, per_row: bool = True) -> RandomFeatures:
-    """Positive random features phi(x) = exp(W x - ``|x|^2`` / 2) / sqrt(m) of the rows of x (..., n, d).
+    """Positive random features phi(x) = exp(W x - ``|x|^2`` / 2) / sqrt(m) of the rows of x.
 
-    per_row: shift each row by its own maximum (queries) or, if False, the whole (n, m)
-    block by one maximum (keys), so exp never overflows. The unshifted features are
-    ``phi * exp(log_shift)[..., None]``; log_shift has shape (..., n).
+    Laplace-Radon s.7.3 (FAVOR+): exp(q.k) = E_w[phi_w(q) phi_w(k)]. Each row (per_row) or the
+    whole block is shifted by its maximum so exp never overflows; the unshifted features are
+    ``phi * exp(log_shift)[..., None]``.
 
-    Example: ``f = ag.random_features(k, 256, per_row=False)``
+    Parameters
+    ----------
+    x : array_like, shape (..., n, d)
+        Vectors, one per row.
+    num_features : int
+        Number m of features.
+    orthogonal : bool, default True
+        Orthogonal blocks in W (see :func:`feature_matrix`).
+    seed : int, default 0
+        The draw of W.
+    per_row : bool, default True
+        Shift each row by its own maximum (queries) or, if False, the whole (n, m) block by
+        one maximum (keys).
+
+    Returns
+    -------
+    RandomFeatures
+        The shifted features phi (..., n, m), log_shift (..., n) and W.
+
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((5, 3))
+    >>> f = ag.random_features(x, 16)
+    >>> f.phi.shape
+    (5, 16)
     """
     a = operand("x", x, "(..., n, d)")
     W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
