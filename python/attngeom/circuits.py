@@ -182,11 +182,16 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
 class PathExpansion:
     """Contributions of the residual paths of a network with frozen attention.
 
-    paths : {path: contribution (n, d_model)}; a path is a tuple of components in order,
+    Attributes
+    ----------
+    paths
+        {path: contribution (n, d_model)}; a path is a tuple of components in order,
         each (layer, head) for an attention head or (layer, "mlp") for a frozen MLP; the
         empty tuple is the direct path (the input itself)
-    forward : the frozen-attention forward pass the paths sum to (n, d_model)
-    max_length : longest path included (None: all)
+    forward
+        the frozen-attention forward pass the paths sum to (n, d_model)
+    max_length
+        longest path included (None: all)
     """
 
     paths: Dict[tuple, np.ndarray]
@@ -469,11 +474,17 @@ def routing_gram(R) -> RoutingGram:
 class LatentFactorization:
     """K ~ U Z with U (m, r) = U_r diag(sigma_r) and Z (r, n) = V_r^T (orthonormal rows).
 
-    error : ||K - U Z||_F^2, equal to sum_{i > r} sigma_i^2 (Eckart-Young; the notes'
+    Attributes
+    ----------
+    error
+        ||K - U Z||_F^2, equal to sum_{i > r} sigma_i^2 (Eckart-Young; the notes'
         "Proposition (spectral error bound)")
-    tail_energy : sum_{i > r} sigma_i^2 from the spectrum
-    condition : kappa_2(U) = sigma_1 / sigma_r
-    singular_values : all singular values of K
+    tail_energy
+        sum_{i > r} sigma_i^2 from the spectrum
+    condition
+        kappa_2(U) = sigma_1 / sigma_r
+    singular_values
+        all singular values of K
     """
 
     U: np.ndarray

@@ -38,19 +38,24 @@ _CHUNK_BYTES = 1 << 28
 class HeadDiagnostics:
     """Per-head geometry of a stack of heads with batch shape ``batch_shape`` (() for one head).
 
-    Weights-only fields
-    -------------------
-    nulls : ParameterNulls (ker W_Q^T, ker W_K^T, ker B, ker B^T; spectrum and rank of B)
-    bilinear_effective_rank : (...) entropy effective rank of B's spectrum
-    ov_singular_values : (..., k) spectrum of W_OV = W_V W_O (row convention), or None
-    ov_rank, ov_effective_rank : rank and energy effective rank (the notes' r_eff), or None
-
-    Data fields (None without x)
-    ----------------------------
-    radius_mean, radius_std : (...) statistics of tau = scale ``|q|`` (eq. 9, 16)
-    tilt : TiltCoverageResult per head (object array, or one result for one head)
-    routing_singular_values : (..., n_seq, n) singular values of each attention matrix P
-    routing_rank, routing_effective_rank : (..., n_seq) rank(P) and entropy rank_eff(P)
+    Attributes
+    ----------
+    nulls : ParameterNulls
+        ker W_Q^T, ker W_K^T, ker B, ker B^T; spectrum and rank of B (from the weights).
+    bilinear_effective_rank : ndarray, shape (...)
+        Entropy effective rank of B's spectrum.
+    ov_singular_values : ndarray, shape (..., k), or None
+        Spectrum of W_OV = W_V W_O (row convention); None without W_V, W_O.
+    ov_rank, ov_effective_rank : ndarray or None
+        Rank and energy effective rank (the notes' r_eff) of W_OV.
+    radius_mean, radius_std : ndarray, shape (...), or None
+        Statistics of tau = scale ``|q|`` (eq. 9, 16); None without x.
+    tilt : TiltCoverageResult or ndarray of them, or None
+        Tilt coverage per head; None without x.
+    routing_singular_values : ndarray, shape (..., n_seq, n), or None
+        Singular values of each attention matrix P; None without x.
+    routing_rank, routing_effective_rank : ndarray, shape (..., n_seq), or None
+        rank(P) and entropy rank_eff(P); None without x.
     """
 
     batch_shape: tuple

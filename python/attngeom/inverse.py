@@ -29,12 +29,19 @@ from ._operands import check_finite, check_nonempty, real_array, scalar, uniform
 class ExponentialSum:
     """Result of :func:`fit_exponential_sum`.
 
-    nodes : (..., M) ascending projected coordinates s_i; NaN beyond each problem's order.
-    weights : (..., M) or (..., M, C) the weights c_i (multiplicities for Z, value-weighted
+    Attributes
+    ----------
+    nodes
+        (..., M) ascending projected coordinates s_i; NaN beyond each problem's order.
+    weights
+        (..., M) or (..., M, C) the weights c_i (multiplicities for Z, value-weighted
         for N); 0 beyond the order.
-    order : (...) int, the number of nodes found.
-    singular_values : (..., K) of the stacked Hankel matrix (the gap decides the order).
-    residual : (...) relative misfit ``|f - model|`` / ``|f|`` of the fitted real sum.
+    order
+        (...) int, the number of nodes found.
+    singular_values
+        (..., K) of the stacked Hankel matrix (the gap decides the order).
+    residual
+        (...) relative misfit ``|f - model|`` / ``|f|`` of the fitted real sum.
     """
 
     nodes: np.ndarray

@@ -3,15 +3,16 @@
 Replacing the exponential kernel of softmax by another positive kernel swaps the 1-D
 transform applied to each Radon projection (Lawrence, Laplace-Radon eq. 44):
 
-========== ============================================== ========== =========
-name       psi(tau, s)                                    parameters equation
-========== ============================================== ========== =========
-"exp"      exp(tau s)                                     none       (53)
-"gaussian" exp(-(tau - s)^2 / (2 sigma^2))                sigma > 0  (54)
-"cauchy"   1 / (1 + ((tau - s) / gamma)^2)                gamma > 0  (56)
-"stable"   f_alpha(tau - s), the symmetric alpha-stable   0 < alpha  (57)
-           density with Fourier multiplier exp(-c|w|^a)   <= 2, c > 0
-========== ============================================== ========== =========
+========== ============================================== ============== ========
+name       psi(tau, s)                                    parameters     equation
+========== ============================================== ============== ========
+"exp"      exp(tau s)                                     none           (53)
+"gaussian" exp(-(tau - s)^2 / (2 sigma^2))                sigma > 0      (54)
+"cauchy"   1 / (1 + ((tau - s) / gamma)^2)                gamma > 0      (56)
+"stable"   f_alpha(tau - s), the symmetric alpha-stable   0 < alpha <= 2 (57)
+           density with Fourier multiplier                c > 0
+           exp(-c ``|w|^alpha``)
+========== ============================================== ============== ========
 
 All four are positive, so the attention weights they induce are probability vectors.
 """

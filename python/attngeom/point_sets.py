@@ -23,12 +23,19 @@ from .inverse import ExponentialSum, fit_exponential_sum
 class PointSet:
     """Result of :func:`reconstruct_points`.
 
-    points : (n, d) recovered points (their projection onto span(directions) when the
+    Attributes
+    ----------
+    points
+        (n, d) recovered points (their projection onto span(directions) when the
         directions do not span R^d: the rest is the limited-angle null, Laplace-Radon s.6.2).
-    weights : (n,) multiplicities (1 without `weights`).
-    values : (n, C) value vectors, or None.
-    residual : (n,) largest ``|u_j.x - s_j|`` over the directions.
-    rank : dimension of span(directions).
+    weights
+        (n,) multiplicities (1 without `weights`).
+    values
+        (n, C) value vectors, or None.
+    residual
+        (n,) largest ``|u_j.x - s_j|`` over the directions.
+    rank
+        dimension of span(directions).
     """
 
     points: np.ndarray

@@ -88,10 +88,15 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
 class LocalFlatness:
     """Local dimension of a token cloud before and after a layer (Sanger s.3 "flattening").
 
-    neighbors : (n, n_neighbors) indices of each point's nearest neighbours in x (itself included)
-    before, after : (n,) participation-ratio dimension (sum lambda)^2 / sum lambda^2 of the
+    Attributes
+    ----------
+    neighbors
+        (n, n_neighbors) indices of each point's nearest neighbours in x (itself included)
+    before, after
+        (n,) participation-ratio dimension (sum lambda)^2 / sum lambda^2 of the
         covariance of each neighbourhood in x and of the same points in y
-    mean_before, mean_after : their means
+    mean_before, mean_after
+        their means
     """
 
     neighbors: np.ndarray

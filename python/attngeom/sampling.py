@@ -32,13 +32,21 @@ PROPOSALS = ("uniform", "tilted")
 class SampledAttention(NamedTuple):
     """Monte Carlo estimates for each query (shapes (..., n_q) unless noted).
 
-    Z : estimate of the partition sum_j exp(scale q.k_j) (float64; may overflow for logits
+    Attributes
+    ----------
+    Z
+        estimate of the partition sum_j exp(scale q.k_j) (float64; may overflow for logits
         beyond ~700: use log_Z)
-    log_Z : log of the estimate
-    Z_variance : estimated variance of Z (sample variance of the weights / S)
-    N : (..., n_q, d_v) estimate of the numerator sum_j exp(scale q.k_j) v_j
-    y : (..., n_q, d_v) the ratio estimate N / Z of the attention output (consistent, not unbiased)
-    relative_std : sqrt(Z_variance) / Z
+    log_Z
+        log of the estimate
+    Z_variance
+        estimated variance of Z (sample variance of the weights / S)
+    N
+        (..., n_q, d_v) estimate of the numerator sum_j exp(scale q.k_j) v_j
+    y
+        (..., n_q, d_v) the ratio estimate N / Z of the attention output (consistent, not unbiased)
+    relative_std
+        sqrt(Z_variance) / Z
     """
 
     Z: np.ndarray

@@ -390,17 +390,29 @@ def cumulative_energy(x, *, spectrum: Optional[bool] = None) -> np.ndarray:
 class TiltCoverageResult:
     """Angular coverage of a head on a dataset (Laplace-Radon s.6.2, s.12.1, eq. 20-23, 58).
 
-    count : number of (nonzero) tilts seen
-    eigenvalues : (d_k,) eigenvalues of C_u = E[u u^T] (or Cov(u) if centered), descending
-    effective_dim : (sum lambda)^2 / sum lambda^2, the paper's dim_eff span(U)
-    rank : dim span(U) (rank decision on the singular values of the stacked tilts)
-    null : span(U)^perp in R^d_k, the key-space limited-angle null (eq. 21), a Subspace
-    token_eigenvalues : (min(d_k, d_model),) eigenvalues of E[n n^T], n = W_K u (the rest of
+    Attributes
+    ----------
+    count
+        number of (nonzero) tilts seen
+    eigenvalues
+        (d_k,) eigenvalues of C_u = E[u u^T] (or Cov(u) if centered), descending
+    effective_dim
+        (sum lambda)^2 / sum lambda^2, the paper's dim_eff span(U)
+    rank
+        dim span(U) (rank decision on the singular values of the stacked tilts)
+    null
+        span(U)^perp in R^d_k, the key-space limited-angle null (eq. 21), a Subspace
+    token_eigenvalues
+        (min(d_k, d_model),) eigenvalues of E[n n^T], n = W_K u (the rest of
         the d_model eigenvalues are exactly zero), or None without W_K
-    effective_dim_token : dim_eff span(N) (or None)
-    token_rank : dim span(N) (or None)
-    token_null : span(N)^perp in R^d_model (eq. 23) (or None)
-    centered : whether eigenvalues are of Cov(u) = E[u u^T] - E[u] E[u]^T
+    effective_dim_token
+        dim_eff span(N) (or None)
+    token_rank
+        dim span(N) (or None)
+    token_null
+        span(N)^perp in R^d_model (eq. 23) (or None)
+    centered
+        whether eigenvalues are of Cov(u) = E[u u^T] - E[u] E[u]^T
     """
 
     count: int
@@ -488,10 +500,20 @@ class TiltCoverage:
     def result(self, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
         """Spectra, effective dimensions and limited-angle nulls of the tilts seen so far.
 
-        W_K : (d_model, d_k), optional: adds the token-space normals n = W_K u (eq. 22).
-        rtol : rank threshold on singular values of the stacked tilts, relative to the
+        Parameters
+        ----------
+        W_K : array_like, shape (d_model, d_k), optional
+            Adds the token-space normals n = W_K u (eq. 22).
+        rtol : float, optional
+            Rank threshold on singular values of the stacked tilts, relative to the
             largest; default max(count, d) * eps, eps of float32 when every input was float32.
-        centered : eigenvalues of Cov(u) instead of E[u u^T] (the null is span(U)^perp either way).
+        centered : bool, default False
+            Eigenvalues of Cov(u) instead of E[u u^T] (the null is span(U)^perp either way).
+
+        Returns
+        -------
+        TiltCoverageResult
+            As :func:`tilt_coverage` returns.
         """
         if self.count == 0:
             raise ValueError("no tilts: update() the accumulator with nonzero vectors first")
@@ -576,12 +598,19 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False) -> TiltCove
 class RoutingNulls:
     """Routing (forward-pass) nulls of attention matrices P (Laplace-Radon s.6.3, eq. 24-25).
 
-    rank : rank(P) (int or int array of the batch shape)
-    nullity : dim ker(P) = n_k - rank
-    null : ker(P) in R^n_k (value perturbations P dV = 0 cannot reach the output), Subspace
+    Attributes
+    ----------
+    rank
+        rank(P) (int or int array of the batch shape)
+    nullity
+        dim ker(P) = n_k - rank
+    null
+        ker(P) in R^n_k (value perturbations P dV = 0 cannot reach the output), Subspace
         or object array of Subspaces
-    singular_values : (..., min(n_q, n_k)) descending
-    effective_rank : entropy effective rank of P (rank_eff(P) of s.13.7)
+    singular_values
+        (..., min(n_q, n_k)) descending
+    effective_rank
+        entropy effective rank of P (rank_eff(P) of s.13.7)
     """
 
     rank: Union[int, np.ndarray]
