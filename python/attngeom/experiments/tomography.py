@@ -99,7 +99,7 @@ class TomographyResult(ExperimentResult):
     def plot_reconstruction(self, ax=None):
         """Figure 1: Y (softmax) against Y_hat (Laplace-Radon)."""
         return plotting.identity_scatter(self.y, self.y_hat, self.scalars["laplace_radon_rel_error"],
-                                         "Y (softmax attention)", r"$\hat Y$ (Laplace-Radon)", ax=ax)
+                                         "Y (softmax attention), every entry", r"$\hat Y$ (Laplace-Radon N / Z)", ax=ax)
 
     def plot_radius_density(self, ax=None):
         """Figure 2: density of tau against the scaled chi prediction."""
@@ -119,13 +119,15 @@ class TomographyResult(ExperimentResult):
 
     def plot_token_spectrum(self, ax=None):
         """Figure 6: eigenvalues of Cov(n), n = W_K u."""
-        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n): dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}", ax=ax)
+        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n), n = W_K u: dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}",
+                               ax=ax, n_total=self.config.d_model)
 
     def plot_routing_spectrum(self, ax=None):
-        """Figure 7: singular values of a representative P at alpha = 1."""
+        """Figure 7: singular values of a representative P (the first example) at alpha = 1."""
         return _eigen_spectrum(self.routing_singular_values,
-                                       f"P: effective rank {self.scalars['effective_rank_P']:.2f}", ax=ax,
-                                       ylabel="singular value")
+                               f"P of example 0: effective rank {self.scalars['effective_rank_P_representative']:.2f}\n"
+                               f"(mean over examples {self.scalars['effective_rank_P']:.2f})", ax=ax,
+                               ylabel="singular value")
 
     def _sweep_plot(self, key, ylabel, ax):
         return _sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
@@ -252,14 +254,24 @@ def _logits_vs_gaussian(logits, std, ax=None):
     return fig
 
 
-def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue"):
-    """A descending spectrum on a log scale."""
+def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
+    """A descending spectrum on a log scale; with ``n_total``, the values not given are the exact
+    zeros of a rank-deficient matrix, drawn at a floor (1e-17 of the largest value) so the drop
+    to them is visible."""
     fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    shown, _ = plotting.log_floor(np.sort(np.asarray(values, dtype=float))[::-1])
-    ax.semilogy(np.arange(1, shown.size + 1), shown, "o-", ms=3)
-    ax.set_xlabel("index")
+    values = np.sort(np.asarray(values, dtype=float))[::-1]
+    n_zero = 0 if n_total is None else max(int(n_total) - values.size, 0)
+    shown, floor = plotting.log_floor(np.concatenate([values, np.zeros(n_zero)]))
+    k = np.arange(1, shown.size + 1)
+    exact = shown > floor
+    ax.semilogy(k[exact], shown[exact], "o-", ms=3, label=f"nonzero ({int(exact.sum())})")
+    if not exact.all():
+        ax.semilogy(k[~exact], shown[~exact], "x", ms=3, color="tab:red",
+                    label=f"exact zeros ({int((~exact).sum())}), drawn at 1e-17 of max")
+        ax.legend(frameon=False, fontsize=8)
+    ax.set_xlabel(f"k (k-th largest {ylabel})")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 
