@@ -362,14 +362,21 @@ class DimensionResult:
                 "min_gap_ratio": float(self.gap_ratios.min()), "reliable": self.reliable}
 
     def plot_spectrum(self, ax=None):
-        """Normalised Jacobian singular values of every draw, the estimated rank marked."""
+        """Normalised Jacobian singular values of every draw (one line each), the estimated rank marked."""
         from . import plotting
 
-        fig = plotting.head_spectra(self.singular_values, title=f"the Jacobian ({self.kind}, d={self.d}, a={self.a})",
-                                    ax=ax)
-        axis = fig.axes[0]
-        for r in np.unique(self.dims):
-            axis.axvline(r + 0.5, color="k", ls=":", lw=1)
+        fig, axis = plotting.axes_or_new(ax, figsize=(5.6, 3.6))
+        shown, _ = plotting.log_floor(np.atleast_2d(self.singular_values))
+        i = np.arange(1, shown.shape[1] + 1)
+        for n, (s, r) in enumerate(zip(shown, self.dims)):
+            axis.semilogy(i, s, lw=1, alpha=0.8, label=f"draw {n + 1}: rank {int(r)}")
+        for n, r in enumerate(np.unique(self.dims)):
+            axis.axvline(r + 0.5, color="k", ls=":", lw=1, label="estimated rank (largest gap)" if n == 0 else None)
+        axis.set_xlabel("i (i-th largest singular value of the Jacobian)")
+        axis.set_ylabel(r"$\sigma_i$ (each sample's rows normalised)")
+        axis.set_title(f"Jacobian spectra, {self.kind}\nd = {self.d}, a = {self.a}", fontsize=10)
+        axis.legend(frameon=False, fontsize=7, loc="lower left")
+        fig.tight_layout()
         return fig
 
 
