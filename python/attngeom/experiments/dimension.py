@@ -44,7 +44,8 @@ class DimensionSweepResult(ExperimentResult):
         return out
 
     def table(self) -> str:
-        lines = ["| kind | a | estimated (every draw) | expected | paper |", "|---|---|---|---|---|"]
+        lines = ["| kind | a (query/key dim.) | estimated (every draw) | expected (closed form) | paper (Fig. 4) |",
+                 "|---|---|---|---|---|"]
         for kind, rs in self.results.items():
             for a, r in enumerate(rs, start=1):
                 paper = PAPER_FIGURE_4[kind][a - 1] if self.summary().get("paper") else "-"

@@ -42,6 +42,16 @@ class IdentityResult(ExperimentResult):
     omega: np.ndarray = field(repr=False, default=None)
     Z_imag: np.ndarray = field(repr=False, default=None)  # Z(u, i omega) (characteristic function)
 
+
+    DESCRIPTIONS = (
+        (r"laplace_radon_rel_error_max", "softmax vs Laplace-Radon N / Z, worst head (relative)"),
+        (r"laplace_radon_rel_error_mean", "softmax vs Laplace-Radon N / Z, mean over heads"),
+        (r"laplace_radon_rel_error_float32", "the same identity computed in float32"),
+        (r"tau_mean", "mean Laplace radius tau = norm(q) / sqrt(d_k)"),
+        (r"tau_std", "standard deviation of the radii"),
+        (r"n_heads", "number of random heads"),
+    )
+
     def summary(self) -> dict:
         return {
             "laplace_radon_rel_error_max": float(self.rel_error_per_head.max()),

@@ -65,6 +65,20 @@ class RandomFeaturesResult(ExperimentResult):
     sampling_mse: Dict[str, np.ndarray]  # "uniform"/"tilted" -> (n_tau,) mean (Z_hat / Z - 1)^2
     uniform_exact: np.ndarray  # (n_tau,) exact mean (n_k sum_j P_ij^2 - 1) / S of the uniform proposal
 
+
+    DESCRIPTIONS = (
+        (r"tau_features", "mean Laplace radius of the feature sweep's queries"),
+        (r"z_mse_slope_(\w+)", "slope of log MSE(Z_hat / Z) against log m, {0} features (-1 expected)"),
+        (r"output_error_slope_(\w+)", "slope of log output error against log m, {0} features"),
+        (r"z_mse_max_features_(\w+)", "MSE of Z_hat / Z at the most features, {0}"),
+        (r"output_error_max_features_(\w+)", "output error norm(y_hat - y) / norm(v) at the most features, {0}"),
+        (r"orthogonal_over_iid_z_mse", "orthogonal over iid MSE of Z (geometric mean over m)"),
+        (r"orthogonal_over_iid_output_error", "orthogonal over iid output error (geometric mean over m)"),
+        (r"sampling_mse_(\w+)_tau_(min|max)", "MSE of the sampled Z, {0} proposal, at the {1} radius"),
+        (r"uniform_exact_tau_(min|max)", "exact MSE of the uniform proposal at the {0} radius"),
+        (r"tilted_over_uniform_tau_max", "tilted over uniform MSE at the largest radius"),
+    )
+
     def summary(self) -> dict:
         """Named scalars (slopes, values at the ends of the sweeps, ratios); curves under "sweep"."""
         m = self.num_features

@@ -82,17 +82,38 @@ class TomographyResult(ExperimentResult):
         out["paper"] = {**PAPER_TABLE_1, **PAPER_SWEEP}
         return out
 
+    DESCRIPTIONS = (
+        (r"var_q", "variance of the query entries"),
+        (r"var_k", "variance of the key entries"),
+        (r"logit_std_predicted", "mean-field logit std sqrt(Var q Var k)"),
+        (r"logit_std_empirical", "std of the logits q.k / sqrt(d_k)"),
+        (r"tau_mean", "mean Laplace radius tau = norm(q) / sqrt(d_k) (eq. 9)"),
+        (r"tau_mean_chi", "mean radius predicted by the scaled chi(d_k) law"),
+        (r"laplace_radon_rel_error", "softmax vs N / Z, relative error (Thm 1, Fig. 1)"),
+        (r"projection_logit_rel_error", "logits vs tau (u.k), relative error (eq. 15)"),
+        (r"gauge_rel_error_B", "change of B = W_Q W_K^T under the gauge (s.9.4)"),
+        (r"gauge_rel_error_logits", "change of the logits under the gauge"),
+        (r"gauge_rel_error_Y", "change of the outputs under the gauge"),
+        (r"dim_eff_span_U", "effective angular dimension of the tilts (Fig. 5)"),
+        (r"dim_eff_span_N", "effective dimension of the normals W_K u (Fig. 6)"),
+        (r"effective_rank_P", "entropy effective rank of P, mean over examples (s.13.7)"),
+        (r"entropy_alpha_(.*)", "mean row entropy of P at logit scale alpha = {0} (Fig. 8)"),
+        (r"max_prob_alpha_(.*)", "mean largest weight of a row at alpha = {0} (Fig. 9)"),
+        (r"effective_rank_peak", "largest effective rank of P over the alpha sweep (Fig. 10)"),
+        (r"effective_rank_peak_alpha", "alpha where the effective rank peaks"),
+    )
+
     def table(self) -> str:
-        """Markdown table: each Table 1 quantity, ours beside the paper's."""
-        lines = ["| quantity | attngeom | paper |", "|---|---|---|"]
+        """Markdown table: each Table 1 quantity, ours beside the paper's, and what it measures."""
+        lines = ["| quantity | attngeom | paper | description |", "|---|---|---|---|"]
         for key, theirs in PAPER_TABLE_1.items():
-            lines.append(f"| {key} | {self.scalars[key]:.4g} | {theirs:.4g} |")
+            lines.append(f"| {key} | {self.scalars[key]:.4g} | {theirs:.4g} | {self.describe(key)} |")
         peak = int(np.argmax(self.sweep["effective_rank"]))
         ours = {"entropy_alpha_0.1": self.sweep["entropy"][0], "entropy_alpha_10": self.sweep["entropy"][-1],
                 "max_prob_alpha_0.1": self.sweep["max_prob"][0], "max_prob_alpha_10": self.sweep["max_prob"][-1],
                 "effective_rank_peak": self.sweep["effective_rank"][peak], "effective_rank_peak_alpha": self.alpha[peak]}
         for key, theirs in PAPER_SWEEP.items():
-            lines.append(f"| {key} | {ours[key]:.4g} | {theirs:.4g} |")
+            lines.append(f"| {key} | {ours[key]:.4g} | {theirs:.4g} | {self.describe(key)} |")
         return "\n".join(lines)
 
     # -- figures (numbered as in the paper) ----------------------------------------------
