@@ -2,6 +2,7 @@
 # make test   set up .venv, build, run the whole test suite (notebooks included)
 # make bench  set up .venv with the benchmark extra, run the ratio benchmarks
 # make docs   build the API reference from the docstrings into docs/_build/html
+# make notebooks  run every notebook at the small size and store its outputs (figures)
 #
 # NATIVE=ON (the default here) compiles for this machine's instruction set; a wheel built
 # by `pip install .` stays portable (ATTNGEOM_NATIVE off). Use `make NATIVE=OFF test` to
@@ -15,7 +16,7 @@ PIP := $(PY) -m pip
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
 
-.PHONY: demo test bench docs clean
+.PHONY: demo test bench docs notebooks clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,9 @@ bench: $(VENV)/.installed-bench
 
 docs: $(VENV)/.installed-docs
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+notebooks: $(VENV)/.installed-test,models
+	$(PY) notebooks/execute.py notebooks/*.ipynb
 
 clean:
 	rm -rf build $(VENV) runs
