@@ -317,6 +317,8 @@ def head_map(values, metric, ax=None):
     fig, ax = axes_or_new(ax, figsize=(1.2 + 0.45 * values.shape[1], 1.0 + 0.4 * values.shape[0]))
     im = ax.imshow(values, cmap="viridis", aspect="auto")
     fig.colorbar(im, ax=ax, label=metric)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(metric)
