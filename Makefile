@@ -1,6 +1,8 @@
 # make demo   set up .venv, build, run the main experiment into runs/
 # make test   set up .venv, build, run the whole test suite (notebooks included)
 # make bench  `pip install .` into .venv-bench with the benchmark extra, run the ratio benchmarks
+# make docs   build the API reference from the docstrings into docs/_build/html
+# make notebooks  run every notebook at the small size and store its outputs (figures)
 #
 # The default build is the one `pip install .` gives users: the core compiled once per
 # x86-64 level (baseline, AVX2, AVX-512), the best chosen at import. NATIVE=ON builds a
@@ -14,7 +16,7 @@ PIP := $(PY) -m pip
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs notebooks clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +48,12 @@ $(BENCH_VENV)/.installed: $(SOURCES) $(shell find python -name '*.py' 2>/dev/nul
 
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/run_all.py --out benchmarks/results
+
+docs: $(VENV)/.installed-$(NATIVE)-docs
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+notebooks: $(VENV)/.installed-$(NATIVE)-test,models
+	$(PY) notebooks/execute.py notebooks/*.ipynb
 
 clean:
 	rm -rf build $(VENV) $(BENCH_VENV) runs

@@ -313,8 +313,14 @@ def test_cli_runs_driver(name, tmp_path, capsys):
     for fname in PNGS[name]:
         assert (folder / fname).stat().st_size > 1000, fname
     assert sorted(p.name for p in folder.glob("*.png")) == sorted(PNGS[name])
+    capsys.readouterr()
     assert main(["report", str(folder)]) == 0
-    assert "| quantity | value |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| quantity | value | description |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| quantity")]
+    assert rows
+    for row in rows:  # every scalar says what it measures, and no description breaks the table
+        assert row.count("|") == 4 and not row.endswith("|  |"), row
 
 
 # -- progress bars -------------------------------------------------------------------------

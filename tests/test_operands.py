@@ -63,3 +63,40 @@ def test_renamed_arguments():
         assert f(old=2) == 2
     with pytest.raises(TypeError, match="both 'old'"):
         f(old=1, new=2)
+
+
+class _TorchLikeBfloat16:
+    """Stands in for a torch bfloat16 tensor: np.asarray fails on it the way it fails on torch's."""
+    __module__ = "torch"
+    dtype = "torch.bfloat16"
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+
+def test_bfloat16_tensor_error_says_to_call_float():
+    with pytest.raises(TypeError, match=r"^q is a torch bfloat16 tensor.*q\.float\(\)"):
+        operand("q", _TorchLikeBfloat16(), "(..., n_q, d_k)")
+
+
+def test_bfloat16_torch_tensor_through_a_public_function():
+    torch = pytest.importorskip("torch")
+    import attngeom as ag
+    k = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError, match=r"q is a torch bfloat16 tensor.*q\.float\(\)"):
+        ag.softmax_attention(torch.ones((2, 4), dtype=torch.bfloat16), k, k)
+    y = ag.softmax_attention(torch.ones((2, 4), dtype=torch.bfloat16).float(), k, k)
+    assert y.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype, expected", [(np.float16, np.float32), (np.float32, np.float32),
+                                             (np.float64, np.float64), (np.int32, np.float64)])
+def test_public_dtype_contract(dtype, expected):
+    """The documented rule (README "Conventions"): float32 and float64 are kept, float16 is
+    computed and returned in float32, integers become float64."""
+    import attngeom as ag
+    x = np.arange(12).reshape(3, 4).astype(dtype)
+    assert ag.softmax_attention(x, x, x).dtype == expected
+    assert ag.kernel_attention(x, x, x, kernel="cauchy").dtype == expected
+    u, tau = ag.tilt_radius(x)
+    assert u.dtype == expected

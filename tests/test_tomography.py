@@ -47,6 +47,8 @@ def test_summary_and_table(result, tmp_path):
     assert len(s["sweep"]["alpha"]) == 13
     table = result.table()
     assert table.count("\n") == len(PAPER_TABLE_1) + 6 + 1
+    for row in table.splitlines()[2:]:  # quantity, ours, paper, a description of each
+        assert row.count("|") == 5 and not row.endswith("|  |"), row
     result.to_json(tmp_path / "s.json")
 
 

@@ -4,12 +4,18 @@ Exact C++ kernels (Eigen, OpenMP) for softmax, kernel-swapped and Laplace-Radon 
 with the diagnostics of the Laplace-Radon picture. Tokens are rows: ``X`` has shape
 (..., n, d_model) and leading dimensions are batch dimensions that broadcast like NumPy.
 
-Example::
+dtypes: float32 and float64 are kept, float16 is computed and returned in float32,
+integer or mixed input in float64.
 
-    import attngeom as ag
-    y = ag.softmax_attention(q, k, v, causal=True)
-    u, tau = ag.tilt_radius(q)
-    assert np.allclose(ag.laplace_radon_attention(u, tau, k, v), y)
+Examples
+--------
+>>> import numpy as np, attngeom as ag
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
+>>> y = ag.softmax_attention(q, k, v, causal=True)
+>>> u, tau = ag.tilt_radius(q)
+>>> bool(np.allclose(ag.laplace_radon_attention(u, tau, k, v, causal=True), y))
+True
 """
 from ._config import __version__, get_num_threads, set_num_threads, show_config
 from .attention import (

@@ -34,8 +34,25 @@ import numpy as np
 _FLOAT_KINDS = "fiu"
 
 
+def _foreign_dtype_hint(name: str, x) -> Optional[str]:
+    """A hint for array types NumPy cannot read, found without importing their library.
+
+    A torch bfloat16 (or other NumPy-less) tensor makes ``np.asarray`` fail with "Got
+    unsupported ScalarType BFloat16"; the user should convert it to float32 first.
+    """
+    module = type(x).__module__ or ""
+    dtype = str(getattr(x, "dtype", ""))
+    if module.split(".")[0] == "torch" and "bfloat16" in dtype:
+        return (f"{name} is a torch bfloat16 tensor, which NumPy cannot read; pass {name}.float() "
+                f"(float32) instead")
+    return None
+
+
 def real_array(name: str, x, *, allow_bool: bool = False) -> np.ndarray:
     """x as a real ndarray (no dtype change yet); TypeError for complex, object, string input."""
+    hint = _foreign_dtype_hint(name, x)
+    if hint is not None:
+        raise TypeError(hint)
     try:
         a = np.asarray(x)
     except Exception as exc:  # ragged lists and the like

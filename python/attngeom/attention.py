@@ -35,29 +35,43 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     Parameters
     ----------
     q : array_like, shape (..., n_q, d_k)
+        Queries, one per row.
     k : array_like, shape (..., n_k, d_k)
+        Keys, one per row.
     v : array_like, shape (..., n_k, d_v)
-        Leading axes of q, k, v (and mask) broadcast.
+        Values, one per key. Leading axes of q, k, v (and mask) broadcast. float32 and
+        float64 are kept; float16 is computed in float32, integers in float64, mixed input
+        in float64.
     mask : array_like, optional
         Broadcastable to (..., n_q, n_k). Boolean: True = attend. Float: added to the
         scaled logits (-inf hides a key; NaN and +inf are rejected).
-    causal : {False, True, "top_left", "bottom_right"}
+    causal : {False, True, "top_left", "bottom_right"}, default False
         True / "top_left": key j visible to query i iff j <= i (PyTorch ``is_causal``).
         "bottom_right": iff j <= i + n_k - n_q (FlashAttention >= 2.1, queries appended to
         a cache). Combined with mask by logical and.
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
-    return_weights : bool
+    return_weights : bool, default False
         Also return the routing matrix P, shape (..., n_q, n_k).
-    return_log_partition : bool
+    return_log_partition : bool, default False
         Also return log Z = logsumexp_j(scale q_i.k_j + mask_ij), shape (..., n_q).
 
     Returns
     -------
-    y : ndarray (..., n_q, d_v), or a tuple (y, [P], [log Z]) in that order.
-    A query with no visible key gives y = 0, P = 0 and log Z = -inf.
+    y : ndarray, shape (..., n_q, d_v)
+        The attention output, in the computation dtype (see `v`). With `return_weights`
+        or `return_log_partition` a tuple (y, [P], [log Z]) in that order. A query with no
+        visible key gives y = 0, P = 0 and log Z = -inf.
 
-    Example: ``y = ag.softmax_attention(q, k, v, causal=True)``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
+    >>> y, P = ag.softmax_attention(q, k, v, causal=True, return_weights=True)
+    >>> y.shape, P.shape
+    ((5, 3), (5, 7))
+    >>> bool(np.allclose(P.sum(-1), 1)), bool(np.all(np.triu(P, 1) == 0))
+    (True, True)
     """
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
     scale = 1.0 / math.sqrt(pr.d_k) if scale is None else scalar("scale", scale)
@@ -139,7 +153,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
                      return_log_partition=False, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
 
-    Each query is split into its tilt u_i = q_i / |q_i| and radius tau_i = scale |q_i|
+    Each query is split into its tilt u_i = q_i / ``|q_i|`` and radius tau_i = scale ``|q_i|``
     (Laplace-Radon eq. 9), each key is seen only through s_ij = u_i . k_j (eq. 15), and
     the weights p_ij = psi(tau_i, s_ij) / sum_j psi(tau_i, s_ij) replace softmax
     (eq. 40-44). ``kernel="exp"`` gives exp(tau s) = exp(scale q.k): softmax attention.
@@ -148,22 +162,34 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     Parameters
     ----------
     q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
-    kernel : {"exp", "gaussian", "cauchy", "stable"}
-    causal, mask : as in :func:`softmax_attention`; an additive mask multiplies psi by
-        exp(mask).
+        Queries, keys and values as in :func:`softmax_attention` (same dtype rule).
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel psi(tau, s) of :mod:`attngeom.kernels`.
+    causal, mask : optional
+        As in :func:`softmax_attention`; an additive mask multiplies psi by exp(mask).
     scale : float, optional
         Radius scale, default 1 / sqrt(d_k).
-    **params : sigma (gaussian), gamma (cauchy), alpha in (0, 2] and c (stable).
-    return_weights, return_log_partition : as in :func:`softmax_attention`; log Z is
-        log sum_j psi(tau_i, s_ij) (plus the additive mask).
+    return_weights, return_log_partition : bool, default False
+        As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
+        additive mask).
+    **params
+        Kernel parameters: sigma (gaussian), gamma (cauchy), alpha in (0, 2] and c (stable).
 
     Returns
     -------
-    y : ndarray (..., n_q, d_v), or (y, [P], [log Z]).
-    A zero query has no direction: u = 0, tau = 0, so every key has s = 0 and the
-    weights are uniform over the visible keys.
+    y : ndarray, shape (..., n_q, d_v)
+        The output, or (y, [P], [log Z]) as in :func:`softmax_attention`. A zero query has
+        no direction: u = 0, tau = 0, so every key has s = 0 and the weights are uniform
+        over the visible keys.
 
-    Example: ``y = ag.kernel_attention(q, k, v, kernel="gaussian", sigma=0.5)``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
+    >>> bool(np.allclose(ag.kernel_attention(q, k, v), ag.softmax_attention(q, k, v)))  # "exp" is softmax
+    True
+    >>> ag.kernel_attention(q, k, v, kernel="gaussian", sigma=0.5).shape
+    (5, 3)
     """
     name, p = kernel_params(kernel, params)
     q = operand("q", q, "(..., n_q, d_k)", dtype=None)

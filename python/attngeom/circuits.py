@@ -37,15 +37,33 @@ def _product(*factors):
 
 @renamed_arguments(P="routing")
 def head_operator(routing, W_OV, X):
-    """P X W_OV: a head with frozen routing P applied to tokens X (the notes' "single-head
-    attention as a tensor product" (A (x) W_OV^T) X, in the row convention).
+    """P X W_OV: a head with frozen routing P applied to tokens X.
 
-    routing (..., n, n_k) attention matrix P; W_OV (..., d_model, d_out) the row-convention
-    OV map x -> x W_OV (for TransformerLens weights W_OV = W_V @ W_O; the notes' column
-    matrix W_O W_V is its transpose); X (..., n_k, d_model). Returns (..., n, d_out).
-    The old keyword ``P`` is deprecated (use ``routing``).
+    The notes' "single-head attention as a tensor product" (A (x) W_OV^T) X, in the row
+    convention. The old keyword ``P`` is deprecated (use ``routing``).
 
-    Example: ``y = ag.head_operator(P, W_V @ W_O, X)``
+    Parameters
+    ----------
+    routing : array_like, shape (..., n, n_k)
+        The attention matrix P.
+    W_OV : array_like, shape (..., d_model, d_out)
+        The row-convention OV map x -> x W_OV (for TransformerLens weights W_OV = W_V @ W_O;
+        the notes' column matrix W_O W_V is its transpose).
+    X : array_like, shape (..., n_k, d_model)
+        Tokens.
+
+    Returns
+    -------
+    ndarray, shape (..., n, d_out)
+        P X W_OV.
+
+    Examples
+    --------
+    >>> P = np.array([[1.0, 0.0], [0.5, 0.5]])
+    >>> X = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> ag.head_operator(P, 2 * np.eye(2), X)
+    array([[2., 0.],
+           [1., 1.]])
     """
     P, X, W = _product(("routing", routing, "(..., n, n_k)"), ("X", X, "(..., n_k, d_model)"),
                        ("W_OV", W_OV, "(..., d_model, d_out)"))
@@ -61,7 +79,33 @@ def virtual_head(routing1, W_OV1, routing2, W_OV2):
     mixed-product property of the notes' "virtual heads"). The old keywords ``P1``, ``P2``
     are deprecated (use ``routing1``, ``routing2``).
 
-    Example: ``P, W = ag.virtual_head(P1, W1, P2, W2)``
+    Parameters
+    ----------
+    routing1 : array_like, shape (..., n, n)
+        Routing of the first head.
+    W_OV1 : array_like, shape (..., d_model, d_model)
+        Row-convention OV map of the first head.
+    routing2 : array_like, shape (..., n, n)
+        Routing of the second head.
+    W_OV2 : array_like, shape (..., d_model, d_model)
+        Row-convention OV map of the second head.
+
+    Returns
+    -------
+    routing : ndarray, shape (..., n, n)
+        P2 P1.
+    W_OV : ndarray, shape (..., d_model, d_model)
+        W_OV1 W_OV2.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> P1, P2 = rng.dirichlet(np.ones(3), size=(2, 3))
+    >>> W1, W2, X = rng.standard_normal((3, 3, 3))
+    >>> P, W = ag.virtual_head(P1, W1, P2, W2)
+    >>> two_steps = ag.head_operator(P2, W2, ag.head_operator(P1, W1, X))
+    >>> bool(np.allclose(ag.head_operator(P, W, X), two_steps))
+    True
     """
     P2, P1 = _product(("routing2", routing2, "(..., n2, n1)"), ("routing1", routing1, "(..., n1, n0)"))
     W1, W2 = _product(("W_OV1", W_OV1, "(..., d0, d1)"), ("W_OV2", W_OV2, "(..., d1, d2)"))
@@ -77,23 +121,36 @@ def _r_factor(m):
 def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
     """Q-, K- or V-composition scores between every pair of heads in different layers.
 
-    Elhage et al. / TransformerLens: score = ||L R||_F / (||L||_F ||R||_F) with the earlier
-    head's OV = W_V W_O on the left and the later head's QK = W_Q W_K^T ("Q"), QK^T ("K") or
-    OV ("V") on the right (row convention). Products of d_model x d_model matrices are never
-    formed: with thin factors L = a b and R = c e, ||a (b c) e||_F = ||R_a (b c) R_e^T||_F for
-    the QR factors R_a of a and R_e of e^T, so each pair costs O(d_head^2 d_model).
+    Elhage et al. / TransformerLens (the notes' "virtual heads"): score =
+    ``||L R||_F / (||L||_F ||R||_F)`` with the earlier head's OV = W_V W_O on the left and the
+    later head's QK = W_Q W_K^T ("Q"), QK^T ("K") or OV ("V") on the right (row convention).
+    Products of d_model x d_model matrices are never formed: with thin factors L = a b and
+    R = c e, ``||a (b c) e||_F = ||R_a (b c) R_e^T||_F`` for the QR factors R_a of a and R_e of
+    e^T, so each pair costs O(d_head^2 d_model).
 
     Parameters
     ----------
-    W_Q, W_K, W_V : (n_layers, n_heads, d_model, d_head); W_O : (n_layers, n_heads, d_head, d_model).
-    mode : "Q" | "K" | "V".
+    W_Q, W_K, W_V : array_like, shape (n_layers, n_heads, d_model, d_head)
+        Query, key and value weights (TransformerLens layout).
+    W_O : array_like, shape (n_layers, n_heads, d_head, d_model)
+        Output weights.
+    mode : {"Q", "K", "V"}, default "Q"
+        Which composition.
 
     Returns
     -------
-    scores : (n_layers, n_heads, n_layers, n_heads), scores[l1, h1, l2, h2] for head (l1, h1)
-        writing into head (l2, h2); zero where l1 >= l2.
+    ndarray, shape (n_layers, n_heads, n_layers, n_heads)
+        scores[l1, h1, l2, h2] for head (l1, h1) writing into head (l2, h2); zero where
+        l1 >= l2.
 
-    Example: ``S = ag.composition_scores(W_Q, W_K, W_V, W_O, "K")``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K, W_V = rng.standard_normal((3, 2, 2, 8, 4))
+    >>> W_O = rng.standard_normal((2, 2, 4, 8))
+    >>> S = ag.composition_scores(W_Q, W_K, W_V, W_O, "K")
+    >>> S.shape, bool(np.all(S[1] == 0)), bool(np.all(S[0, :, 1] > 0))
+    ((2, 2, 2, 2), True, True)
     """
     if mode not in ("Q", "K", "V"):
         raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
@@ -125,11 +182,16 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
 class PathExpansion:
     """Contributions of the residual paths of a network with frozen attention.
 
-    paths : {path: contribution (n, d_model)}; a path is a tuple of components in order,
+    Attributes
+    ----------
+    paths
+        {path: contribution (n, d_model)}; a path is a tuple of components in order,
         each (layer, head) for an attention head or (layer, "mlp") for a frozen MLP; the
         empty tuple is the direct path (the input itself)
-    forward : the frozen-attention forward pass the paths sum to (n, d_model)
-    max_length : longest path included (None: all)
+    forward
+        the frozen-attention forward pass the paths sum to (n, d_model)
+    max_length
+        longest path included (None: all)
     """
 
     paths: Dict[tuple, np.ndarray]
@@ -152,25 +214,41 @@ class PathExpansion:
 
 
 def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional[int] = None) -> PathExpansion:
-    """Expand a network with frozen attention into residual paths (notes: "Proposition
-    (Residual path expansion)").
+    """Expand a network with frozen attention into residual paths.
 
-    Layer l maps the residual stream r to r + sum_h P_{l,h} r W_OV_{l,h} and then, when a
-    frozen MLP Jacobian J_l (d_model, d_model, column convention) is given, to r + r J_l^T.
-    Every component is linear once attention is frozen, so the output is the sum over all
-    ordered choices of components (at most one per sublayer) of their products applied to x.
+    The notes' "Proposition (Residual path expansion)". Layer l maps the residual stream r to
+    r + sum_h P_{l,h} r W_OV_{l,h} and then, when a frozen MLP Jacobian J_l (d_model, d_model,
+    column convention) is given, to r + r J_l^T. Every component is linear once attention is
+    frozen, so the output is the sum over all ordered choices of components (at most one per
+    sublayer) of their products applied to x.
 
     Parameters
     ----------
-    routing : (n_layers, n_heads, n, n) frozen attention matrices P_{l,h}.
-    W_OV : (n_layers, n_heads, d_model, d_model) row-convention OV maps x -> x W_OV
-        (W_V @ W_O for TransformerLens weights).
-    x : (n, d_model) the input residual stream.
-    mlp_jacobians : optional (n_layers, d_model, d_model).
-    max_length : keep paths through at most this many components (None: all; then the
-        contributions sum to ``forward`` exactly).
+    routing : array_like, shape (n_layers, n_heads, n, n)
+        Frozen attention matrices P_{l,h}.
+    W_OV : array_like, shape (n_layers, n_heads, d_model, d_model)
+        Row-convention OV maps x -> x W_OV (W_V @ W_O for TransformerLens weights).
+    x : array_like, shape (n, d_model)
+        The input residual stream.
+    mlp_jacobians : array_like, shape (n_layers, d_model, d_model), optional
+        Frozen MLP Jacobians.
+    max_length : int, optional
+        Keep paths through at most this many components (None: all; then the contributions
+        sum to ``forward`` exactly).
 
-    Example: ``ex = ag.path_expansion(P, W_OV, x); ex.by_length()``
+    Returns
+    -------
+    PathExpansion
+        The contribution of each path and the forward pass they sum to.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> P = rng.dirichlet(np.ones(3), size=(2, 1, 3))  # 2 layers, 1 head, 3 tokens
+    >>> W_OV, x = 0.1 * rng.standard_normal((2, 1, 4, 4)), rng.standard_normal((3, 4))
+    >>> ex = ag.path_expansion(P, W_OV, x)
+    >>> len(ex.paths), bool(np.allclose(sum(ex.paths.values()), ex.forward))
+    (4, True)
     """
     P = operand("routing", routing, "(n_layers, n_heads, n, n)", ndim=4)
     W = operand("W_OV", W_OV, "(n_layers, n_heads, d_model, d_model)", ndim=4)
@@ -222,7 +300,32 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
 
 # -- layer norm ----------------------------------------------------------------------------
 def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
-    """N(x) = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis."""
+    """Layer norm N(x) = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis.
+
+    The notes' "Lemma (layer norm linearization)" linearises this map
+    (:func:`layernorm_jacobian`).
+
+    Parameters
+    ----------
+    x : array_like, shape (..., d)
+        Vectors.
+    gamma : array_like, shape (d,), optional
+        Scale (default 1).
+    beta : array_like, shape (d,), optional
+        Shift (default 0).
+    eps : float, default 1e-5
+        Variance floor.
+
+    Returns
+    -------
+    ndarray, shape (..., d)
+        The normalised vectors.
+
+    Examples
+    --------
+    >>> ag.layernorm(np.array([1.0, 3.0]), eps=0.0)
+    array([-1.,  1.])
+    """
     x = operand("x", x, "(..., d)", min_ndim=0)
     mu = x.mean(-1, keepdims=True)
     c = x - mu
@@ -241,7 +344,25 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     the bracket is the orthogonal projector onto the complement of span{1, c}. The notes call
     B_x "doubly stochastic"; it is not: its rows sum to 0, not 1, and it has negative entries.
 
-    Example: ``J = ag.layernorm_jacobian(x, gamma)``
+    Parameters
+    ----------
+    x : array_like, shape (..., d)
+        The point of linearisation.
+    gamma : array_like, shape (d,), optional
+        Scale (default 1).
+    eps : float, default 1e-5
+        Variance floor.
+
+    Returns
+    -------
+    ndarray, shape (..., d, d)
+        J[..., i, j] = d N(x)_i / d x_j.
+
+    Examples
+    --------
+    >>> J = ag.layernorm_jacobian(np.array([1.0, 2.0, 4.0]))
+    >>> bool(np.allclose(J @ np.ones(3), 0))
+    True
     """
     x = operand("x", x, "(..., d)")
     eps = scalar("eps", eps)
@@ -264,12 +385,27 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
 
 # -- MoE routing ---------------------------------------------------------------------------
 def topk_routing(gate_logits, k: int) -> np.ndarray:
-    """Top-k routing matrix R (..., n_tokens, n_experts): exactly k non-zeros per row, the
-    softmax of the k largest gate logits (ties broken toward the lower expert index).
+    """Top-k routing matrix: exactly k non-zeros per row, the softmax of the k largest gate logits.
 
-    Notes: "top-k routing matrix" (R with sparse rows, as in DeepSeekMoE).
+    The notes' "top-k routing matrix" (R with sparse rows, as in DeepSeekMoE). Ties are broken
+    toward the lower expert index.
 
-    Example: ``R = ag.topk_routing(gates, 2)``
+    Parameters
+    ----------
+    gate_logits : array_like, shape (..., n_tokens, n_experts)
+        Gate logits.
+    k : int
+        Experts per token.
+
+    Returns
+    -------
+    ndarray, shape (..., n_tokens, n_experts)
+        The routing matrix R; each row sums to 1.
+
+    Examples
+    --------
+    >>> ag.topk_routing(np.array([[0.0, 2.0, 2.0, -1.0]]), 2)
+    array([[0. , 0.5, 0.5, 0. ]])
     """
     g = operand("gate_logits", gate_logits, "(..., n_tokens, n_experts)")
     E = g.shape[-1]
@@ -290,7 +426,7 @@ class RoutingGram:
 
     loads : (n_experts,) token mass per expert, sum_t R[t, e]
     diagonal : (n_experts,) diag(G), each expert's self-interference
-    off_diagonal_mass : sum of |G| off the diagonal over its total (0 for disjoint experts)
+    off_diagonal_mass : sum of ``|G|`` off the diagonal over its total (0 for disjoint experts)
     imbalance : coefficient of variation std(loads) / mean(loads) (0 when balanced)
     """
 
@@ -302,8 +438,26 @@ class RoutingGram:
 
 
 def routing_gram(R) -> RoutingGram:
-    """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts)
-    (notes: "Inspecting R^T R diagnoses load imbalance and expert redundancy")."""
+    """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts).
+
+    The notes: "Inspecting R^T R diagnoses load imbalance and expert redundancy".
+
+    Parameters
+    ----------
+    R : array_like, shape (n_tokens, n_experts)
+        Routing matrix, e.g. from :func:`topk_routing`.
+
+    Returns
+    -------
+    RoutingGram
+        G = R^T R, the expert loads, diag(G), the off-diagonal mass and the load imbalance.
+
+    Examples
+    --------
+    >>> g = ag.routing_gram(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+    >>> g.loads, g.off_diagonal_mass
+    (array([2., 1.]), 0.0)
+    """
     R = operand("R", R, "(n_tokens, n_experts)", ndim=2)
     if np.any(R < 0):
         raise ValueError("R must be non-negative")
@@ -320,11 +474,17 @@ def routing_gram(R) -> RoutingGram:
 class LatentFactorization:
     """K ~ U Z with U (m, r) = U_r diag(sigma_r) and Z (r, n) = V_r^T (orthonormal rows).
 
-    error : ||K - U Z||_F^2, equal to sum_{i > r} sigma_i^2 (Eckart-Young; the notes'
+    Attributes
+    ----------
+    error
+        ||K - U Z||_F^2, equal to sum_{i > r} sigma_i^2 (Eckart-Young; the notes'
         "Proposition (spectral error bound)")
-    tail_energy : sum_{i > r} sigma_i^2 from the spectrum
-    condition : kappa_2(U) = sigma_1 / sigma_r
-    singular_values : all singular values of K
+    tail_energy
+        sum_{i > r} sigma_i^2 from the spectrum
+    condition
+        kappa_2(U) = sigma_1 / sigma_r
+    singular_values
+        all singular values of K
     """
 
     U: np.ndarray
@@ -338,7 +498,26 @@ class LatentFactorization:
 def latent_factorization(K, rank: int) -> LatentFactorization:
     """Best rank-r factorisation K ~ U Z (multi-head latent attention's cache compression).
 
-    Example: ``f = ag.latent_factorization(K, 16); f.error, f.condition``
+    The notes' MLA section and "Proposition (spectral error bound)": the truncated SVD, with
+    error sum_{i > r} sigma_i^2 (Eckart-Young).
+
+    Parameters
+    ----------
+    K : array_like, shape (m, n)
+        The matrix to compress (e.g. keys of a cache).
+    rank : int
+        Latent rank r.
+
+    Returns
+    -------
+    LatentFactorization
+        U (m, r), Z (r, n), the error, the tail energy, kappa_2(U) and the spectrum.
+
+    Examples
+    --------
+    >>> f = ag.latent_factorization(np.diag([3.0, 2.0, 1.0]), 2)
+    >>> round(f.error, 12), f.U.shape, f.Z.shape
+    (1.0, (3, 2), (2, 3))
     """
     K = operand("K", K, "(m, n)", ndim=2)
     k = min(K.shape)
@@ -353,9 +532,29 @@ def latent_factorization(K, rank: int) -> LatentFactorization:
 
 # -- embeddings ----------------------------------------------------------------------------
 def principal_angles(A, B) -> np.ndarray:
-    """Principal angles (radians, descending) between the column spaces of A (d, p) and B (d, q).
+    """Principal angles (radians, descending) between the column spaces of A and B.
 
-    Accurate for small angles (sines, not only cosines). Example: ``ag.principal_angles(E, P)``
+    Used by the notes' distinguishability lemma (:func:`embedding_injectivity`). Accurate for
+    small angles (sines, not only cosines).
+
+    Parameters
+    ----------
+    A : array_like, shape (d, p)
+        Spanning columns of the first subspace.
+    B : array_like, shape (d, q)
+        Spanning columns of the second subspace.
+
+    Returns
+    -------
+    ndarray, shape (min(rank A, rank B),)
+        The angles, descending.
+
+    Examples
+    --------
+    >>> A = np.array([[1.0], [0.0]])
+    >>> B = np.array([[1.0], [1.0]])
+    >>> ag.principal_angles(A, B) / np.pi
+    array([0.25])
     """
     A = operand("A", A, "(d, p)", ndim=2)
     B = operand("B", B, "(d, q)", ndim=2)
@@ -379,12 +578,30 @@ class Injectivity:
 
 
 def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
-    """The notes' distinguishability lemma: token embeddings E (d, n_tokens) and positional
-    embeddings P (d, n_positions) (columns) give an injective map (i, pos) -> e_i + p_pos when
-    span E and span P intersect only at 0 (and positions are distinct). Reports the smallest
-    principal angle; injective when it exceeds atol.
+    """The notes' distinguishability lemma for token and positional embeddings.
 
-    Example: ``ag.embedding_injectivity(E, P).smallest_angle``
+    Token embeddings E (columns) and positional embeddings P give an injective map
+    (i, pos) -> e_i + p_pos when span E and span P intersect only at 0 (and positions are
+    distinct). Reports the smallest principal angle; injective when it exceeds atol.
+
+    Parameters
+    ----------
+    E : array_like, shape (d, n_tokens)
+        Token embeddings as columns.
+    P : array_like, shape (d, n_positions)
+        Positional embeddings as columns.
+    atol : float, default 1e-10
+        Smallest angle (radians) that counts as positive.
+
+    Returns
+    -------
+    Injectivity
+        ``injective``, the smallest angle and (dim span E, dim span P, d).
+
+    Examples
+    --------
+    >>> ag.embedding_injectivity(np.eye(4)[:, :2], np.eye(4)[:, 2:]).injective
+    True
     """
     E = operand("E", E, "(d, n_tokens)", ndim=2)
     P = operand("P", P, "(d, n_positions)", ndim=2)
@@ -428,7 +645,7 @@ class KeyValueMLP:
         return self.activations[..., None] * self.values
 
     def top_neurons(self, token_index, k: int = 5):
-        """The k neurons writing the most (by |a_j| |v_j|) for one token: (indices, norms)."""
+        """The k neurons writing the most (by ``|a_j|`` ``|v_j|``) for one token: (indices, norms)."""
         norms = np.abs(self.activations[token_index]) * np.linalg.norm(self.values, axis=1)
         order = np.argsort(-norms, kind="stable")[:k]
         return order, norms[order]
@@ -437,11 +654,36 @@ class KeyValueMLP:
 def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=None, b2=None) -> KeyValueMLP:
     """The MLP x -> phi(x W1 + b1) W2 + b2 as a sum of neuron writes a_j v_j.
 
-    Row convention: x (..., n, d_model), W1 (d_model, d_ff), W2 (d_ff, d_model); the notes'
-    K = W1^T and V = W2 in their column convention. activation: "relu", "gelu" (tanh
-    approximation), "silu", "identity" or a callable.
+    The notes' "Lemma (key-value decomposition)". Row convention: the notes' K = W1^T and
+    V = W2 in their column convention.
 
-    Example: ``kv = ag.mlp_key_value(x, W1, W2, "relu"); kv.writes().sum(-2)``
+    Parameters
+    ----------
+    x : array_like, shape (..., n, d_model)
+        Tokens.
+    W1 : array_like, shape (d_model, d_ff)
+        Input weights (keys k_j are its columns).
+    W2 : array_like, shape (d_ff, d_model)
+        Output weights (values v_j are its rows).
+    activation : {"relu", "gelu", "silu", "identity"} or callable, default "gelu"
+        phi; "gelu" is the tanh approximation.
+    b1 : array_like, shape (d_ff,), optional
+        Input bias.
+    b2 : array_like, shape (d_model,), optional
+        Output bias.
+
+    Returns
+    -------
+    KeyValueMLP
+        Keys, values, activations a_j and the output sum_j a_j v_j (+ b2).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> x, W1, W2 = rng.standard_normal((3, 4)), rng.standard_normal((4, 6)), rng.standard_normal((6, 4))
+    >>> kv = ag.mlp_key_value(x, W1, W2, "relu")
+    >>> bool(np.allclose(kv.output, np.maximum(x @ W1, 0) @ W2))
+    True
     """
     X = operand("x", x, "(..., n, d_model)", min_ndim=1)
     A = operand("W1", W1, "(d_model, d_ff)", ndim=2)

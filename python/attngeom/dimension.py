@@ -45,13 +45,56 @@ def _dims(d, a) -> Tuple[List[int], List[int]]:
 
 
 def parameter_count(d, a) -> int:
-    """Number of weights sum_i (2 a_i d_{i-1} + d_i d_{i-1})."""
+    """Number of weights P = sum_i (2 a_i d_{i-1} + d_i d_{i-1}) of a deep attention network.
+
+    Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention", Definition 2: layer i has
+    Q_i, K_i of shape (a_i, d_{i-1}) and V_i of shape (d_i, d_{i-1}).
+
+    Parameters
+    ----------
+    d : sequence of int, length l + 1
+        Widths (d_0, ..., d_l): d_0 the input token width, d_l the output width.
+    a : sequence of int, length l
+        Query/key dimensions (a_1, ..., a_l) of the layers (the paper's a; one head per layer).
+
+    Returns
+    -------
+    int
+        The parameter count P.
+
+    Examples
+    --------
+    >>> ag.parameter_count((3, 2), (2,))  # 2*2*3 + 2*3
+    18
+    """
     d, a = _dims(d, a)
     return sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a)))
 
 
 def random_weights(d, a, *, seed=0) -> Weights:
-    """Gaussian weights [(Q_i, K_i, V_i)] with entries N(0, 1 / d_{i-1})."""
+    """Gaussian weights [(Q_i, K_i, V_i)] with entries N(0, 1 / d_{i-1}).
+
+    Henry-Marchetti-Kohn Definition 2 shapes: Q_i, K_i (a_i, d_{i-1}), V_i (d_i, d_{i-1}).
+
+    Parameters
+    ----------
+    d : sequence of int, length l + 1
+        Widths (d_0, ..., d_l).
+    a : sequence of int, length l
+        Query/key dimensions (a_1, ..., a_l).
+    seed : int, default 0
+        Seed of the NumPy generator.
+
+    Returns
+    -------
+    list of tuple of ndarray
+        One (Q_i, K_i, V_i) triple per layer, float64.
+
+    Examples
+    --------
+    >>> [tuple(w.shape for w in layer) for layer in ag.random_weights((3, 4, 2), (2, 5))]
+    [((2, 3), (2, 3), (4, 3)), ((5, 4), (5, 4), (2, 4))]
+    """
     d, a = _dims(d, a)
     rng = np.random.default_rng(seed)
     s = [1 / math.sqrt(w) for w in d]
@@ -94,11 +137,32 @@ def _samples(X, d0) -> np.ndarray:
 def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
     """phi_W(X) for N samples X (N, t, d_0) -> (N, t, d_l) (Definition 2; eq. 1 or eq. 16).
 
-    kind "lightning": each layer y = (q k^T) v with q = x Q^T, k = x K^T, v = x V^T;
-    "softmax": y = softmax_rows(k q^T / temperature) v, the weight of token j for token i
-    being exp(x_i^T A x_j / temperature), A = K^T Q (eq. 16 as written).
+    Henry, Marchetti & Kohn. kind "lightning": each layer y = (q k^T) v with q = x Q^T,
+    k = x K^T, v = x V^T; "softmax": y = softmax_rows(k q^T / temperature) v, the weight of
+    token j for token i being exp(x_i^T A x_j / temperature), A = K^T Q (eq. 16 as written).
+    Tokens are rows here; the paper's phi_W(X) with tokens as columns is the transpose.
 
-    Example: ``y = ag.network_forward(ag.random_weights((4, 4), (2,)), X)``
+    Parameters
+    ----------
+    weights : list of (Q_i, K_i, V_i)
+        Q_i, K_i of shape (a_i, d_{i-1}), V_i of shape (d_i, d_{i-1}).
+    X : array_like, shape (N, t, d_0) or (t, d_0)
+        N samples of t tokens.
+    kind : {"lightning", "softmax"}, default "lightning"
+        Unnormalised (lightning) or softmax-normalised layers.
+    temperature : float, default 1.0
+        Softmax temperature (kind "softmax" only).
+
+    Returns
+    -------
+    ndarray, shape (N, t, d_l)
+        The network output, float64.
+
+    Examples
+    --------
+    >>> X = np.random.default_rng(0).standard_normal((4, 5, 3))
+    >>> ag.network_forward(ag.random_weights((3, 2), (2,)), X).shape
+    (4, 5, 2)
     """
     kind = network_kind(kind)
     d, _, _, triples = _flatten(weights)
@@ -108,13 +172,35 @@ def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndar
 
 
 def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
-    """Exact Jacobian of W -> phi_W(X) on N samples, float64: shape (N * t * d_l, P).
+    """Exact Jacobian of W -> phi_W(X) on N samples, float64, shape (N * t * d_l, P).
 
-    Computed analytically in the core (forward mode, one tangent pass per weight, OpenMP
-    over samples). Rows are (sample, token, output coordinate); columns follow the flat
+    Henry-Marchetti-Kohn s.3.4: the neuromanifold dimension is the generic rank of this
+    Jacobian. Computed analytically in the core (forward mode, one tangent pass per weight,
+    OpenMP over samples). Rows are (sample, token, output coordinate); columns follow the flat
     parameter order (layer by layer, Q, K, V row-major), P = parameter_count(d, a).
 
-    Example: ``J = ag.parametrization_jacobian(ag.random_weights(d, a), X)``
+    Parameters
+    ----------
+    weights : list of (Q_i, K_i, V_i)
+        As in :func:`network_forward`.
+    X : array_like, shape (N, t, d_0) or (t, d_0)
+        Samples at which phi_W is restricted.
+    kind : {"lightning", "softmax"}, default "lightning"
+        Network kind.
+    temperature : float, default 1.0
+        Softmax temperature.
+
+    Returns
+    -------
+    ndarray, shape (N * t * d_l, P)
+        The Jacobian.
+
+    Examples
+    --------
+    >>> X = np.random.default_rng(0).standard_normal((4, 5, 3))
+    >>> J = ag.parametrization_jacobian(ag.random_weights((3, 2), (2,)), X)
+    >>> J.shape, ag.numerical_rank(J, block_rows=10)[0]
+    ((40, 18), 13)
     """
     softmax = network_kind(kind) == "softmax"
     temperature = scalar("temperature", temperature, positive=True)
@@ -124,7 +210,7 @@ def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -
 
 
 def expected_dimension(d, a, kind="lightning") -> int:
-    """Closed-form dimension of the neuromanifold.
+    """Closed-form dimension of the neuromanifold (Henry, Marchetti & Kohn s.3).
 
     * one layer (Corollary 3.3, lightning; needs d_0 >= 2 and d_1 >= 2, or d_0 >= 2 and a >= 2):
       2 alpha d + d d' - alpha^2 - 1 with alpha = min(a, d); for softmax (Theorem 3.15, one-to-one
@@ -134,9 +220,33 @@ def expected_dimension(d, a, kind="lightning") -> int:
       2 alpha_1 d_0 - alpha_1^2 + delta (d_0 + d_l) - delta^2 - [l] + sum_{i>1} (2 alpha_i delta - alpha_i^2),
       alpha_i = min(a_i, d_{i-1}); the -l term only for lightning.
 
-    Raises ValueError naming the hypothesis that fails. t >= 3 (2 for one layer) is assumed.
+    t >= 3 tokens (2 for one layer) are assumed.
 
-    Example: ``ag.expected_dimension((4, 4, 4, 4), (2, 2, 2), "softmax")  # 52``
+    Parameters
+    ----------
+    d : sequence of int, length l + 1
+        Widths (d_0, ..., d_l).
+    a : sequence of int, length l
+        Query/key dimensions (a_1, ..., a_l).
+    kind : {"lightning", "softmax"}, default "lightning"
+        Network kind.
+
+    Returns
+    -------
+    int
+        The dimension of the neuromanifold.
+
+    Raises
+    ------
+    ValueError
+        Naming the hypothesis of the closed form that fails.
+
+    Examples
+    --------
+    >>> ag.expected_dimension((3, 2), (2,))
+    13
+    >>> ag.expected_dimension((4, 4, 4, 4), (2, 2, 2), "softmax")
+    52
     """
     softmax = network_kind(kind) == "softmax"
     d, a = _dims(d, a)
@@ -165,12 +275,36 @@ def expected_dimension(d, a, kind="lightning") -> int:
 def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
     """Rank of a Jacobian by the largest log-gap of its singular values.
 
-    Each block of ``block_rows`` rows (one sample's outputs) is first scaled to unit
-    Frobenius norm (row scaling does not change the rank but evens out samples of very
-    different magnitude). The rank r maximises log(sigma_r / sigma_{r+1}) over the
-    spectrum extended by the floor eps * sigma_1 (so a full-rank Jacobian is recognised;
-    values below the floor count as the floor). The floor carries no dimension factor: a
-    genuine small singular value just above the rounding level must stay distinguishable. Returns (rank, singular values, gap ratio sigma_r / sigma_{r+1}).
+    Henry-Marchetti-Kohn s.3.4 (rank at random points). Each block of ``block_rows`` rows
+    (one sample's outputs) is first scaled to unit Frobenius norm (row scaling does not change
+    the rank but evens out samples of very different magnitude). The rank r maximises
+    log(sigma_r / sigma_{r+1}) over the spectrum extended by the floor eps * sigma_1 (so a
+    full-rank Jacobian is recognised; values below the floor count as the floor). The floor
+    carries no dimension factor: a genuine small singular value just above the rounding level
+    must stay distinguishable.
+
+    Parameters
+    ----------
+    J : array_like, shape (rows, P)
+        The Jacobian.
+    block_rows : int, optional
+        Rows per sample (t * d_l); default: no block scaling.
+
+    Returns
+    -------
+    rank : int
+        The numerical rank.
+    singular_values : ndarray
+        The singular values after block scaling, descending.
+    gap_ratio : float
+        sigma_r / sigma_{r+1} at the chosen rank.
+
+    Examples
+    --------
+    >>> J = np.diag([1.0, 1.0, 1e-14])
+    >>> rank, s, gap = ag.numerical_rank(J)
+    >>> rank, gap > 1e10
+    (2, True)
     """
     J = np.asarray(J, dtype=np.float64)
     if block_rows:
@@ -228,26 +362,66 @@ class DimensionResult:
                 "min_gap_ratio": float(self.gap_ratios.min()), "reliable": self.reliable}
 
     def plot_spectrum(self, ax=None):
-        """Normalised Jacobian singular values of every draw, the estimated rank marked."""
+        """Normalised Jacobian singular values of every draw (one line each), the estimated rank marked."""
         from . import plotting
 
-        fig = plotting.head_spectra(self.singular_values, title=f"the Jacobian ({self.kind}, d={self.d}, a={self.a})",
-                                    ax=ax)
-        axis = fig.axes[0]
-        for r in np.unique(self.dims):
-            axis.axvline(r + 0.5, color="k", ls=":", lw=1)
+        fig, axis = plotting.axes_or_new(ax, figsize=(5.6, 3.6))
+        shown, _ = plotting.log_floor(np.atleast_2d(self.singular_values))
+        i = np.arange(1, shown.shape[1] + 1)
+        for n, (s, r) in enumerate(zip(shown, self.dims)):
+            axis.semilogy(i, s, lw=1, alpha=0.8, label=f"draw {n + 1}: rank {int(r)}")
+        for n, r in enumerate(np.unique(self.dims)):
+            axis.axvline(r + 0.5, color="k", ls=":", lw=1, label="estimated rank (largest gap)" if n == 0 else None)
+        axis.set_xlabel("i (i-th largest singular value of the Jacobian)")
+        axis.set_ylabel(r"$\sigma_i$ (each sample's rows normalised)")
+        axis.set_title(f"Jacobian spectra, {self.kind}\nd = {self.d}, a = {self.a}", fontsize=10)
+        axis.legend(frameon=False, fontsize=7, loc="lower left")
+        fig.tight_layout()
         return fig
 
 
 def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_draws=5, seed=0,
                             temperature=1.0) -> DimensionResult:
-    """Estimate the neuromanifold dimension as the Jacobian rank at random weights.
+    """Estimate the neuromanifold dimension of a deep attention network as a Jacobian rank.
 
-    The paper's s.3.4 procedure: draw N = n_samples Gaussian inputs X (t tokens of width
-    d_0), restrict phi_W to them, and take the rank of the Jacobian at random weights W
-    (:func:`numerical_rank`), for n_draws independent draws of (X, W).
+    Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention", s.3.4 and Figure 4. The
+    network has l layers with widths d = (d_0, ..., d_l) and query/key dimensions
+    a = (a_1, ..., a_l) (layer i: Q_i, K_i of shape (a_i, d_{i-1}), V_i of shape
+    (d_i, d_{i-1}); one head per layer). The procedure: draw N = n_samples Gaussian inputs X
+    of t tokens of width d_0, restrict phi_W to them, and take the rank of the Jacobian at
+    random weights W (:func:`numerical_rank`), for n_draws independent draws of (X, W). Compare
+    with the closed form :func:`expected_dimension`.
 
-    Example: ``ag.neuromanifold_dimension((4, 4, 4, 4), (2, 2, 2), kind="softmax").dims``
+    Parameters
+    ----------
+    d : sequence of int, length l + 1
+        Widths (d_0, ..., d_l): token width of the input and of each layer's output.
+    a : sequence of int, length l
+        Query/key dimension a_i of each layer (the rank bound of A_i = K_i^T Q_i).
+    kind : {"lightning", "softmax"}, default "lightning"
+        Unnormalised (lightning, eq. 1) or softmax-normalised layers (eq. 16).
+    t : int, default 3
+        Number of tokens per input sample.
+    n_samples : int, default 100
+        Number N of input samples phi_W is restricted to.
+    n_draws : int, default 5
+        Independent draws of (X, W); each gives one estimate.
+    seed : int, default 0
+        Seed of the NumPy generator.
+    temperature : float, default 1.0
+        Softmax temperature (kind "softmax").
+
+    Returns
+    -------
+    DimensionResult
+        One estimate per draw (``dims``), the gap ratio of each, the spectra, the closed form
+        (``expected``) and the parameter count.
+
+    Examples
+    --------
+    >>> r = ag.neuromanifold_dimension((3, 2), (2,), n_samples=20, n_draws=2)
+    >>> r.dims, r.expected, r.parameters
+    (array([13, 13]), 13, 18)
     """
     softmax = network_kind(kind) == "softmax"
     d, a = _dims(d, a)
@@ -292,11 +466,29 @@ def _layers(As, Vs, d0=None):
 def virtual_weights(As, Vs):
     """Virtual weights (M, L) of eq. 9: L_i = V_i ... V_1, M_i = L_{i-1}^T A_i L_{i-1}, L = L_l.
 
-    The deep lightning network depends on (A, V) only through (M, L) (Lemma 3.12), so the
-    GL transformations of eq. 10 (:func:`gl_transform`) do not change it.
-    Returns (list of M_i, each (d_0, d_0); L of shape (d_l, d_0)).
+    Henry, Marchetti & Kohn s.3.3. The deep lightning network depends on (A, V) only through
+    (M, L) (Lemma 3.12), so the GL transformations of eq. 10 (:func:`gl_transform`) do not
+    change it.
 
-    Example: ``M, L = ag.virtual_weights(As, Vs)``
+    Parameters
+    ----------
+    As : sequence of array_like
+        Attention matrices A_i = K_i^T Q_i, each of shape (d_{i-1}, d_{i-1}).
+    Vs : sequence of array_like
+        Value matrices V_i, each of shape (d_i, d_{i-1}).
+
+    Returns
+    -------
+    Ms : list of ndarray
+        M_i, each of shape (d_0, d_0).
+    L : ndarray, shape (d_l, d_0)
+        The product V_l ... V_1.
+
+    Examples
+    --------
+    >>> Ms, L = ag.virtual_weights([np.eye(3), np.eye(2)], [np.ones((2, 3)), np.ones((1, 2))])
+    >>> [M.shape for M in Ms], L
+    ([(3, 3), (3, 3)], array([[2., 2., 2.]]))
     """
     As, Vs = _layers(As, Vs)
     L = np.eye(As[0].shape[0])
@@ -310,8 +502,31 @@ def virtual_weights(As, Vs):
 def virtual_network(Ms, L, X):
     """phi(X) from virtual weights by Lemma 3.12 (eq. 11-12), tokens as columns X (d_0, t).
 
-    D_0 = I, D_i = D_{i-1} X^T M_i X D_{i-1} X^T M_i^T X D_{i-1};
-    phi(X) = L X prod_{1 <= i <= l} D_{l-i} X^T M_{l-i+1} X. Returns (d_l, t).
+    Henry, Marchetti & Kohn: D_0 = I, D_i = D_{i-1} X^T M_i X D_{i-1} X^T M_i^T X D_{i-1};
+    phi(X) = L X prod_{1 <= i <= l} D_{l-i} X^T M_{l-i+1} X.
+
+    Parameters
+    ----------
+    Ms : sequence of array_like
+        M_1 .. M_l, each (d_0, d_0), from :func:`virtual_weights`.
+    L : array_like, shape (d_l, d_0)
+        The product of the value matrices.
+    X : array_like, shape (d_0, t)
+        One input, tokens as columns (the paper's convention).
+
+    Returns
+    -------
+    ndarray, shape (d_l, t)
+        phi(X), tokens as columns.
+
+    Examples
+    --------
+    >>> w = ag.random_weights((3, 2), (2,))
+    >>> As, Vs = [K.T @ Q for Q, K, V in w], [V for Q, K, V in w]
+    >>> X = np.random.default_rng(0).standard_normal((5, 3))
+    >>> phi = ag.virtual_network(*ag.virtual_weights(As, Vs), X.T)
+    >>> bool(np.allclose(phi.T, ag.network_forward(w, X)[0]))
+    True
     """
     X = np.asarray(X, dtype=np.float64)
     l = len(Ms)
@@ -328,7 +543,30 @@ def virtual_network(Ms, L, X):
 def gl_transform(As, Vs, Cs):
     """The symmetry of eq. 10: V_i' = C_i V_i C_{i-1}^{-1}, A_{i+1}' = C_i^{-T} A_{i+1} C_i^{-1}.
 
-    Cs holds C_1 .. C_{l-1} (C_i invertible, (d_i, d_i)); C_0 = C_l = I. Returns (As', Vs').
+    Henry, Marchetti & Kohn s.3.3: a deep lightning network is unchanged (its fiber).
+
+    Parameters
+    ----------
+    As : sequence of array_like
+        A_1 .. A_l, A_i of shape (d_{i-1}, d_{i-1}).
+    Vs : sequence of array_like
+        V_1 .. V_l, V_i of shape (d_i, d_{i-1}).
+    Cs : sequence of array_like
+        C_1 .. C_{l-1}, C_i invertible of shape (d_i, d_i); C_0 = C_l = I.
+
+    Returns
+    -------
+    As2, Vs2 : list of ndarray
+        The transformed weights.
+
+    Examples
+    --------
+    >>> w = ag.random_weights((3, 3, 2), (2, 2))
+    >>> As, Vs = [K.T @ Q for Q, K, V in w], [V for Q, K, V in w]
+    >>> moved = ag.gl_transform(As, Vs, [np.diag([1.0, 2.0, 3.0])])
+    >>> X = np.random.default_rng(0).standard_normal((4, 5, 3))
+    >>> ag.function_discrepancy((As, Vs), moved, X) < 1e-12
+    True
     """
     As, Vs = _layers(As, Vs)
     l = len(As)
@@ -346,9 +584,34 @@ def gl_transform(As, Vs, Cs):
 
 
 def rescale(As, Vs, lambdas):
-    """A point of the rescaling fiber (eq. 14): A_i -> lambda_i A_i and V_l -> rho V_l with
-    rho = 1 / prod_i lambda_i^(3^(l-i)). For lightning networks phi is unchanged; for
-    softmax networks it changes (Theorem 3.15: no rescaling fiber)."""
+    """A point of the rescaling fiber (eq. 14) of a deep attention network.
+
+    Henry, Marchetti & Kohn: A_i -> lambda_i A_i and V_l -> rho V_l with
+    rho = 1 / prod_i lambda_i^(3^(l-i)). For lightning networks phi is unchanged; for softmax
+    networks it changes (Theorem 3.15: no rescaling fiber).
+
+    Parameters
+    ----------
+    As : sequence of array_like
+        A_1 .. A_l.
+    Vs : sequence of array_like
+        V_1 .. V_l.
+    lambdas : sequence of float
+        One nonzero factor per layer.
+
+    Returns
+    -------
+    As2, Vs2 : list of ndarray
+        The rescaled weights.
+
+    Examples
+    --------
+    >>> w = ag.random_weights((3, 2), (2,))
+    >>> As, Vs = [K.T @ Q for Q, K, V in w], [V for Q, K, V in w]
+    >>> X = np.random.default_rng(0).standard_normal((4, 5, 3))
+    >>> ag.function_discrepancy((As, Vs), ag.rescale(As, Vs, [2.0]), X) < 1e-12
+    True
+    """
     As, Vs = _layers(As, Vs)
     l = len(As)
     lam = [scalar(f"lambdas[{i}]", x) for i, x in enumerate(lambdas)]
@@ -359,8 +622,33 @@ def rescale(As, Vs, lambdas):
 
 
 def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
-    """max |phi_W(X) - phi_W'(X)| / max |phi_W(X)| for two networks given as (As, Vs) pairs
-    on samples X (N, t, d_0): ~1e-15 when W and W' lie in one fiber."""
+    """Relative distance max ``|phi_W(X) - phi_W'(X)|`` / max ``|phi_W(X)|`` of two networks.
+
+    Henry, Marchetti & Kohn s.3.3: about 1e-15 when W and W' lie in one fiber (eq. 10, 14).
+
+    Parameters
+    ----------
+    first, second : tuple (As, Vs)
+        The two networks, as sequences of A_i and V_i.
+    X : array_like, shape (N, t, d_0)
+        Samples, tokens as rows.
+    kind : {"lightning", "softmax"}, default "lightning"
+        Network kind.
+    temperature : float, default 1.0
+        Softmax temperature.
+
+    Returns
+    -------
+    float
+        The relative discrepancy.
+
+    Examples
+    --------
+    >>> A, V = [np.eye(2)], [np.eye(2)]
+    >>> X = np.ones((1, 3, 2))
+    >>> ag.function_discrepancy((A, V), ([2 * np.eye(2)], V), X)  # phi is linear in A
+    1.0
+    """
     kw = dict(kind=network_kind(kind), temperature=temperature)
     (A1, V1), (A2, V2) = first, second
     x = _samples(X, np.shape(A1[0])[0])
@@ -381,12 +669,39 @@ class CriticalPoint:
 def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> CriticalPoint:
     """Whether the single-layer parametrization (A, V) -> phi is critical at (A, V).
 
-    The Jacobian of (A, V) -> phi_(A,V) restricted to n_samples random inputs is computed
-    through the (Q, K, V) Jacobian at Q = I, K = A^T (a = d): there (Q, K) -> K^T Q is a
-    submersion, so both Jacobians have the same rank. The point is critical when that rank
-    is below the generic one: d^2 + d d' - 1 for lightning (Corollary 3.3 with a = d) and
-    d^2 + d d' for softmax. Lemma 3.7 / Corollary 3.8: for lightning the
-    points with rk(A) rk(V) <= 1 are exactly the singular ones.
+    Henry, Marchetti & Kohn, Lemma 3.7 and Corollary 3.8. The Jacobian of (A, V) -> phi_(A,V)
+    restricted to n_samples random inputs is computed through the (Q, K, V) Jacobian at Q = I,
+    K = A^T (a = d): there (Q, K) -> K^T Q is a submersion, so both Jacobians have the same
+    rank. The point is critical when that rank is below the generic one: d^2 + d d' - 1 for
+    lightning (Corollary 3.3 with a = d) and d^2 + d d' for softmax. For lightning the points
+    with rk(A) rk(V) <= 1 are exactly the singular ones.
+
+    Parameters
+    ----------
+    A : array_like, shape (d, d)
+        The attention matrix.
+    V : array_like, shape (d', d)
+        The value matrix.
+    kind : {"lightning", "softmax"}, default "lightning"
+        Network kind.
+    t : int, default 3
+        Tokens per sample.
+    n_samples : int, default 50
+        Number of random inputs.
+    seed : int, default 0
+        Seed of the NumPy generator.
+
+    Returns
+    -------
+    CriticalPoint
+        ``critical``, the rank, the generic rank and the gap ratio.
+
+    Examples
+    --------
+    >>> A, V = np.outer([1.0, 0, 0], [1.0, 0, 0]), np.outer([1.0, 0], [1.0, 0, 0])  # rank 1 each
+    >>> p = ag.is_critical(A, V)
+    >>> p.critical, p.rank, p.generic_rank
+    (True, 12, 14)
     """
     A = operand("A", A, "(d, d)", nonempty=False, dtype=np.float64)
     V = operand("V", V, "(d', d)", nonempty=False, dtype=np.float64)

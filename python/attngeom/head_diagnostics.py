@@ -38,19 +38,24 @@ _CHUNK_BYTES = 1 << 28
 class HeadDiagnostics:
     """Per-head geometry of a stack of heads with batch shape ``batch_shape`` (() for one head).
 
-    Weights-only fields
-    -------------------
-    nulls : ParameterNulls (ker W_Q^T, ker W_K^T, ker B, ker B^T; spectrum and rank of B)
-    bilinear_effective_rank : (...) entropy effective rank of B's spectrum
-    ov_singular_values : (..., k) spectrum of W_OV = W_V W_O (row convention), or None
-    ov_rank, ov_effective_rank : rank and energy effective rank (the notes' r_eff), or None
-
-    Data fields (None without x)
-    ----------------------------
-    radius_mean, radius_std : (...) statistics of tau = scale |q| (eq. 9, 16)
-    tilt : TiltCoverageResult per head (object array, or one result for one head)
-    routing_singular_values : (..., n_seq, n) singular values of each attention matrix P
-    routing_rank, routing_effective_rank : (..., n_seq) rank(P) and entropy rank_eff(P)
+    Attributes
+    ----------
+    nulls : ParameterNulls
+        ker W_Q^T, ker W_K^T, ker B, ker B^T; spectrum and rank of B (from the weights).
+    bilinear_effective_rank : ndarray, shape (...)
+        Entropy effective rank of B's spectrum.
+    ov_singular_values : ndarray, shape (..., k), or None
+        Spectrum of W_OV = W_V W_O (row convention); None without W_V, W_O.
+    ov_rank, ov_effective_rank : ndarray or None
+        Rank and energy effective rank (the notes' r_eff) of W_OV.
+    radius_mean, radius_std : ndarray, shape (...), or None
+        Statistics of tau = scale ``|q|`` (eq. 9, 16); None without x.
+    tilt : TiltCoverageResult or ndarray of them, or None
+        Tilt coverage per head; None without x.
+    routing_singular_values : ndarray, shape (..., n_seq, n), or None
+        Singular values of each attention matrix P; None without x.
+    routing_rank, routing_effective_rank : ndarray, shape (..., n_seq), or None
+        rank(P) and entropy rank_eff(P); None without x.
     """
 
     batch_shape: tuple
@@ -166,24 +171,43 @@ def _weights(name, w):
 def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
     """The geometry of one head or a stack of heads, from weights and optionally tokens.
 
+    Laplace-Radon s.12.1 (all diagnostics of s.5-6 and app. B for each head): spectra and
+    nulls of B = W_Q W_K^T and of the OV circuit, and with tokens the radii, tilt coverage and
+    routing ranks. Cost: O(d_model d_head^2) per head for the weights; with data, one attention
+    matrix (n x n) per head and sequence plus its singular values, O(n^3) each.
+
     Parameters
     ----------
-    W_Q, W_K : (..., d_model, d_head), q = x W_Q (TransformerLens layout for stacks, e.g.
-        (n_layers, n_heads, d_model, d_head)); leading axes broadcast.
-    W_V : (..., d_model, d_v), optional; W_O : (..., d_v, d_model), optional. With both,
-        the OV circuit W_V W_O (d_model x d_model, never formed) is analysed.
-    x : tokens, optional: (n, d_model) one sequence, (n_seq, n, d_model) several, or
-        (..., n_seq, n, d_model) with leading axes broadcasting against the heads' (one
-        residual stream per layer: x of shape (n_layers, 1, n_seq, n, d_model)).
-    scale : logit scale, default 1 / sqrt(d_head).
-    causal : passed to :func:`attngeom.softmax_attention` for the routing matrices.
-    rtol : rank threshold (relative to sigma_max) for every rank decision; default the
+    W_Q, W_K : array_like, shape (..., d_model, d_head)
+        q = x W_Q (TransformerLens layout for stacks, e.g. (n_layers, n_heads, d_model,
+        d_head)); leading axes broadcast.
+    W_V : array_like, shape (..., d_model, d_v), optional
+        Value weights.
+    W_O : array_like, shape (..., d_v, d_model), optional
+        Output weights. With W_V, the OV circuit W_V W_O (never formed) is analysed.
+    x : array_like, optional
+        Tokens: (n, d_model) one sequence, (n_seq, n, d_model) several, or
+        (..., n_seq, n, d_model) with leading axes broadcasting against the heads'.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d_head).
+    causal : bool or str, default False
+        Passed to :func:`attngeom.softmax_attention` for the routing matrices.
+    rtol : float, optional
+        Rank threshold (relative to sigma_max) for every rank decision; default the
         matrix_rank rule of each matrix.
 
-    Cost: O(d_model d_head^2) per head for the weights; with data, one attention matrix
-    (n x n) per head and sequence plus its singular values, O(n^3) each.
+    Returns
+    -------
+    HeadDiagnostics
+        Per-head results with ``summary()``, ``table()``, ``to_json()`` and plots.
 
-    Example: ``d = ag.head_diagnostics(W_Q, W_K, W_V, W_O, x); d.summary()``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 3, 16, 4))  # 3 heads
+    >>> d = ag.head_diagnostics(W_Q, W_K, x=rng.standard_normal((10, 16)))
+    >>> [int(r) for r in d.nulls.rank]
+    [4, 4, 4]
     """
     wq = operand("W_Q", W_Q, "(..., d_model, d_head)", dtype=None)
     wk = operand("W_K", W_K, "(..., d_model, d_head)", dtype=None)

@@ -29,12 +29,19 @@ from ._operands import check_finite, check_nonempty, real_array, scalar, uniform
 class ExponentialSum:
     """Result of :func:`fit_exponential_sum`.
 
-    nodes : (..., M) ascending projected coordinates s_i; NaN beyond each problem's order.
-    weights : (..., M) or (..., M, C) the weights c_i (multiplicities for Z, value-weighted
+    Attributes
+    ----------
+    nodes
+        (..., M) ascending projected coordinates s_i; NaN beyond each problem's order.
+    weights
+        (..., M) or (..., M, C) the weights c_i (multiplicities for Z, value-weighted
         for N); 0 beyond the order.
-    order : (...) int, the number of nodes found.
-    singular_values : (..., K) of the stacked Hankel matrix (the gap decides the order).
-    residual : (...) relative misfit |f - model| / |f| of the fitted real sum.
+    order
+        (...) int, the number of nodes found.
+    singular_values
+        (..., K) of the stacked Hankel matrix (the gap decides the order).
+    residual
+        (...) relative misfit ``|f - model|`` / ``|f|`` of the fitted real sum.
     """
 
     nodes: np.ndarray
@@ -56,28 +63,8 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     weights by least squares on the exponential Vandermonde matrix. Batched over leading
     axes with OpenMP.
 
-    Parameters
-    ----------
-    tau : array_like (N,), uniformly spaced, real or purely imaginary (N >= 2 M + 1).
-        Imaginary tau = i w: nodes are identifiable only for |s| < pi / dw (aliasing).
-    values : array_like (..., N) scalar samples, or (..., N, C) vector samples sharing nodes
-        (e.g. Z and N stacked as channels). A trailing axis of length N is read as scalar
-        samples unless ``vector=True``.
-    order : int, optional; the number of nodes when known. Otherwise decided per problem:
-        with `rtol`, the number of singular values above rtol * sigma_1 (set rtol to the noise
-        level); without, the largest log-gap among the singular values above the rounding
-        floor (so a noise tail is never read as nodes).
-    pencil : int, optional; the pencil parameter L (default N // 2; Hua-Sarkar recommend
-        N/3 <= L <= N/2). At most min(L, C (N - L)) nodes can be found.
-
-    Returns
-    -------
-    ExponentialSum with real nodes and weights (the projected measures are real; imaginary
-    parts are dropped and `residual` measures the misfit of the real model).
-
     Measured limits (float64, nodes uniform on [-1, 1], for real tau at least 0.1 apart;
     see tests/test_inverse.py):
-
 
     ================================================  =======  ===============
     samples                                           nodes n  max node error
@@ -94,7 +81,41 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     order is never over-estimated at eta <= 1e-2 and the node error grows linearly, about
     6e-3 eta (7e-9 at 1e-6, 6e-6 at 1e-3); benchmarks/bench_inverse.py prints the curve.
 
-    Example: ``fit = ag.fit_exponential_sum(1j * w, Z)``; ``fit.nodes``, ``fit.weights``
+    Parameters
+    ----------
+    tau : array_like, shape (N,)
+        Uniformly spaced, real or purely imaginary (N >= 2 M + 1 for M nodes). Imaginary
+        tau = i w: nodes are identifiable only for ``|s| < pi / dw`` (aliasing).
+    values : array_like, shape (..., N) or (..., N, C)
+        Scalar samples, or vector samples sharing nodes (e.g. Z and N stacked as channels).
+        A trailing axis of length N is read as scalar samples unless ``vector=True``.
+    order : int, optional
+        The number of nodes when known. Otherwise decided per problem: with `rtol`, the
+        number of singular values above rtol * sigma_1; without, the largest log-gap among
+        the singular values above the rounding floor (so a noise tail is never read as nodes).
+    rtol : float, optional
+        Relative threshold of the order decision (set it to the noise level).
+    pencil : int, optional
+        The pencil parameter L (default N // 2; Hua-Sarkar recommend N/3 <= L <= N/2). At
+        most min(L, C (N - L)) nodes can be found.
+    vector : bool, optional
+        Read the last axis of `values` as channels.
+
+    Returns
+    -------
+    ExponentialSum
+        Real nodes and weights (the projected measures are real; imaginary parts are dropped
+        and ``residual`` measures the misfit of the real model), the order and the singular
+        values behind it.
+
+    Examples
+    --------
+    >>> tau = 1j * 0.5 * np.arange(16)
+    >>> s_true = np.array([-1.0, 0.25, 0.5])
+    >>> Z = np.exp(np.outer(tau, s_true)).sum(1)  # Z(u, tau) of three keys
+    >>> fit = ag.fit_exponential_sum(tau, Z)
+    >>> int(fit.order), np.round(fit.nodes, 8), np.round(fit.weights, 8)
+    (3, array([-1.  ,  0.25,  0.5 ]), array([1., 1., 1.]))
     """
     t, step, kind = uniform_grid("tau", tau)
     N = t.size
@@ -192,27 +213,43 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
 
     The inverse Laplace step for continuous projected measures (Laplace-Radon eq. 35),
     CONTIN-style: p on the grid minimises
-        mean_k ((A p)_k / Z_k - 1)^2 + regularization * mean_j ((D2 p)_j)^2,   p >= 0,
-    with A_kj = e^{tau_k s_j} w_j (trapezoid weights w), the misfit taken relative to Z_k
+    ``mean_k ((A p)_k / Z_k - 1)^2 + regularization * mean_j ((D2 p)_j)^2`` with p >= 0,
+    A_kj = e^{tau_k s_j} w_j (trapezoid weights w), the misfit taken relative to Z_k
     (noise on a transform that spans e^{tau s} is relative), D2 the second difference of
-    the grid values. Solved as one non-negative least
-    squares problem (Lawson-Hanson, C++), or by plain least squares with ``nonneg=False``.
+    the grid values. Solved as one non-negative least squares problem (Lawson-Hanson, C++),
+    or by plain least squares with ``nonneg=False``.
 
     Parameters
     ----------
-    tau : array_like (K,), real (need not be uniform).
-    Z : array_like (K,), positive samples of the transform.
-    s_grid : array_like (G,), increasing. It must cover where e^{tau s} p(s) carries mass for
-        every sampled tau, not only the support's bulk: for N(0, sigma^2) and |tau| <= T
-        that is |s| <= sigma^2 T + 3 sigma.
-    regularization : float >= 0; the default 1e-3 gives (tau = 81 points on [-10, 10],
-        G = 201, tests/test_inverse.py) Wasserstein-1 errors of 0.015 noiseless and 0.019 at
-        relative noise 1e-3 for the uniform density on [-1, 1] (grid [-2, 2]); 0.0015 and
-        0.010 for N(0, 0.5^2) (grid [-4, 4]).
+    tau : array_like, shape (K,)
+        Real sample points (need not be uniform).
+    Z : array_like, shape (K,)
+        Positive samples of the transform.
+    s_grid : array_like, shape (G,)
+        Increasing grid. It must cover where e^{tau s} p(s) carries mass for every sampled
+        tau, not only the support's bulk: for N(0, sigma^2) and ``|tau| <= T`` that is
+        ``|s| <= sigma^2 T + 3 sigma``.
+    regularization : float, default 1e-3
+        Curvature penalty (>= 0). The default gives (tau = 81 points on [-10, 10], G = 201)
+        Wasserstein-1 errors of 0.015 noiseless and 0.019 at relative noise 1e-3 for the
+        uniform density on [-1, 1] (grid [-2, 2]); 0.0015 and 0.010 for N(0, 0.5^2).
+    nonneg : bool, default True
+        Enforce p >= 0 (NNLS); False solves plain least squares.
 
-    Returns DensityFit; ``fit.density`` integrates to 1 on the grid, ``fit.mass`` is Z(0).
+    Returns
+    -------
+    DensityFit
+        The grid, the density (integrating to 1 on the grid), the mass Z(0), the residual
+        and the solver's iterations.
 
-    Example: ``fit = ag.invert_laplace_density(tau, np.sinh(tau) / tau, np.linspace(-2, 2, 201))``
+    Examples
+    --------
+    >>> tau = np.linspace(-10, 10, 81)
+    >>> Z = np.where(tau == 0, 1.0, np.sinh(tau) / np.where(tau == 0, 1.0, tau))  # uniform on [-1, 1]
+    >>> s = np.linspace(-2, 2, 201)
+    >>> fit = ag.invert_laplace_density(tau, Z, s)
+    >>> bool(ag.wasserstein1(s, fit.density, (np.abs(s) <= 1) / 2.0) < 0.03)
+    True
     """
     t = real_array("tau", tau).astype(np.float64).ravel()
     z = real_array("Z", Z).astype(np.float64).ravel()
@@ -264,8 +301,31 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
 
 
 def wasserstein1(s, p, q) -> float:
-    """Wasserstein-1 distance between two densities p, q on the same increasing grid s
-    (the integral of |CDF_p - CDF_q|, trapezoid rule; each density normalised first)."""
+    """Wasserstein-1 distance between two densities p, q on the same increasing grid s.
+
+    The integral of ``|CDF_p - CDF_q|`` (trapezoid rule; each density normalised first): the
+    error measure of the density inversion of Laplace-Radon eq. 35.
+
+    Parameters
+    ----------
+    s : array_like, shape (G,)
+        Increasing grid.
+    p : array_like, shape (G,)
+        First density on the grid.
+    q : array_like, shape (G,)
+        Second density on the grid.
+
+    Returns
+    -------
+    float
+        The distance, in units of s.
+
+    Examples
+    --------
+    >>> s = np.linspace(0, 1, 101)
+    >>> round(ag.wasserstein1(s, np.ones(101), np.ones(101)), 12)
+    0.0
+    """
     s = real_array("s", s).astype(np.float64).ravel()
     if s.size < 2 or np.any(np.diff(s) <= 0):
         raise ValueError(f"s must be increasing with at least 2 points, got shape {s.shape}")

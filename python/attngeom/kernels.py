@@ -3,15 +3,16 @@
 Replacing the exponential kernel of softmax by another positive kernel swaps the 1-D
 transform applied to each Radon projection (Lawrence, Laplace-Radon eq. 44):
 
-========== ============================================== ========== =========
-name       psi(tau, s)                                    parameters equation
-========== ============================================== ========== =========
-"exp"      exp(tau s)                                     none       (53)
-"gaussian" exp(-(tau - s)^2 / (2 sigma^2))                sigma > 0  (54)
-"cauchy"   1 / (1 + ((tau - s) / gamma)^2)                gamma > 0  (56)
-"stable"   f_alpha(tau - s), the symmetric alpha-stable   0 < alpha  (57)
-           density with Fourier multiplier exp(-c|w|^a)   <= 2, c > 0
-========== ============================================== ========== =========
+========== ============================================== ============== ========
+name       psi(tau, s)                                    parameters     equation
+========== ============================================== ============== ========
+"exp"      exp(tau s)                                     none           (53)
+"gaussian" exp(-(tau - s)^2 / (2 sigma^2))                sigma > 0      (54)
+"cauchy"   1 / (1 + ((tau - s) / gamma)^2)                gamma > 0      (56)
+"stable"   f_alpha(tau - s), the symmetric alpha-stable   0 < alpha <= 2 (57)
+           density with Fourier multiplier                c > 0
+           exp(-c ``|w|^alpha``)
+========== ============================================== ============== ========
 
 All four are positive, so the attention weights they induce are probability vectors.
 """
@@ -51,18 +52,31 @@ def kernel_params(kernel, params: dict) -> tuple:
 def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     """Evaluate the kernel psi(tau, s) elementwise (NumPy broadcasting of tau and s).
 
+    Laplace-Radon s.10.5-10.6, eq. 40-44: the weight of a key at projected coordinate s for a
+    query of radius tau; "exp" gives softmax attention.
+
     Parameters
     ----------
-    tau, s : array_like
-        Radius and projected coordinate; any broadcastable shapes.
-    kernel : {"exp", "gaussian", "cauchy", "stable"}
-    **params : sigma (gaussian), gamma (cauchy), alpha and c (stable).
+    tau : array_like
+        Radius; any shape broadcastable with s.
+    s : array_like
+        Projected coordinate.
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel.
+    **params
+        sigma (gaussian), gamma (cauchy), alpha and c (stable).
 
     Returns
     -------
-    ndarray of the broadcast shape; float32 when both inputs are float32, else float64.
+    ndarray
+        The broadcast shape; float32 when both inputs are float32, else float64.
 
-    Example: ``ag.psi(1.0, np.linspace(-3, 3, 7), "cauchy", gamma=0.5)``
+    Examples
+    --------
+    >>> ag.psi(1.0, np.array([0.0, 1.0]))
+    array([1.    , 2.7183])
+    >>> ag.psi(1.0, np.array([1.0, 1.5]), "cauchy", gamma=0.5)
+    array([1. , 0.5])
     """
     name, p = kernel_params(kernel, params)
     tau, s = real_array("tau", tau), real_array("s", s)

@@ -1,7 +1,7 @@
 """The Laplace-Radon picture of one attention head (Lawrence, Laplace-Radon s.4, s.9, s.10).
 
-A query q splits into a tilt u = q / |q| on the sphere and a Laplace radius
-tau = scale |q| (eq. 9). Keys enter only through their Radon projection s = u.k (eq. 6,
+A query q splits into a tilt u = q / ``|q|`` on the sphere and a Laplace radius
+tau = scale ``|q|`` (eq. 9). Keys enter only through their Radon projection s = u.k (eq. 6,
 15); the softmax partition Z and the value-weighted numerator N are Laplace transforms of
 that projection (eq. 11-13, 34):
 
@@ -40,21 +40,36 @@ class LogTransform(NamedTuple):
 
 
 def tilt_radius(q, *, scale=None):
-    """Tilt u = q / |q| and radius tau = scale |q| of each query (Laplace-Radon eq. 9, 15-16).
+    """Tilt u = q / ``|q|`` and radius tau = scale ``|q|`` of each query (Laplace-Radon eq. 9, 15-16).
+
+    Lawrence, Laplace-Radon s.4.1: the logit scale q.k / sqrt(d_k) = tau (u.k) splits into a
+    direction on the sphere (which hyperplanes the query looks along) and a Laplace variable.
+    A zero query gets u = 0 and tau = 0.
 
     Parameters
     ----------
     q : array_like, shape (..., n, d_k)
+        Queries, one per row. float32 stays float32 (float16 is computed in float32); other
+        input is computed in float64.
     scale : float, optional
         Default 1 / sqrt(d_k), the softmax scaling, so that tau u.k = q.k / sqrt(d_k).
 
     Returns
     -------
-    u : ndarray (..., n, d_k), unit rows; a zero query has no direction and gets u = 0.
-    tau : ndarray (..., n); tau = 0 for a zero query.
-    float32 in, float32 out; float64 otherwise.
+    u : ndarray, shape (..., n, d_k)
+        Unit tilts (rows of norm 1, or 0 for a zero query).
+    tau : ndarray, shape (..., n)
+        Radii, non-negative.
 
-    Example: ``u, tau = ag.tilt_radius(q)``
+    Examples
+    --------
+    >>> q = np.array([[3.0, 4.0], [0.0, 2.0]])
+    >>> u, tau = ag.tilt_radius(q, scale=1.0)
+    >>> u
+    array([[0.6, 0.8],
+           [0. , 1. ]])
+    >>> tau
+    array([5., 2.])
     """
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
@@ -73,14 +88,22 @@ def radon_project(u, k):
 
     Parameters
     ----------
-    u : array_like (..., n_q, d_k)
-    k : array_like (..., n_k, d_k)
+    u : array_like, shape (..., n_q, d_k)
+        Tilts (unit vectors for the paper's picture; any vectors are accepted).
+    k : array_like, shape (..., n_k, d_k)
+        Keys, one per row. Leading axes of u and k broadcast.
 
     Returns
     -------
-    s : ndarray (..., n_q, n_k) in the computation dtype.
+    s : ndarray, shape (..., n_q, n_k)
+        Projected coordinates, in the computation dtype.
 
-    Example: ``s = ag.radon_project(*ag.tilt_radius(q)[:1], k)``
+    Examples
+    --------
+    >>> u = np.array([[1.0, 0.0]])
+    >>> k = np.array([[2.0, 5.0], [-1.0, 3.0]])
+    >>> ag.radon_project(u, k)
+    array([[ 2., -1.]])
     """
     u = operand("u", u, "(..., n_q, d_k)", dtype=None)
     k = operand("k", k, "(..., n_k, d_k)", dtype=None)
@@ -108,32 +131,48 @@ def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qn
 def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False, **params):
     """The transforms Z(u, tau) and N(u, tau) (Laplace-Radon eq. 11-13, 34, 44).
 
-    Z(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) and N(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) v_i.
+    Z(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) and N(u_j, tau_j) = sum_i psi(tau_j, u_j.k_i) v_i:
+    the Laplace transforms of the Radon projection of the key measure (Lawrence, s.4.3).
 
     Parameters
     ----------
-    u : array_like (..., n_q, d_k)
+    u : array_like, shape (..., n_q, d_k)
         Tilts (any vectors are accepted; the paper's are unit or zero).
-    tau : array_like (..., n_q), real or complex
+    tau : array_like, shape (..., n_q), real or complex
         Radii. Complex tau is supported for the exponential kernel: at tau = i w, Z is the
         (unnormalised) characteristic function of the projected key measure, bounded by
         n_k and well conditioned, which is what the inverse Laplace pipeline samples.
-    k : array_like (..., n_k, d_k)
-    v : array_like (..., n_k, d_v), optional
-    kernel, **params : see :mod:`attngeom.kernels`.
-    log_domain : bool
+    k : array_like, shape (..., n_k, d_k)
+        Keys.
+    v : array_like, shape (..., n_k, d_v), optional
+        Values; without them N is None.
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel psi of :mod:`attngeom.kernels`.
+    log_domain : bool, default False
         Return ``LogTransform(log_Z, y)`` with y = N / Z instead of ``Transform(Z, N)``.
         Real tau of any size then never overflows (Z = exp(log_Z) may). For complex tau
         log_Z is the principal complex logarithm (shift + log of the shifted sum), and y is
         ill-defined near zeros of Z.
+    **params
+        Kernel parameters (sigma, gamma, alpha, c); see :mod:`attngeom.kernels`.
 
     Returns
     -------
-    Transform(Z, N) or LogTransform(log_Z, y); Z, log_Z (..., n_q); N, y (..., n_q, d_v)
-    or None without v. Real dtype follows the inputs (float32 / float64); complex tau
-    gives complex64 / complex128.
+    Transform or LogTransform
+        Transform(Z, N) or LogTransform(log_Z, y); Z, log_Z of shape (..., n_q); N, y of
+        shape (..., n_q, d_v) or None without v. The real dtype follows the inputs (float32 /
+        float64); complex tau gives complex64 / complex128.
 
-    Example: ``Z, N = ag.laplace_radon_transform(u, 1j * w, k, v)``
+    Examples
+    --------
+    >>> k = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    >>> u = np.array([[1.0, 0.0]])
+    >>> Z, N = ag.laplace_radon_transform(u, np.array([0.5]), k)
+    >>> bool(np.isclose(Z[0], np.exp(0.5) + np.exp(-0.5)))
+    True
+    >>> Z, N = ag.laplace_radon_transform(u, np.array([1j]), k)  # characteristic function 2 cos(1)
+    >>> bool(np.isclose(Z[0], 2 * np.cos(1.0)))
+    True
     """
     name, p = kernel_params(kernel, params)
     tau_arr = np.asarray(tau)
@@ -175,16 +214,36 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
 
     Parameters
     ----------
-    u : array_like (..., n_q, d_k); tau : array_like (..., n_q) (real)
-    k : array_like (..., n_k, d_k); v : array_like (..., n_k, d_v)
-    kernel, **params : see :mod:`attngeom.kernels`.
-    mask, causal, return_weights, return_log_partition : as in :func:`softmax_attention`.
+    u : array_like, shape (..., n_q, d_k)
+        Tilts, e.g. from :func:`tilt_radius`.
+    tau : array_like, shape (..., n_q)
+        Real radii.
+    k : array_like, shape (..., n_k, d_k)
+        Keys.
+    v : array_like, shape (..., n_k, d_v)
+        Values.
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel psi of :mod:`attngeom.kernels`.
+    mask, causal : optional
+        As in :func:`softmax_attention`.
+    return_weights, return_log_partition : bool, default False
+        As in :func:`softmax_attention`.
+    **params
+        Kernel parameters (sigma, gamma, alpha, c).
 
     Returns
     -------
-    y (..., n_q, d_v), or (y, [P], [log Z]).
+    y : ndarray, shape (..., n_q, d_v)
+        The output, or (y, [P], [log Z]) as in :func:`softmax_attention`.
 
-    Example: ``y = ag.laplace_radon_attention(*ag.tilt_radius(q), k, v)``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
+    >>> u, tau = ag.tilt_radius(q)
+    >>> y = ag.laplace_radon_attention(u, tau, k, v, causal=True)
+    >>> bool(np.allclose(y, ag.softmax_attention(q, k, v, causal=True), atol=1e-12))
+    True
     """
     name, p = kernel_params(kernel, params)
     if np.iscomplexobj(np.asarray(tau)):
@@ -204,16 +263,31 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
 
     Parameters
     ----------
-    u : array_like (..., n_q, d_k); tau : array_like (..., n_q); k : array_like (..., n_k, d_k)
-    order : int in 1..4
-        kappa_1 = mean, kappa_2 = variance, kappa_3 = third central moment,
-        kappa_4 = mu_4 - 3 mu_2^2.
+    u : array_like, shape (..., n_q, d_k)
+        Tilts.
+    tau : array_like, shape (..., n_q)
+        Real radii.
+    k : array_like, shape (..., n_k, d_k)
+        Keys.
+    order : int in 1..4, default 2
+        Number of cumulants: kappa_1 = mean, kappa_2 = variance, kappa_3 = third central
+        moment, kappa_4 = mu_4 - 3 mu_2^2.
+    kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
+        The kernel psi.
+    **params
+        Kernel parameters.
 
     Returns
     -------
-    ndarray (..., n_q, order).
+    ndarray, shape (..., n_q, order)
+        kappa_1 .. kappa_order for each query.
 
-    Example: ``mean, var = np.moveaxis(ag.projected_cumulants(u, tau, k), -1, 0)``
+    Examples
+    --------
+    >>> k = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    >>> kappa = ag.projected_cumulants(np.array([[1.0, 0.0]]), np.array([0.0]), k)
+    >>> kappa  # S = +-1 with equal weight at tau = 0: mean 0, variance 1
+    array([[0., 1.]])
     """
     name, p = kernel_params(kernel, params)
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
@@ -232,16 +306,25 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
 
     Parameters
     ----------
-    q : array_like (..., n_q, d_k); k : array_like (..., n_k, d_k)
-    scale : float, optional (default 1 / sqrt(d_k))
-    hessian : bool
+    q : array_like, shape (..., n_q, d_k)
+        Queries.
+    k : array_like, shape (..., n_k, d_k)
+        Keys.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d_k).
+    hessian : bool, default False
         Also return the Hessian, shape (..., n_q, d_k, d_k) (O(n_k d_k^2) per query).
 
     Returns
     -------
-    grad (..., n_q, d_k), or (grad, hess).
+    grad : ndarray, shape (..., n_q, d_k)
+        The gradient, or the tuple (grad, hess) when `hessian` is true.
 
-    Example: ``g = ag.log_partition_gradient(q, k)``
+    Examples
+    --------
+    >>> k = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    >>> ag.log_partition_gradient(np.zeros((1, 2)), k, scale=1.0)  # the mean key
+    array([[0., 0.]])
     """
     q = operand("q", q, "(..., n_q, d_k)", dtype=None, nonempty=False, finite=False)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
@@ -258,11 +341,28 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
 def head_probe(k, v) -> Callable:
     """A probe of a head's unnormalised transforms, for :func:`attngeom.recover_keys`.
 
-    Returns the callable ``probe(u, tau) -> (Z, N)`` with u (m, d_k) and tau (T,) (real or
-    complex), giving Z (m, T) and N (m, T, d_v) through :func:`laplace_radon_transform`
-    (Laplace-Radon eq. 34): every tilt at every radius of the grid.
+    Laplace-Radon eq. 34: every tilt at every radius of the grid, through
+    :func:`laplace_radon_transform`.
 
-    Example: ``Z, N = ag.head_probe(k, v)(U, 1j * np.arange(8.0))``
+    Parameters
+    ----------
+    k : array_like, shape (n_k, d_k)
+        The head's keys.
+    v : array_like, shape (n_k, d_v)
+        The head's values.
+
+    Returns
+    -------
+    callable
+        ``probe(u, tau) -> (Z, N)`` with u of shape (m, d_k) and tau of shape (T,) (real or
+        complex), giving Z of shape (m, T) and N of shape (m, T, d_v).
+
+    Examples
+    --------
+    >>> k, v = np.eye(2), np.ones((2, 1))
+    >>> Z, N = ag.head_probe(k, v)(np.eye(2), np.array([0.0, 1.0]))
+    >>> Z.shape, N.shape
+    ((2, 2), (2, 2, 1))
     """
     k = operand("k", k, "(..., n_k, d_k)", dtype=np.float64)
     v = operand("v", v, "(..., n_k, d_v)", dtype=np.float64)

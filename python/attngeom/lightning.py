@@ -48,22 +48,34 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
 def lightning_attention(q, k, v, *, causal=False):
     """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).
 
-    Henry-Marchetti-Kohn eq. (1) in the row convention (q_i = Q x_i, k_j = K x_j,
-    v_j = V x_j). Non-causal: Y = Q (K^T V). Causal: queries in chunks of 64 rows, each
-    with the prefix state sum k_j^T v_j of the keys it fully sees plus one masked diagonal
-    block; no n_q x n_k buffer is ever formed.
+    Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention", eq. (1) in the row
+    convention (q_i = Q x_i, k_j = K x_j, v_j = V x_j). Non-causal: Y = Q (K^T V). Causal:
+    queries in chunks of 64 rows, each with the prefix state sum k_j^T v_j of the keys it fully
+    sees plus one masked diagonal block; no n_q x n_k buffer is ever formed.
 
     Parameters
     ----------
-    q : (..., n_q, d_k); k : (..., n_k, d_k); v : (..., n_k, d_v); leading axes broadcast.
-    causal : False | True | "top_left" | "bottom_right", as in :func:`softmax_attention`
-        (top-left: key j <= query i; bottom-right: j <= i + n_k - n_q).
+    q : array_like, shape (..., n_q, d_k)
+        Queries.
+    k : array_like, shape (..., n_k, d_k)
+        Keys.
+    v : array_like, shape (..., n_k, d_v)
+        Values; leading axes broadcast.
+    causal : {False, True, "top_left", "bottom_right"}, default False
+        As in :func:`attngeom.softmax_attention` (top-left: key j <= query i; bottom-right:
+        j <= i + n_k - n_q).
 
     Returns
     -------
-    y : (..., n_q, d_v), float32 when every input is float32, else float64.
+    y : ndarray, shape (..., n_q, d_v)
+        float32 when every input is float32, else float64.
 
-    Example: ``y = ag.lightning_attention(q, k, v, causal=True)``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((5, 3)), rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+    >>> bool(np.allclose(ag.lightning_attention(q, k, v, causal=True), np.tril(q @ k.T) @ v))
+    True
     """
     p = AttentionOperands(q, k, v, causal=causal)
     y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
@@ -124,19 +136,38 @@ def _layer(x, a, v, kind, temperature, causal):
 def lightning_layer(x, A, V, *, kind="lightning", temperature=1.0, causal=False, normalize=None):
     """One self-attention layer in the paper's weights W = (A, V), tokens as rows.
 
+    Henry, Marchetti & Kohn, eq. (1)-(3) (lightning) and eq. (16) (softmax-normalised).
+
     Parameters
     ----------
-    x : (..., t, d) tokens.
-    A : (d, d) attention matrix A = K^T Q (eq. 3), any rank; x_j^T A x_i is the weight.
-    V : (d', d) value matrix.
-    kind : "lightning" gives lightning attention (eq. 1); "softmax" the softmax-normalised
-        layer of eq. 16 with S(s) = exp(s / temperature).
-    causal : restrict token i to j <= i.
-    normalize : deprecated spelling of kind (True = "softmax").
+    x : array_like, shape (..., t, d)
+        Tokens.
+    A : array_like, shape (d, d)
+        Attention matrix A = K^T Q (eq. 3), any rank; x_j^T A x_i is the weight of token j
+        for token i.
+    V : array_like, shape (d', d)
+        Value matrix.
+    kind : {"lightning", "softmax"}, default "lightning"
+        "lightning" gives lightning attention (eq. 1); "softmax" the softmax-normalised layer
+        of eq. 16 with S(s) = exp(s / temperature).
+    temperature : float, default 1.0
+        Softmax temperature.
+    causal : bool, default False
+        Restrict token i to j <= i.
+    normalize : bool, optional
+        Deprecated spelling of `kind` (True = "softmax").
 
-    Returns (..., t, d'): row i is phi_W(X)_i.
+    Returns
+    -------
+    ndarray, shape (..., t, d')
+        Row i is phi_W(X)_i.
 
-    Example: ``y = ag.lightning_layer(x, K.T @ Q, V)``
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((4, 3))
+    >>> A, V = np.eye(3), np.ones((2, 3))
+    >>> bool(np.allclose(ag.lightning_layer(x, A, V), (x @ x.T) @ x @ V.T))
+    True
     """
     kind = network_kind(kind, normalize, "lightning_layer")
     x = operand("x", x, "(..., t, d)", dtype=None)
@@ -149,14 +180,41 @@ def deep_lightning(x, As: Sequence, Vs: Sequence, *, kind="lightning", temperatu
                    normalize=None):
     """A deep self-attention network phi_W = phi_{W_l} o ... o phi_{W_1} (Definition 2).
 
-    Layer i has A_i (d_{i-1}, d_{i-1}) and V_i (d_i, d_{i-1}); x is (..., t, d_0) and the
-    output (..., t, d_l). Lightning layers make the network a homogeneous polynomial of
-    degree 3^l in x; ``kind="softmax"`` gives the softmax-normalised network of s.3.4
-    (eq. 16 per layer). This is the one forward pass of both kinds of network; the
-    dimension module's :func:`attngeom.network_forward` calls it. ``normalize`` is the
-    deprecated spelling of kind (True = "softmax").
+    Henry, Marchetti & Kohn, Definition 2. Layer i has A_i (d_{i-1}, d_{i-1}) and V_i
+    (d_i, d_{i-1}). Lightning layers make the network a homogeneous polynomial of degree 3^l
+    in x; ``kind="softmax"`` gives the softmax-normalised network of s.3.4 (eq. 16 per layer).
+    This is the one forward pass of both kinds of network; the dimension module's
+    :func:`attngeom.network_forward` calls it.
 
-    Example: ``y = ag.deep_lightning(x, [A1, A2], [V1, V2])``
+    Parameters
+    ----------
+    x : array_like, shape (..., t, d_0)
+        Tokens.
+    As : sequence of array_like
+        A_1 .. A_l.
+    Vs : sequence of array_like
+        V_1 .. V_l.
+    kind : {"lightning", "softmax"}, default "lightning"
+        Network kind.
+    temperature : float, default 1.0
+        Softmax temperature.
+    causal : bool, default False
+        Causal layers.
+    normalize : bool, optional
+        Deprecated spelling of `kind` (True = "softmax").
+
+    Returns
+    -------
+    ndarray, shape (..., t, d_l)
+        The network output.
+
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((4, 3))
+    >>> As, Vs = [np.eye(3), np.eye(2)], [np.ones((2, 3)), np.ones((1, 2))]
+    >>> y = ag.deep_lightning(x, As, Vs)
+    >>> y.shape, bool(np.allclose(ag.deep_lightning(2 * x, As, Vs), 2 ** 9 * y))  # degree 3^2
+    ((4, 1), True)
     """
     kind = network_kind(kind, normalize, "deep_lightning")
     x = operand("x", x, "(..., t, d)", dtype=None)

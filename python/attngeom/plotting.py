@@ -14,7 +14,24 @@ from ._operands import renamed_arguments
 
 
 def pyplot():
-    """matplotlib.pyplot, with the Agg backend chosen when there is no display."""
+    """matplotlib.pyplot, with the Agg backend chosen when there is no display.
+
+    Returns
+    -------
+    module
+        ``matplotlib.pyplot``.
+
+    Raises
+    ------
+    ImportError
+        Naming the ``plot`` extra when matplotlib is missing.
+
+    Examples
+    --------
+    >>> plt = ag.plotting.pyplot()
+    >>> plt.__name__
+    'matplotlib.pyplot'
+    """
     try:
         import matplotlib
 
@@ -30,10 +47,34 @@ def pyplot():
 
 
 def new_figure(nrows=1, ncols=1, *, figsize=None, **kw):
-    """A new Figure and its axes. Outside Jupyter the figure is built outside pyplot's
-    registry (no global state is left behind, nothing needs closing); under Jupyter's inline
-    backend it goes through pyplot so it is shown at the end of the cell, and the backend
-    closes it after showing it."""
+    """A new Figure and its axes.
+
+    Outside Jupyter the figure is built outside pyplot's registry (no global state is left
+    behind, nothing needs closing); under Jupyter's inline backend it goes through pyplot so
+    it is shown at the end of the cell, and the backend closes it after showing it.
+
+    Parameters
+    ----------
+    nrows, ncols : int, default 1
+        Grid of axes.
+    figsize : tuple of float, optional
+        (width, height) in inches.
+    **kw
+        Passed to ``Figure.subplots`` (e.g. ``squeeze=False``).
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        The figure.
+    axes : Axes or ndarray of Axes
+        As ``Figure.subplots`` returns them.
+
+    Examples
+    --------
+    >>> fig, axes = ag.plotting.new_figure(1, 2, figsize=(6, 3))
+    >>> len(axes)
+    2
+    """
     plt = pyplot()
     import matplotlib
 
@@ -46,8 +87,34 @@ def new_figure(nrows=1, ncols=1, *, figsize=None, **kw):
 
 
 def panel_row(axes, n, width, height=3.2, **kw):
-    """(figure, list of n axes): a new row of n panels, each `width` inches wide, or the
-    figure of the given axes."""
+    """A new row of n panels, each `width` inches wide, or the figure of the given axes.
+
+    Parameters
+    ----------
+    axes : sequence of Axes or None
+        Existing axes to draw into, or None for a new figure.
+    n : int
+        Number of panels.
+    width : float
+        Width of one panel in inches.
+    height : float, default 3.2
+        Height in inches.
+    **kw
+        Passed to :func:`new_figure`.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        The figure.
+    axes : list of Axes
+        The n panels.
+
+    Examples
+    --------
+    >>> fig, axes = ag.plotting.panel_row(None, 3, 2.0)
+    >>> len(axes), fig.get_size_inches().tolist()
+    (3, [6.0, 3.2])
+    """
     if axes is None:
         fig, grid = new_figure(1, n, figsize=(width * n, height), squeeze=False, **kw)
         return fig, list(grid[0])
@@ -55,7 +122,32 @@ def panel_row(axes, n, width, height=3.2, **kw):
 
 
 def finish_curves(ax, xlabel, ylabel, xscale, yscale, n_curves):
-    """Scales, labels and (for several curves) the legend of a curve panel."""
+    """Scales, labels and (for several curves) the legend of a curve panel.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The panel.
+    xlabel, ylabel : str
+        Axis labels.
+    xscale, yscale : {"linear", "log"}
+        Axis scales.
+    n_curves : int
+        Number of curves drawn; a legend is added when it is above 1.
+
+    Returns
+    -------
+    None
+        The axes are changed in place.
+
+    Examples
+    --------
+    >>> fig, ax = ag.plotting.new_figure()
+    >>> _ = ax.plot([1, 10], [1, 2], label="a")
+    >>> ag.plotting.finish_curves(ax, "features m", "error", "log", "linear", 1)
+    >>> ax.get_xscale(), ax.get_xlabel()
+    ('log', 'features m')
+    """
     ax.set_xscale(xscale)
     ax.set_yscale(yscale)
     if xscale == "log":  # no labels on minor ticks: they collide over a short decade range
@@ -69,7 +161,32 @@ def finish_curves(ax, xlabel, ylabel, xscale, yscale, n_curves):
 
 
 def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False):
-    """Axis labels, title and (when asked) legend of a one-panel figure; tight layout; the figure."""
+    """Axis labels, title and (when asked) legend of a one-panel figure; tight layout.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    ax : matplotlib.axes.Axes
+        Its axes.
+    xlabel, ylabel : str
+        Axis labels.
+    title : str, optional
+        Title.
+    legend : bool, default False
+        Add a legend.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        `fig`.
+
+    Examples
+    --------
+    >>> fig, ax = ag.plotting.new_figure()
+    >>> ag.plotting.finish(fig, ax, "key", "query", "routing") is fig
+    True
+    """
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title is not None:
@@ -81,14 +198,54 @@ def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False):
 
 
 def axes_or_new(ax, **fig_kw):
-    """(figure, axes): the given axes and its figure, or a new figure with one axes."""
+    """The given axes and its figure, or a new figure with one axes.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes or None
+        Axes to draw into.
+    **fig_kw
+        Passed to :func:`new_figure` when `ax` is None.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        The figure.
+    ax : matplotlib.axes.Axes
+        The axes.
+
+    Examples
+    --------
+    >>> fig, ax = ag.plotting.axes_or_new(None, figsize=(3, 3))
+    >>> ag.plotting.axes_or_new(ax) == (fig, ax)
+    True
+    """
     if ax is None:
         return new_figure(**fig_kw)
     return ax.figure, ax
 
 
 def log_floor(values):
-    """Values below (max * 1e-17) drawn at that floor, so exact zeros do not stretch a log axis."""
+    """Values below max * 1e-17 raised to that floor, so exact zeros can be drawn on a log axis.
+
+    Parameters
+    ----------
+    values : array_like
+        Non-negative values (e.g. a spectrum with exact zeros).
+
+    Returns
+    -------
+    shown : ndarray
+        The values with the floor applied.
+    floor : float
+        The floor.
+
+    Examples
+    --------
+    >>> shown, floor = ag.plotting.log_floor([1.0, 0.0])
+    >>> shown, floor
+    (array([1., 0.]), 1e-17)
+    """
     values = np.asarray(values, dtype=float)
     top = float(values.max()) if values.size else 1.0
     floor = top * 1e-17 if top > 0 else np.finfo(float).tiny
@@ -96,7 +253,30 @@ def log_floor(values):
 
 
 def head_spectra(spectra, title="", ax=None):
-    """Singular values of many heads, one line each, log scale: (n_heads, k) array."""
+    """Singular values of many heads, one line each, log scale.
+
+    The spectra of Laplace-Radon s.5.3 (B = W_Q W_K^T) or of the notes' W_OV.
+
+    Parameters
+    ----------
+    spectra : array_like, shape (n_heads, k)
+        Singular values, one row per head.
+    title : str, default ""
+        What the spectra are of (e.g. "B").
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.head_spectra(np.array([[3.0, 1.0, 0.0], [2.0, 2.0, 1.0]]), "B")
+    >>> fig.axes[0].get_yscale()
+    'log'
+    """
     fig, ax = axes_or_new(ax, figsize=(5, 3.2))
     spectra = np.atleast_2d(np.asarray(spectra, dtype=float))
     idx = np.arange(1, spectra.shape[1] + 1)
@@ -104,7 +284,7 @@ def head_spectra(spectra, title="", ax=None):
     for s in shown:
         ax.plot(idx, s, lw=1, alpha=0.6 if len(spectra) > 1 else 1)
     ax.set_yscale("log")
-    ax.set_xlabel("index i")
+    ax.set_xlabel("i (i-th largest singular value)")
     ax.set_ylabel(r"$\sigma_i$")
     ax.set_title(f"singular values of {title}" if title else "singular values")
     fig.tight_layout()
@@ -112,10 +292,33 @@ def head_spectra(spectra, title="", ax=None):
 
 
 def head_map(values, metric, ax=None):
-    """A (layer, head) heat map of one per-head quantity."""
+    """A (layer, head) heat map of one per-head quantity.
+
+    Parameters
+    ----------
+    values : ndarray, shape (n_layers, n_heads)
+        The quantity per head.
+    metric : str
+        Its name (colour bar label and title).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.head_map(np.arange(6.0).reshape(2, 3), "effective rank")
+    >>> fig.axes[0].get_title()
+    'effective rank'
+    """
     fig, ax = axes_or_new(ax, figsize=(1.2 + 0.45 * values.shape[1], 1.0 + 0.4 * values.shape[0]))
     im = ax.imshow(values, cmap="viridis", aspect="auto")
     fig.colorbar(im, ax=ax, label=metric)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(metric)
@@ -124,7 +327,31 @@ def head_map(values, metric, ax=None):
 
 
 def spectrum_with_energy(s, ax=None, label=""):
-    """Eigenvalue or singular-value spectrum (log scale) with its cumulative energy E_k."""
+    """Eigenvalue or singular-value spectrum (log scale) with its cumulative energy E_k.
+
+    The notes' E_k (:func:`attngeom.cumulative_energy`) on a second axis; exact zeros are
+    drawn at 1e-17 of the maximum (Laplace-Radon Fig. 6 shows such a drop).
+
+    Parameters
+    ----------
+    s : array_like, shape (k,)
+        The spectrum (sorted descending here).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+    label : str, default ""
+        Legend label of the spectrum.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.spectrum_with_energy([4.0, 1.0, 0.0])
+    >>> fig.axes[0].get_xlabel()
+    'k (k-th largest value)'
+    """
     fig, ax = axes_or_new(ax, figsize=(5, 3.2))
     s = np.sort(np.asarray(s, dtype=float))[::-1]
     idx = np.arange(1, s.size + 1)
@@ -132,7 +359,7 @@ def spectrum_with_energy(s, ax=None, label=""):
     ax.semilogy(idx, shown, "o-", ms=3, label=label or "spectrum")
     if np.any(s < floor):
         ax.annotate("zeros at 1e-17 of max", (idx[s < floor][0], floor), fontsize=8, va="bottom")
-    ax.set_xlabel("index")
+    ax.set_xlabel("k (k-th largest value)")
     ax.set_ylabel("value")
     twin = ax.twinx()
     e = np.cumsum(s * s)
@@ -146,7 +373,23 @@ def spectrum_with_energy(s, ax=None, label=""):
 def layer_head_grids(maps, axes=None):
     """(layer, head) grids of per-head metrics, two to a row, each cell annotated with its value.
 
-    maps : {title: (n_layers, n_heads) array}. Returns the figure.
+    Parameters
+    ----------
+    maps : dict of str to array_like
+        {title: (n_layers, n_heads) array}.
+    axes : sequence of Axes, optional
+        One axes per map.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.layer_head_grids({"rank B": np.ones((2, 3)), "rank W_OV": np.zeros((2, 3))})
+    >>> [ax.get_title() for ax in fig.axes if ax.get_title()]
+    ['rank B', 'rank W_OV']
     """
     maps = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in maps.items()}
     n_layers, n_heads = next(iter(maps.values())).shape
@@ -179,8 +422,32 @@ def layer_head_grids(maps, axes=None):
 
 
 def head_spectrum_pair(bilinear, ov, title="", axes=None):
-    """One head's singular values of B = W_Q W_K^T and of W_OV (log scale), each with its
-    cumulative energy E_k on a second axis. bilinear : (k,), ov : (k,) or None."""
+    """One head's singular values of B = W_Q W_K^T and of W_OV, each with its cumulative energy.
+
+    Laplace-Radon eq. 17 (B) and the notes' W_OV spectra, log scale, E_k on a second axis.
+
+    Parameters
+    ----------
+    bilinear : array_like, shape (k,)
+        Singular values of B.
+    ov : array_like, shape (k,) or None
+        Singular values of W_OV (one panel only when None).
+    title : str, default ""
+        Prefix of the panel titles (e.g. "L0H3").
+    axes : sequence of Axes, optional
+        One or two axes to draw into.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.head_spectrum_pair([3.0, 1.0], [2.0, 0.5], "L0H0")
+    >>> len([ax for ax in fig.axes if ax.get_title()])  # the B and W_OV panels
+    2
+    """
     panels = [(r"$B = W_Q W_K^\top$", bilinear)] + ([(r"$W_{OV}$", ov)] if ov is not None else [])
     fig, axes = panel_row(axes, len(panels), 4.6)
     for ax, (name, s) in zip(axes, panels):
@@ -188,7 +455,7 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
         idx = np.arange(1, s.size + 1)
         shown, _ = log_floor(s)
         ax.semilogy(idx, shown, "o-", ms=2.5)
-        ax.set_xlabel("index i")
+        ax.set_xlabel("i (i-th largest singular value)")
         ax.set_ylabel(r"$\sigma_i$")
         ax.set_title(f"{title} {name}".strip(), fontsize=9)
         twin = ax.twinx()
@@ -202,8 +469,33 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
 
 @renamed_arguments(P="routing")
 def attention_heatmap(routing, tokens=None, title="", ax=None):
-    """An attention (routing) matrix P (n, n) as a heat map, queries as rows; token strings
-    label the axes when given and n <= 48. The old keyword ``P`` is deprecated."""
+    """An attention (routing) matrix P as a heat map, queries as rows.
+
+    Token strings label the axes when given and n <= 48. The old keyword ``P`` is deprecated
+    (use ``routing``).
+
+    Parameters
+    ----------
+    routing : array_like, shape (n, n_k)
+        The routing matrix P.
+    tokens : sequence of str, optional
+        Token strings.
+    title : str, default ""
+        Title.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.attention_heatmap(np.eye(3), tokens=["a", "b", "c"], title="identity routing")
+    >>> fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
+    ('key', 'query')
+    """
     P = np.asarray(routing, dtype=float)
     n = P.shape[0]
     size = min(9.0, 2.5 + 0.16 * n)
@@ -223,11 +515,37 @@ def attention_heatmap(routing, tokens=None, title="", ax=None):
 
 
 def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
-    """Side-by-side panels of curves against one parameter x (n,).
+    """Side-by-side panels of curves against one parameter x.
 
-    panels : list of (ylabel, {label: (n,) values}, yscale) with yscale "linear" or "log";
-    in each panel the first curve is drawn solid with markers, the others dashed. NaN values
-    leave gaps (e.g. where a model does not exist). Returns the figure.
+    In each panel the first curve is drawn solid with markers, the others dashed. NaN values
+    leave gaps (e.g. where a model does not exist).
+
+    Parameters
+    ----------
+    x : array_like, shape (n,)
+        The parameter.
+    panels : list of tuple
+        (ylabel, {label: (n,) values}, yscale) per panel, yscale "linear" or "log".
+    xlabel : str
+        Label of x.
+    xscale : {"log", "linear"}, default "log"
+        Scale of x.
+    axes : sequence of Axes, optional
+        One axes per panel.
+    title : str, optional
+        Figure title.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> m = np.array([16, 64, 256])
+    >>> fig = ag.plotting.curve_panels(m, [("error", {"iid": 1 / m, "orthogonal": 0.5 / m}, "log")], "features m")
+    >>> len(fig.axes)
+    1
     """
     fig, axes = panel_row(axes, len(panels), 4.3)
     x = np.asarray(x, dtype=float)
@@ -243,13 +561,42 @@ def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
 
 
 def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
-    """Two computations of the same quantity, (n,) each, against each other with the diagonal."""
+    """Two computations of the same quantity against each other, with the diagonal.
+
+    Laplace-Radon Fig. 1 (softmax attention against N / Z). The diagonal is drawn thin and
+    underneath, so the points on it stay visible.
+
+    Parameters
+    ----------
+    a, b : array_like
+        The two computations (raveled; at most 20000 points are drawn).
+    rel_error : float
+        The relative error shown in the title.
+    xlabel, ylabel : str
+        What a and b are.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> x = np.linspace(0, 1, 50)
+    >>> fig = ag.plotting.identity_scatter(x, x, 0.0, "softmax", "N / Z")
+    >>> fig.axes[0].get_title()
+    'relative error 0.00e+00'
+    """
     fig, ax = axes_or_new(ax, figsize=(4, 4))
     a, b = np.ravel(a), np.ravel(b)
     idx = np.random.default_rng(0).permutation(a.size)[:20000]
-    ax.plot(a[idx], b[idx], ".", ms=1.5, alpha=0.4)
     lim = [float(min(a.min(), b.min())), float(max(a.max(), b.max()))]
-    ax.plot(lim, lim, "k--", lw=1)
+    # the diagonal goes underneath, thin and light, so the points on it stay visible
+    ax.plot(lim, lim, "-", color="0.75", lw=0.8, zorder=1, label="y = x")
+    ax.plot(a[idx], b[idx], "o", ms=2.5, alpha=0.6, mec="none", zorder=2, label="entries")
+    ax.legend(loc="upper left", frameon=False, fontsize="small")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(f"relative error {rel_error:.2e}")

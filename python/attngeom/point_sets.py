@@ -23,12 +23,19 @@ from .inverse import ExponentialSum, fit_exponential_sum
 class PointSet:
     """Result of :func:`reconstruct_points`.
 
-    points : (n, d) recovered points (their projection onto span(directions) when the
+    Attributes
+    ----------
+    points
+        (n, d) recovered points (their projection onto span(directions) when the
         directions do not span R^d: the rest is the limited-angle null, Laplace-Radon s.6.2).
-    weights : (n,) multiplicities (1 without `weights`).
-    values : (n, C) value vectors, or None.
-    residual : (n,) largest |u_j.x - s_j| over the directions.
-    rank : dimension of span(directions).
+    weights
+        (n,) multiplicities (1 without `weights`).
+    values
+        (n, C) value vectors, or None.
+    residual
+        (n,) largest ``|u_j.x - s_j|`` over the directions.
+    rank
+        dimension of span(directions).
     """
 
     points: np.ndarray
@@ -81,40 +88,57 @@ def _merge_nodes(s, w, tol):
 def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Optional[float] = None) -> PointSet:
     """Points in R^d from their 1D projections along m directions (inverse Radon of a point set).
 
-    nodes[j] holds the projections s = u_j.x of every point along direction u_j, in any
-    order (the output of an inverse Laplace step per direction). Two methods:
+    Laplace-Radon s.9.1. nodes[j] holds the projections s = u_j.x of every point along
+    direction u_j, in any order (the output of an inverse Laplace step per direction). Two
+    methods:
 
     - ``values`` given (the value vector a key carries is the same in every direction): the
       nodes are matched across directions by their values, then each point is the least
-      squares solution of u_j.x = s_j over all m directions. O(m n log n)-ish; needs the
-      directions to span the space and the value vectors to be distinct.
+      squares solution of u_j.x = s_j over all m directions. Needs the directions to span
+      the space and the value vectors to be distinct.
     - otherwise, candidate intersection: r = rank(directions) base directions generate
       candidates, the others confirm them (meet in the middle on the first confirming
       direction, so the cost is about n^{ceil((r + 1) / 2)}, not n^r); candidates are kept
       greedily by residual while each node has multiplicity left (nodes closer than `tol`
-      are merged first, their multiplicities added). Exact for generic point
-      sets with m >= r + 1 directions; use more confirming directions as n grows or when
-      the nodes are noisy (a false candidate must fit every direction within `tol`).
+      are merged first, their multiplicities added). Exact for generic point sets with
+      m >= r + 1 directions; use more confirming directions as n grows or when the nodes are
+      noisy (a false candidate must fit every direction within `tol`).
+
+    When the directions span only an r-dimensional subspace U, the points are recovered in U
+    (x = P_U k): the components along U^perp are invisible, the limited-angle null of
+    Laplace-Radon s.6.2.
 
     Parameters
     ----------
-    directions : array_like (m, d)
-    nodes : (m, n) array (NaN padding allowed) or a list of m arrays.
-    weights : like nodes, optional: multiplicities (rounded to integers by candidate
-        intersection; kept as given by value matching).
-    values : (m, n, C) array or a list of m (n_j, C) arrays, optional: the value-weighted
-        node weights (N's weights, as fit_exponential_sum returns them); with `weights` they
-        are divided by the multiplicities to give each key's value vector.
-    Padded arrays (nodes NaN beyond each direction's order) are read with the nodes' mask, so
-    the fields of fit_exponential_sum's result can be passed as they are.
-    tol : float, optional: the matching tolerance on projections (default 1e-8 times the
-        largest |s|); set it to a few times the noise level for noisy nodes.
+    directions : array_like, shape (m, d)
+        The directions u_j.
+    nodes : array_like, shape (m, n), or list of m arrays
+        Projections per direction (NaN padding allowed: the fields of
+        :func:`fit_exponential_sum`'s result can be passed as they are).
+    weights : array_like or list, optional
+        Multiplicities, shaped like nodes (rounded to integers by candidate intersection;
+        kept as given by value matching).
+    values : array_like, shape (m, n, C), or list of m (n_j, C) arrays, optional
+        The value-weighted node weights (N's weights); with `weights` they are divided by
+        the multiplicities to give each key's value vector.
+    tol : float, optional
+        The matching tolerance on projections (default 1e-8 times the largest ``|s|``); set
+        it to a few times the noise level for noisy nodes.
 
-    Returns PointSet. When the directions span only an r-dimensional subspace U, the
-    points are recovered in U (x = P_U k): the components along U^perp are invisible,
-    the limited-angle null of Laplace-Radon s.6.2.
+    Returns
+    -------
+    PointSet
+        Points (n, d), multiplicities, values, residuals and the rank of the directions.
 
-    Example: ``ps = ag.reconstruct_points(U, [U[j] @ keys.T for j in range(len(U))])``
+    Examples
+    --------
+    >>> keys = np.array([[1.0, 2.0], [-1.0, 0.5], [0.3, -0.7]])
+    >>> U = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    >>> ps = ag.reconstruct_points(U, [U[j] @ keys.T for j in range(3)])
+    >>> np.round(ps.points[np.argsort(ps.points[:, 0])], 8)
+    array([[-1. ,  0.5],
+           [ 0.3, -0.7],
+           [ 1. ,  2. ]])
     """
     D = operand("directions", directions, "(m, d)", dtype=np.float64)
     m, d = D.shape
@@ -158,7 +182,7 @@ def _solve_points(Dr, rows):
 
 
 def _nearest_gap(nodes, values):
-    """|value - nearest node| for each value (inf when there are no nodes)."""
+    """``|value - nearest node|`` for each value (inf when there are no nodes)."""
     if nodes.size == 0:
         return np.full(values.shape, np.inf)
     sorted_nodes = np.sort(nodes)
@@ -329,15 +353,34 @@ def recover_keys(probe: Callable, directions, tau_grid, *, order: Optional[int] 
 
     Parameters
     ----------
-    probe : callable (u (m, d), tau (T,)) -> (Z (m, T), N (m, T, d_v)); see :func:`head_probe`.
-    directions : array_like (m, d), m >= d spanning R^d (more directions average noise).
-    tau_grid : array_like (T,), uniform; imaginary (tau = i w) is well conditioned and needs
-        step dw < pi / max |u.k| (no aliasing) and T >= 2 n + 2.
-    order, rtol : passed to fit_exponential_sum.
+    probe : callable
+        ``probe(u, tau) -> (Z, N)`` with u (m, d), tau (T,), Z (m, T), N (m, T, d_v); see
+        :func:`head_probe`.
+    directions : array_like, shape (m, d)
+        m >= d directions spanning R^d (more directions average noise).
+    tau_grid : array_like, shape (T,)
+        Uniform; imaginary (tau = i w) is well conditioned and needs step dw < pi / max
+        ``|u.k|`` (no aliasing) and T >= 2 n + 2.
+    order : int, optional
+        Number of keys, passed to :func:`fit_exponential_sum`.
+    rtol : float, optional
+        Order threshold, passed to :func:`fit_exponential_sum`.
 
-    Returns RecoveredHead; keys are in the order of the first direction's nodes.
+    Returns
+    -------
+    RecoveredHead
+        Keys (n, d) in the order of the first direction's nodes, values, multiplicities, the
+        per-direction fits and residuals.
 
-    Example: ``head = ag.recover_keys(ag.head_probe(k, v), U, 1j * 0.5 * np.arange(64))``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> k, v = rng.uniform(-1, 1, (3, 2)), rng.standard_normal((3, 2))
+    >>> U = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    >>> head = ag.recover_keys(ag.head_probe(k, v), U, 1j * 0.5 * np.arange(32))
+    >>> order = np.argsort(head.keys[:, 0])
+    >>> bool(np.allclose(head.keys[order], k[np.argsort(k[:, 0])], atol=1e-8))
+    True
     """
     D = operand("directions", directions, "(m, d)", dtype=np.float64)
     t, _, _ = uniform_grid("tau_grid", tau_grid)

@@ -1,15 +1,15 @@
 """Projection (Gaussian-distance) attention and the local flattening it causes.
 
 Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
-surface": with weights z_ij proportional to exp(-|q_i - k_j|^2 / (2 sigma^2)), normalised
+surface": with weights z_ij proportional to exp(-``|q_i - k_j|^2`` / (2 sigma^2)), normalised
 over j, the output y_i = sum_j z_ij v_j projects each query onto the surface spanned by
 nearby keys (cross-attention y = z k when v = k; self-attention q = k = v).
 
-The paper writes the distance |q - k| where the squared distance |q - k|^2 is meant (its
+The paper writes the distance ``|q - k|`` where the squared distance ``|q - k|^2`` is meant (its
 eq. 3-14): only with the square does the identity with softmax hold. Here the square is
-used. Expanding |q - k|^2 = |q|^2 + |k|^2 - 2 q.k, the |q|^2 term is constant along a row
+used. Expanding ``|q - k|^2`` = ``|q|^2`` + ``|k|^2`` - 2 q.k, the ``|q|^2`` term is constant along a row
 and cancels in the normalisation, so the weights are exactly softmax weights with logits
-q.k / sigma^2 and a per-key bias -|k|^2 / (2 sigma^2). That is how they are computed: by
+q.k / sigma^2 and a per-key bias -``|k|^2`` / (2 sigma^2). That is how they are computed: by
 the flash softmax kernel with that bias, after moving the origin to the keys' mean
 (distances do not change, magnitudes and rounding do), so tiny sigma and far-away clouds
 neither overflow nor lose the nearest key.
@@ -26,25 +26,43 @@ from .spectral import effective_rank, singular_values
 
 
 def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False):
-    """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-|q_i - k_j|^2 / (2 sigma^2)).
+    """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-``|q_i - k_j|^2`` / (2 sigma^2)).
 
-    Sanger eq. (3)-(14) with the squared distance (see the module docstring). For unit-norm
-    q and k and sigma = 1 it equals ``softmax_attention(q, k, v, scale=1)`` exactly.
+    Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
+    surface", eq. (3)-(14) with the squared distance (the paper writes ``|q - k|``; see the
+    module docstring). For unit-norm q and k and sigma = 1 it equals
+    ``softmax_attention(q, k, v, scale=1)`` exactly.
 
     Parameters
     ----------
-    q : (..., n_q, d); k : (..., n_k, d); v : (..., n_k, d_v), default k (the paper's
-        cross-attention form y = z k). Leading axes broadcast.
-    sigma : float > 0, the Gaussian width.
-    causal, mask : as in :func:`attngeom.softmax_attention` (boolean mask: True = attend;
-        additive masks are added to the log-weights).
-    return_weights : also return z (..., n_q, n_k).
+    q : array_like, shape (..., n_q, d)
+        Queries.
+    k : array_like, shape (..., n_k, d)
+        Keys.
+    v : array_like, shape (..., n_k, d_v), optional
+        Values, default k (the paper's form y = z k). Leading axes broadcast.
+    sigma : float, default 1.0
+        The Gaussian width (> 0).
+    causal : {False, True, "top_left", "bottom_right"}, default False
+        As in :func:`attngeom.softmax_attention`.
+    mask : array_like, optional
+        As in :func:`attngeom.softmax_attention` (boolean: True = attend; additive masks are
+        added to the log-weights).
+    return_weights : bool, default False
+        Also return z, shape (..., n_q, n_k).
 
     Returns
     -------
-    y (..., n_q, d_v), and z with return_weights; dtype as in softmax_attention.
+    y : ndarray, shape (..., n_q, d_v)
+        The output (and z with `return_weights`); dtype as in softmax_attention.
 
-    Example: ``y = ag.projection_attention(x, x, sigma=0.5)  # self-attention, q = k = v``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = rng.standard_normal((2, 5, 3))
+    >>> q, k = q / np.linalg.norm(q, axis=1, keepdims=True), k / np.linalg.norm(k, axis=1, keepdims=True)
+    >>> bool(np.allclose(ag.projection_attention(q, k), ag.softmax_attention(q, k, k, scale=1.0)))
+    True
     """
     qc, kc, v, bias, scale = _centered(q, k, v, sigma, mask)
     return softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_weights=return_weights)
@@ -116,10 +134,15 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
 class LocalFlatness:
     """Local dimension of a token cloud before and after a layer (Sanger s.3 "flattening").
 
-    neighbors : (n, n_neighbors) indices of each point's nearest neighbours in x (itself included)
-    before, after : (n,) participation-ratio dimension (sum lambda)^2 / sum lambda^2 of the
+    Attributes
+    ----------
+    neighbors
+        (n, n_neighbors) indices of each point's nearest neighbours in x (itself included)
+    before, after
+        (n,) participation-ratio dimension (sum lambda)^2 / sum lambda^2 of the
         covariance of each neighbourhood in x and of the same points in y
-    mean_before, mean_after : their means
+    mean_before, mean_after
+        their means
     """
 
     neighbors: np.ndarray
@@ -142,18 +165,32 @@ def _local_dims(points: np.ndarray, neighbors: np.ndarray) -> np.ndarray:
 def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
     """Participation-ratio dimension of local neighbourhoods before (x) and after (y) a layer.
 
-    Sanger claims self-attention projects each token onto the surface through its
-    neighbours, "flattening" the cloud. For each token i take its n_neighbors nearest
-    tokens in x (i included); the eigenvalues lambda of the covariance of those tokens give
-    the local dimension (sum lambda)^2 / sum lambda^2; the same tokens after the layer (rows
-    of y) give the dimension after. A flattening layer lowers it.
+    Sanger s.3 claims self-attention projects each token onto the surface through its
+    neighbours, "flattening" the cloud. For each token i take its n_neighbors nearest tokens in
+    x (i included); the eigenvalues lambda of the covariance of those tokens give the local
+    dimension (sum lambda)^2 / sum lambda^2; the same tokens after the layer (rows of y) give
+    the dimension after. A flattening layer lowers it.
 
     Parameters
     ----------
-    x : (n, d) tokens before; y : (n, d') the same tokens after (e.g.
-        ``ag.projection_attention(x, x)``). n_neighbors : 2 <= n_neighbors <= n.
+    x : array_like, shape (n, d)
+        Tokens before the layer.
+    y : array_like, shape (n, d')
+        The same tokens after it (e.g. ``ag.projection_attention(x, x)``).
+    n_neighbors : int, default 10
+        Neighbourhood size, 2 <= n_neighbors <= n.
 
-    Example: ``ag.local_flatness(x, ag.projection_attention(x, x, sigma=0.5)).summary()``
+    Returns
+    -------
+    LocalFlatness
+        Neighbour indices, the local dimensions before and after, and their means.
+
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((60, 3))
+    >>> lf = ag.local_flatness(x, ag.projection_attention(x, x, sigma=0.5))
+    >>> bool(lf.mean_after < lf.mean_before)
+    True
     """
     xa = operand("x", x, "(n, d)", dtype=None)
     ya = operand("y", y, f"(n, d') with n = {xa.shape[0]} (from x)", ndim=2, dtype=None)

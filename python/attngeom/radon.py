@@ -49,16 +49,31 @@ _SHEPP_LOGAN = (
 def shepp_logan_phantom(size: int = 160, *, render: int = 400) -> np.ndarray:
     """The modified Shepp-Logan phantom (Toft's intensities) from its ellipse table.
 
-    The ellipses are point-sampled on a ``render x render`` grid spanning [-1, 1]^2 (at 400
-    this is the standard test image, the one scikit-image ships as a PNG, without its 8-bit
-    rounding); a smaller `size` is obtained as scikit-image's ``rescale`` does it: a Gaussian
-    anti-aliasing filter (sigma = (render / size - 1) / 2 pixels, truncated at 4 sigma)
-    followed by bilinear interpolation at the centre-aligned positions. Values lie in
-    [0, 1]: 0 outside, 1 on the skull, 0.2 brain, 0 ventricles, 0.3-0.4 spots.
+    The test image of the tomography picture of Laplace-Radon s.9 and s.6.2. The ellipses are
+    point-sampled on a ``render x render`` grid spanning [-1, 1]^2 (at 400 this is the
+    standard test image, the one scikit-image ships as a PNG, without its 8-bit rounding); a
+    smaller `size` is obtained as scikit-image's ``rescale`` does it: a Gaussian anti-aliasing
+    filter (sigma = (render / size - 1) / 2 pixels, truncated at 4 sigma) followed by bilinear
+    interpolation at the centre-aligned positions. Values lie in [0, 1]: 0 outside, 1 on the
+    skull, 0.2 brain, 0 ventricles, 0.3-0.4 spots.
 
-    Returns float64 (size, size), zero outside the inscribed circle.
+    Parameters
+    ----------
+    size : int, default 160
+        Side of the returned image in pixels.
+    render : int, default 400
+        Side of the grid the ellipses are sampled on.
 
-    Example: ``img = ag.shepp_logan_phantom(160)``
+    Returns
+    -------
+    ndarray, shape (size, size)
+        float64, zero outside the inscribed circle.
+
+    Examples
+    --------
+    >>> img = ag.shepp_logan_phantom(64)
+    >>> img.shape, float(img.max()) <= 1.0
+    ((64, 64), True)
     """
     size, render = int(size), int(render)
     if size < 2 or render < 2:
@@ -106,8 +121,27 @@ def _theta(theta, n_angles: Optional[int], default_full: bool) -> np.ndarray:
 
 
 def circle_mask(size: int) -> np.ndarray:
-    """Boolean (size, size): pixels within radius size // 2 of the centre (size // 2, size // 2),
-    the reconstruction circle of `radon` / `iradon` with ``circle=True``."""
+    """The reconstruction circle of `radon` / `iradon` with ``circle=True``.
+
+    Laplace-Radon s.9 (the tomography conventions of scikit-image).
+
+    Parameters
+    ----------
+    size : int
+        Image side.
+
+    Returns
+    -------
+    ndarray of bool, shape (size, size)
+        Pixels within radius size // 2 of the centre (size // 2, size // 2).
+
+    Examples
+    --------
+    >>> ag.circle_mask(3).astype(int)
+    array([[0, 1, 0],
+           [1, 1, 1],
+           [0, 1, 0]])
+    """
     r = size // 2
     i = np.arange(size) - r
     return i[:, None] ** 2 + i[None, :] ** 2 <= r * r
@@ -116,21 +150,31 @@ def circle_mask(size: int) -> np.ndarray:
 def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
     """Radon transform (sinogram) of a 2D image, in scikit-image's geometry.
 
+    The image-space counterpart of Laplace-Radon eq. 6 (line integrals along each angle).
+
     Parameters
     ----------
-    image : array_like (M, N)
-    theta : array_like (n_angles,), degrees; default ``np.arange(180)``.
-    circle : bool
+    image : array_like, shape (M, N)
+        The image.
+    theta : array_like, shape (n_angles,), optional
+        Projection angles in degrees; default ``np.arange(180)``.
+    circle : bool, default True
         True: the image is zero outside its inscribed circle (checked: ValueError otherwise);
         a non-square image is cropped to its central square. False: the image is padded to
         its diagonal so every ray through it is kept.
 
     Returns
     -------
-    sinogram : ndarray (detectors, n_angles), float32 for float32 input, else float64;
-    detectors = min(M, N) with circle, ceil(sqrt(2) max(M, N))-ish padding otherwise (as skimage).
+    sinogram : ndarray, shape (detectors, n_angles)
+        float32 for float32 input, else float64; detectors = min(M, N) with circle, the
+        padded diagonal (as scikit-image) otherwise.
 
-    Example: ``sino = ag.radon(img, np.linspace(0, 180, 160, endpoint=False))``
+    Examples
+    --------
+    >>> img = ag.shepp_logan_phantom(64)
+    >>> sino = ag.radon(img, np.linspace(0, 180, 90, endpoint=False))
+    >>> sino.shape
+    (64, 90)
     """
     img = operand("image", image, "(M, N)", ndim=2, contiguous=True)
     th = _theta(theta, None, True)
@@ -151,18 +195,60 @@ def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
 
 
 def radon_adjoint(sinogram, theta=None) -> np.ndarray:
-    """The exact transpose of `radon` (circle=True) for a square image of size `detectors`:
-    ``sum(radon(x) * s) == sum(x * radon_adjoint(s))``. Unfiltered backprojection by bilinear
-    splatting; returns (detectors, detectors)."""
+    """The exact transpose of `radon` (circle=True) for a square image of side `detectors`.
+
+    Unfiltered backprojection by bilinear splatting (Laplace-Radon s.9):
+    ``sum(radon(x) * s) == sum(x * radon_adjoint(s))``.
+
+    Parameters
+    ----------
+    sinogram : array_like, shape (detectors, n_angles)
+        The sinogram.
+    theta : array_like, shape (n_angles,), optional
+        Angles in degrees; default ``np.arange(180)``.
+
+    Returns
+    -------
+    ndarray, shape (detectors, detectors)
+        The backprojected image.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.random((32, 32)) * ag.circle_mask(32)
+    >>> s = rng.random((32, 180))
+    >>> bool(np.isclose(np.sum(ag.radon(x) * s), np.sum(x * ag.radon_adjoint(s))))
+    True
+    """
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     return _core.radon_adjoint(s, np.deg2rad(th))
 
 
 def fourier_filter(size: int, filter: Optional[str] = "ramp") -> np.ndarray:
-    """The FBP frequency response (size,) of scikit-image's iradon: the ramp built from the
-    Fourier transform of its spatial form (Kak-Slaney ch. 3 eq. 61), optionally windowed by
-    the Shepp-Logan, cosine, Hamming or Hann window; None gives no filter."""
+    """The FBP frequency response of scikit-image's iradon.
+
+    The ramp built from the Fourier transform of its spatial form (Kak-Slaney ch. 3 eq. 61),
+    optionally windowed; used by :func:`iradon` (Laplace-Radon s.9, the inverse Radon step).
+
+    Parameters
+    ----------
+    size : int
+        Number of frequencies (the padded detector count).
+    filter : {"ramp", "shepp-logan", "cosine", "hamming", "hann"} or None, default "ramp"
+        Window; None gives no filter (all ones).
+
+    Returns
+    -------
+    ndarray, shape (size,)
+        The frequency response.
+
+    Examples
+    --------
+    >>> f = ag.fourier_filter(8)
+    >>> f.shape, bool(f[0] < f[4])  # the ramp rises from zero frequency
+    ((8,), True)
+    """
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
     n = np.concatenate((np.arange(1, size / 2 + 1, 2, dtype=int), np.arange(size / 2 - 1, 0, -2, dtype=int)))
@@ -195,17 +281,33 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
            circle: bool = True) -> np.ndarray:
     """Filtered backprojection, as ``skimage.transform.iradon`` (linear interpolation).
 
+    The inverse Radon transform of Laplace-Radon s.9.
+
     Parameters
     ----------
-    sinogram : array_like (detectors, n_angles)
-    theta : array_like (n_angles,), degrees; default n_angles angles evenly spaced on [0, 180).
-    output_size : int, optional; default detectors (circle) or floor(detectors / sqrt(2)).
-    filter : "ramp", "shepp-logan", "cosine", "hamming", "hann" or None.
-    circle : bool; True zeroes the reconstruction outside the inscribed circle.
+    sinogram : array_like, shape (detectors, n_angles)
+        The sinogram.
+    theta : array_like, shape (n_angles,), optional
+        Angles in degrees; default n_angles angles evenly spaced on [0, 180).
+    output_size : int, optional
+        Image side; default detectors (circle) or floor(detectors / sqrt(2)).
+    filter : {"ramp", "shepp-logan", "cosine", "hamming", "hann"} or None, default "ramp"
+        Frequency window of :func:`fourier_filter`.
+    circle : bool, default True
+        Zero the reconstruction outside the inscribed circle.
 
-    Returns (output_size, output_size), the sinogram's float dtype.
+    Returns
+    -------
+    ndarray, shape (output_size, output_size)
+        The reconstruction, in the sinogram's float dtype.
 
-    Example: ``rec = ag.iradon(sino, theta, filter="hann")``
+    Examples
+    --------
+    >>> img = ag.shepp_logan_phantom(64)
+    >>> theta = np.linspace(0, 180, 128, endpoint=False)
+    >>> rec = ag.iradon(ag.radon(img, theta), theta)
+    >>> bool(ag.rms_error(rec, img) < 0.1)
+    True
     """
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
@@ -262,24 +364,37 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
     """Simultaneous algebraic reconstruction (SART, Andersen-Kak) on the `radon` projector.
 
     For each angle a in golden-ratio order, with A_a the projector of that angle restricted
-    to the reconstruction circle,
-        x <- x + relaxation * A_a^T ((b_a - A_a x) / A_a 1) / (A_a^T 1);
-    `iterations` sweeps over all angles.
+    to the reconstruction circle, ``x <- x + relaxation * A_a^T ((b_a - A_a x) / A_a 1) / (A_a^T 1)``;
+    `iterations` sweeps over all angles (Laplace-Radon s.9, limited-angle reconstructions).
 
     Parameters
     ----------
-    sinogram : array_like (detectors, n_angles); the image is (detectors, detectors).
-    theta : array_like (n_angles,), degrees; default evenly spaced on [0, 180).
-    iterations : int >= 1.
-    image : array_like (detectors, detectors), optional initial estimate (default zeros).
-    relaxation : float in (0, 2); 1 (plain SART) by default. Smaller values converge more
-        slowly but damp noise (scikit-image's update is scaled differently: its 0.15 is not
-        comparable).
-    clip : (lo, hi), optional; clamps the whole estimate after each angle (as scikit-image).
+    sinogram : array_like, shape (detectors, n_angles)
+        The sinogram; the image is (detectors, detectors).
+    theta : array_like, shape (n_angles,), optional
+        Angles in degrees; default evenly spaced on [0, 180).
+    iterations : int, default 1
+        Sweeps over all angles.
+    image : array_like, shape (detectors, detectors), optional
+        Initial estimate (default zeros).
+    relaxation : float in (0, 2), default 1.0
+        Step size (1 is plain SART). Smaller values converge more slowly but damp noise
+        (scikit-image's update is scaled differently: its 0.15 is not comparable).
+    clip : tuple of float (lo, hi), optional
+        Clamps the whole estimate after each angle (as scikit-image).
 
-    Returns (detectors, detectors), the sinogram's float dtype; zero outside the circle.
+    Returns
+    -------
+    ndarray, shape (detectors, detectors)
+        The reconstruction, in the sinogram's float dtype; zero outside the circle.
 
-    Example: ``rec = ag.iradon_sart(sino, theta, iterations=2)``
+    Examples
+    --------
+    >>> img = ag.shepp_logan_phantom(32)
+    >>> theta = np.linspace(0, 180, 60, endpoint=False)
+    >>> rec = ag.iradon_sart(ag.radon(img, theta), theta, iterations=2)
+    >>> bool(ag.rms_error(rec, img) < 0.1)
+    True
     """
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
@@ -309,8 +424,27 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
 
 
 def rms_error(reconstruction, image) -> float:
-    """Root-mean-square difference over all pixels (the error measure of the tomography
-    tests: sqrt(mean((reconstruction - image)^2)))."""
+    """Root-mean-square difference sqrt(mean((reconstruction - image)^2)) over all pixels.
+
+    The error measure of the tomography tests (Laplace-Radon s.9 reconstructions).
+
+    Parameters
+    ----------
+    reconstruction : array_like
+        Estimate.
+    image : array_like
+        Reference, same shape.
+
+    Returns
+    -------
+    float
+        The RMS error.
+
+    Examples
+    --------
+    >>> ag.rms_error(np.ones((2, 2)), np.zeros((2, 2)))
+    1.0
+    """
     r, i = np.asarray(reconstruction, dtype=np.float64), np.asarray(image, dtype=np.float64)
     if r.shape != i.shape:
         raise ValueError(f"reconstruction {r.shape} and image {i.shape} must have the same shape")
@@ -318,9 +452,29 @@ def rms_error(reconstruction, image) -> float:
 
 
 def limited_angle(theta, wedge: float, *, center: float = 90.0) -> np.ndarray:
-    """Boolean (n_angles,) keeping the angles outside a missing wedge of `wedge` degrees
-    centred at `center` (angles are taken mod 180): the limited-angle acquisition of
-    tomography, the image-space analogue of the tilt null span(U)^perp (Laplace-Radon s.6.2)."""
+    """Mask of the angles outside a missing wedge: limited-angle tomography.
+
+    The image-space analogue of the tilt null span(U)^perp (Laplace-Radon s.6.2).
+
+    Parameters
+    ----------
+    theta : array_like, shape (n_angles,)
+        Angles in degrees (taken mod 180).
+    wedge : float
+        Width of the missing wedge in degrees.
+    center : float, default 90.0
+        Centre of the wedge in degrees.
+
+    Returns
+    -------
+    ndarray of bool, shape (n_angles,)
+        True for the angles that are kept.
+
+    Examples
+    --------
+    >>> ag.limited_angle(np.array([0.0, 45.0, 90.0, 135.0]), 60)
+    array([ True,  True, False,  True])
+    """
     th = np.asarray(theta, dtype=np.float64)
     wedge = scalar("wedge", wedge)
     if not 0 <= wedge < 180:

@@ -79,11 +79,25 @@ def _svd(a: np.ndarray, vectors: bool):
 
 
 def singular_values(x) -> np.ndarray:
-    """Singular values (descending) of x (..., m, n), batched: shape (..., min(m, n)).
+    """Singular values (descending) of x (..., m, n), batched.
 
-    Computed by the core's batched SVD (OpenMP over the batch). float32 stays float32.
+    Computed by the core's batched SVD (OpenMP over the batch); used for every spectrum of
+    Laplace-Radon s.5.3 (B = W_Q W_K^T) and s.12.
 
-    Example: ``ag.singular_values(np.diag([3.0, 1.0]))  # [3, 1]``
+    Parameters
+    ----------
+    x : array_like, shape (..., m, n)
+        Matrices; leading axes are a batch. float32 stays float32, other input is float64.
+
+    Returns
+    -------
+    ndarray, shape (..., min(m, n))
+        The singular values, descending.
+
+    Examples
+    --------
+    >>> ag.singular_values(np.diag([1.0, 3.0]))
+    array([3., 1.])
     """
     a = operand("x", x, "(..., m, n)")
     return _svd(a, vectors=False)[0]
@@ -108,14 +122,25 @@ def factored_svd(A, B) -> SVD:
     Parameters
     ----------
     A : array_like, shape (..., m, r)
-    B : array_like, shape (..., r, p); leading axes broadcast with A's (e.g. all heads).
+        Left factor.
+    B : array_like, shape (..., r, p)
+        Right factor; leading axes broadcast with A's (e.g. all heads).
 
     Returns
     -------
-    SVD(U (..., m, k), S (..., k), Vh (..., k, p)) with k = min(m, r, p); float32 when
-    both inputs are float32, else float64.
+    SVD
+        The named tuple (U, S, Vh): U (..., m, k), S (..., k), Vh (..., k, p) with
+        k = min(m, r, p); float32 when both inputs are float32, else float64.
 
-    Example: ``U, S, Vh = ag.factored_svd(W_Q, W_K.swapaxes(-1, -2))  # spectrum of B``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 16, 4))
+    >>> U, S, Vh = ag.factored_svd(W_Q, W_K.T)  # the spectrum of B = W_Q W_K^T
+    >>> U.shape, S.shape, Vh.shape
+    ((16, 4), (4,), (4, 16))
+    >>> bool(np.allclose((U * S) @ Vh, W_Q @ W_K.T))
+    True
     """
     a = operand("A", A, "(..., m, r)")
     b = operand("B", B, "(..., r, p)")
@@ -141,21 +166,32 @@ def _null_from_svd(s, vh, n, rank) -> Subspace:
 def null_space(M, *, rtol=None):
     """Orthonormal basis of ker(M) = {z : M z = 0} by SVD, batched over leading axes.
 
+    Laplace-Radon s.5-6 (the parameter and tilt nulls are kernels of this kind).
+
     Parameters
     ----------
     M : array_like, shape (..., m, n)
+        Matrices.
     rtol : float, optional
         Singular values <= rtol * sigma_max count as zero; default max(m, n) * eps
         (NumPy's matrix_rank rule). Must be >= 0.
 
     Returns
     -------
-    null : Subspace of R^n (for a single matrix), or an object ndarray of Subspaces with
-        M's batch shape (batches may have different nullities); ``null.basis()`` is the
-        (n, nullity) orthonormal basis, as ``scipy.linalg.null_space`` returns.
-    singular_values : ndarray (..., min(m, n)), descending.
+    null : Subspace or ndarray of Subspace
+        ker(M) in R^n for a single matrix, or an object ndarray of Subspaces with M's batch
+        shape (batches may have different nullities); ``null.basis()`` is the (n, nullity)
+        orthonormal basis, as ``scipy.linalg.null_space`` returns.
+    singular_values : ndarray, shape (..., min(m, n))
+        Descending, so the gap behind the rank decision is visible.
 
-    Example: ``null, s = ag.null_space(W_K.T)  # ker(W_K^T), Laplace-Radon eq. 19``
+    Examples
+    --------
+    >>> null, s = ag.null_space(np.array([[1.0, 1.0, 0.0]]))
+    >>> null.dim, s
+    (2, array([1.4142]))
+    >>> bool(np.allclose(np.array([[1.0, 1.0, 0.0]]) @ null.basis(), 0))
+    True
     """
     a = operand("M", M, "(..., m, n)")
     rtol = rtol_arg(rtol)
@@ -204,21 +240,32 @@ def _int(x):
 def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
     """The hard parameter nulls of a head: ker(W_Q^T), ker(W_K^T), ker(B), ker(B^T).
 
-    B = W_Q W_K^T (d_model x d_model, Laplace-Radon eq. 17) is never formed: its SVD comes
-    from :func:`factored_svd`, so the cost is O(d_model d_k^2) per head. Ranks use the
-    matrix_rank rule with B's dimensions (rtol default d_model * eps) and W_Q's, W_K's own.
+    Laplace-Radon s.5.3-5.4, eq. 17-20. B = W_Q W_K^T (d_model x d_model) is never formed: its
+    SVD comes from :func:`factored_svd`, so the cost is O(d_model d_k^2) per head. Ranks use
+    the matrix_rank rule with B's dimensions (rtol default d_model * eps) and W_Q's, W_K's own.
 
     Parameters
     ----------
-    W_Q, W_K : array_like, shape (d_model, d_k) for one head or (..., d_model, d_k) stacked
-        (e.g. (n_heads, d_model, d_head)); leading axes broadcast.
-    rtol : float, optional, >= 0.
+    W_Q, W_K : array_like, shape (d_model, d_k) or (..., d_model, d_k)
+        One head, or stacked heads (e.g. (n_heads, d_model, d_head)); leading axes broadcast.
+    rtol : float, optional
+        Relative tolerance of every rank decision: singular values <= rtol * sigma_max count
+        as zero. Default max(m, n) * eps for an m x n matrix (NumPy's matrix_rank rule), i.e.
+        d_model * eps for B. Must be >= 0.
 
     Returns
     -------
-    ParameterNulls (Subspaces, or object arrays of them with the heads' batch shape).
+    ParameterNulls
+        The four nulls as Subspaces (object arrays of them for stacked heads), the singular
+        values of B and the ranks of B, W_Q and W_K.
 
-    Example: ``nulls = ag.parameter_nulls(W_Q, W_K); nulls.ker_B.dim  # d_model - rank(B)``
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 16, 4))
+    >>> nulls = ag.parameter_nulls(W_Q, W_K)
+    >>> nulls.rank, nulls.ker_B.dim, nulls.ker_WK_T.dim
+    (4, 12, 12)
     """
     wq = _head_weights("W_Q", W_Q)
     wk = _head_weights("W_K", W_K, wq.shape[-2])
@@ -274,17 +321,24 @@ def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None)
 
     Parameters
     ----------
-    x : array_like
-        A 1-D spectrum (k,), or matrices (..., m, n). Pass ``spectrum=True`` for a batch
-        of spectra (..., k); ``spectrum=False`` to treat a 1-D input as... not allowed
-        (matrices need 2 axes).
-    kind : "entropy" | "energy" | "participation"
+    x : array_like, shape (k,) or (..., m, n)
+        A 1-D spectrum, or matrices. Pass ``spectrum=True`` for a batch of spectra (..., k).
+    kind : {"entropy", "energy", "participation"}, default "entropy"
+        Which effective rank.
+    spectrum : bool, optional
+        Whether x holds singular values; default: only a 1-D x does.
 
     Returns
     -------
-    float for a single spectrum or matrix, else ndarray of the batch shape.
+    float or ndarray
+        A float for a single spectrum or matrix, else an array of the batch shape.
 
-    Example: ``ag.effective_rank(np.ones(5))  # 5.0``
+    Examples
+    --------
+    >>> round(ag.effective_rank(np.ones(5)), 12)
+    5.0
+    >>> round(ag.effective_rank(np.array([1.0, 0.0, 0.0])), 6)
+    1.0
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
@@ -305,11 +359,25 @@ def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None)
 def cumulative_energy(x, *, spectrum: Optional[bool] = None) -> np.ndarray:
     """E_k = sum_{i <= k} sigma_i^2 / sum_i sigma_i^2 for k = 1..K (the notes' E_k).
 
-    The fraction of variance captured by the first k singular directions; input as in
-    :func:`effective_rank` (a 1-D spectrum or matrices). Returns (..., K), ending at 1
-    (all zeros for an all-zero spectrum). Spectra are sorted descending first.
+    The fraction of variance captured by the first k singular directions (notes, "spectral
+    diagnostics"). Spectra are sorted descending first.
 
-    Example: ``ag.cumulative_energy([2.0, 1.0])  # [0.8, 1.0]``
+    Parameters
+    ----------
+    x : array_like, shape (k,) or (..., m, n)
+        A 1-D spectrum or matrices, as in :func:`effective_rank`.
+    spectrum : bool, optional
+        Whether x holds singular values; default: only a 1-D x does.
+
+    Returns
+    -------
+    ndarray, shape (..., K)
+        E_1 .. E_K, ending at 1 (all zeros for an all-zero spectrum).
+
+    Examples
+    --------
+    >>> ag.cumulative_energy([2.0, 1.0])
+    array([0.8, 1. ])
     """
     s = np.sort(_spectrum(x, spectrum).astype(np.float64), axis=-1)[..., ::-1]
     e = np.cumsum(s * s, axis=-1)
@@ -322,17 +390,29 @@ def cumulative_energy(x, *, spectrum: Optional[bool] = None) -> np.ndarray:
 class TiltCoverageResult:
     """Angular coverage of a head on a dataset (Laplace-Radon s.6.2, s.12.1, eq. 20-23, 58).
 
-    count : number of (nonzero) tilts seen
-    eigenvalues : (d_k,) eigenvalues of C_u = E[u u^T] (or Cov(u) if centered), descending
-    effective_dim : (sum lambda)^2 / sum lambda^2, the paper's dim_eff span(U)
-    rank : dim span(U) (rank decision on the singular values of the stacked tilts)
-    null : span(U)^perp in R^d_k, the key-space limited-angle null (eq. 21), a Subspace
-    token_eigenvalues : (min(d_k, d_model),) eigenvalues of E[n n^T], n = W_K u (the rest of
+    Attributes
+    ----------
+    count
+        number of (nonzero) tilts seen
+    eigenvalues
+        (d_k,) eigenvalues of C_u = E[u u^T] (or Cov(u) if centered), descending
+    effective_dim
+        (sum lambda)^2 / sum lambda^2, the paper's dim_eff span(U)
+    rank
+        dim span(U) (rank decision on the singular values of the stacked tilts)
+    null
+        span(U)^perp in R^d_k, the key-space limited-angle null (eq. 21), a Subspace
+    token_eigenvalues
+        (min(d_k, d_model),) eigenvalues of E[n n^T], n = W_K u (the rest of
         the d_model eigenvalues are exactly zero), or None without W_K
-    effective_dim_token : dim_eff span(N) (or None)
-    token_rank : dim span(N) (or None)
-    token_null : span(N)^perp in R^d_model (eq. 23) (or None)
-    centered : whether eigenvalues are of Cov(u) = E[u u^T] - E[u] E[u]^T
+    effective_dim_token
+        dim_eff span(N) (or None)
+    token_rank
+        dim span(N) (or None)
+    token_null
+        span(N)^perp in R^d_model (eq. 23) (or None)
+    centered
+        whether eigenvalues are of Cov(u) = E[u u^T] - E[u] E[u]^T
     """
 
     count: int
@@ -352,7 +432,7 @@ def _participation(lam: np.ndarray) -> float:
 
 
 class TiltCoverage:
-    """Streaming accumulator of tilts u = q / |q| for :func:`tilt_coverage`.
+    """Streaming accumulator of tilts u = q / ``|q|`` for :func:`tilt_coverage`.
 
     Holds the triangular factor R of the stacked tilts (U = Q R, so U^T U = R^T R exactly
     up to rounding), their count and their sum: O(d_k^2) memory whatever the number of
@@ -420,10 +500,20 @@ class TiltCoverage:
     def result(self, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
         """Spectra, effective dimensions and limited-angle nulls of the tilts seen so far.
 
-        W_K : (d_model, d_k), optional: adds the token-space normals n = W_K u (eq. 22).
-        rtol : rank threshold on singular values of the stacked tilts, relative to the
+        Parameters
+        ----------
+        W_K : array_like, shape (d_model, d_k), optional
+            Adds the token-space normals n = W_K u (eq. 22).
+        rtol : float, optional
+            Rank threshold on singular values of the stacked tilts, relative to the
             largest; default max(count, d) * eps, eps of float32 when every input was float32.
-        centered : eigenvalues of Cov(u) instead of E[u u^T] (the null is span(U)^perp either way).
+        centered : bool, default False
+            Eigenvalues of Cov(u) instead of E[u u^T] (the null is span(U)^perp either way).
+
+        Returns
+        -------
+        TiltCoverageResult
+            As :func:`tilt_coverage` returns.
         """
         if self.count == 0:
             raise ValueError("no tilts: update() the accumulator with nonzero vectors first")
@@ -492,16 +582,39 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
     Laplace-Radon s.6.2 and s.12.1: the eigenvalues of C_u = E[u u^T] (eq. 58), the
     effective angular dimension dim_eff span(U) (participation ratio of the eigenvalues),
     and the key-space limited-angle null span(U)^perp (eq. 21); with W_K (d_model, d_k) the
-    same for the token-space normals n = W_K u (eq. 22-23). Rows of u need not be unit
-    vectors: they are normalised (so queries q can be passed directly) and zero rows are
-    skipped. For data that does not fit in memory use :class:`TiltCoverage`.
+    same for the token-space normals n = W_K u (eq. 22-23). For data that does not fit in
+    memory use :class:`TiltCoverage`.
 
-    batch_ndim : the first ``batch_ndim`` axes of u index heads (the rest are samples): the
-        result is an object array of that batch shape, one TiltCoverageResult per head, and
-        W_K may be stacked (..., d_model, d_k) over the same heads. Every factorization is
-        batched over the heads.
+    Parameters
+    ----------
+    u : array_like, shape (..., d_k)
+        Tilts, or queries: rows are normalised first and zero rows are skipped.
+    W_K : array_like, shape (d_model, d_k), optional
+        The head's key weights, for the token-space coverage.
+    rtol : float, optional
+        Relative tolerance of the rank decisions, as in :func:`null_space`.
+    centered : bool, default False
+        Use Cov(u) = E[u u^T] - E[u] E[u]^T instead of E[u u^T].
+    batch_ndim : int, default 0
+        The first ``batch_ndim`` axes of u index heads, the rest are samples: one result
+        per head, with every factorization batched over the heads. W_K may then be
+        stacked, shape (..., d_model, d_k), broadcasting over the same heads.
 
-    Example: ``cov = ag.tilt_coverage(q, W_K=W_K); cov.effective_dim, cov.null.dim``
+    Returns
+    -------
+    TiltCoverageResult or ndarray of TiltCoverageResult
+        Count, eigenvalues, effective dimension, rank and null of the tilts (and of the
+        normals with W_K); with ``batch_ndim > 0`` an object array of the heads' shape.
+
+    Examples
+    --------
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    >>> cov = ag.tilt_coverage(u)
+    >>> cov.rank, cov.null.dim, round(cov.effective_dim, 6)
+    (2, 1, 2.0)
+    >>> heads = ag.tilt_coverage(np.stack([u, u[::-1]]), batch_ndim=1)
+    >>> heads.shape, heads[1].rank
+    ((2,), 2)
     """
     a = operand("u", u, "(..., d_k)", dtype=None, finite=False)
     if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)) or \
@@ -540,12 +653,19 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
 class RoutingNulls:
     """Routing (forward-pass) nulls of attention matrices P (Laplace-Radon s.6.3, eq. 24-25).
 
-    rank : rank(P) (int or int array of the batch shape)
-    nullity : dim ker(P) = n_k - rank
-    null : ker(P) in R^n_k (value perturbations P dV = 0 cannot reach the output), Subspace
+    Attributes
+    ----------
+    rank
+        rank(P) (int or int array of the batch shape)
+    nullity
+        dim ker(P) = n_k - rank
+    null
+        ker(P) in R^n_k (value perturbations P dV = 0 cannot reach the output), Subspace
         or object array of Subspaces
-    singular_values : (..., min(n_q, n_k)) descending
-    effective_rank : entropy effective rank of P (rank_eff(P) of s.13.7)
+    singular_values
+        (..., min(n_q, n_k)) descending
+    effective_rank
+        entropy effective rank of P (rank_eff(P) of s.13.7)
     """
 
     rank: Union[int, np.ndarray]
@@ -557,13 +677,29 @@ class RoutingNulls:
 
 @renamed_arguments(P="routing")
 def routing_nulls(routing, *, rtol=None) -> RoutingNulls:
-    """Rank, nullity, null space and spectrum of attention (routing) matrices P (..., n_q, n_k).
+    """Rank, nullity, null space and spectrum of attention (routing) matrices P.
 
-    dim ker(P) = n_k - rank(P) (app. B.3): near one-hot routing lowers the rank and widens
-    the set of value perturbations the head cannot see. rtol as in :func:`null_space`.
-    The old keyword ``P`` is deprecated (use ``routing``).
+    Laplace-Radon app. B.3: dim ker(P) = n_k - rank(P). Near one-hot routing lowers the rank
+    and widens the set of value perturbations the head cannot see. The old keyword ``P`` is
+    deprecated (use ``routing``).
 
-    Example: ``r = ag.routing_nulls(P); r.nullity``
+    Parameters
+    ----------
+    routing : array_like, shape (..., n_q, n_k)
+        Attention matrices (rows sum to 1 for softmax routing; any matrix is accepted).
+    rtol : float, optional
+        Relative tolerance of the rank decision, as in :func:`null_space`.
+
+    Returns
+    -------
+    RoutingNulls
+        Rank, nullity, ker(P) as Subspace(s), singular values and entropy effective rank.
+
+    Examples
+    --------
+    >>> r = ag.routing_nulls(np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    >>> r.rank, r.nullity
+    (1, 2)
     """
     P = operand("routing", routing, "(..., n_q, n_k)")
     null, s = null_space(P, rtol=rtol)
@@ -580,11 +716,28 @@ def routing_nulls(routing, *, rtol=None) -> RoutingNulls:
 def gauge_transform(W_Q, W_K, A):
     """The gauge map (W_Q, W_K) -> (W_Q A, W_K A^{-T}) that leaves B = W_Q W_K^T unchanged.
 
-    Laplace-Radon s.9.4 / s.13.3: only B is identifiable from logits. A (..., d_k, d_k)
-    must be invertible (ValueError otherwise); W_K A^{-T} is computed by a solve, not an
-    inverse. Shapes as in :func:`parameter_nulls`; leading axes broadcast.
+    Laplace-Radon s.9.4 / s.13.3: only B is identifiable from logits. W_K A^{-T} is computed by
+    a solve, not an inverse.
 
-    Example: ``wq2, wk2 = ag.gauge_transform(W_Q, W_K, A)``
+    Parameters
+    ----------
+    W_Q, W_K : array_like, shape (..., d_model, d_k)
+        Query and key weights; leading axes broadcast.
+    A : array_like, shape (..., d_k, d_k)
+        Invertible gauge matrix (ValueError otherwise).
+
+    Returns
+    -------
+    W_Q2, W_K2 : ndarray, shape (..., d_model, d_k)
+        The transformed weights.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 8, 3))
+    >>> wq, wk = ag.gauge_transform(W_Q, W_K, np.diag([1.0, 2.0, 4.0]))
+    >>> bool(np.allclose(wq @ wk.T, W_Q @ W_K.T))
+    True
     """
     wq = _head_weights("W_Q", W_Q)
     wk = _head_weights("W_K", W_K, wq.shape[-2])
@@ -615,13 +768,37 @@ class GaugeErrors(NamedTuple):
 def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErrors:
     """How much B, the logits and the attention outputs change under the gauge by A.
 
-    For one head (W_Q, W_K (d_model, d_k), A (d_k, d_k)) and tokens x (..., n, d_model):
-    B = W_Q W_K^T is compared in Frobenius norm without forming it (the SVD of the
-    difference [W_Q, -W_Q A] [W_K, W_K A^{-T}]^T via :func:`factored_svd`), logits
-    scale (x W_Q)(x W_K)^T and outputs softmax attention with values x W_V (x itself when
-    W_V is None). Laplace-Radon s.9.4, s.13.3, Table 1 (gauge errors ~1e-15).
+    Laplace-Radon s.9.4, s.13.3, Table 1 (gauge errors about 1e-15). B = W_Q W_K^T is compared
+    in Frobenius norm without forming it (the SVD of the difference
+    [W_Q, -W_Q A] [W_K, W_K A^{-T}]^T via :func:`factored_svd`), logits
+    scale (x W_Q)(x W_K)^T and outputs softmax attention with values x W_V.
 
-    Example: ``ag.gauge_invariance_error(W_Q, W_K, A, x).bilinear``
+    Parameters
+    ----------
+    W_Q, W_K : array_like, shape (d_model, d_k)
+        One head's query and key weights.
+    A : array_like, shape (d_k, d_k)
+        Invertible gauge matrix.
+    x : array_like, shape (..., n, d_model)
+        Tokens.
+    W_V : array_like, shape (d_model, d_v), optional
+        Value weights; default: the values are x itself.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d_k).
+
+    Returns
+    -------
+    GaugeErrors
+        Relative errors (bilinear, logits, outputs).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> W_Q, W_K = rng.standard_normal((2, 8, 3))
+    >>> x, A = rng.standard_normal((5, 8)), rng.standard_normal((3, 3))
+    >>> err = ag.gauge_invariance_error(W_Q, W_K, A, x)
+    >>> max(err) < 1e-12
+    True
     """
     from .attention import softmax_attention
 

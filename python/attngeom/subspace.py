@@ -164,12 +164,12 @@ class Subspace:
         return x - along if self._is_complement else along
 
     def residual(self, x) -> np.ndarray:
-        """|x - project(x)| for each row of x: the distance to the subspace, shape (...)."""
+        """``|x - project(x)|`` for each row of x: the distance to the subspace, shape (...)."""
         x = self._vectors(x)
         return np.linalg.norm(x - self.project(x), axis=-1)
 
     def contains(self, x, *, atol: float = 0.0, rtol: Optional[float] = None) -> np.ndarray:
-        """Whether each row of x lies in the subspace: |x - P x| <= atol + rtol |x|.
+        """Whether each row of x lies in the subspace: ``|x - P x|`` <= atol + rtol ``|x|``.
 
         rtol defaults to 100 * ambient_dim * eps of the stored basis's dtype (the rounding
         of one projection). Returns a bool array of shape x.shape[:-1].

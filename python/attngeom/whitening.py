@@ -52,19 +52,34 @@ def _filter(x, L, M):
 def whiten(x, L, M) -> np.ndarray:
     """The whitening recursion w_0 = L^{-1} x_0, w_i = L^{-1}(x_i - M w_{i-1}) (eq. 9).
 
+    Whitened self-attention s.4, eq. 9. Computed by the core: one GEMM across a chunk of
+    sequences per step, OpenMP over chunks. Equals the block-bidiagonal solve
+    W = L_full^{-1} X. A singular L raises a ValueError that names its condition number.
+
     Parameters
     ----------
-    x : (..., T, D) sequences (rows are the vectors x_i); leading axes are independent sequences.
-    L : (D, D) invertible (a lower-triangular Cholesky factor uses triangular solves;
-        any other L one LU factorization); M : (D, D). Or both (T, D, D): one pair per step,
-        the time-varying factor of :func:`block_cholesky_factors` (exact whitening of the
-        block-tridiagonal model from the first position on; M_0 is unused).
+    x : array_like, shape (..., T, D)
+        Sequences (rows are the vectors x_i); leading axes are independent sequences.
+    L : array_like, shape (D, D) or (T, D, D)
+        Invertible diagonal block (a lower-triangular Cholesky factor uses triangular solves,
+        any other L one LU factorization). With shape (T, D, D): one block per step, the
+        time-varying factor of :func:`block_cholesky_factors` (exact whitening of the
+        block-tridiagonal model from the first position on).
+    M : array_like, shape (D, D) or (T, D, D)
+        Subdiagonal block, shaped like L (M_0 is unused).
 
-    Returns w with x's shape and dtype (float32 stays float32). Computed by the core: one GEMM
-    across a chunk of sequences per step, OpenMP over chunks. Equals the block-bidiagonal
-    solve W = L_full^{-1} X. ValueError names L's condition number when it is singular.
+    Returns
+    -------
+    w : ndarray, shape (..., T, D)
+        The whitened sequences, in x's dtype (float32 stays float32).
 
-    Example: ``w = ag.whiten(x, *ag.steady_state_factor(*ag.block_covariances(x))[:2])``
+    Examples
+    --------
+    >>> x = ag.vector_ma1(0.5 * np.eye(2), B=400, T=6, seed=0)
+    >>> L, M, *_ = ag.steady_state_factor(*ag.block_covariances(x))
+    >>> w = ag.whiten(x, L, M)
+    >>> w.shape, bool(ag.whiteness(w) < 0.6 * ag.whiteness(x))
+    ((400, 6, 2), True)
     """
     shape, flat, L, M, lower, varying = _filter(x, L, M)
     return _core.whiten(flat, L, M, lower, 0, varying).reshape(shape)
@@ -137,14 +152,35 @@ def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
 def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
     """:func:`whiten` by a blocked parallel scan over the affine maps w_i = A w_{i-1} + b_i.
 
-    A = -L^{-1} M, b_i = L^{-1} x_i. Three phases: each time block of length ``block`` run
-    from zero (parallel over blocks), the block carries chained with A^block (repeated
-    squaring), each block re-run from its carry (parallel). It does about twice the work of
-    the sequential recursion, so it pays only when the sequential form cannot use the
-    cores (few sequences, long T); the benchmark measures where. Agrees with whiten to
-    rounding while A is stable (spectral radius < 1), as it is for a whitening filter.
+    Whitened self-attention eq. 9 with A = -L^{-1} M, b_i = L^{-1} x_i. Three phases: each time
+    block of length ``block`` run from zero (parallel over blocks), the block carries chained
+    with A^block (repeated squaring), each block re-run from its carry (parallel). It does
+    about twice the work of the sequential recursion, so it pays only when the sequential
+    form cannot use the cores (few sequences, long T). Agrees with whiten to rounding while A
+    is stable (spectral radius < 1), as it is for a whitening filter.
 
-    Example: ``w = ag.whiten_scan(x, L, M, block=128)``
+    Parameters
+    ----------
+    x : array_like, shape (..., T, D)
+        Sequences.
+    L : array_like, shape (D, D)
+        Invertible diagonal block.
+    M : array_like, shape (D, D)
+        Subdiagonal block.
+    block : int, default 64
+        Length of a time block.
+
+    Returns
+    -------
+    w : ndarray, shape (..., T, D)
+        As :func:`whiten`.
+
+    Examples
+    --------
+    >>> x = ag.vector_ma1(0.5 * np.eye(2), B=8, T=20, seed=0)
+    >>> L, M = np.eye(2), 0.5 * np.eye(2)
+    >>> bool(np.allclose(ag.whiten_scan(x, L, M, block=4), ag.whiten(x, L, M)))
+    True
     """
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
         raise ValueError(f"block must be an integer >= 1, got {block!r}")
@@ -158,9 +194,28 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
 def block_covariances(x):
     """Stationary lag-0 and lag-1 block covariances of x (B, T, D) (s.4, eq. 5-6).
 
-    Lambda_0 = mean of (x_t - mu)(x_t - mu)^T over sequences and positions, and
-    Lambda_1 = mean of (x_t - mu)(x_{t-1} - mu)^T over t >= 1 (the subdiagonal block
-    Cov(x_i, x_{i-1})); mu is the mean over sequences and positions. Returns (Lambda_0, Lambda_1).
+    Whitened self-attention: Lambda_0 = mean of (x_t - mu)(x_t - mu)^T over sequences and
+    positions, and Lambda_1 = mean of (x_t - mu)(x_{t-1} - mu)^T over t >= 1 (the subdiagonal
+    block Cov(x_i, x_{i-1})); mu is the mean over sequences and positions.
+
+    Parameters
+    ----------
+    x : array_like, shape (B, T, D)
+        B sequences of T vectors.
+
+    Returns
+    -------
+    Lambda0 : ndarray, shape (D, D)
+        Lag-0 block.
+    Lambda1 : ndarray, shape (D, D)
+        Lag-1 block.
+
+    Examples
+    --------
+    >>> x = ag.vector_ma1(0.5 * np.eye(2), B=400, T=6, seed=0)
+    >>> Lambda0, Lambda1 = ag.block_covariances(x)  # about 1.25 I and 0.5 I
+    >>> np.round(np.diag(Lambda1), 1)
+    array([0.5, 0.5])
     """
     a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -223,11 +278,35 @@ def _cholesky_blocks(Lambda0, Lambda1):
 
 
 def block_cholesky_factors(Lambda0, Lambda1, T: int):
-    """The first T blocks (L_i, M_i) of the block Cholesky factor of the block-tridiagonal
-    block-Toeplitz covariance (eq. 6-7): L_0 = chol(Lambda_0), M_i = Lambda_1 L_{i-1}^{-T},
-    L_i = chol(Lambda_0 - M_i M_i^T). Returns (L (T, D, D), M (T, D, D)) with M_0 = 0; passed to
-    :func:`whiten` they whiten the model exactly from the first position on.
-    ValueError if the model is not positive definite (see :func:`steady_state_factor`)."""
+    """The first T blocks (L_i, M_i) of the block Cholesky factor of the covariance model.
+
+    Whitened self-attention eq. 6-7, for the block-tridiagonal block-Toeplitz covariance:
+    L_0 = chol(Lambda_0), M_i = Lambda_1 L_{i-1}^{-T}, L_i = chol(Lambda_0 - M_i M_i^T).
+    Passed to :func:`whiten` they whiten the model exactly from the first position on.
+    ValueError if the model is not positive definite (see :func:`steady_state_factor`).
+
+    Parameters
+    ----------
+    Lambda0 : array_like, shape (D, D)
+        Diagonal block (symmetric positive definite).
+    Lambda1 : array_like, shape (D, D)
+        Subdiagonal block.
+    T : int
+        Number of blocks.
+
+    Returns
+    -------
+    L : ndarray, shape (T, D, D)
+        Lower-triangular diagonal blocks.
+    M : ndarray, shape (T, D, D)
+        Subdiagonal blocks, M_0 = 0.
+
+    Examples
+    --------
+    >>> L, M = ag.block_cholesky_factors(1.25 * np.eye(2), 0.5 * np.eye(2), T=4)
+    >>> L.shape, round(float(L[0, 0, 0]) ** 2, 12)
+    ((4, 2, 2), 1.25)
+    """
     if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < 1:
         raise ValueError(f"T must be an integer >= 1, got {T!r}")
     gen = _cholesky_blocks(Lambda0, Lambda1)
@@ -236,18 +315,38 @@ def block_cholesky_factors(Lambda0, Lambda1, T: int):
 
 
 def steady_state_factor(Lambda0, Lambda1, *, tol: float = 1e-12, max_iter: int = 10000) -> SteadyState:
-    """Steady state (L, M) of the block Cholesky factor of the block-tridiagonal block-Toeplitz
-    covariance with blocks Lambda_0 (diagonal) and Lambda_1 (subdiagonal) (s.4, eq. 7-9).
+    """Steady state (L, M) of the block Cholesky factor of the covariance model.
 
-    Iterates L_0 = chol(Lambda_0), M_i = Lambda_1 L_{i-1}^{-T}, L_i = chol(Lambda_0 - M_i M_i^T)
-    until |L_i - L_{i-1}|_F <= tol |L_i|_F (the report gives the iterations and last change).
-    A lag-1-truncated model of a strongly correlated process (e.g. a vector AR(1)) need not
-    be positive definite: the Schur complement Lambda_0 - M_i M_i^T then loses definiteness
-    and a ValueError says so. Using (L, M) from the first position (eq. 9) leaves a transient
-    over the first blocks, where L_i has not converged; :func:`block_cholesky_factors` gives
-    the exact time-varying blocks.
+    Whitened self-attention s.4, eq. 7-9, for the block-tridiagonal block-Toeplitz covariance
+    with blocks Lambda_0 (diagonal) and Lambda_1 (subdiagonal). Iterates L_0 = chol(Lambda_0),
+    M_i = Lambda_1 L_{i-1}^{-T}, L_i = chol(Lambda_0 - M_i M_i^T) until
+    ``|L_i - L_{i-1}|_F <= tol |L_i|_F``. A lag-1-truncated model of a strongly correlated
+    process (e.g. a vector AR(1)) need not be positive definite: the Schur complement
+    Lambda_0 - M_i M_i^T then loses definiteness and a ValueError says so. Using (L, M) from
+    the first position (eq. 9) leaves a transient over the first blocks, where L_i has not
+    converged; :func:`block_cholesky_factors` gives the exact time-varying blocks.
 
-    Example: ``L, M, *_ = ag.steady_state_factor(*ag.block_covariances(x))``
+    Parameters
+    ----------
+    Lambda0 : array_like, shape (D, D)
+        Diagonal block.
+    Lambda1 : array_like, shape (D, D)
+        Subdiagonal block.
+    tol : float, default 1e-12
+        Relative change of L that stops the iteration.
+    max_iter : int, default 10000
+        Iteration limit.
+
+    Returns
+    -------
+    SteadyState
+        (L, M, iterations, change, converged).
+
+    Examples
+    --------
+    >>> st = ag.steady_state_factor(1.25 * np.eye(2), 0.5 * np.eye(2))
+    >>> st.converged, np.round(np.diag(st.L), 6)  # the MA(1) innovation factor: L = I
+    (True, array([1., 1.]))
     """
     tol = scalar("tol", tol, positive=True)
     gen = _cholesky_blocks(Lambda0, Lambda1)
@@ -264,7 +363,29 @@ def steady_state_factor(Lambda0, Lambda1, *, tol: float = 1e-12, max_iter: int =
 
 
 def block_diagonal_factor(Lambda0):
-    """The block-diagonal model (Lambda_k = 0 for k > 0): L = chol(Lambda_0), M = 0 (s.4)."""
+    """The block-diagonal model (Lambda_k = 0 for k > 0): L = chol(Lambda_0), M = 0.
+
+    Whitened self-attention s.4, the simplest covariance model.
+
+    Parameters
+    ----------
+    Lambda0 : array_like, shape (D, D)
+        Diagonal block (symmetric positive definite).
+
+    Returns
+    -------
+    L : ndarray, shape (D, D)
+        chol(Lambda_0), lower triangular.
+    M : ndarray, shape (D, D)
+        Zeros.
+
+    Examples
+    --------
+    >>> L, M = ag.block_diagonal_factor(4.0 * np.eye(2))
+    >>> L
+    array([[2., 0.],
+           [0., 2.]])
+    """
     lam0 = _covariance_block("Lambda0", Lambda0)
     try:
         return np.linalg.cholesky(lam0), np.zeros_like(lam0)
@@ -275,9 +396,27 @@ def block_diagonal_factor(Lambda0):
 def full_whitening(x) -> np.ndarray:
     """The exact whitening W = Lambda_X^{-1/2} (X - mu) for small T * D (eq. 3, 10), the reference.
 
-    Lambda_X is the sample covariance over the batch of the stacked sequences (TD vectors,
-    normalised by B - 1); its symmetric inverse square root is applied to every centred
-    sequence, so the output's sample covariance is exactly the identity. Needs B > T D.
+    Whitened self-attention eq. 3. Lambda_X is the sample covariance over the batch of the
+    stacked sequences (TD vectors, normalised by B - 1); its symmetric inverse square root is
+    applied to every centred sequence, so the output's sample covariance is exactly the
+    identity. Needs B > T D.
+
+    Parameters
+    ----------
+    x : array_like, shape (B, T, D)
+        B sequences of T vectors.
+
+    Returns
+    -------
+    ndarray, shape (B, T, D)
+        The whitened sequences.
+
+    Examples
+    --------
+    >>> x = ag.vector_ma1(0.5 * np.eye(2), B=100, T=3, seed=0)
+    >>> w = ag.full_whitening(x).reshape(100, -1)
+    >>> bool(np.allclose(np.cov(w, rowvar=False), np.eye(6)))
+    True
     """
     a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -298,12 +437,35 @@ def full_whitening(x) -> np.ndarray:
 def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_weights=False):
     """Whitened self-attention (eq. 4): WSA(x)_i = sum_j softmax_j(w_i^T Q^T K w_j scale) w_j.
 
-    x (..., T, D) is whitened by :func:`whiten` with (L, M); queries w W_Q and keys w W_K
-    (W_Q, W_K (D, d_k)); the whitened vectors themselves are the values (no V matrix: in the
-    block-diagonal model L^{-1} plays its role). scale defaults to 1 / sqrt(d_k); causal by
-    default (GPT).
+    Whitened self-attention s.3, eq. 4: x is whitened by :func:`whiten` with (L, M), queries are
+    w W_Q and keys w W_K; the whitened vectors themselves are the values (no V matrix: in the
+    block-diagonal model L^{-1} plays its role).
 
-    Example: ``y = ag.whitened_attention(x, W_Q, W_K, L, M)``
+    Parameters
+    ----------
+    x : array_like, shape (..., T, D)
+        Sequences.
+    W_Q, W_K : array_like, shape (D, d_k)
+        Query and key weights.
+    L, M : array_like, shape (D, D) or (T, D, D)
+        Whitening factors, as in :func:`whiten`.
+    causal : bool, default True
+        Causal attention (GPT).
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d_k).
+    return_weights : bool, default False
+        Also return the attention matrix, shape (..., T, T).
+
+    Returns
+    -------
+    y : ndarray, shape (..., T, D)
+        The output, or (y, P) with `return_weights`.
+
+    Examples
+    --------
+    >>> x = ag.vector_ma1(0.5 * np.eye(2), B=4, T=6, seed=0)
+    >>> ag.whitened_attention(x, np.eye(2), np.eye(2), np.eye(2), 0.5 * np.eye(2)).shape
+    (4, 6, 2)
     """
     w = whiten(x, L, M)
     D = w.shape[-1]
@@ -327,15 +489,29 @@ def _batch_covariance(x):
 
 
 def whiteness(x) -> float:
-    """The paper's whiteness Psi (eq. 10-12): with Lambda the sample covariance over the batch
-    of the stacked sequences (TD x TD, normalised by B - 1),
+    """The paper's whiteness Psi (eq. 10-12) of a batch of sequences.
 
-        Psi = sum_{i != j} |Lambda_ij| / ((TD - 1) sum_i |Lambda_ii|),
+    Whitened self-attention s.6: with Lambda the sample covariance over the batch of the
+    stacked sequences (TD x TD, normalised by B - 1),
+    ``Psi = sum_{i != j} |Lambda_ij| / ((TD - 1) sum_i |Lambda_ii|)``, the mean off-diagonal
+    magnitude over the mean diagonal magnitude: 0 for white sequences. Sampling noise keeps it
+    above 0 for finite B (about sqrt(2 / (pi B)) for white noise).
 
-    the mean off-diagonal magnitude over the mean diagonal magnitude: 0 for white sequences.
-    Sampling noise keeps it above 0 for finite B (about sqrt(2 / (pi B)) for white noise).
+    Parameters
+    ----------
+    x : array_like, shape (B, T, D)
+        B sequences of T vectors.
 
-    Example: ``ag.whiteness(w) / ag.whiteness(x)  # the paper's relative whiteness``
+    Returns
+    -------
+    float
+        Psi.
+
+    Examples
+    --------
+    >>> white = np.random.default_rng(0).standard_normal((2000, 3, 2))
+    >>> bool(ag.whiteness(white) < 0.03)
+    True
     """
     a = _batch_covariance(x)
     B, T, D = a.shape
@@ -349,12 +525,30 @@ def whiteness(x) -> float:
 
 
 def stationarity(x) -> float:
-    """First-order stationarity rho (eq. 13-14): the lag-1 cross-covariances
+    """First-order stationarity rho (eq. 13-14) of a batch of sequences.
+
+    Whitened self-attention s.6: the lag-1 cross-covariances
     Lambda_{t,t+1} = sum_b (x_bt - mu_t)(x_b,t+1 - mu_t+1)^T / (B - 1) and their mean over t,
+    ``rho = sum_t |Lambda_{t,t+1} - mean|_F``: 0 for a stationary process (up to sampling
+    noise), larger when the lag-1 structure drifts.
 
-        rho = sum_t |Lambda_{t,t+1} - mean|_F;
+    Parameters
+    ----------
+    x : array_like, shape (B, T, D)
+        B sequences of T vectors.
 
-    0 for a stationary process (up to sampling noise), larger when the lag-1 structure drifts.
+    Returns
+    -------
+    float
+        rho.
+
+    Examples
+    --------
+    >>> Theta = np.stack([t * np.eye(2) for t in np.linspace(0, 1, 8)])  # drifting MA(1)
+    >>> drifting = ag.vector_ma1(Theta, B=2000, T=8, seed=0)
+    >>> fixed = ag.vector_ma1(0.5 * np.eye(2), B=2000, T=8, seed=0)
+    >>> bool(ag.stationarity(drifting) > 3 * ag.stationarity(fixed))
+    True
     """
     a = _batch_covariance(x)
     B, T, D = a.shape
@@ -367,10 +561,31 @@ def stationarity(x) -> float:
 
 # -- synthetic processes -------------------------------------------------------------------
 def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
-    """x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I): (B, T, D).
+    """Vector MA(1) sequences x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I).
 
-    Theta (D, D), or (T, D, D) for a time-varying (non-stationary) process. With a fixed Theta
-    the covariance is exactly block-tridiagonal: Lambda_0 = I + Theta Theta^T, Lambda_1 = Theta.
+    The covariance model of Whitened self-attention s.4: with a fixed Theta the covariance is
+    exactly block-tridiagonal, Lambda_0 = I + Theta Theta^T, Lambda_1 = Theta.
+
+    Parameters
+    ----------
+    Theta : array_like, shape (D, D) or (T, D, D)
+        Fixed, or one matrix per step (a non-stationary process).
+    B : int
+        Number of sequences.
+    T : int
+        Sequence length.
+    seed : int, default 0
+        Seed of the NumPy generator.
+
+    Returns
+    -------
+    ndarray, shape (B, T, D)
+        The sequences.
+
+    Examples
+    --------
+    >>> ag.vector_ma1(0.5 * np.eye(3), B=4, T=5).shape
+    (4, 5, 3)
     """
     th = operand("Theta", Theta, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
     D = th.shape[-1]
@@ -382,14 +597,35 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
 
 
 def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray:
-    """x_i = Phi_i x_{i-1} + e_i (started in steady state by a burn-in): (B, T, D).
+    """Vector AR(1) sequences x_i = Phi_i x_{i-1} + e_i, started in steady state by a burn-in.
 
-    Phi (D, D) with spectral radius < 1, or (T, D, D) time-varying (the burn-in uses Phi_0).
-    Not block-tridiagonal: its covariance decays geometrically with the lag. Computed by the
-    whitening recursion with L = I, M = -Phi run on the noise (:func:`whiten`), so the core
-    does the time loop.
+    Not block-tridiagonal (its covariance decays geometrically with the lag): a test of the
+    truncated covariance model of Whitened self-attention s.4. The time loop runs in the core:
+    it is the whitening recursion of :func:`whiten` with L = I, M = -Phi applied to the
+    noise (a time-varying Phi uses Phi_0 for the burn-in).
 
-    Example: ``x = ag.vector_ar1(0.5 * np.eye(4), 8, 256, seed=1)``
+    Parameters
+    ----------
+    Phi : array_like, shape (D, D) or (T, D, D)
+        Transition with spectral radius < 1, fixed or one per step.
+    B : int
+        Number of sequences.
+    T : int
+        Sequence length.
+    seed : int, default 0
+        Seed of the NumPy generator.
+    burn_in : int, default 200
+        Steps discarded before the first returned vector.
+
+    Returns
+    -------
+    ndarray, shape (B, T, D)
+        The sequences.
+
+    Examples
+    --------
+    >>> ag.vector_ar1(0.5 * np.eye(2), B=4, T=5).shape
+    (4, 5, 2)
     """
     ph = operand("Phi", Phi, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
     D = ph.shape[-1]

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import numpy as np
 
@@ -15,13 +16,26 @@ class ExperimentResult:
     def summary(self) -> dict:  # pragma: no cover - every result defines it
         raise NotImplementedError
 
+    # (regular expression, description) pairs; the first pattern that matches a summary key
+    # (re.fullmatch) describes it, its groups filled into the description with str.format.
+    DESCRIPTIONS: tuple = ()
+
+    def describe(self, key: str) -> str:
+        """One line saying what the summary scalar `key` measures ("" when undescribed)."""
+        for pattern, text in self.DESCRIPTIONS:
+            m = re.fullmatch(pattern, key)
+            if m:
+                return text.format(*m.groups())
+        return ""
+
     def table(self) -> str:
-        """Markdown table of the summary's scalars (nested entries, such as sweeps, are left to
-        summary.json). Results with paper values override it to add that column."""
-        lines = ["| quantity | value |", "|---|---|"]
+        """Markdown table of the summary's scalars with a description of each (nested entries,
+        such as sweeps, are left to summary.json). Results with paper values override it to add
+        that column."""
+        lines = ["| quantity | value | description |", "|---|---|---|"]
         for key, value in self.summary().items():
             if not isinstance(value, (dict, list)):
-                lines.append(f"| {key} | {value:.4g} |")
+                lines.append(f"| {key} | {value:.4g} | {self.describe(key)} |")
         return "\n".join(lines)
 
     def to_json(self, path) -> str:

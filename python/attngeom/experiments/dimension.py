@@ -1,7 +1,8 @@
 """Figure 4 of Henry-Marchetti-Kohn: estimated and expected neuromanifold dimensions.
 
-A deep network with l layers of width d_i = width and a_i = a heads, a = 1..width, for the
-lightning and softmax kinds: every draw's Jacobian-rank estimate beside the closed form
+A deep network with l layers of width d_i = width and query/key dimension a_i = a in every
+layer (the paper's a, the rank bound of A_i = K_i^T Q_i; one head per layer), a = 1..width,
+for the lightning and softmax kinds: every draw's Jacobian-rank estimate beside the closed form
 (Corollary 3.14, eq. 17), and the singular-value gaps the estimates rest on.
 """
 from __future__ import annotations
@@ -43,7 +44,8 @@ class DimensionSweepResult(ExperimentResult):
         return out
 
     def table(self) -> str:
-        lines = ["| kind | a | estimated (every draw) | expected | paper |", "|---|---|---|---|---|"]
+        lines = ["| kind | a (query/key dim.) | estimated (every draw) | expected (closed form) | paper (Fig. 4) |",
+                 "|---|---|---|---|---|"]
         for kind, rs in self.results.items():
             for a, r in enumerate(rs, start=1):
                 paper = PAPER_FIGURE_4[kind][a - 1] if self.summary().get("paper") else "-"
@@ -53,12 +55,21 @@ class DimensionSweepResult(ExperimentResult):
     def plot_dimensions(self, ax=None):
         """Figure 4: estimated (every draw) and expected dimension against a."""
         fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-        for kind, color in (("softmax", "tab:blue"), ("lightning", "tab:orange")):
+        # the two kinds side by side around each a; the closed form beside its estimates
+        for kind, color, dx in (("softmax", "tab:blue", -0.1), ("lightning", "tab:orange", 0.1)):
             for a, r in enumerate(self.results[kind], start=1):
-                ax.scatter([a] * len(r.dims), r.dims, color=color, s=18, label=f"{kind}, estimated" if a == 1 else None)
+                ax.scatter([a + dx] * len(r.dims), r.dims, color=color, s=18,
+                           label=f"{kind}, estimated (every draw)" if a == 1 else None, zorder=3)
                 if r.expected is not None:
-                    ax.scatter([a], [r.expected], marker="x", color="k", s=50)
-        return plotting.finish(fig, ax, "heads a", "dimension", "neuromanifold dimension (x: closed form)", legend=True)
+                    ax.scatter([a + 2.5 * dx], [r.expected], marker="x", color=color, s=40, zorder=2)
+        ax.scatter([], [], marker="x", color="0.3", s=40, label="closed form (Cor. 3.14, eq. 17)")
+        ax.set_xticks(range(1, len(self.results["softmax"]) + 1))
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        return plotting.finish(fig, ax, r"query/key dimension $a$ ($a_i = a$ in every layer)",
+                               "dimension of the neuromanifold", f"{self.config.layers} layers of width "
+                               f"{self.config.width}: estimated and expected", legend=True)
 
     def plot_gaps(self, ax=None):
         """Normalised Jacobian spectra for the widest a (softmax), estimated rank marked."""

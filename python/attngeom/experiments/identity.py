@@ -42,6 +42,16 @@ class IdentityResult(ExperimentResult):
     omega: np.ndarray = field(repr=False, default=None)
     Z_imag: np.ndarray = field(repr=False, default=None)  # Z(u, i omega) (characteristic function)
 
+
+    DESCRIPTIONS = (
+        (r"laplace_radon_rel_error_max", "softmax vs Laplace-Radon N / Z, worst head (relative)"),
+        (r"laplace_radon_rel_error_mean", "softmax vs Laplace-Radon N / Z, mean over heads"),
+        (r"laplace_radon_rel_error_float32", "the same identity computed in float32"),
+        (r"tau_mean", "mean Laplace radius tau = norm(q) / sqrt(d_k)"),
+        (r"tau_std", "standard deviation of the radii"),
+        (r"n_heads", "number of random heads"),
+    )
+
     def summary(self) -> dict:
         return {
             "laplace_radon_rel_error_max": float(self.rel_error_per_head.max()),
@@ -61,11 +71,11 @@ class IdentityResult(ExperimentResult):
         return _identity_errors(self.rel_error_per_head, ax=ax)
 
     def plot_radii(self, ax=None):
-        """Histogram of the Laplace radii tau = |q| / sqrt(d_k) of every query."""
+        """Histogram of the Laplace radii tau = ``|q|`` / sqrt(d_k) of every query."""
         return _radius_histogram(self.tau, ax=ax)
 
     def plot_transform(self, axes=None):
-        """One query: its Radon projection, log Z on real tau and |Z| on imaginary tau."""
+        """One query: its Radon projection, log Z on real tau and ``|Z|`` on imaginary tau."""
         return _transform_panels(self.projection, self.tau_query, self.tau_grid, self.Z_real, self.omega, self.Z_imag,
                                  axes=axes)
 
@@ -127,7 +137,7 @@ def _radius_histogram(tau, ax=None):
 def _transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes=None):
     """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
     the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
-    and |Z(u, i w)|, the modulus of the characteristic function."""
+    and ``|Z(u, i w)|``, the modulus of the characteristic function."""
     fig, axes = plotting.panel_row(axes, 3, 4.0)
     ax = axes[0]
     ax.stem(projection, np.ones_like(projection), basefmt=" ")

@@ -147,6 +147,31 @@ class InverseResult(ExperimentResult):
     images: Dict[str, np.ndarray] = field(repr=False, default=None)  # method -> (n_wedges, S, S)
     cloud_2d: Tuple[np.ndarray, np.ndarray] = field(repr=False, default=None)  # true, recovered (n, 2)
 
+
+    DESCRIPTIONS = (
+        (r"node_error_(real|imaginary)_n(\d+)", "median node error, {0} tau, {1} nodes (matrix pencil)"),
+        (r"max_nodes_real_tau_error_1e-7", "most nodes recovered to 1e-7 from real tau"),
+        (r"max_nodes_imaginary_tau_error_1e-10", "most nodes recovered to 1e-10 from imaginary tau"),
+        (r"order_correct_fraction_(\w+)", "fraction of fits with the right number of nodes, {0} tau"),
+        (r"noise_nodes", "nodes in the noise sweep"),
+        (r"noise_order_(min|max)", "{0} number of nodes found over the noise sweep"),
+        (r"noise_error_slope", "slope of log node error against log noise level eta"),
+        (r"noise_error_over_eta", "node error per unit of noise (median)"),
+        (r"noise_error_eta_max", "node error at the largest noise level"),
+        (r"points_error_d(\d+)", "largest point error, points from projections in {0} dimensions"),
+        (r"points_time_ms_d(\d+)", "time of that reconstruction in ms, {0} dimensions"),
+        (r"recover_keys_key_error", "largest key error of recover_keys (s.9.1)"),
+        (r"recover_keys_value_error", "largest value error of recover_keys"),
+        (r"recover_keys_multiplicity_error", "largest multiplicity error of recover_keys"),
+        (r"recover_keys_time_ms", "time of recover_keys in ms"),
+        (r"density_w1_(\w+?)_noisy", "Wasserstein-1 error of the {0} density, noisy transform (eq. 35)"),
+        (r"density_w1_(\w+)", "Wasserstein-1 error of the {0} density, exact transform (eq. 35)"),
+        (r"fbp_rms_error", "RMS error of filtered backprojection, all angles"),
+        (r"(sart\d*)_rms_error", "RMS error of {0} (SART sweeps), all angles"),
+        (r"wedge_fbp_rms_error_(.*)", "RMS error of FBP with a {0} degree missing wedge"),
+        (r"wedge_(sart\d*)_rms_error_(.*)", "RMS error of {0} with a {1} degree missing wedge"),
+    )
+
     def _sart(self) -> str:
         return f"sart{self.config.sart_iterations}"
 

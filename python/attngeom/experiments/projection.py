@@ -1,8 +1,8 @@
 """Projection SDPA (Sanger): softmax vs Gaussian-distance attention, the sigma sweep, flattening.
 
 Three parts. (1) The identity: on unit-norm queries and keys, softmax attention with logits
-q.k / sigma^2 equals projection attention with weights exp(-|q - k|^2 / (2 sigma^2)) (Sanger
-eq. 3-14 with the squared distance; with the paper's unsquared |q - k| the weights differ, and
+q.k / sigma^2 equals projection attention with weights exp(-``|q - k|^2`` / (2 sigma^2)) (Sanger
+eq. 3-14 with the squared distance; with the paper's unsquared ``|q - k|`` the weights differ, and
 the driver reports by how much). (2) The sigma sweep of self-attention (q = k = v, unit-norm
 tokens): mean row entropy, mean largest weight and how far the layer moves the tokens, from
 sigma = 0.01 (the paper's self-attention setting) to sigma = 10. (3) Flattening: a noisy cloud
@@ -74,6 +74,26 @@ class ProjectionResult(ExperimentResult):
     y_softmax: np.ndarray = field(repr=False, default=None)  # (n_examples, n_tokens, d) at sigma = 1
     y_projection: np.ndarray = field(repr=False, default=None)
     cloud_views: dict = field(repr=False, default=None)  # {title: (n_points, 2)} side views of the cloud
+
+
+    DESCRIPTIONS = (
+        (r"identity_rel_error", "softmax (unit q, k) vs projection attention at sigma = 1, relative"),
+        (r"identity_weight_abs_error", "largest difference of the two weight matrices"),
+        (r"identity_rel_error_max_over_sigma", "the identity with scale 1 / sigma^2, worst sigma"),
+        (r"unsquared_distance_weight_error", "weight error with the paper's unsquared distance norm(q - k)"),
+        (r"entropy_sigma_(min|max)", "mean row entropy of self-attention at the {0} sigma"),
+        (r"entropy_log_n", "log n, the entropy of uniform weights"),
+        (r"max_prob_sigma_(min|max)", "mean largest weight of a row at the {0} sigma"),
+        (r"output_change_sigma_(min|max)", "norm(Y - X) / norm(X) (Frobenius) at the {0} sigma"),
+        (r"sigma_half_entropy", "sigma where the mean entropy reaches log(n) / 2"),
+        (r"local_dim_before", "mean local dimension of the cloud before the layers"),
+        (r"local_dim_after_1", "mean local dimension after one layer"),
+        (r"local_dim_after_last", "mean local dimension after the last layer"),
+        (r"off_plane_before", "variance fraction off the plane before the layers"),
+        (r"off_plane_after_1", "variance fraction off the plane after one layer"),
+        (r"off_plane_after_last", "variance fraction off the plane after the last layer"),
+        (r"spread_after_last", "cloud size after the last layer over its size before"),
+    )
 
     def summary(self) -> dict:
         """Named scalars, and the sweeps as lists under "sweep"."""

@@ -2,9 +2,9 @@
 
 One random head (Gaussian tokens, weights scaled by 1 / sqrt(d_model)). (1) FAVOR+ positive
 random features: the mean squared relative error of the partition estimate Z_hat and the
-output error |y_hat - y| against the number of features m, for iid and orthogonal features
+output error ``|y_hat - y|`` against the number of features m, for iid and orthogonal features
 (the variance falls like 1/m; orthogonal blocks lower it). The queries and keys are scaled by
-``feature_gain`` because the estimator's variance grows like exp(|q + k|^2) scale: at the
+``feature_gain`` because the estimator's variance grows like exp(``|q + k|^2``) scale: at the
 s.13 head's own radii (tau ~ 1) it needs far more features. (2) Importance sampling of Z
 with S keys per query: the queries rescaled so that the mean Laplace radius tau runs from
 tau_min to tau_max; the mean squared relative error of Z_hat for the uniform and the tilted
@@ -64,6 +64,20 @@ class RandomFeaturesResult(ExperimentResult):
     tau: np.ndarray  # (n_tau,) mean radius at each sampling point
     sampling_mse: Dict[str, np.ndarray]  # "uniform"/"tilted" -> (n_tau,) mean (Z_hat / Z - 1)^2
     uniform_exact: np.ndarray  # (n_tau,) exact mean (n_k sum_j P_ij^2 - 1) / S of the uniform proposal
+
+
+    DESCRIPTIONS = (
+        (r"tau_features", "mean Laplace radius of the feature sweep's queries"),
+        (r"z_mse_slope_(\w+)", "slope of log MSE(Z_hat / Z) against log m, {0} features (-1 expected)"),
+        (r"output_error_slope_(\w+)", "slope of log output error against log m, {0} features"),
+        (r"z_mse_max_features_(\w+)", "MSE of Z_hat / Z at the most features, {0}"),
+        (r"output_error_max_features_(\w+)", "output error norm(y_hat - y) / norm(v) at the most features, {0}"),
+        (r"orthogonal_over_iid_z_mse", "orthogonal over iid MSE of Z (geometric mean over m)"),
+        (r"orthogonal_over_iid_output_error", "orthogonal over iid output error (geometric mean over m)"),
+        (r"sampling_mse_(\w+)_tau_(min|max)", "MSE of the sampled Z, {0} proposal, at the {1} radius"),
+        (r"uniform_exact_tau_(min|max)", "exact MSE of the uniform proposal at the {0} radius"),
+        (r"tilted_over_uniform_tau_max", "tilted over uniform MSE at the largest radius"),
+    )
 
     def summary(self) -> dict:
         """Named scalars (slopes, values at the ends of the sweeps, ratios); curves under "sweep"."""

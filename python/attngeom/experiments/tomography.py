@@ -82,24 +82,45 @@ class TomographyResult(ExperimentResult):
         out["paper"] = {**PAPER_TABLE_1, **PAPER_SWEEP}
         return out
 
+    DESCRIPTIONS = (
+        (r"var_q", "variance of the query entries"),
+        (r"var_k", "variance of the key entries"),
+        (r"logit_std_predicted", "mean-field logit std sqrt(Var q Var k)"),
+        (r"logit_std_empirical", "std of the logits q.k / sqrt(d_k)"),
+        (r"tau_mean", "mean Laplace radius tau = norm(q) / sqrt(d_k) (eq. 9)"),
+        (r"tau_mean_chi", "mean radius predicted by the scaled chi(d_k) law"),
+        (r"laplace_radon_rel_error", "softmax vs N / Z, relative error (Thm 1, Fig. 1)"),
+        (r"projection_logit_rel_error", "logits vs tau (u.k), relative error (eq. 15)"),
+        (r"gauge_rel_error_B", "change of B = W_Q W_K^T under the gauge (s.9.4)"),
+        (r"gauge_rel_error_logits", "change of the logits under the gauge"),
+        (r"gauge_rel_error_Y", "change of the outputs under the gauge"),
+        (r"dim_eff_span_U", "effective angular dimension of the tilts (Fig. 5)"),
+        (r"dim_eff_span_N", "effective dimension of the normals W_K u (Fig. 6)"),
+        (r"effective_rank_P", "entropy effective rank of P, mean over examples (s.13.7)"),
+        (r"entropy_alpha_(.*)", "mean row entropy of P at logit scale alpha = {0} (Fig. 8)"),
+        (r"max_prob_alpha_(.*)", "mean largest weight of a row at alpha = {0} (Fig. 9)"),
+        (r"effective_rank_peak", "largest effective rank of P over the alpha sweep (Fig. 10)"),
+        (r"effective_rank_peak_alpha", "alpha where the effective rank peaks"),
+    )
+
     def table(self) -> str:
-        """Markdown table: each Table 1 quantity, ours beside the paper's."""
-        lines = ["| quantity | attngeom | paper |", "|---|---|---|"]
+        """Markdown table: each Table 1 quantity, ours beside the paper's, and what it measures."""
+        lines = ["| quantity | attngeom | paper | description |", "|---|---|---|---|"]
         for key, theirs in PAPER_TABLE_1.items():
-            lines.append(f"| {key} | {self.scalars[key]:.4g} | {theirs:.4g} |")
+            lines.append(f"| {key} | {self.scalars[key]:.4g} | {theirs:.4g} | {self.describe(key)} |")
         peak = int(np.argmax(self.sweep["effective_rank"]))
         ours = {"entropy_alpha_0.1": self.sweep["entropy"][0], "entropy_alpha_10": self.sweep["entropy"][-1],
                 "max_prob_alpha_0.1": self.sweep["max_prob"][0], "max_prob_alpha_10": self.sweep["max_prob"][-1],
                 "effective_rank_peak": self.sweep["effective_rank"][peak], "effective_rank_peak_alpha": self.alpha[peak]}
         for key, theirs in PAPER_SWEEP.items():
-            lines.append(f"| {key} | {ours[key]:.4g} | {theirs:.4g} |")
+            lines.append(f"| {key} | {ours[key]:.4g} | {theirs:.4g} | {self.describe(key)} |")
         return "\n".join(lines)
 
     # -- figures (numbered as in the paper) ----------------------------------------------
     def plot_reconstruction(self, ax=None):
         """Figure 1: Y (softmax) against Y_hat (Laplace-Radon)."""
         return plotting.identity_scatter(self.y, self.y_hat, self.scalars["laplace_radon_rel_error"],
-                                         "Y (softmax attention)", r"$\hat Y$ (Laplace-Radon)", ax=ax)
+                                         "Y (softmax attention), every entry", r"$\hat Y$ (Laplace-Radon N / Z)", ax=ax)
 
     def plot_radius_density(self, ax=None):
         """Figure 2: density of tau against the scaled chi prediction."""
@@ -119,13 +140,15 @@ class TomographyResult(ExperimentResult):
 
     def plot_token_spectrum(self, ax=None):
         """Figure 6: eigenvalues of Cov(n), n = W_K u."""
-        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n): dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}", ax=ax)
+        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n), n = W_K u: dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}",
+                               ax=ax, n_total=self.config.d_model)
 
     def plot_routing_spectrum(self, ax=None):
-        """Figure 7: singular values of a representative P at alpha = 1."""
+        """Figure 7: singular values of a representative P (the first example) at alpha = 1."""
         return _eigen_spectrum(self.routing_singular_values,
-                                       f"P: effective rank {self.scalars['effective_rank_P']:.2f}", ax=ax,
-                                       ylabel="singular value")
+                               f"P of example 0: effective rank {self.scalars['effective_rank_P_representative']:.2f}\n"
+                               f"(mean over examples {self.scalars['effective_rank_P']:.2f})", ax=ax,
+                               ylabel="singular value")
 
     def _sweep_plot(self, key, ylabel, ax):
         return _sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
@@ -211,7 +234,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
 # -- figures of this driver ---------------------------------------------------------------
 def _radius_vs_chi(tau, d_k, var_q, ax=None):
-    """Density of tau = |q| / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
+    """Density of tau = ``|q|`` / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
     from math import lgamma, log
 
     fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
@@ -252,14 +275,24 @@ def _logits_vs_gaussian(logits, std, ax=None):
     return fig
 
 
-def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue"):
-    """A descending spectrum on a log scale."""
+def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
+    """A descending spectrum on a log scale; with ``n_total``, the values not given are the exact
+    zeros of a rank-deficient matrix, drawn at a floor (1e-17 of the largest value) so the drop
+    to them is visible."""
     fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    shown, _ = plotting.log_floor(np.sort(np.asarray(values, dtype=float))[::-1])
-    ax.semilogy(np.arange(1, shown.size + 1), shown, "o-", ms=3)
-    ax.set_xlabel("index")
+    values = np.sort(np.asarray(values, dtype=float))[::-1]
+    n_zero = 0 if n_total is None else max(int(n_total) - values.size, 0)
+    shown, floor = plotting.log_floor(np.concatenate([values, np.zeros(n_zero)]))
+    k = np.arange(1, shown.size + 1)
+    exact = shown > floor
+    ax.semilogy(k[exact], shown[exact], "o-", ms=3, label=f"nonzero ({int(exact.sum())})")
+    if not exact.all():
+        ax.semilogy(k[~exact], shown[~exact], "x", ms=3, color="tab:red",
+                    label=f"exact zeros ({int((~exact).sum())}), drawn at 1e-17 of max")
+        ax.legend(frameon=False, fontsize=8)
+    ax.set_xlabel(f"k (k-th largest {ylabel})")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 

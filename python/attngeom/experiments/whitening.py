@@ -68,6 +68,21 @@ class WhiteningResult(ExperimentResult):
     timing: Dict[str, Dict[str, float]]  # "B=1", "B=<timing_batch>" -> {"recursion", "scan"} seconds
     scan_rel_error: float  # max |scan - recursion| / max |recursion| over the timing inputs
 
+
+    DESCRIPTIONS = (
+        (r"phi_ref", "AR(1) coefficient where the scalars below are read"),
+        (r"psi_white_noise", "whiteness Psi of white noise of the same size (the noise floor)"),
+        (r"psi_x_(\w+)", "whiteness Psi of the input x, {0} process (eq. 10-12)"),
+        (r"psi_w_(\w+)", "whiteness Psi after whitening, {0} process"),
+        (r"relative_whiteness_min_(\w+)", "smallest Psi_W / Psi_X over the grid, {0} process"),
+        (r"relative_whiteness_(\w+)", "Psi_W / Psi_X (below 1: whiter), {0} process"),
+        (r"rho_(\w+)", "first-order stationarity rho (eq. 13-14), {0} process"),
+        (r"breakdown_phi_(\w+)", "smallest phi where the lag-1 model is not positive definite, {0}"),
+        (r"recursion_ms_(\w+)", "time of the sequential recursion in ms, {0}"),
+        (r"scan_over_recursion_(\w+)", "time of the blocked scan over the recursion's, {0}"),
+        (r"scan_rel_error", "scan vs recursion, relative difference"),
+    )
+
     def _ref(self) -> int:
         return int(np.argmin(np.abs(self.phi - self.config.phi_ref)))
 

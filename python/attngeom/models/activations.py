@@ -19,14 +19,35 @@ from .tokenizer import tokenize
 
 
 def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:
-    """Read activations saved as .npy: returns (n_layers, n_seq, n, d_model) float64.
+    """Read activations saved as .npy, for the data diagnostics of Laplace-Radon s.12.1.
 
-    folder : either one file ``activations.npy`` of shape (n_layers, n, d_model) or
-    (n_layers, n_seq, n, d_model), or one file per layer ``layer_<i>.npy`` (i = 0 ..
-    n_layers - 1) of shape (n, d_model) or (n_seq, n, d_model). ValueError for missing
-    layers, wrong shapes or non-finite values.
+    ValueError for missing layers, wrong shapes or non-finite values.
 
-    Example: ``x = load_activations("acts", heads.n_layers, heads.d_model)``
+    Parameters
+    ----------
+    folder : str or path-like
+        Either one file ``activations.npy`` of shape (n_layers, n, d_model) or
+        (n_layers, n_seq, n, d_model), or one file per layer ``layer_<i>.npy``
+        (i = 0 .. n_layers - 1) of shape (n, d_model) or (n_seq, n, d_model).
+    n_layers : int
+        Number of layers expected.
+    d_model : int
+        Width expected.
+
+    Returns
+    -------
+    ndarray, shape (n_layers, n_seq, n, d_model)
+        float64 activations.
+
+    Examples
+    --------
+    >>> import os
+    >>> from attngeom.models import load_activations
+    >>> os.makedirs("acts", exist_ok=True)
+    >>> for i in range(2):
+    ...     np.save(f"acts/layer_{i}.npy", np.ones((5, 4)))
+    >>> load_activations("acts", n_layers=2, d_model=4).shape
+    (2, 1, 5, 4)
     """
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
@@ -78,15 +99,39 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
                      encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None) -> Tuple[np.ndarray, List[str]]:
     """Run ``text`` through the library's NumPy BERT forward pass.
 
-    checkpoint : a BERT-layout checkpoint (file, folder or packaged-model name) whose folder
-    holds tokenizer.json or vocab.txt. Returns (x, tokens): x (n_layers, 1, n, d_model) the
-    input of every layer's attention, tokens the n token strings. The text is truncated to
-    max_length, by default the model's own limit (sentence_bert_config.json's
-    max_seq_length when present, as sentence-transformers does, else the number of
-    positions). n_heads : needed without config.json. ValueError for other layouts (save
-    activations as .npy and use :func:`load_activations`).
+    The inputs of every layer's attention, for the data diagnostics of Laplace-Radon s.12.1.
+    The text is truncated to max_length, by default the model's own limit
+    (sentence_bert_config.json's max_seq_length when present, as sentence-transformers does,
+    else the number of positions). ValueError for other layouts (save activations as .npy and
+    use :func:`load_activations`).
 
-    Example: ``x, tokens = text_activations("all-MiniLM-L6-v2", "The cat sat on the mat.")``
+    Parameters
+    ----------
+    checkpoint : str or path-like
+        A BERT-layout checkpoint (file, folder or packaged-model name) whose folder holds
+        tokenizer.json or vocab.txt.
+    text : str
+        The input text.
+    max_length : int, optional
+        Truncation length in tokens.
+    encoder : BertEncoder, optional
+        A loaded encoder to reuse.
+    n_heads : int, optional
+        Needed without config.json.
+
+    Returns
+    -------
+    x : ndarray, shape (n_layers, 1, n, d_model)
+        The input of every layer's attention.
+    tokens : list of str
+        The n token strings.
+
+    Examples
+    --------
+    >>> from attngeom.models import text_activations
+    >>> x, tokens = text_activations("all-MiniLM-L6-v2", "The cat sat.")  # needs the models extra
+    >>> x.shape, tokens
+    ((6, 1, 6, 384), ['[CLS]', 'the', 'cat', 'sat', '.', '[SEP]'])
     """
     ck = Checkpoint(checkpoint)
     layout, _, _ = detect_layout(ck.names)

@@ -35,9 +35,23 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def gelu(x) -> np.ndarray:
-    """GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (BERT's "gelu"), elementwise, dtype kept.
+    """GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (BERT's "gelu"), elementwise.
 
-    Example: ``gelu(np.array([0.0, 1.0]))  # [0, 0.8413]``
+    Parameters
+    ----------
+    x : ndarray
+        Any shape; the dtype is kept.
+
+    Returns
+    -------
+    ndarray
+        GELU(x), same shape and dtype.
+
+    Examples
+    --------
+    >>> from attngeom.models import gelu
+    >>> gelu(np.array([0.0, 1.0]))
+    array([0.    , 0.8413])
     """
     x = np.asarray(x, dtype=np.result_type(x, np.float32))
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))

@@ -151,16 +151,32 @@ class ModelHeads:
     def diagnostics(self, x=None, *, bias: bool = True, scale=None, rtol=None) -> HeadDiagnostics:
         """:func:`attngeom.head_diagnostics` of every head, with batch shape (n_layers, n_heads).
 
-        x : optional activations, the input of each layer's attention: (n_layers, n, d_model)
-            (one sequence) or (n_layers, n_seq, n, d_model).
-        bias : with x and query/key biases, queries and keys are the model's own,
+        Parameters
+        ----------
+        x : array_like, optional
+            Activations, the input of each layer's attention: (n_layers, n, d_model) (one
+            sequence) or (n_layers, n_seq, n, d_model).
+        bias : bool, default True
+            With x and query/key biases, queries and keys are the model's own,
             q = x W_Q + b_Q and k = x W_K + b_K, computed in homogeneous coordinates
             (x, 1) with W = [W; b]; token-space tilt quantities (token_null_dim,
             token_effective_dim) then refer to R^(d_model + 1). The weights-only fields
             are always those of the raw W_Q, W_K, W_V, W_O.
-        scale : logit scale, default 1 / sqrt(d_head); rtol : rank threshold.
+        scale : float, optional
+            Logit scale, default 1 / sqrt(d_head).
+        rtol : float, optional
+            Rank threshold, as in :func:`attngeom.null_space`.
 
-        Example: ``d = ag.load_heads("model_dir").diagnostics(); d.plot_map()``
+        Returns
+        -------
+        HeadDiagnostics
+            With batch shape (n_layers, n_heads).
+
+        Examples
+        --------
+        >>> d = ag.load_heads("all-MiniLM-L6-v2").diagnostics()  # needs the models extra
+        >>> d.batch_shape
+        (6, 12)
         """
         out = head_diagnostics(self.W_Q, self.W_K, self.W_V, self.W_O, rtol=rtol)
         if x is None:
@@ -208,21 +224,44 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
                dtype=np.float64, backend: str = "auto") -> ModelHeads:
     """Read a checkpoint's attention weights as a :class:`ModelHeads` (TransformerLens layout).
 
+    Per-head weights for the diagnostics of Laplace-Radon s.12 and the notes' circuits. No
+    PyTorch needed.
+
     Parameters
     ----------
-    path : a .safetensors file, a folder holding the weights (shards allowed) and
-        usually config.json, or the name of a packaged model ("all-MiniLM-L6-v2").
-    n_heads : required when there is no config.json (it cannot be read off the shapes);
-        must agree with config.json when both are given. n_kv_heads : grouped-query models
-        without config.json (default: inferred from the key weight's rows and d_head).
-    layout : "bert", "gpt2" or "llama"; default detected from the tensor names.
-    dtype : of the returned weights (float16/bfloat16/float32 checkpoints are widened).
-    backend : "auto", "package" or "python" (the safetensors reader used).
+    path : str or path-like
+        A .safetensors file, a folder holding the weights (shards allowed) and usually
+        config.json, or the name of a packaged model ("all-MiniLM-L6-v2").
+    n_heads : int, optional
+        Required when there is no config.json (it cannot be read off the shapes); must agree
+        with config.json when both are given.
+    n_kv_heads : int, optional
+        Key/value heads of grouped-query models without config.json (default: inferred from
+        the key weight's rows and d_head).
+    layout : {"bert", "gpt2", "llama"}, optional
+        Default: detected from the tensor names.
+    dtype : numpy dtype, default float64
+        dtype of the returned weights (float16/bfloat16/float32 checkpoints are widened).
+    backend : {"auto", "package", "python"}, default "auto"
+        The safetensors reader used.
 
-    Raises ValueError for a file that is not safetensors, a truncated file, an unknown
-    layout (listing the tensor names found), a missing n_heads and inconsistent shapes.
+    Returns
+    -------
+    ModelHeads
+        W_Q, W_K, W_V (n_layers, n_heads, d_model, d_head), W_O (n_layers, n_heads, d_head,
+        d_model), biases and the configuration.
 
-    Example: ``heads = ag.load_heads("all-MiniLM-L6-v2"); heads.W_Q.shape  # (6, 12, 384, 32)``
+    Raises
+    ------
+    ValueError
+        For a file that is not safetensors, a truncated file, an unknown layout (listing the
+        tensor names found), a missing n_heads and inconsistent shapes.
+
+    Examples
+    --------
+    >>> heads = ag.load_heads("all-MiniLM-L6-v2")  # needs the models extra
+    >>> heads.W_Q.shape
+    (6, 12, 384, 32)
     """
     ck = Checkpoint(path, backend=backend)
     lay, prefix, layers = detect_layout(ck.names, layout)

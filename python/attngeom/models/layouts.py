@@ -14,7 +14,7 @@ Layouts (``prefix`` is whatever precedes the names below, e.g. ``bert.``, ``tran
   {weight,bias}`` and ``encoder.layer.N.attention.output.dense.{weight,bias}``, stored
   (out, in) as torch.nn.Linear (y = x W^T + b). Bidirectional.
 * ``gpt2``  (Hugging Face GPT-2): ``h.N.attn.c_attn.{weight,bias}``, one fused Conv1D
-  stored (in, 3 * out) with y = x W + b, columns [q | k | v]; ``h.N.attn.c_proj``. Causal.
+  stored (in, 3 * out) with y = x W + b, columns [q ``| k |`` v]; ``h.N.attn.c_proj``. Causal.
 * ``llama`` (Llama, Qwen, Mistral and other grouped-query models): ``layers.N.self_attn.
   {q,k,v,o}_proj.{weight,bias}`` stored (out, in); k and v have n_kv_heads heads and query
   head h reads key/value head h // (n_heads / n_kv_heads). Causal. The rotary position
@@ -82,12 +82,32 @@ def _name_list(names, limit=12) -> str:
 def detect_layout(names, layout: Optional[str] = None) -> Tuple[Layout, str, List[int]]:
     """Which layout a set of tensor names is in: (layout, prefix, sorted layer indices).
 
-    names : the checkpoint's tensor names. layout : force one of LAYOUTS ("bert",
-    "gpt2", "llama"); default: the one whose query-weight pattern matches. Raises ValueError
-    listing the names found when no layout (or more than one prefix) matches, and when the
-    layer indices are not 0..n_layers-1.
+    Raises ValueError listing the names found when no layout (or more than one prefix)
+    matches, and when the layer indices are not 0..n_layers-1.
 
-    Example: ``layout, prefix, layers = detect_layout(f.keys())``
+    Parameters
+    ----------
+    names : iterable of str
+        The checkpoint's tensor names.
+    layout : {"bert", "gpt2", "llama"}, optional
+        Force one of LAYOUTS; default: the one whose query-weight pattern matches.
+
+    Returns
+    -------
+    layout : Layout
+        The matching layout.
+    prefix : str
+        The prefix before the layer names (e.g. "model." or "").
+    layers : list of int
+        The layer indices found, sorted.
+
+    Examples
+    --------
+    >>> from attngeom.models import detect_layout
+    >>> names = [f"h.{i}.attn.c_attn.weight" for i in range(2)] + [f"h.{i}.attn.c_proj.weight" for i in range(2)]
+    >>> layout, prefix, layers = detect_layout(names)
+    >>> layout.name, prefix, layers
+    ('gpt2', '', [0, 1])
     """
     names = list(names)
     if layout is not None and layout not in LAYOUTS:
@@ -117,16 +137,40 @@ def split_layer(layout: Layout, get: Callable[[str], Optional[np.ndarray]], pref
                 n_heads: int, n_kv_heads: Optional[int] = None, d_head: Optional[int] = None) -> dict:
     """One layer's attention weights in the TransformerLens layout (see the module docstring).
 
-    get(name) returns a tensor or None when the checkpoint lacks it (missing biases are
-    None in the result; a missing weight is a ValueError). n_kv_heads (llama only; default
-    n_heads) and d_head (default d_attn / n_heads) as in the model's config.
+    W_K, W_V, b_K, b_V of grouped-query models are expanded to one copy per query head.
 
-    Returns {"W_Q", "W_K", "W_V": (n_heads, d_model, d_head), "W_O": (n_heads, d_head,
-    d_model), "b_Q", "b_K", "b_V": (n_heads, d_head) or None, "b_O": (d_model,) or None,
-    "n_kv_heads": int}; W_K, W_V, b_K, b_V of grouped-query models are expanded to one
-    copy per query head.
+    Parameters
+    ----------
+    layout : Layout
+        The checkpoint's layout (see :func:`detect_layout`).
+    get : callable
+        ``get(name)`` returns a tensor, or None when the checkpoint lacks it (missing biases
+        are None in the result; a missing weight is a ValueError).
+    prefix : str
+        The layout prefix.
+    layer : int
+        Layer index.
+    n_heads : int
+        Query heads.
+    n_kv_heads : int, optional
+        Key/value heads (llama only; default n_heads).
+    d_head : int, optional
+        Head width (default d_attn / n_heads).
 
-    Example: ``w = split_layer(LAYOUTS["gpt2"], f.get, "", 0, n_heads=12)``
+    Returns
+    -------
+    dict
+        "W_Q", "W_K", "W_V" (n_heads, d_model, d_head), "W_O" (n_heads, d_head, d_model),
+        "b_Q", "b_K", "b_V" (n_heads, d_head) or None, "b_O" (d_model,) or None, and
+        "n_kv_heads".
+
+    Examples
+    --------
+    >>> from attngeom.models import LAYOUTS, split_layer
+    >>> t = {"h.0.attn.c_attn.weight": np.zeros((8, 24)), "h.0.attn.c_proj.weight": np.zeros((8, 8))}
+    >>> w = split_layer(LAYOUTS["gpt2"], t.get, "", 0, n_heads=2)
+    >>> w["W_Q"].shape, w["W_O"].shape, w["b_Q"]
+    ((2, 8, 4), (2, 4, 8), None)
     """
     names = layout.names(prefix, layer)
 

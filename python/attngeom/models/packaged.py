@@ -19,10 +19,25 @@ PACKAGED_MODELS = {
 
 
 def packaged_model_path(name: str = "all-MiniLM-L6-v2") -> Optional[str]:
-    """The folder of a packaged model (config.json, model.safetensors, ...), or None when its
-    package is not installed. name : a key of PACKAGED_MODELS (case-insensitive).
+    """The folder of a packaged model (config.json, model.safetensors, ...).
 
-    Example: ``path = packaged_model_path("all-MiniLM-L6-v2")  # None without the package``
+    Parameters
+    ----------
+    name : str, default "all-MiniLM-L6-v2"
+        A key of PACKAGED_MODELS (case-insensitive).
+
+    Returns
+    -------
+    str or None
+        The folder, or None when its package is not installed.
+
+    Examples
+    --------
+    >>> import os
+    >>> from attngeom.models import packaged_model_path
+    >>> path = packaged_model_path("all-MiniLM-L6-v2")  # None without the models extra
+    >>> path is None or os.path.exists(os.path.join(path, "config.json"))
+    True
     """
     key = {k.lower(): k for k in PACKAGED_MODELS}.get(str(name).lower())
     if key is None:
@@ -42,11 +57,27 @@ def packaged_model_path(name: str = "all-MiniLM-L6-v2") -> Optional[str]:
 
 
 def resolve_checkpoint(spec) -> str:
-    """A checkpoint argument as a path: an existing file or folder as given, else the folder
-    of the packaged model of that name (see PACKAGED_MODELS). Raises ValueError naming the
-    pip requirement when a packaged model's package is missing, or when nothing matches.
+    """A checkpoint argument as a path.
 
-    Example: ``resolve_checkpoint("all-MiniLM-L6-v2")``
+    An existing file or folder as given, else the folder of the packaged model of that name
+    (see PACKAGED_MODELS). Raises ValueError naming the pip requirement when a packaged
+    model's package is missing, or when nothing matches.
+
+    Parameters
+    ----------
+    spec : str or path-like
+        A path or a packaged-model name.
+
+    Returns
+    -------
+    str
+        The path.
+
+    Examples
+    --------
+    >>> from attngeom.models import resolve_checkpoint
+    >>> resolve_checkpoint(".")
+    '.'
     """
     path = os.fspath(spec)
     if os.path.exists(path):

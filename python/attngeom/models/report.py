@@ -139,18 +139,43 @@ def head_report(heads, x=None, *, tokens: Optional[Sequence[str]] = None, chosen
                 rtol=None, n_heads: Optional[int] = None, source: Optional[str] = None) -> HeadReport:
     """Every head's geometry: weights-only, or with activations.
 
-    heads : a :class:`ModelHeads`, or a checkpoint path / packaged-model name for
-        :func:`load_heads` (with ``n_heads`` when it has no config.json).
-    x : optional activations (n_layers, [n_seq,] n, d_model), the input of each layer's
-        attention (see :mod:`attngeom.models.activations`). tokens : the n token strings.
-    chosen : (layer, head) pairs drawn in detail; default the heads with the lowest and
-        highest bilinear effective rank and the lowest W_OV effective rank.
-    bias, rtol : as in :meth:`ModelHeads.diagnostics`.
+    The per-head diagnostics of Laplace-Radon s.12.1 (spectra of B = W_Q W_K^T and W_OV,
+    parameter nulls, with activations radii, tilt coverage and routing ranks) behind the
+    ``attngeom heads`` command. Cost: weights only, one factored SVD per head (B and W_OV
+    never formed); about a second for 144 heads of d_model 768.
 
-    Cost: weights only, one factored SVD per head (B and W_OV never formed); about a second
-    for 144 heads of d_model 768.
+    Parameters
+    ----------
+    heads : ModelHeads or str
+        Heads, or a checkpoint path / packaged-model name for :func:`load_heads`.
+    x : array_like, shape (n_layers, [n_seq,] n, d_model), optional
+        Activations, the input of each layer's attention (see
+        :mod:`attngeom.models.activations`).
+    tokens : sequence of str, optional
+        The n token strings (for the figures).
+    chosen : sequence of (layer, head), optional
+        Heads drawn in detail; default the heads with the lowest and highest bilinear
+        effective rank and the lowest W_OV effective rank.
+    bias : bool, default True
+        As in :meth:`ModelHeads.diagnostics`.
+    rtol : float, optional
+        Rank threshold, as in :meth:`ModelHeads.diagnostics`.
+    n_heads : int, optional
+        Needed for a checkpoint without config.json.
+    source : str, optional
+        A description of where the heads came from, stored in the report.
 
-    Example: ``r = head_report("model_dir"); r.save("report")``
+    Returns
+    -------
+    HeadReport
+        The diagnostics, a table per head, ``save(folder)`` for JSON and figures.
+
+    Examples
+    --------
+    >>> from attngeom.models import head_report
+    >>> r = head_report("all-MiniLM-L6-v2")  # needs the models extra
+    >>> len(r.table())
+    72
     """
     t0 = time.perf_counter()
     if not isinstance(heads, ModelHeads):

@@ -37,9 +37,23 @@ _MAX_HEADER = 100_000_000  # the reference implementation's limit
 def bfloat16_to_float32(bits) -> np.ndarray:
     """Widen bfloat16 values stored as uint16 bit patterns to float32, exactly.
 
-    bits : (...) uint16 array; returns (...) float32 with the bits in the upper half.
+    Checkpoints store bfloat16 weights this way; NumPy has no bfloat16 dtype.
 
-    Example: ``bfloat16_to_float32(np.array([0x3F80], np.uint16))  # [1.0]``
+    Parameters
+    ----------
+    bits : array_like of uint16
+        The bfloat16 bit patterns, any shape.
+
+    Returns
+    -------
+    ndarray of float32
+        Same shape, with the bits in the upper half of each float32.
+
+    Examples
+    --------
+    >>> from attngeom.models import bfloat16_to_float32
+    >>> bfloat16_to_float32(np.array([0x3F80, 0xC000], np.uint16))
+    array([ 1., -2.], dtype=float32)
     """
     b = np.asarray(bits)
     if b.dtype != np.uint16:
@@ -50,10 +64,23 @@ def bfloat16_to_float32(bits) -> np.ndarray:
 def float32_to_bfloat16(x) -> np.ndarray:
     """Round float32 values to bfloat16 (nearest, ties to even); returns the uint16 bit patterns.
 
-    x : (...) real array (cast to float32 first); NaN stays NaN. Inverse, up to rounding,
-    of :func:`bfloat16_to_float32`.
+    The inverse, up to rounding, of :func:`bfloat16_to_float32`; NaN stays NaN.
 
-    Example: ``float32_to_bfloat16(np.array([1.0]))  # [0x3F80]``
+    Parameters
+    ----------
+    x : array_like
+        Real values, any shape (cast to float32 first).
+
+    Returns
+    -------
+    ndarray of uint16
+        The bfloat16 bit patterns, same shape.
+
+    Examples
+    --------
+    >>> from attngeom.models import float32_to_bfloat16
+    >>> [hex(b) for b in float32_to_bfloat16(np.array([1.0, -2.0]))]
+    ['0x3f80', '0xc000']
     """
     f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     u = f.view(np.uint32).astype(np.uint64)
@@ -231,23 +258,60 @@ def read_safetensors(path, names: Optional[Iterable[str]] = None, *, backend: st
     """Tensors of a safetensors file as {name: ndarray} (all, or the given names).
 
     Dtypes: F64, F32, F16 and the integer types keep their dtype; BF16 becomes float32
-    (exactly). ``backend`` as in :class:`SafetensorsFile`. ValueError for a file that is not
-    safetensors or is truncated.
+    (exactly). ValueError for a file that is not safetensors or is truncated.
 
-    Example: ``w = ag.models.read_safetensors("model.safetensors")["h.0.attn.c_attn.weight"]``
+    Parameters
+    ----------
+    path : str or path-like
+        The .safetensors file.
+    names : iterable of str, optional
+        Read only these tensors (default all).
+    backend : {"auto", "package", "python"}, default "auto"
+        As in :class:`SafetensorsFile`.
+
+    Returns
+    -------
+    dict of str to ndarray
+        The tensors.
+
+    Examples
+    --------
+    >>> from attngeom.models import read_safetensors, write_safetensors
+    >>> path = write_safetensors("tiny.safetensors", {"w": np.eye(2, dtype=np.float32)})
+    >>> read_safetensors(path)["w"]
+    array([[1., 0.],
+           [0., 1.]], dtype=float32)
     """
     return SafetensorsFile(path, backend=backend).read(names)
 
 
 def write_safetensors(path, tensors: Dict[str, np.ndarray], *, metadata: Optional[Dict[str, str]] = None,
                       dtype: Optional[str] = None) -> str:
-    """Write {name: array} as a safetensors file; returns the path.
+    """Write {name: array} as a safetensors file.
 
-    dtype : None keeps each array's dtype (float64, float32, float16, integer, bool);
-        "F32", "F16" or "BF16" converts every floating array (BF16 rounds to nearest even).
-    metadata : optional {str: str} stored as "__metadata__".
+    Parameters
+    ----------
+    path : str or path-like
+        Output file.
+    tensors : dict of str to array_like
+        The tensors.
+    metadata : dict of str to str, optional
+        Stored as "__metadata__".
+    dtype : {None, "F32", "F16", "BF16"}, default None
+        None keeps each array's dtype (float64, float32, float16, integer, bool); "F32",
+        "F16" or "BF16" converts every floating array (BF16 rounds to nearest even).
 
-    Example: ``write_safetensors("tiny.safetensors", {"w": np.eye(2, dtype=np.float32)})``
+    Returns
+    -------
+    str
+        The path written.
+
+    Examples
+    --------
+    >>> from attngeom.models import read_safetensors, write_safetensors
+    >>> path = write_safetensors("half.safetensors", {"w": np.ones(3)}, dtype="BF16")
+    >>> read_safetensors(path)["w"].dtype  # BF16 is read back widened to float32
+    dtype('float32')
     """
     if dtype not in (None, "F32", "F16", "BF16"):
         raise ValueError(f"dtype must be None, 'F32', 'F16' or 'BF16', got {dtype!r}")

@@ -102,11 +102,32 @@ class WordPiece:
 def tokenize(folder, text: str, *, max_length: Optional[int] = None, backend: str = "auto") -> Tuple[List[int], List[str]]:
     """Token ids and token strings of ``text`` for the model in ``folder``.
 
-    backend : "auto" (``tokenizers`` on tokenizer.json when both exist, else WordPiece on
-        vocab.txt), "tokenizers" or "wordpiece". max_length : truncate (keeping [SEP]).
-    Raises ValueError when the folder has neither file.
+    Raises ValueError when the folder has neither tokenizer.json nor vocab.txt.
 
-    Example: ``ids, tokens = tokenize(model_dir, "The cat sat.")``
+    Parameters
+    ----------
+    folder : str or path-like
+        The model folder.
+    text : str
+        The input text.
+    max_length : int, optional
+        Truncate to this many tokens (keeping [SEP]).
+    backend : {"auto", "tokenizers", "wordpiece"}, default "auto"
+        "auto" uses ``tokenizers`` on tokenizer.json when both exist, else WordPiece on
+        vocab.txt.
+
+    Returns
+    -------
+    ids : list of int
+        Token ids.
+    tokens : list of str
+        Token strings.
+
+    Examples
+    --------
+    >>> from attngeom.models import packaged_model_path, tokenize
+    >>> tokenize(packaged_model_path(), "The cat sat.", backend="wordpiece")  # needs the models extra
+    ([101, 1996, 4937, 2938, 1012, 102], ['[CLS]', 'the', 'cat', 'sat', '.', '[SEP]'])
     """
     if backend not in ("auto", "tokenizers", "wordpiece"):
         raise ValueError(f"backend must be 'auto', 'tokenizers' or 'wordpiece', got {backend!r}")

@@ -1,0 +1,128 @@
+"""The documentation a user reads is checked like code.
+
+* numpydoc's validation over every public function (``attngeom.__all__`` and the public
+  functions of :mod:`attngeom.plotting` and :mod:`attngeom.models`): a docstring exists
+  (GL08), has a summary (SS01), documents every parameter (PR01), no parameter that does not
+  exist (PR02), each with a description (PR07), a Returns section (RT01) and an Examples
+  section (EX01).
+* Every docstring example in the package runs as a doctest and its printed output is
+  compared.
+* The API reference (``make docs``) builds with Sphinx without a warning.
+"""
+import doctest
+import importlib
+import inspect
+import os
+import pkgutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+
+CHECKS = ("GL08", "SS01", "PR01", "PR02", "PR07", "RT01", "EX01")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def public_functions():
+    out = {}
+    for name in ag.__all__:
+        obj = getattr(ag, name)
+        if inspect.isfunction(obj):
+            out[f"attngeom.{name}"] = obj
+    for mod in (ag.plotting, ag.models):
+        names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(mod, name)
+            if inspect.isfunction(obj) and obj.__module__.startswith(mod.__name__):
+                out[f"{mod.__name__}.{name}"] = obj
+    return out
+
+
+PUBLIC = public_functions()
+
+# Not yet converted to numpydoc. Each entry is a strict xfail: the test fails as soon as the
+# docstring passes, so the entry must then be removed. The three configuration functions live
+# in _config.py, which the build-system work (per-ISA core modules) is rewriting.
+PENDING = {
+    "attngeom.get_num_threads", "attngeom.set_num_threads", "attngeom.show_config",
+}
+
+
+def _params(names):
+    return [pytest.param(q, marks=pytest.mark.xfail(strict=True, reason="docstring not yet converted"))
+            if q in PENDING else q for q in sorted(names)]
+
+
+def test_the_public_surface_is_large():
+    assert len(PUBLIC) > 100
+
+
+def test_pending_list_names_public_functions():
+    assert PENDING <= set(PUBLIC)
+
+
+@pytest.mark.parametrize("qualname", _params(PUBLIC))
+def test_numpydoc_validation(qualname):
+    validate = pytest.importorskip("numpydoc.validate").validate
+    func = PUBLIC[qualname]
+    # by the defining module: ``attngeom.random_features`` names a module and a function
+    result = validate(f"{func.__module__}.{func.__qualname__}")
+    errors = [f"{code}: {msg}" for code, msg in result["errors"] if code in CHECKS]
+    assert not errors, f"{qualname}:\n" + "\n".join(errors)
+
+
+def package_modules():
+    names = ["attngeom"]
+    for info in pkgutil.walk_packages(ag.__path__, "attngeom."):
+        if info.name.endswith("__main__"):
+            continue
+        names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("module", package_modules())
+def test_doctests(module, monkeypatch, tmp_path):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    mod = importlib.import_module(module)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report = []
+    # examples that read the packaged real model run only where it is installed (`make test`
+    # installs the models extra, so there they always run)
+    have_model = ag.models.packaged_model_path() is not None
+    with np.printoptions(precision=4, suppress=True):
+        for test in doctest.DocTestFinder().find(mod, module, globs={"np": np, "ag": ag}):
+            needs_model = "all-MiniLM-L6-v2" in (test.docstring or "") or "packaged_model_path()" in (test.docstring or "")
+            if test.examples and _own(test, mod) and (have_model or not needs_model):
+                runner.run(test, out=report.append)
+    try:
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    except ImportError:
+        pass
+    assert runner.failures == 0, "".join(report)
+
+
+def _own(test, mod):
+    """Doctests of objects defined in this module (not of names it imports)."""
+    return test.filename is None or os.path.abspath(test.filename) == os.path.abspath(mod.__file__)
+
+
+def test_every_public_function_has_a_running_example():
+    """EX01 asks for an Examples section; this asks that it holds a doctest."""
+    finder = doctest.DocTestFinder()
+    missing = [q for q, f in PUBLIC.items()
+               if q not in PENDING and not any(t.examples for t in finder.find(f, q))]
+    assert not missing, missing
+
+
+def test_api_reference_builds_without_warnings(tmp_path):
+    pytest.importorskip("sphinx")
+    pytest.importorskip("numpydoc")
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html",
+                           os.path.join(ROOT, "docs"), str(tmp_path / "html")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert (tmp_path / "html" / "api.html").exists()
