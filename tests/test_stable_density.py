@@ -111,3 +111,40 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="alpha must be a real number"):
         ag.stable_density(1.0, "1.5")
     assert np.isnan(ag.stable_density(np.nan, 1.5))
+
+
+def test_extreme_scales_give_finite_logs_or_clear_errors():
+    """c**(-1/alpha) beyond the float range used to crash (a NaN became a table index)."""
+    alpha, c = 0.5, 1e-200
+    log_s = math.log(c) / alpha  # log of the scale s = c^(1/alpha) = 1e-400, not representable
+    at0 = ag.stable_density(np.zeros(1), alpha, c, log=True)[0]
+    assert math.isclose(at0, math.lgamma(1 + 1 / alpha) - math.log(math.pi) - log_s, rel_tol=1e-12)
+    # f(x; c) = f_1(x / s) / s; x = 1e-300 is u = x / s = 1e100, x = 1e-5 beyond the float range
+    x = np.array([1e-300, 1e-200])
+    expected = ag.stable_density(np.array([1e100, 1e200]), alpha, log=True) - log_s
+    np.testing.assert_allclose(ag.stable_density(x, alpha, c, log=True), expected, rtol=1e-12)
+    far = ag.stable_density(np.array([1e-5, 1.0]), alpha, c, log=True)
+    # the leading tail term c Gamma(alpha + 1) sin(pi alpha / 2) / (pi |x|^(alpha + 1)) is exact there
+    lead = (math.log(c) + math.lgamma(alpha + 1) + math.log(math.sin(math.pi * alpha / 2)) - math.log(math.pi)
+            - (alpha + 1) * np.log([1e-5, 1.0]))
+    np.testing.assert_allclose(far, lead, rtol=1e-12)
+    with pytest.raises(ValueError, match="exceeds the float64 range.*log=True"):
+        ag.stable_density(np.zeros(1), alpha, c)
+    # huge c: the scale overflows the other way
+    big = ag.stable_density(np.array([0.0, 1e300]), 0.5, 1e200, log=True)
+    assert np.all(np.isfinite(big))
+    q = np.zeros((3, 4))
+    y = ag.kernel_attention(q, np.ones((5, 4)), np.ones((5, 2)), kernel="stable", alpha=0.5, c=1e-200)
+    assert np.all(np.isfinite(y))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_closed_forms_far_out(alpha):
+    """Cauchy and Gaussian logs stay finite and exact far out (x^2 overflows for the Cauchy)."""
+    x = np.array([1e160, 1e200]) if alpha == 1.0 else np.array([1e100, 1e150])
+    got = ag.stable_density(x, alpha, 3.0, log=True)
+    if alpha == 1.0:
+        want = math.log(3.0 / math.pi) - 2 * np.log(x)
+    else:
+        want = -(x / 2) ** 2 / 3.0 - math.log(2 * math.sqrt(math.pi * 3.0))
+    np.testing.assert_allclose(got, want, rtol=1e-12)

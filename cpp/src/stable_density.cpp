@@ -69,7 +69,11 @@ double log_g(double alpha, double zeta, double log_x, double t) {
          std::log(std::cos(t));
 }
 
-double log_cauchy(double x) { return -std::log(kPi) - std::log1p(x * x); }
+// log(1 / (pi (1 + x^2))), written so that x^2 never overflows.
+double log_cauchy(double x) {
+  x = std::abs(x);
+  return x > 1e150 ? -std::log(kPi) - 2 * std::log(x) : -std::log(kPi) - std::log1p(x * x);
+}
 
 // Sums a series when it is usable at full precision: term(k) returns {t_k, m_k} with
 // |t_k| <= m_k (m_k without the oscillating factor, which may vanish); summation stops
@@ -103,8 +107,9 @@ double small_x_series(double alpha, double x) {
 // it holds for any x (alpha < 2):
 // f_1(x) = (1/pi) sum_{k>=1} (-1)^(k+1) Gamma(alpha k + 1) / k! sin(k pi alpha / 2) x^-(alpha k + 1)
 //        = t_1 sum_k t_k / t_1.
-double log_tail_series(double alpha, double x) {
-  const double lx = std::log(x), s1 = std::sin(kPi * alpha / 2);
+// Takes log x, so that it also serves points whose x itself overflows (scale far from 1).
+double log_tail_series_at_log(double alpha, double lx) {
+  const double s1 = std::sin(kPi * alpha / 2);
   const double log_t1 = std::lgamma(alpha + 1) + std::log(s1) - (alpha + 1) * lx - std::log(kPi);
   const double rel = series([&](int k) {
     const double m = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
@@ -113,6 +118,8 @@ double log_tail_series(double alpha, double x) {
   }, 1);
   return log_t1 + std::log(rel);
 }
+
+double log_tail_series(double alpha, double x) { return log_tail_series_at_log(alpha, std::log(x)); }
 
 // d/dx of log_tail_series: with f_1 = t_1 rel, t_1 ~ x^-(alpha + 1) and the k-th term of rel
 // ~ x^-(alpha (k - 1)), d log f_1 / dx = -(alpha + 1) / x - (alpha / x) sum_k (k - 1) r_k / sum_k r_k.
@@ -256,7 +263,7 @@ double StableDensity::log_f1(double x) const {
 }
 
 double StableDensity::d_log_f1(double x) const {
-  if (alpha_ == 1.0) return -2 * x / (1 + x * x);
+  if (alpha_ == 1.0) return x == 0.0 ? 0.0 : -2 / (x + 1 / x);
   if (x >= x_max_) {
     if (alpha_ == 2.0) return -x / 2;
     return d_log_tail_series(alpha_, x);
@@ -276,16 +283,41 @@ double StableDensity::d_log_f1(double x) const {
   return sum * (2 / kPieceWidth) / std::sqrt(x * x + z_unit_ * z_unit_);
 }
 
+namespace {
+
+// |x| c^(-1/alpha), in the log domain when c^(-1/alpha) itself overflows or underflows.
+double unit(double x, double inv_scale, double log_scale) {
+  const double ax = std::abs(x);
+  if (std::isfinite(inv_scale) && inv_scale > 0) return ax * inv_scale;
+  return ax == 0.0 ? 0.0 : std::exp(std::log(ax) - log_scale);
+}
+
+}  // namespace
+
 double StableDensity::d_log_density(double x) const {
   if (std::isnan(x)) return x;
   if (x == 0.0) return 0.0;  // f is even and smooth
-  const double g = d_log_f1(std::abs(x) * inv_scale_) * inv_scale_;
+  if (alpha_ == 2.0) return -x / (2 * c_);  // the Gaussian of variance 2c
+  // f(x) = f_1(u) / s with u = |x| / s: d log f / dx = u f_1'(u) / (f_1(u) |x|), which stays
+  // finite when s = c^(1/alpha) under- or overflows. Beyond the table u (log f_1)'(u) tends
+  // to -(alpha + 1), the power-law tail.
+  const double u = unit(x, inv_scale_, log_scale_);
+  const double ug = std::isfinite(u) ? u * d_log_f1(u) : -(alpha_ + 1);
+  const double g = ug / std::abs(x);
   return x > 0 ? g : -g;
 }
 
 double StableDensity::log_density(double x) const {
   if (std::isnan(x)) return x;
-  return log_f1(std::abs(x) * inv_scale_) - log_scale_;
+  if (alpha_ == 2.0) return -x * x / (4 * c_) - std::log(2 * std::sqrt(kPi * c_));
+  const double u = unit(x, inv_scale_, log_scale_);
+  if (std::isinf(u)) {
+    // u = |x| / s beyond the float range (s = c^(1/alpha) tiny): the tail, evaluated at log u.
+    const double lu = std::log(std::abs(x)) - log_scale_;
+    if (alpha_ == 1.0) return -std::log(kPi) - 2 * lu - log_scale_;
+    return log_tail_series_at_log(alpha_, lu) - log_scale_;
+  }
+  return log_f1(u) - log_scale_;
 }
 
 double StableDensity::operator()(double x) const { return std::exp(log_density(x)); }

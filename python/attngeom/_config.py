@@ -7,7 +7,18 @@ __version__: str = _core.build_config()["version"]
 
 
 def get_num_threads() -> int:
-    """Number of OpenMP threads the kernels use (1 when built without OpenMP)."""
+    """Number of OpenMP threads the kernels use.
+
+    Returns
+    -------
+    int
+        The thread count of the next parallel kernel (1 when built without OpenMP).
+
+    Examples
+    --------
+    >>> ag.get_num_threads() >= 1
+    True
+    """
     return int(_core.get_num_threads())
 
 
@@ -16,10 +27,28 @@ def set_num_threads(n: int) -> None:
 
     OMP_NUM_THREADS sets the initial value. Results do not depend on the thread count
     beyond rounding (<= 1e-12 relative in float64): every unit of work is computed the same
-    way whichever thread runs it. n is at most ``max_threads()``: the OpenMP thread limit,
-    capped at 16 threads per processor (larger teams fail to start).
+    way whichever thread runs it.
 
-    Example: ``ag.set_num_threads(1)``
+    Parameters
+    ----------
+    n : int
+        Thread count, from 1 to the OpenMP thread limit capped at 16 threads per processor
+        (larger teams fail to start).
+
+    Raises
+    ------
+    TypeError
+        When n is not an integer.
+    ValueError
+        When n is outside that range (the message gives the range).
+
+    Examples
+    --------
+    >>> before = ag.get_num_threads()
+    >>> ag.set_num_threads(1)
+    >>> ag.get_num_threads()
+    1
+    >>> ag.set_num_threads(before)
     """
     if isinstance(n, bool) or not isinstance(n, (int,)) and not hasattr(n, "__index__"):
         raise TypeError(f"n must be an integer >= 1, got {type(n).__name__}")
@@ -33,12 +62,29 @@ def set_num_threads(n: int) -> None:
 def show_config(file=None) -> dict:
     """Print and return the build configuration.
 
-    Keys: version, Eigen version, OpenMP, compiler, ``isa`` (the instruction-set level in
-    use), ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
-    runs), ``simd`` (the compiler's flags of the level in use) and ``threads``. Set
+    The portable build holds the C++ core compiled per x86-64 level (baseline, AVX2,
+    AVX-512) and imports the best one this CPU supports; set
     ``ATTNGEOM_ISA=baseline|avx2|avx512`` before the import to force a level.
 
-    Example: ``ag.show_config()["isa"]`` is ``'avx512'`` on a CPU with AVX-512.
+    Parameters
+    ----------
+    file : file-like, optional
+        Where to print (default sys.stdout).
+
+    Returns
+    -------
+    dict
+        version, eigen_version, openmp, compiler, ``isa`` (the level in use),
+        ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
+        runs), ``simd`` (the compiler's SIMD flags of the level in use), ``eigen_simd`` and
+        ``threads``.
+
+    Examples
+    --------
+    >>> import io
+    >>> cfg = ag.show_config(file=io.StringIO())
+    >>> cfg["isa"] in cfg["isa_supported"].split()
+    True
     """
     cfg = dict(_core.build_config())
     cfg["isa_compiled"] = " ".join(_core.COMPILED)

@@ -131,20 +131,37 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
 
     Parameters
     ----------
-    q, k, v, mask, causal, scale : exactly as given to :func:`softmax_attention`.
-    dy : array_like, shape (..., n_q, d_v), the forward output's (broadcast) shape.
-    y, log_partition : optional, the forward's outputs ``softmax_attention(...,
-        return_log_partition=True)``, shapes (..., n_q, d_v) and (..., n_q); recomputed when
-        either is missing.
+    q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
+        Exactly as given to :func:`softmax_attention`.
+    dy : array_like, shape (..., n_q, d_v)
+        Cotangent of the output, in the forward output's (broadcast) shape; cast to the
+        forward's dtype.
+    mask, causal, scale
+        Exactly as given to :func:`softmax_attention`.
+    y, log_partition : array_like, optional
+        The forward's outputs ``softmax_attention(..., return_log_partition=True)``, shapes
+        (..., n_q, d_v) and (..., n_q); recomputed when either is missing.
 
     Returns
     -------
-    AttentionGrads(dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast leading
-    axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the forward's (float32
-    when q, k, v are all float32, else float64); dy is cast to it. ValueError naming the
-    argument for a dy (or y, log_partition) of the wrong shape or dtype, or containing NaN.
+    AttentionGrads
+        Named tuple (dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast
+        leading axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the
+        forward's (float32 when q, k, v are all float32, else float64).
 
-    Example: ``dq, dk, dv = ag.softmax_attention_backward(q, k, v, dy, causal=True)``
+    Raises
+    ------
+    ValueError
+        Naming the argument for a dy (or y, log_partition) of the wrong shape or dtype,
+        or containing NaN.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v, dy = rng.standard_normal((4, 2, 5, 3))
+    >>> dq, dk, dv = ag.softmax_attention_backward(q, k, v, dy, causal=True)
+    >>> dq.shape, bool(np.allclose(dv.sum(-2), dy.sum(-2)))   # each row of P sums to 1
+    ((2, 5, 3), True)
     """
     return attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y, log_partition=log_partition)
 
@@ -202,12 +219,12 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
                               log_partition=None, **params) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`kernel_attention` for the output cotangent dy.
 
-    With u_i = q_i / |q_i|, tau_i = scale |q_i| (Laplace-Radon eq. 9), s_ij = u_i.k_j and
+    With u_i = q_i / ``|q_i|``, tau_i = scale ``|q_i|`` (Laplace-Radon eq. 9), s_ij = u_i.k_j and
     l_ij = log psi(tau_i, s_ij) + mask_ij (eq. 40-44):
 
         dl_ij = P_ij (dy_i.v_j - dy_i.y_i),   dk_j = sum_i dl_ij dl/ds u_i,
         du_i = sum_j dl_ij dl/ds k_j,   dtau_i = sum_j dl_ij dl/dtau,
-        dq_i = (du_i - u_i (u_i.du_i)) / |q_i| + scale dtau_i u_i.
+        dq_i = (du_i - u_i (u_i.du_i)) / ``|q_i|`` + scale dtau_i u_i.
 
     dl/ds = -dl/dtau is -(s - tau) / sigma^2 (gaussian), -2 z / (gamma (1 + z^2)) with
     z = (s - tau) / gamma (cauchy), -(log f)'(tau - s) (stable: the derivative of the same
@@ -220,13 +237,37 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
 
     Parameters
     ----------
-    q, k, v, kernel, causal, mask, scale, **params : as given to :func:`kernel_attention`.
-    dy : (..., n_q, d_v); y, log_partition : optional forward outputs (recomputed if missing).
+    q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
+        As given to :func:`kernel_attention`.
+    dy : array_like, shape (..., n_q, d_v)
+        Cotangent of the output, in the forward output's (broadcast) shape.
+    kernel, causal, mask, scale
+        As given to :func:`kernel_attention`.
+    y, log_partition : array_like, optional
+        The forward's outputs (recomputed when either is missing).
+    **params
+        The kernel's parameters (sigma, gamma, alpha, c), as given to the forward.
 
-    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed),
-    dtype as the forward's; ValueError naming the argument for a bad dy, y or log_partition.
+    Returns
+    -------
+    AttentionGrads
+        Named tuple (dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast
+        leading axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the
+        forward's (float32 when q, k, v are all float32, else float64).
 
-    Example: ``dq, dk, dv = ag.kernel_attention_backward(q, k, v, dy, kernel="cauchy", gamma=0.5)``
+    Raises
+    ------
+    ValueError
+        Naming the argument for a dy (or y, log_partition) of the wrong shape or dtype,
+        or containing NaN.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v, dy = rng.standard_normal((4, 6, 3))
+    >>> g = ag.kernel_attention_backward(q, k, v, dy, kernel="cauchy", gamma=0.5)
+    >>> [a.shape for a in g]
+    [(6, 3), (6, 3), (6, 3)]
     """
     name, p = kernel_params(kernel, params)
     if name == "exp":

@@ -96,13 +96,33 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads
 
     Parameters
     ----------
-    q, k, v, causal : as given to :func:`lightning_attention`.
-    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+    q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
+        As given to :func:`lightning_attention`.
+    dy : array_like, shape (..., n_q, d_v)
+        Cotangent of the output, in the forward output's (broadcast) shape.
+    causal : bool or str, default False
+        As given to the forward.
 
-    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed);
-    dtype as the forward's. ValueError naming dy for a wrong shape or dtype, or NaN.
+    Returns
+    -------
+    AttentionGrads
+        Named tuple (dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast
+        leading axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the
+        forward's (float32 when q, k, v are all float32, else float64).
 
-    Example: ``dq, dk, dv = ag.lightning_attention_backward(q, k, v, dy, causal=True)``
+    Raises
+    ------
+    ValueError
+        Naming the argument for a dy (or y, log_partition) of the wrong shape or dtype,
+        or containing NaN.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v, dy = rng.standard_normal((4, 5, 2))
+    >>> dq, dk, dv = ag.lightning_attention_backward(q, k, v, dy)
+    >>> bool(np.allclose(dv, k @ (q.T @ dy)))   # dV = K Q^T dY without a mask
+    True
     """
     shapes = [np.shape(a) for a in (q, k, v)]
     p = AttentionOperands(q, k, v, causal=causal)

@@ -93,7 +93,7 @@ def _centered(q, k, v, sigma, mask):
 def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`projection_attention` for the output cotangent dy (sigma fixed).
 
-    With l_ij = -|q_i - k_j|^2 / (2 sigma^2) + mask_ij (Sanger eq. 3-14, squared distance) and
+    With l_ij = -``|q_i - k_j|^2`` / (2 sigma^2) + mask_ij (Sanger eq. 3-14, squared distance) and
     dl_ij = z_ij (dy_i.v_j - dy_i.y_i):
 
         dq_i = sum_j dl_ij (k_j - q_i) / sigma^2,   dk_j = sum_i dl_ij (q_i - k_j) / sigma^2,
@@ -101,18 +101,38 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
 
     (sum_j dl_ij = 0, so dq_i = sum_j dl_ij k_j / sigma^2). Computed by the flash softmax
     backward on the centred operands, with the gradient of the per-key bias
-    -|k_j|^2 / (2 sigma^2) from the same pass; no n_q x n_k buffer. With v omitted (v = k),
+    -``|k_j|^2`` / (2 sigma^2) from the same pass; no n_q x n_k buffer. With v omitted (v = k),
     dk includes the value path.
 
     Parameters
     ----------
-    q, k, v, sigma, causal, mask : as given to :func:`projection_attention`.
-    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+    q, k : array_like, shapes (..., n_q, d) and (..., n_k, d)
+        As given to :func:`projection_attention`.
+    v : array_like, shape (..., n_k, d_v), or None
+        As given to the forward (None: the keys are the values).
+    dy : array_like, shape (..., n_q, d_v)
+        Cotangent of the output, in the forward output's (broadcast) shape.
+    sigma, causal, mask
+        As given to :func:`projection_attention` (sigma gets no gradient).
 
-    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (dv is None when v was
-    omitted); dtype as the forward's. ValueError naming dy for a bad cotangent.
+    Returns
+    -------
+    AttentionGrads
+        (dq, dk, dv) with the shapes of q, k, v (dv is None when v was omitted, its
+        gradient then being part of dk); dtype as the forward's.
 
-    Example: ``dq, dk, dv = ag.projection_attention_backward(x, x, x, dy, sigma=0.5)``
+    Raises
+    ------
+    ValueError
+        Naming dy for a cotangent of the wrong shape or dtype, or containing NaN.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> x, dy = rng.standard_normal((2, 5, 3))
+    >>> dq, dk, dv = ag.projection_attention_backward(x, x, None, dy, sigma=0.5)
+    >>> dq.shape, dk.shape, dv is None
+    ((5, 3), (5, 3), True)
     """
     value_is_key = v is None
     qc, kc, vv, bias, scale = _centered(q, k, v, sigma, mask)

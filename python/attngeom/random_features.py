@@ -211,7 +211,7 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.
 
     y_i = N_i / Z_i with N_i = phi(q_i).sum_j phi(k_j) v_j^T, Z_i = phi(q_i).sum_j phi(k_j) and
-    phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), x' = sqrt(scale) x (Laplace-Radon s.7.3):
+    phi(x) = exp(W x' - ``|x'|^2`` / 2) / sqrt(m), x' = sqrt(scale) x (Laplace-Radon s.7.3):
 
         dN_i = dy_i / Z_i,  dZ_i = -dy_i.y_i / Z_i,
         (dphi_q, dphi_k, d[v, 1]) = lightning backward of (phi_q, phi_k, [v, 1]) at [dN, dZ],
@@ -222,14 +222,33 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
 
     Parameters
     ----------
-    q, k, v, num_features, orthogonal, seed, causal, scale : as given to
-        :func:`random_feature_attention`.
-    dy : (..., n_q, d_v), the forward output's (broadcast) shape.
+    q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
+        As given to :func:`random_feature_attention`.
+    dy : array_like, shape (..., n_q, d_v)
+        Cotangent of the output, in the forward output's (broadcast) shape.
+    num_features, orthogonal, seed, causal, scale
+        As given to the forward: they fix the same feature matrix W.
 
-    Returns AttentionGrads(dq, dk, dv) with the shapes of q, k, v (broadcast axes summed);
-    dtype as the forward's. ValueError naming dy for a bad cotangent.
+    Returns
+    -------
+    AttentionGrads
+        Named tuple (dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast
+        leading axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the
+        forward's (float32 when q, k, v are all float32, else float64).
 
-    Example: ``dq, dk, dv = ag.random_feature_attention_backward(q, k, v, dy, num_features=512)``
+    Raises
+    ------
+    ValueError
+        Naming the argument for a dy (or y, log_partition) of the wrong shape or dtype,
+        or containing NaN.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v, dy = 0.5 * rng.standard_normal((4, 6, 3))
+    >>> dq, dk, dv = ag.random_feature_attention_backward(q, k, v, dy, num_features=16)
+    >>> dq.shape, dv.dtype
+    ((6, 3), dtype('float64'))
     """
     y, _, f = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=False)
     dy = cotangent("dy", dy, y.shape, y.dtype)

@@ -62,4 +62,8 @@ def stable_density(x, alpha, c=1.0, *, log=False):
     if c <= 0:
         raise ValueError(f"c must be > 0, got {c}")
     flat = np.ascontiguousarray(x, dtype=np.float64)
-    return _core.stable_density(flat, alpha, c, bool(log)).reshape(x.shape)
+    out = _core.stable_density(flat, alpha, c, bool(log)).reshape(x.shape)
+    if not log and np.isinf(out).any():
+        raise ValueError(f"the density with alpha = {alpha}, c = {c} exceeds the float64 range (its peak is "
+                         f"about c^(-1/alpha)); use log=True")
+    return out

@@ -116,17 +116,40 @@ def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
 
     Parameters
     ----------
-    x : (..., T, D) sequences; L0 : (D, D) invertible; M : (D, D) (the steady-state pair;
-        the time-varying (T, D, D) factors are not supported here).
-    dw : (..., T, D), x's shape: the cotangent of w.
-    w : optional, the forward output ``whiten(x, L0, M)`` (recomputed when omitted).
-    block : None (sequential adjoint) or an integer >= 1, the scan's block length.
+    x : array_like, shape (..., T, D)
+        The sequences given to the forward.
+    L0 : array_like, shape (D, D)
+        Invertible factor of the steady-state pair (time-varying (T, D, D) factors are not
+        supported here).
+    M : array_like, shape (D, D)
+        The coupling of the steady-state pair.
+    dw : array_like, shape (..., T, D)
+        Cotangent of w, in x's shape.
+    w : array_like, shape (..., T, D), optional
+        The forward output ``whiten(x, L0, M)`` (recomputed when omitted).
+    block : int, optional
+        None for the sequential adjoint, or the scan's block length (>= 1).
 
-    Returns WhitenGrads(dx, dL0, dM); float32 when x, L0, M are float32 (see :func:`whiten`),
-    else float64. ValueError naming the argument for a bad dw (shape, dtype, NaN) or for
-    time-varying L0, M.
+    Returns
+    -------
+    WhitenGrads
+        Named tuple (dx, dL0, dM); float32 when x, L0, M are float32 (see :func:`whiten`),
+        else float64.
 
-    Example: ``dx, dL0, dM = ag.whiten_backward(x, L0, M, dw)``
+    Raises
+    ------
+    ValueError
+        Naming the argument for a dw of the wrong shape or dtype, with NaN, or for
+        time-varying L0, M.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> x, dw = rng.standard_normal((2, 3, 7, 2))
+    >>> L0, M = np.array([[2.0, 0.0], [0.5, 1.5]]), 0.3 * np.eye(2)
+    >>> dx, dL0, dM = ag.whiten_backward(x, L0, M, dw)
+    >>> dx.shape, dL0.shape, dM.shape
+    ((3, 7, 2), (2, 2), (2, 2))
     """
     block = None if block is None else count("block", block)
     shape, flat, L, Mm, lower, varying = _filter(x, L0, M)
