@@ -51,7 +51,7 @@ def cases(rng):
     M = 0.2 * rng.standard_normal((32, 32))
     out.append(("whiten", lambda: ag.whiten(x, L, M)))
     weights = ag.random_weights([8, 6, 8], [6, 6], seed=1)
-    X = rng.standard_normal((200, 8, 5))
+    X = rng.standard_normal((200, 5, 8))  # (samples, tokens, d_0)
     out.append(("jacobian", lambda: ag.parametrization_jacobian(weights, X)))
     s = np.linspace(-40, 40, 200_000)
     out.append(("stable density", lambda: ag.stable_density(s, 1.3)))
