@@ -106,15 +106,9 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads
     Returns
     -------
     AttentionGrads
-        Named tuple (dq, dk, dv) with the shapes of q, k, v: cotangents over broadcast
-        leading axes are summed, as NumPy / PyTorch broadcasting implies. dtype: the
-        forward's (float32 when q, k, v are all float32, else float64).
-
-    Raises
-    ------
-    ValueError
-        Naming the argument for a dy (or y, log_partition) of the wrong shape or dtype,
-        or containing NaN.
+        (dq, dk, dv) with the shapes of q, k, v, broadcast axes summed, in the forward's
+        dtype; wrong or non-finite cotangents raise ValueError, as for
+        :func:`softmax_attention_backward`.
 
     Examples
     --------

@@ -583,6 +583,15 @@ def stationarity(x) -> float:
 
 
 # -- synthetic processes -------------------------------------------------------------------
+def _transition(name, m, T):
+    """A fixed (D, D) or per-step (T, D, D) transition matrix of the generators, float64."""
+    a = operand(name, m, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
+    D = a.shape[-1]
+    if a.shape not in ((D, D), (T, D, D)):
+        raise ValueError(f"{name} must have shape ({D}, {D}) or ({T}, {D}, {D}), got {a.shape}")
+    return a
+
+
 def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     """Vector MA(1) sequences x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I).
 
@@ -610,10 +619,8 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     >>> ag.vector_ma1(0.5 * np.eye(3), B=4, T=5).shape
     (4, 5, 3)
     """
-    th = operand("Theta", Theta, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
+    th = _transition("Theta", Theta, T)
     D = th.shape[-1]
-    if th.shape not in ((D, D), (T, D, D)):
-        raise ValueError(f"Theta must have shape ({D}, {D}) or ({T}, {D}, {D}), got {th.shape}")
     th = np.broadcast_to(th, (T, D, D))
     e = np.random.default_rng(seed).standard_normal((B, T + 1, D))
     return e[:, 1:] + np.einsum("tde,bte->btd", th, e[:, :-1])
@@ -650,10 +657,8 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
     >>> ag.vector_ar1(0.5 * np.eye(2), B=4, T=5).shape
     (4, 5, 2)
     """
-    ph = operand("Phi", Phi, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
+    ph = _transition("Phi", Phi, T)
     D = ph.shape[-1]
-    if ph.shape not in ((D, D), (T, D, D)):
-        raise ValueError(f"Phi must have shape ({D}, {D}) or ({T}, {D}, {D}), got {ph.shape}")
     if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
         raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
     # The draws in the order of a step-by-step simulation: (burn_in + T) steps of (B, D).
