@@ -128,16 +128,19 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
         contenders["torch"] = sdpa
         row["maxdiff_torch"] = float(np.max(np.abs(y - sdpa().numpy())))
 
-    # Estimate the NumPy reference from one (batch, head) before committing to the full call.
+    med = time_interleaved(contenders, repeats)
+
+    # The NumPy reference is timed on its own, after the others: OpenBLAS's worker threads
+    # keep spinning for a while after each call and would slow whatever runs next.
+    # Estimate it from one (batch, head) before committing to the full call.
     _, t_one = once(lambda: numpy_attention(q[:1, :1], k[:1, :1], v[:1, :1], causal))
     if t_one * B * H > NUMPY_LIMIT_S:
         notes.append("numpy skipped")
     else:
         ref = numpy_attention(q, k, v, causal)
         row["maxdiff_numpy"] = float(np.max(np.abs(y - ref)))
-        contenders["numpy"] = lambda: numpy_attention(q, k, v, causal)
-
-    med = time_interleaved(contenders, repeats)
+        med.update(time_interleaved({"numpy": lambda: numpy_attention(q, k, v, causal)}, max(1, repeats // 2)))
+        time.sleep(0.5)
     row.update({f"t_{name}": t for name, t in med.items()})
     if "numpy" in med:
         row["ours/numpy"] = med["ours"] / med["numpy"]
