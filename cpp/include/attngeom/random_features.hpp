@@ -1,8 +1,9 @@
 // Positive random features for FAVOR+ (Laplace-Radon s.7.3; Choromanski et al., Performer):
 // phi(x) = exp(W x - |x|^2 / 2) / sqrt(m), with a stabilising shift so exp never overflows.
 //
-// One pass per block of rows: the GEMM X W^T, the norm correction, the shift and the exp,
-// without the (n, m) logits ever leaving the cache. OpenMP over batch x row blocks.
+// Per-row shifts (queries): one pass per block of rows, the GEMM X W^T, the norm
+// correction, the shift and the exp while the block is in cache. Per-block shifts (keys)
+// need the block's maximum first, so the exp is a second pass. OpenMP over batch x row blocks.
 #pragma once
 
 #include <Eigen/Core>
@@ -32,10 +33,21 @@ void positive_features(int64_t batch, const Stack<T>& x, const T* W, int64_t m, 
   const T norm = T(1) / std::sqrt(T(m));
   const int64_t rows_per_block = 64, blocks = (n + rows_per_block - 1) / rows_per_block;
   const bool par = parallel_worth(double(batch) * n * m * d);
-  // Pass 1: logits L = root x W^T - root^2 |x|^2 / 2 into phi, with each row's max.
+  // phi = exp(L - s) / sqrt(m) for one row, through an aligned scratch row: Eigen evaluates
+  // the unaligned head of a row with the scalar exp and the rest with the vectorised one, so
+  // exp straight into phi would make the last bit depend on where NumPy put the array.
+  auto exponentiate = [&](T* out_row, T s, Eigen::Array<T, 1, Eigen::Dynamic>& scratch) {
+    auto out = Map(out_row, 1, m).array();
+    scratch = out;
+    scratch = (scratch - s).exp() * norm;
+    out = scratch;
+  };
+  // Pass 1: logits L = root x W^T - root^2 |x|^2 / 2 into phi and each row's max; with
+  // per-row shifts the row is exponentiated right away.
 #pragma omp parallel if (par)
   {
     Mat X(rows_per_block, d);
+    Eigen::Array<T, 1, Eigen::Dynamic> scratch(m);
 #pragma omp for schedule(static)
     for (int64_t unit = 0; unit < batch * blocks; ++unit) {
       const int64_t b = unit / blocks, i0 = (unit % blocks) * rows_per_block;
@@ -45,33 +57,24 @@ void positive_features(int64_t batch, const Stack<T>& x, const T* W, int64_t m, 
       Map L(phi + (b * n + i0) * m, rows, m);
       L.noalias() = Xs * Wm.transpose();
       L.colwise() -= (Xs.rowwise().squaredNorm() * T(0.5));
-      for (int64_t r = 0; r < rows; ++r) shift[b * n + i0 + r] = L.row(r).maxCoeff();
-    }
-  }
-  // Per-block shift: the maximum over the block's rows.
-  if (!per_row) {
-    for (int64_t b = 0; b < batch; ++b) {
-      T* s = shift + b * n;
-      std::fill(s, s + n, *std::max_element(s, s + n));
-    }
-  }
-  // Pass 2: phi = exp(L - shift) / sqrt(m), through an aligned scratch row: Eigen evaluates
-  // the unaligned head of a row with the scalar exp and the rest with the vectorised one, so
-  // exp straight into phi would make the last bit depend on where NumPy put the array.
-#pragma omp parallel if (par)
-  {
-    Eigen::Array<T, 1, Eigen::Dynamic> row(m);
-#pragma omp for schedule(static)
-    for (int64_t unit = 0; unit < batch * blocks; ++unit) {
-      const int64_t b = unit / blocks, i0 = (unit % blocks) * rows_per_block;
-      const int64_t rows = std::min(rows_per_block, n - i0);
       for (int64_t r = 0; r < rows; ++r) {
-        auto out = Map(phi + (b * n + i0 + r) * m, 1, m).array();
-        row = out;
-        row = (row - shift[b * n + i0 + r]).exp() * norm;
-        out = row;
+        T& s = shift[b * n + i0 + r];
+        s = L.row(r).maxCoeff();
+        if (per_row) exponentiate(&L(r, 0), s, scratch);
       }
     }
+  }
+  if (per_row) return;
+  // Per-block shift: the maximum over the block's rows, then pass 2 exponentiates.
+  for (int64_t b = 0; b < batch; ++b) {
+    T* s = shift + b * n;
+    std::fill(s, s + n, *std::max_element(s, s + n));
+  }
+#pragma omp parallel if (par)
+  {
+    Eigen::Array<T, 1, Eigen::Dynamic> scratch(m);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < batch * n; ++r) exponentiate(phi + r * m, shift[r], scratch);
   }
 }
 
