@@ -204,7 +204,8 @@ StableDensity::StableDensity(double alpha, double c) : alpha_(alpha), c_(c) {
   inv_scale_ = std::exp(-log_scale_);
   log_f0_ = std::lgamma(1.0 + 1.0 / alpha) - std::log(kPi);
   h_ = std::exp(-log_f0_);
-  if (alpha == 1.0) return;  // Cauchy: closed form everywhere
+  // Cauchy and Gaussian: closed forms everywhere (log_density handles alpha = 2 itself).
+  if (alpha == 1.0 || alpha == 2.0) return;
   // The table's unit: the core width h, or the scale x_c on which the curvature at 0 acts
   // (the x where the first two terms of the small-x series are equal) when that is finer.
   // For small alpha the density has a cusp-like peak and x_c << h (alpha = 0.1: 3e-13 vs 9e-7).
@@ -214,16 +215,12 @@ StableDensity::StableDensity(double alpha, double c) : alpha_(alpha), c_(c) {
   // End of the table: the first x = h 2^m where the tail series has converged (or, for an
   // asymptotic series, its smallest term is negligible) and matches the integral.
   x_max_ = 0;
-  if (alpha == 2.0) {
-    x_max_ = 30.0;  // f ~ 1e-98 there; beyond it the exact Gaussian
-  } else {
-    for (int m = 2; m <= 40 && x_max_ == 0; ++m) {
-      const double x = h_ * std::ldexp(1.0, m);
-      const double t = log_tail_series(alpha, x);
-      if (std::isfinite(t) && std::abs(t - log_density_integral(alpha, x)) < 1e-13) x_max_ = x;
-    }
-    if (x_max_ == 0) x_max_ = h_ * std::ldexp(1.0, 40);
+  for (int m = 2; m <= 40 && x_max_ == 0; ++m) {
+    const double x = h_ * std::ldexp(1.0, m);
+    const double t = log_tail_series(alpha, x);
+    if (std::isfinite(t) && std::abs(t - log_density_integral(alpha, x)) < 1e-13) x_max_ = x;
   }
+  if (x_max_ == 0) x_max_ = h_ * std::ldexp(1.0, 40);
   z_max_ = std::asinh(x_max_ / z_unit_);
   pieces_ = std::max(1, int(std::ceil(z_max_ / kPieceWidth)));
   coef_.assign(size_t(pieces_) * kNodes, 0.0);
@@ -245,10 +242,7 @@ StableDensity::StableDensity(double alpha, double c) : alpha_(alpha), c_(c) {
 
 double StableDensity::log_f1(double x) const {
   if (alpha_ == 1.0) return log_cauchy(x);
-  if (x >= x_max_) {
-    if (alpha_ == 2.0) return -x * x / 4 - std::log(2 * std::sqrt(kPi));
-    return log_tail_series(alpha_, x);
-  }
+  if (x >= x_max_) return log_tail_series(alpha_, x);
   const double z = std::asinh(x / z_unit_);
   const int p = std::min(pieces_ - 1, int(z / kPieceWidth));
   const double t = 2 * (z - p * kPieceWidth) / kPieceWidth - 1;
@@ -264,10 +258,7 @@ double StableDensity::log_f1(double x) const {
 
 double StableDensity::d_log_f1(double x) const {
   if (alpha_ == 1.0) return x == 0.0 ? 0.0 : -2 / (x + 1 / x);
-  if (x >= x_max_) {
-    if (alpha_ == 2.0) return -x / 2;
-    return d_log_tail_series(alpha_, x);
-  }
+  if (x >= x_max_) return d_log_tail_series(alpha_, x);
   // d/dx of the Chebyshev sum in t(z(x)): sum_k c_k k U_{k-1}(t) * dt/dz * dz/dx.
   const double z = std::asinh(x / z_unit_);
   const int p = std::min(pieces_ - 1, int(z / kPieceWidth));
