@@ -16,15 +16,14 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom import _core
+from bench_attention import time_interleaved  # contenders timed round by round
 
 
 def cases(rng):
@@ -58,6 +57,11 @@ def cases(rng):
     return out
 
 
+def at_level(level, f):
+    with _core.use_level(level):
+        return f()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results")
@@ -69,22 +73,12 @@ def main(argv=None):
     chosen = _core.LEVEL
     levels = list(_core.SUPPORTED)
     print(f"levels compiled: {' '.join(_core.COMPILED)}; supported here: {' '.join(levels)}; chosen: {chosen}; "
-          f"{ag.get_num_threads()} threads; time over the chosen level's (median of {args.repeats} rounds)")
+          f"{ag.get_num_threads()} threads; time over the chosen level's (median of {args.repeats} interleaved rounds)")
     rng = np.random.default_rng(0)
     rows = []
     print(f"{'kernel':>24}  {chosen + ' [ms]':>12}  " + "  ".join(f"{lv:>9}" for lv in levels))
     for name, f in cases(rng):
-        times = {lv: [] for lv in levels}
-        for lv in levels:  # warm-up
-            with _core.use_level(lv):
-                f()
-        for _ in range(args.repeats):
-            for lv in levels:
-                with _core.use_level(lv):
-                    t0 = time.perf_counter()
-                    f()
-                    times[lv].append(time.perf_counter() - t0)
-        med = {lv: statistics.median(t) for lv, t in times.items()}
+        med = time_interleaved({lv: (lambda lv=lv, f=f: at_level(lv, f)) for lv in levels}, args.repeats)
         row = {"kernel": name, "t": med, "ratio": {lv: med[lv] / med[chosen] for lv in levels}}
         rows.append(row)
         print(f"{name:>24}  {med[chosen] * 1e3:>12.2f}  " + "  ".join(f"{row['ratio'][lv]:>9.2f}" for lv in levels),
