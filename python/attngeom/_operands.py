@@ -419,3 +419,25 @@ def renamed_arguments(**renames):
         return inner
 
     return wrap
+
+
+def max_row_norm(a: np.ndarray) -> float:
+    """Largest Euclidean norm along the last axis of `a`, in float64 and overflow-safe (the
+    entries are divided by the largest one before squaring); 0 for an empty array."""
+    if a.size == 0:
+        return 0.0
+    big = float(np.max(np.abs(a)))
+    if big == 0.0 or not math.isfinite(big):
+        return big
+    return big * float(np.max(np.linalg.norm(a / big, axis=-1)))
+
+
+def check_bound(bound: float, dtype, what: str, fix: str) -> None:
+    """Refuse an input for which `what`, bounded above by `bound`, may overflow `dtype`.
+
+    The same rule as the core's check_bound (types.hpp): a quantity a kernel computes that
+    the float type cannot represent is a ValueError saying what overflows and what to change,
+    never a NaN or an answer as if the overflowing terms were absent."""
+    limit = float(np.finfo(dtype).max)
+    if not bound <= limit:
+        raise ValueError(f"{what} may reach {bound:.3g}, beyond the float range ({limit:.3g}): {fix}")

@@ -190,7 +190,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
         As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
         additive mask).
     **params
-        Kernel parameters: sigma (gaussian), gamma (cauchy), alpha in (0, 2] and c (stable).
+        Kernel parameters: sigma (gaussian), gamma (cauchy), alpha in [0.1, 2] and c (stable).
 
     Returns
     -------

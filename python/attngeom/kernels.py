@@ -9,7 +9,7 @@ name       psi(tau, s)                                    parameters     equatio
 "exp"      exp(tau s)                                     none           (53)
 "gaussian" exp(-(tau - s)^2 / (2 sigma^2))                sigma > 0      (54)
 "cauchy"   1 / (1 + ((tau - s) / gamma)^2)                gamma > 0      (56)
-"stable"   f_alpha(tau - s), the symmetric alpha-stable   0 < alpha <= 2 (57)
+"stable"   f_alpha(tau - s), the symmetric alpha-stable   0.1<=alpha<=2  (57)
            density with Fourier multiplier                c > 0
            exp(-c ``|w|^alpha``)
 ========== ============================================== ============== ========
@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._operands import compute_dtype, real_array, scalar
+from .stable_density import ALPHA_MIN, stable_density
 
 KERNELS = ("exp", "gaussian", "cauchy", "stable")
 _DEFAULTS = {"exp": {}, "gaussian": {"sigma": 1.0}, "cauchy": {"gamma": 1.0}, "stable": {"alpha": 1.5, "c": 1.0}}
@@ -30,7 +31,7 @@ def kernel_params(kernel, params: dict) -> tuple:
     """Validate a kernel name and its parameters; returns (name, dict of floats).
 
     Raises TypeError for a non-string name, ValueError for an unknown name, an unknown
-    parameter, or a parameter outside its range (alpha must lie in (0, 2]).
+    parameter, or a parameter outside its range (alpha must lie in [0.1, 2]).
     """
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string, one of {KERNELS}, got {type(kernel).__name__}")
@@ -44,8 +45,8 @@ def kernel_params(kernel, params: dict) -> tuple:
     out = {}
     for key, default in allowed.items():
         out[key] = scalar(key, params.get(key, default), positive=True)
-    if kernel == "stable" and not 0.0 < out["alpha"] <= 2.0:
-        raise ValueError(f"alpha must lie in (0, 2], got {out['alpha']}")
+    if kernel == "stable" and not ALPHA_MIN <= out["alpha"] <= 2.0:
+        raise ValueError(f"alpha must lie in [{ALPHA_MIN}, 2], got {out['alpha']}")
     return kernel, out
 
 
@@ -89,7 +90,5 @@ def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     elif name == "cauchy":
         out = 1.0 / (1.0 + ((t - x) / p["gamma"]) ** 2)
     else:
-        from .stable_density import stable_density
-
         out = stable_density(t - x, p["alpha"], p["c"])
     return np.asarray(out, dtype=dt)

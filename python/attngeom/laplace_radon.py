@@ -21,7 +21,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, check_finite, check_shared_width, compute_dtype, operand, scalar
+from ._operands import (AttentionOperands, check_bound, check_finite, check_shared_width, compute_dtype, max_row_norm,
+                        operand, scalar)
 from .kernels import kernel_params
 
 
@@ -73,11 +74,18 @@ def tilt_radius(q, *, scale=None):
     """
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
-    norm = np.linalg.norm(q, axis=-1)
-    safe = np.where(norm > 0, norm, 1)
-    u = q / safe[..., None]
-    u[norm == 0] = 0
-    return u, (norm * q.dtype.type(scale)).astype(q.dtype, copy=False)
+    # Each row is divided by its largest entry before the norm (as hypot does), so that no
+    # square overflows or underflows: |q| is exact to rounding for any finite q.
+    big = np.max(np.abs(q), axis=-1, keepdims=True) if q.shape[-1] else np.zeros(q.shape[:-1] + (1,), q.dtype)
+    safe = np.where(big > 0, big, 1)
+    unit = q / safe
+    length = np.linalg.norm(unit, axis=-1, keepdims=True)
+    u = unit / np.where(length > 0, length, 1)
+    with np.errstate(over="ignore"):
+        tau = ((big[..., 0].astype(np.float64) * scale) * length[..., 0]).astype(q.dtype)
+    if not np.all(np.isfinite(tau)):
+        raise ValueError(f"scale |q| overflows {q.dtype}: largest entry of q {np.max(big):.3g}, scale {scale:.3g}")
+    return u, tau
 
 
 def radon_project(u, k):
@@ -330,6 +338,14 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
     tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
     pr = AttentionOperands(q, k, None, qname="q", tau=tau)
+    # The logits, the gradient scale E_p[k] and the Hessian scale^2 Cov_p(k) must be representable.
+    key_max = max_row_norm(pr.k.array)
+    check_bound(abs(scale) * max_row_norm(pr.q.array) * key_max, pr.dtype, "the logits scale q.k",
+                "rescale q, k or scale")
+    grad_max = abs(scale) * key_max
+    check_bound(grad_max, pr.dtype, "scale |k| (the gradient's scale)", "rescale k or scale")
+    if hessian:
+        check_bound(grad_max * grad_max, pr.dtype, "scale^2 |k|^2 (the Hessian's scale)", "rescale k or scale")
     mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                         pr.k.index, "exp", {}, bool(hessian))
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, compute_dtype, operand, scalar
+from ._operands import AttentionOperands, check_bound, compute_dtype, max_row_norm, operand, scalar
 from .attention import AttentionGrads, softmax_attention
 
 _CHUNK = 64
@@ -142,7 +142,11 @@ def _layer(x, a, v, kind, temperature, causal):
     values = x @ v.T
     if kind == "softmax":
         # eq. 16: weights exp(x_i^T A x_j / T): query i is A^T x_i, key j is x_j.
-        return softmax_attention(x @ a, x, values, scale=1.0 / temperature, causal=causal)
+        queries = x @ a
+        check_bound(max_row_norm(queries) * max_row_norm(x) / temperature, dt,
+                    f"the logits x_i^T A x_j / temperature (temperature = {temperature:.3g})",
+                    "temperature is too small for these inputs")
+        return softmax_attention(queries, x, values, scale=1.0 / temperature, causal=causal)
     # eq. 1: weights x_j^T A x_i: query i is A x_i, key j is x_j.
     return lightning_attention(x @ a.T, x, values, causal=causal)
 

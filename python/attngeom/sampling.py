@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._operands import count, query_key_value, scalar
+from ._operands import check_bound, count, max_row_norm, query_key_value, scalar
 
 PROPOSALS = ("uniform", "tilted")
 
@@ -112,6 +112,8 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         raise ValueError(f"q and k must have the same leading axes, got q {qa.shape}, k {ka.shape}")
     scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
     qf, kf, vf = (a.astype(np.float64) for a in (qa, ka, va))
+    check_bound(scale * max_row_norm(qf) * max_row_norm(kf), np.float64, "the logits scale q.k",
+                "rescale q, k or scale")
     rng = np.random.default_rng(seed)
     batch = qf.shape[:-2]
     n_q = qf.shape[-2]

@@ -7,6 +7,11 @@ from . import _core
 from ._operands import real_array, scalar
 
 
+#: The smallest supported stability index: below it the table loses accuracy (2e-10 at
+#: alpha = 0.07, NaN at 0.03) and the peak Gamma(1 + 1 / alpha) / pi overflows near 0.006.
+ALPHA_MIN = 0.1
+
+
 def stable_density(x, alpha, c=1.0, *, log=False):
     """Density of the symmetric alpha-stable law with characteristic function exp(-c ``|w|^alpha``).
 
@@ -36,7 +41,7 @@ def stable_density(x, alpha, c=1.0, *, log=False):
     ----------
     x : array_like
         Points, any shape (real); NaN gives NaN.
-    alpha : float in (0, 2]
+    alpha : float in [0.1, 2]
         Stability index.
     c : float, default 1.0
         Scale (> 0).
@@ -57,8 +62,8 @@ def stable_density(x, alpha, c=1.0, *, log=False):
     x = real_array("x", x)
     alpha = scalar("alpha", alpha)
     c = scalar("c", c)
-    if not 0.0 < alpha <= 2.0:
-        raise ValueError(f"alpha must lie in (0, 2], got {alpha}")
+    if not ALPHA_MIN <= alpha <= 2.0:
+        raise ValueError(f"alpha must lie in [{ALPHA_MIN}, 2], got {alpha}")
     if c <= 0:
         raise ValueError(f"c must be > 0, got {c}")
     flat = np.ascontiguousarray(x, dtype=np.float64)

@@ -17,6 +17,7 @@ Whitened self-attention (eq. 4) is softmax attention over the w_i with no value 
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -47,6 +48,24 @@ def _filter(x, L, M):
     L = np.ascontiguousarray(La, dtype=x.dtype)
     M = np.ascontiguousarray(Ma, dtype=x.dtype)
     return x.shape, flat, L, M, lower, La.ndim == 3
+
+
+def _finite(w: np.ndarray, L: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """The recursion's output, or a ValueError when it overflowed (x, L and M are finite, so
+    only growth can make it non-finite: an unstable filter, spectral radius of L^{-1} M >= 1,
+    or an L tiny in absolute terms, which the relative condition check cannot see)."""
+    if np.all(np.isfinite(w)):
+        return w
+    L64, M64 = L.astype(np.float64), M.astype(np.float64)
+    with np.errstate(all="ignore"):
+        try:
+            radius = float(np.max(np.abs(np.linalg.eigvals(np.linalg.solve(L64, M64)))))
+        except np.linalg.LinAlgError:
+            radius = math.inf
+    smallest = float(np.min(np.linalg.svd(L64, compute_uv=False)))
+    raise ValueError(f"the whitening recursion overflowed {w.dtype}: L and M give a filter that grows (spectral "
+                     f"radius of L^-1 M {radius:.3g}, smallest singular value of L {smallest:.3g}); the recursion "
+                     f"is stable for radius < 1 and an L that is not tiny")
 
 
 def whiten(x, L, M) -> np.ndarray:
@@ -82,7 +101,7 @@ def whiten(x, L, M) -> np.ndarray:
     ((400, 6, 2), True)
     """
     shape, flat, L, M, lower, varying = _filter(x, L, M)
-    return _core.whiten(flat, L, M, lower, 0, varying).reshape(shape)
+    return _finite(_core.whiten(flat, L, M, lower, 0, varying), L, M).reshape(shape)
 
 
 class WhitenGrads(NamedTuple):
@@ -210,7 +229,7 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
     shape, flat, L, M, lower, varying = _filter(x, L, M)
     if varying:
         raise ValueError("whiten_scan needs one (D, D) pair (L, M): the scan chains powers of one affine map")
-    return _core.whiten(flat, L, M, lower, int(block), False).reshape(shape)
+    return _finite(_core.whiten(flat, L, M, lower, int(block), False), L, M).reshape(shape)
 
 
 # -- covariance models ---------------------------------------------------------------------

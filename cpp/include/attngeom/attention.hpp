@@ -32,9 +32,33 @@ namespace detail {
 // query block), so log psi leaves them as they are.
 template <class T>
 struct DotScores {
+  // tau_max is here the largest scaled query norm |scale| |q_i|.
+  void check_range(double tau_max, double key_max) const {
+    const double limit = std::numeric_limits<T>::max();
+    check_bound(tau_max, limit, "scale |q_i|", "rescale q or scale");
+    check_bound(tau_max * key_max, limit, "the logits scale q.k", "rescale q, k or scale");
+  }
   template <class M>
   void log_psi(M&&, const T*) const {}
 };
+
+// Refuses (std::invalid_argument) a call whose log-weights may overflow the float type,
+// before any work: the kernel bounds them from the largest radius (or scaled query norm) and
+// the largest key norm (Cauchy-Schwarz). One pass over q (or tau) and k.
+template <class T, class Kernel>
+void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
+                 T query_scale, const Kernel& kernel) {
+  double tau_max = 0;
+  if (tau) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const T* t = tau + (tau_index ? tau_index[b] : b) * q.rows;
+      for (int64_t i = 0; i < q.rows; ++i) tau_max = std::max(tau_max, std::abs(double(t[i])));
+    }
+  } else {
+    tau_max = std::abs(double(query_scale)) * max_row_norm(batch, q);
+  }
+  kernel.check_range(tau_max, max_row_norm(batch, k));
+}
 
 // Applies the mask and the causal limit to the log-weights L of batch b, query rows from i0
 // and keys from j0: hidden entries become -inf, an additive mask is added. `offset` is the
@@ -80,6 +104,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
+  check_range(batch, q, tau, tau_index, k, query_scale, kernel);
 
 #pragma omp parallel if (parallel_worth(work))
   {

@@ -61,7 +61,7 @@ template <class T, class R, class G>
 void log_psi_grad(const GaussianKernel<T>& psi, const R& S, G&& dL, const T* tau, T* dtau) {
   // l = -(s - tau)^2 / (2 sigma^2): dl/ds = -(s - tau) / sigma^2 = -dl/dtau
   for (Eigen::Index r = 0; r < dL.rows(); ++r) {
-    dL.row(r).array() *= (S.row(r).array() - tau[r]) * (-2 * psi.inv_two_sigma2);
+    dL.row(r).array() *= ((S.row(r).array() - tau[r]) * psi.inv_sigma) * (-psi.inv_sigma);
     dtau[r] -= dL.row(r).sum();
   }
 }
@@ -109,6 +109,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   const bool ridge = tau != nullptr;
   const double work = double(batch) * n_q * n_k * (2 * d_k + 2 * d_v);
   const bool par = parallel_worth(work);
+  check_range(batch, q, tau, tau_index, k, query_scale, kernel);
 
   // D_i = dy_i . y_i
   std::vector<T> Drow(size_t(batch * n_q));

@@ -4,10 +4,20 @@
 // query, the row's radius tau) to log psi(tau, s) in place. Working in the log domain lets
 // one online log-sum-exp serve every kernel: the exponential kernel needs it (logits of any
 // size), the bounded ones lose nothing by it.
+//
+// `check_range(tau_max, key_norm_max)` runs before a call (|s| <= |k| since u is a unit
+// vector): it throws std::invalid_argument when a log-weight of the call may overflow, so
+// that an input whose weights the float type cannot represent is refused instead of being
+// answered with NaN or with zeros as if every key were hidden.
 #pragma once
 
 #include <Eigen/Core>
+#include <cmath>
+#include <limits>
 #include <memory>
+#include <string>
+
+#include "attngeom/types.hpp"
 
 #include "attngeom/stable_density.hpp"
 
@@ -16,6 +26,10 @@ namespace attngeom {
 // psi(tau, s) = exp(tau s): softmax (eq. 53).
 template <class T>
 struct ExpKernel {
+  void check_range(double tau_max, double key_max) const {
+    check_bound(tau_max * key_max, std::numeric_limits<T>::max(), "the logits tau s = scale q.k",
+                "rescale q, k or scale");
+  }
   template <class M>
   void log_psi(M&& S, const T* tau) const {
     for (Eigen::Index r = 0; r < S.rows(); ++r) S.row(r) *= tau[r];
@@ -23,14 +37,23 @@ struct ExpKernel {
 };
 
 // psi(tau, s) = exp(-(tau - s)^2 / (2 sigma^2)) (eq. 54).
+// Computed as -((s - tau) / sigma)^2 / 2, which holds for any sigma whose inverse is finite.
 template <class T>
 struct GaussianKernel {
-  T inv_two_sigma2;
-  explicit GaussianKernel(double sigma) : inv_two_sigma2(T(1.0 / (2.0 * sigma * sigma))) {}
+  double sigma;
+  T inv_sigma;
+  explicit GaussianKernel(double sigma_) : sigma(sigma_), inv_sigma(T(1.0 / sigma_)) {}
+  void check_range(double tau_max, double key_max) const {
+    const double limit = std::numeric_limits<T>::max();
+    check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
+    check_bound((tau_max + key_max) / sigma, std::sqrt(limit),
+                "|tau - s| / sigma (sigma = " + number(sigma) + ")",
+                "sigma is too small for these inputs, its log-weights -(|tau - s| / sigma)^2 / 2 overflow");
+  }
   template <class M>
   void log_psi(M&& S, const T* tau) const {
     for (Eigen::Index r = 0; r < S.rows(); ++r)
-      S.row(r) = -(S.row(r).array() - tau[r]).square() * inv_two_sigma2;
+      S.row(r) = ((S.row(r).array() - tau[r]) * inv_sigma).square() * T(-0.5);
   }
 };
 
@@ -38,7 +61,15 @@ struct GaussianKernel {
 template <class T>
 struct CauchyKernel {
   T inv_gamma;
-  explicit CauchyKernel(double gamma) : inv_gamma(T(1.0 / gamma)) {}
+  double gamma;
+  explicit CauchyKernel(double gamma_) : inv_gamma(T(1.0 / gamma_)), gamma(gamma_) {}
+  void check_range(double tau_max, double key_max) const {
+    const double limit = std::numeric_limits<T>::max();
+    check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
+    check_bound((tau_max + key_max) / gamma, std::sqrt(limit),
+                "|tau - s| / gamma (gamma = " + number(gamma) + ")",
+                "gamma is too small for these inputs, its log-weights -log(1 + (|tau - s| / gamma)^2) overflow");
+  }
   template <class M>
   void log_psi(M&& S, const T* tau) const {
     for (Eigen::Index r = 0; r < S.rows(); ++r)
@@ -52,6 +83,10 @@ template <class T>
 struct StableKernel {
   std::shared_ptr<const StableDensity> density;
   StableKernel(double alpha, double c) : density(StableDensity::shared(alpha, c)) {}
+  // log f is evaluated in double for any finite argument (its tail in the log domain).
+  void check_range(double tau_max, double key_max) const {
+    check_bound(tau_max + key_max, std::numeric_limits<T>::max(), "|tau - s|", "rescale q or k");
+  }
   template <class M>
   void log_psi(M&& S, const T* tau) const {
     for (Eigen::Index r = 0; r < S.rows(); ++r)

@@ -1,5 +1,5 @@
 // The symmetric alpha-stable density (Laplace-Radon eq. 57): the kernel with Fourier
-// multiplier exp(-c |w|^alpha), 0 < alpha <= 2,
+// multiplier exp(-c |w|^alpha), supported for 0.1 <= alpha <= 2 (see kAlphaMin),
 //
 //     f(x) = (1/pi) int_0^inf exp(-c w^alpha) cos(w x) dw,   f_c(x) = c^(-1/alpha) f_1(x c^(-1/alpha)).
 //
@@ -10,7 +10,8 @@
 // interpolation in z = asinh(x / h) (h = 1 / f_1(0), the width of the core; 1e-3 h for
 // alpha < 1) of values computed by the small-x or tail series where they converge to full
 // precision and otherwise by Zolotarev's integral representation (Nolan 1997), a finite integral of a positive
-// function, so that small densities keep their relative accuracy. Beyond the table the
+// function, so that small densities keep their relative accuracy; within 0.05 of alpha = 1,
+// where that representation degenerates, by the Fourier integral itself. Beyond the table the
 // power-law tail series f_1(x) = (1/pi) sum_k (-1)^(k+1) Gamma(alpha k + 1) / k!
 // sin(k pi alpha / 2) x^-(alpha k + 1) takes over (convergent for alpha < 1, asymptotic for
 // alpha > 1); the table ends where that series matches the integral to 1e-13. Exceptions:
@@ -27,7 +28,7 @@ namespace attngeom {
 
 class StableDensity {
  public:
-  // Throws std::invalid_argument naming alpha or c when alpha is not in (0, 2] or c <= 0.
+  // Throws std::invalid_argument naming alpha or c when alpha is not in [0.1, 2] or c <= 0.
   explicit StableDensity(double alpha, double c = 1.0);
   // f(x); const and allocation-free, safe to call from many threads.
   double operator()(double x) const;

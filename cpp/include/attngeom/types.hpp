@@ -7,7 +7,15 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "attngeom/parallel.hpp"
 
 namespace attngeom {
 
@@ -36,5 +44,45 @@ struct Mask {
   int64_t block_size = 0, row_stride = 0, col_stride = 0;
   bool active() const { return keep != nullptr || bias != nullptr; }
 };
+
+// Largest Euclidean row norm over the blocks that batch indices 0..batch-1 reach, in double
+// and overflow-safe (a row whose squared norm overflows is measured with its entries scaled).
+template <class T>
+double max_row_norm(int64_t batch, const Stack<T>& s) {
+  double best = 0;
+#pragma omp parallel for reduction(max : best) schedule(static) if (parallel_worth(double(batch) * s.rows * s.cols))
+  for (int64_t b = 0; b < batch; ++b) {
+    const Eigen::Map<const RowMatrix<T>> B(s.block(b), s.rows, s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      double n2 = B.row(r).template cast<double>().squaredNorm();
+      const double n = std::isfinite(n2) ? std::sqrt(n2) : double(B.row(r).template cast<double>().stableNorm());
+      best = std::max(best, n);
+    }
+  }
+  return best;
+}
+
+// "float32" or "float64", for messages.
+template <class T>
+const char* dtype_name() {
+  return sizeof(T) == 4 ? "float32" : "float64";
+}
+
+// A number for messages: three significant digits ("1e-160", "4e+400" stays "inf").
+inline std::string number(double x) {
+  std::ostringstream out;
+  out.precision(3);
+  out << x;
+  return out.str();
+}
+
+// Throws std::invalid_argument (ValueError in Python) when `bound`, an upper bound of a
+// quantity the kernel computes, may exceed `limit`; `what` names the quantity and `fix` says
+// what to change.
+inline void check_bound(double bound, double limit, const std::string& what, const std::string& fix) {
+  if (bound <= limit) return;
+  throw std::invalid_argument(what + " may reach " + number(bound) + ", beyond the float range (" + number(limit) +
+                              "): " + fix);
+}
 
 }  // namespace attngeom

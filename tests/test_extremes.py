@@ -1,0 +1,161 @@
+"""Finite inputs at the extremes of the float range: a correct finite answer or a ValueError
+saying what overflows, never NaN, zeros as if every key were hidden, or a crash."""
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import integrate
+
+import attngeom as ag
+
+RNG = np.random.default_rng(7)
+Q, K, V = RNG.standard_normal((3, 4)), RNG.standard_normal((5, 4)), RNG.standard_normal((5, 2))
+
+
+# --- softmax attention: logits beyond the float range are refused, large finite ones work ---
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_softmax_logits_beyond_float64_are_refused(sign):
+    q, k = np.full((1, 2, 4), 1e200), sign * np.full((1, 3, 4), 1e200)
+    with pytest.raises(ValueError, match="logits scale q.k"):
+        ag.softmax_attention(q, k, np.ones((1, 3, 4)))
+    with pytest.raises(ValueError, match="logits scale q.k"):
+        ag.softmax_attention_backward(q, k, np.ones((1, 3, 4)), np.ones((1, 2, 4)))
+
+
+def test_softmax_float32_scale_beyond_float32_is_refused():
+    q = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match="float range"):
+        ag.softmax_attention(q, q, q, scale=1e39)
+
+
+def test_softmax_huge_representable_logits_give_the_argmax():
+    # logits up to 1e300: every one representable, the differences enormous: P is one-hot.
+    k = np.diag([1.0, 2.0, 3.0]) * 1e150
+    q = np.array([[1.0, 0, 0], [0, 0, 1.0], [0, 1.0, 0]]) * 1e150
+    v = np.arange(6.0).reshape(3, 2)
+    y, P, log_z = ag.softmax_attention(q, k, v, scale=1.0, return_weights=True, return_log_partition=True)
+    np.testing.assert_array_equal(P, q / 1e150)  # k is diagonal: each query picks its own axis
+    np.testing.assert_array_equal(y, (q / 1e150) @ v)
+    np.testing.assert_allclose(log_z, [1e300, 3e300, 2e300], rtol=1e-15)
+
+
+def test_kernel_exp_logits_beyond_float64_are_refused():
+    with pytest.raises(ValueError, match="logits tau s"):
+        ag.kernel_attention(Q * 1e160, K * 1e160, V)
+
+
+# --- bounded kernels: tiny widths are refused when the log-weights overflow, answered otherwise ---
+
+def test_gaussian_tiny_sigma_is_refused_when_log_weights_overflow():
+    with pytest.raises(ValueError, match="sigma = 1e-160"):
+        ag.kernel_attention(Q, K, V, kernel="gaussian", sigma=1e-160)
+
+
+def test_gaussian_tiny_sigma_gives_the_nearest_key():
+    u, tau = ag.tilt_radius(Q)
+    nearest = np.argmin(np.abs(tau[:, None] - u @ K.T), axis=1)
+    y = ag.kernel_attention(Q, K, V, kernel="gaussian", sigma=1e-150)
+    np.testing.assert_array_equal(y, V[nearest])
+
+
+def test_cauchy_tiny_gamma_is_refused_when_log_weights_overflow():
+    with pytest.raises(ValueError, match="gamma = 1e-300"):
+        ag.kernel_attention(Q, K, V, kernel="cauchy", gamma=1e-300)
+
+
+def test_cauchy_tiny_gamma_matches_the_log_domain_reference():
+    gamma = 1e-150
+    u, tau = ag.tilt_radius(Q)
+    z = (u @ K.T - tau[:, None]) / gamma
+    log_w = -np.log1p(z * z)
+    w = np.exp(log_w - log_w.max(1, keepdims=True))
+    ref = (w / w.sum(1, keepdims=True)) @ V
+    np.testing.assert_allclose(ag.kernel_attention(Q, K, V, kernel="cauchy", gamma=gamma), ref, rtol=1e-12)
+
+
+# --- tilt and radius: the norm never squares an overflowing or underflowing entry ---
+
+@pytest.mark.parametrize("dtype, big", [(np.float64, 1e155), (np.float64, 1e300), (np.float32, 1e20),
+                                        (np.float64, 1e-200), (np.float32, 1e-30)])
+def test_tilt_radius_at_the_extremes(dtype, big):
+    q = np.full((2, 4), big, dtype)
+    u, tau = ag.tilt_radius(q, scale=1.0)
+    np.testing.assert_allclose(u, 0.5, rtol=1e-6 if dtype == np.float32 else 1e-15)
+    np.testing.assert_allclose(tau, 2 * big, rtol=1e-6 if dtype == np.float32 else 1e-15)
+
+
+def test_tilt_radius_refuses_a_radius_beyond_the_range():
+    with pytest.raises(ValueError, match="scale"):
+        ag.tilt_radius(np.full((1, 4), 1e300), scale=1e10)
+
+
+# --- the stable density: supported range [0.1, 2], exact through alpha = 1 ---
+
+@pytest.mark.parametrize("alpha", [0.05, 0.02, 1e-4, 0.0, -1.0, 2.5])
+def test_stable_alpha_outside_the_supported_range_is_refused(alpha):
+    with pytest.raises(ValueError, match="alpha"):
+        ag.stable_density(np.zeros(3), alpha)
+    with pytest.raises(ValueError, match="alpha"):
+        ag.kernel_attention(Q, K, V, kernel="stable", alpha=alpha)
+
+
+def _fourier_log_density(alpha, x):
+    """log f_1(x) = log((1/pi) int_0^inf exp(-w^alpha) cos(w x) dw), segment by segment."""
+    end = 60.0 ** (1 / alpha)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", integrate.IntegrationWarning)  # quad asks for more than it can prove
+        total = sum(integrate.quad(lambda w: math.exp(-w ** alpha) * math.cos(w * x), a, min(a + 1, end),
+                                   epsabs=1e-17, epsrel=1e-14)[0] for a in np.arange(0.0, end, 1.0))
+    return math.log(total / math.pi)
+
+
+@pytest.mark.parametrize("alpha", [1 - 1e-10, 1 + 1e-10, 1 - 1e-6, 1 + 1e-6, 0.99, 1.03])
+def test_stable_density_near_alpha_one_is_exact(alpha):
+    x = np.array([0.3, 0.999, 1.0, 1.001, 2.0, 5.0])
+    got = ag.stable_density(x, alpha, log=True)
+    ref = np.array([_fourier_log_density(alpha, xi) for xi in x])
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
+
+
+def test_stable_kernel_at_the_smallest_alpha_is_finite():
+    y = ag.kernel_attention(Q, K, V, kernel="stable", alpha=0.1)
+    assert np.all(np.isfinite(y))
+
+
+# --- whitening: a recursion that overflows is refused, naming the filter's growth ---
+
+def test_whiten_with_a_tiny_diagonal_block_is_refused():
+    x = RNG.standard_normal((6, 3))
+    for f in (ag.whiten, lambda *a: ag.whiten_scan(*a, block=2)):
+        with pytest.raises(ValueError, match="spectral radius of L\\^-1 M 1e\\+299"):
+            f(x, 1e-300 * np.eye(3), 0.1 * np.eye(3))
+    with pytest.raises(ValueError, match="overflowed float32"):
+        ag.whiten(x.astype(np.float32), 1e-30 * np.eye(3), 0.1 * np.eye(3))
+
+
+# --- scales and temperatures that make logits overflow elsewhere ---
+
+def test_network_forward_tiny_temperature_is_refused():
+    w = ag.random_weights([3, 3, 3], [2, 2], seed=0)
+    with pytest.raises(ValueError, match="temperature"):
+        ag.network_forward(w, RNG.standard_normal((4, 3)), kind="softmax", temperature=1e-308)
+
+
+def test_log_partition_gradient_huge_scale_is_refused():
+    with pytest.raises(ValueError, match="logits scale q.k"):
+        ag.log_partition_gradient(Q, K, scale=1e308)
+    with pytest.raises(ValueError, match="Hessian"):
+        ag.log_partition_gradient(Q, K * 1e100, scale=1e60, hessian=True)
+
+
+def test_sampled_attention_huge_scale_is_refused():
+    with pytest.raises(ValueError, match="logits scale q.k"):
+        ag.sampled_attention(Q, K, V, num_samples=3, scale=1e308)
+
+
+@pytest.mark.parametrize("scale", [1e9, 1e100])
+@pytest.mark.parametrize("causal", [False, True])
+def test_random_feature_attention_huge_scale_is_finite(scale, causal):
+    assert np.all(np.isfinite(ag.random_feature_attention(Q, K, V, scale=scale, causal=causal)))
