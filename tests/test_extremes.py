@@ -159,3 +159,11 @@ def test_sampled_attention_huge_scale_is_refused():
 @pytest.mark.parametrize("causal", [False, True])
 def test_random_feature_attention_huge_scale_is_finite(scale, causal):
     assert np.all(np.isfinite(ag.random_feature_attention(Q, K, V, scale=scale, causal=causal)))
+
+
+@pytest.mark.parametrize("dtype, tiny, big", [(np.float64, 1e-160, 1e300), (np.float32, 1e-22, 1e38)])
+def test_logit_bound_sees_rows_whose_squares_underflow(dtype, tiny, big):
+    # |q| tiny (its squares underflow), |k| and scale huge: the logits still overflow.
+    q, k = np.full((2, 4), tiny, dtype), np.full((3, 4), big, dtype)
+    with pytest.raises(ValueError, match="logits scale q.k"):
+        ag.softmax_attention(q, k, k, scale=float(np.finfo(dtype).max) / 10)

@@ -45,17 +45,22 @@ struct Mask {
   bool active() const { return keep != nullptr || bias != nullptr; }
 };
 
-// Largest Euclidean row norm over the blocks that batch indices 0..batch-1 reach, in double
-// and overflow-safe (a row whose squared norm overflows is measured with its entries scaled).
+// Largest Euclidean row norm over the blocks that batch indices 0..batch-1 reach, as a
+// double. A row whose squared norm overflows, or is so small that underflowed squares could
+// matter, is measured again with its entries scaled (stableNorm), so the result is an upper
+// bound to rounding for any finite input.
 template <class T>
 double max_row_norm(int64_t batch, const Stack<T>& s) {
+  const T exact_from = T(s.cols) * std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   double best = 0;
 #pragma omp parallel for reduction(max : best) schedule(static) if (parallel_worth(double(batch) * s.rows * s.cols))
   for (int64_t b = 0; b < batch; ++b) {
     const Eigen::Map<const RowMatrix<T>> B(s.block(b), s.rows, s.cols);
     for (int64_t r = 0; r < s.rows; ++r) {
-      double n2 = B.row(r).template cast<double>().squaredNorm();
-      const double n = std::isfinite(n2) ? std::sqrt(n2) : double(B.row(r).template cast<double>().stableNorm());
+      const T n2 = B.row(r).squaredNorm();
+      const double n = (n2 >= exact_from && n2 <= std::numeric_limits<T>::max())
+                           ? std::sqrt(double(n2))
+                           : double(B.row(r).template cast<double>().stableNorm());
       best = std::max(best, n);
     }
   }
