@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <complex>
+#include <vector>
 
 #include "arrays.hpp"
 #include "attngeom/laplace_radon.hpp"
@@ -18,6 +19,20 @@ namespace {
 
 template <class T>
 void def_laplace_radon(py::module_& m) {
+  m.def(
+      "tilt_radius",
+      [](const CArray<T>& q, double scale) {
+        if (q.ndim() != 2) throw std::invalid_argument("internal: expected a 2-d operand");
+        const int64_t rows = q.shape(0), d = q.shape(1);
+        CArray<T> u({rows, d}), tau(std::vector<int64_t>{rows});
+        {
+          py::gil_scoped_release release;
+          tilt_radius<T>(rows, d, q.data(), scale, u.mutable_data(), tau.mutable_data());
+        }
+        return py::make_tuple(u, tau);
+      },
+      py::arg("q").noconvert(), py::arg("scale"));
+
   m.def(
       "projected_cumulants",
       [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,

@@ -285,7 +285,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
     dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
     u = u.astype(pr.dtype, copy=False)
-    norm = np.linalg.norm(qa.astype(pr.dtype, copy=False), axis=-1, keepdims=True)
+    norm = tilt_radius(qa.astype(pr.dtype, copy=False), scale=1.0)[1][..., None]  # |q|, overflow-safe
     radial = np.sum(u * du, axis=-1, keepdims=True)
     dq = np.divide(du - u * radial, norm, out=np.zeros_like(du), where=norm > 0)
     dq += pr.dtype.type(scale) * dtau[..., None] * u

@@ -74,18 +74,9 @@ def tilt_radius(q, *, scale=None):
     """
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
-    # Each row is divided by its largest entry before the norm (as hypot does), so that no
-    # square overflows or underflows: |q| is exact to rounding for any finite q.
-    big = np.max(np.abs(q), axis=-1, keepdims=True) if q.shape[-1] else np.zeros(q.shape[:-1] + (1,), q.dtype)
-    safe = np.where(big > 0, big, 1)
-    unit = q / safe
-    length = np.linalg.norm(unit, axis=-1, keepdims=True)
-    u = unit / np.where(length > 0, length, 1)
-    with np.errstate(over="ignore"):
-        tau = ((big[..., 0].astype(np.float64) * scale) * length[..., 0]).astype(q.dtype)
-    if not np.all(np.isfinite(tau)):
-        raise ValueError(f"scale |q| overflows {q.dtype}: largest entry of q {np.max(big):.3g}, scale {scale:.3g}")
-    return u, tau
+    flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
+    u, tau = _core.tilt_radius(flat, float(scale))
+    return u.reshape(q.shape), tau.reshape(q.shape[:-1])
 
 
 def radon_project(u, k):

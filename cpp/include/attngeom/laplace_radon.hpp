@@ -18,6 +18,40 @@
 
 namespace attngeom {
 
+// Tilt u_i = q_i / |q_i| and radius tau_i = scale |q_i| of each row of q (rows, d), row-major
+// (Laplace-Radon eq. 9, 15-16). A zero row gets u = 0, tau = 0. Each row is divided by its
+// largest entry before the norm (as hypot does), so |q_i| is exact to rounding for any
+// finite q: no square overflows or underflows. Throws std::invalid_argument when a radius
+// scale |q_i| is beyond T's range. OpenMP over rows.
+template <class T>
+void tilt_radius(int64_t rows, int64_t d, const T* q, double scale, T* u, T* tau) {
+  using Row = Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>;
+  using Out = Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>>;
+  const double limit = std::numeric_limits<T>::max();
+  double worst = 0;  // the largest radius that overflowed (0 if none)
+#pragma omp parallel for schedule(static) reduction(max : worst) if (parallel_worth(double(rows) * d * 4))
+  for (int64_t i = 0; i < rows; ++i) {
+    const Row x(q + i * d, d);
+    Out w(u + i * d, d);
+    const T big = d ? x.abs().maxCoeff() : T(0);
+    if (!(big > T(0))) {
+      w.setZero();
+      tau[i] = T(0);
+      continue;
+    }
+    const T len = (x / big).matrix().norm();  // in [1, sqrt(d)]
+    const T norm = big * len;
+    if (std::isfinite(norm) && norm >= std::numeric_limits<T>::min())
+      w = x / norm;
+    else
+      w = (x / big) / len;
+    const double radius = double(big) * std::abs(scale) * double(len);
+    if (radius > limit) worst = std::max(worst, radius);
+    tau[i] = T(double(big) * scale * double(len));
+  }
+  check_bound(worst, limit, "the radius scale |q|", "rescale q or scale");
+}
+
 namespace detail {
 
 // For a block of query rows (tilts U, radii tau) fills S with s = u.k over all keys and
