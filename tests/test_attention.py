@@ -165,6 +165,25 @@ def test_kernel_attention_matches_reference(rng, dtype, kernel, params, causal):
     np.testing.assert_allclose(sums[ok], 1, atol=TOL[dtype] * 10)
 
 
+@pytest.mark.parametrize("dtype,gamma", [(np.float64, 0.4), (np.float32, 0.4), (np.float64, 3.0), (np.float32, 3.0),
+                                         (np.float64, 1e-6)])  # float32 cannot resolve tau - s at 1e-6
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_cauchy_direct_weights_match_reference(rng, dtype, causal, gamma):
+    # Without a mask the Cauchy kernel sums its weights as they are (no running max, no exp).
+    q, k, v = draw(rng, (2, 2), (1, 2), (2, 1), 37, 290, 8, 5, dtype)
+    masked = ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal,
+                                 mask=np.ones((37, 290), bool))  # a mask takes the log-domain path
+    assert rel_err(ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal), masked) < TOL[dtype]
+    y, P, lz = ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal, return_weights=True,
+                                   return_log_partition=True)
+    y_r, P_r, lz_r = ref.ridge_attention(*ref.tilt_radius(q), k, v, "cauchy", causal=causal, gamma=gamma)
+    assert rel_err(y, y_r) < TOL[dtype] * 20
+    assert np.max(np.abs(P - P_r)) < TOL[dtype] * 20
+    ok = np.isfinite(lz_r)
+    assert np.max(np.abs(lz[ok] - lz_r[ok])) < TOL[dtype] * 20 * max(1, np.abs(lz_r[ok]).max())
+    assert np.array_equal(np.isfinite(lz), ok)
+
+
 def test_kernel_exp_equals_softmax(rng):
     q, k, v = draw(rng, (3,), (3,), (3,), 64, 200, 16, 8)
     for causal in (False, True):

@@ -32,6 +32,7 @@ namespace detail {
 // query block), so log psi leaves them as they are.
 template <class T>
 struct DotScores {
+  static constexpr bool direct = false;
   // tau_max is here the largest scaled query norm |scale| |q_i|.
   void check_range(double tau_max, double key_max) const {
     const double limit = std::numeric_limits<T>::max();
@@ -61,12 +62,13 @@ void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* 
 }
 
 // Applies the mask and the causal limit to the log-weights L of batch b, query rows from i0
-// and keys from j0: hidden entries become -inf, an additive mask is added. `offset` is the
-// causal alignment's n_k - n_q (BottomRight) or 0.
+// and keys from j0: hidden entries become `hidden` (-inf; 0 when L holds weights), an additive
+// mask is added. `offset` is the causal alignment's n_k - n_q (BottomRight) or 0.
 template <class T, class M>
-void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int64_t j0, int64_t offset) {
+void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int64_t j0, int64_t offset,
+          T hidden = -std::numeric_limits<T>::infinity()) {
   const int64_t rows = L.rows(), cols = L.cols();
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T neg_inf = hidden;
   if (mask.active()) {
     const int64_t mb = (mask.index ? mask.index[b] : b) * mask.block_size;
     for (int64_t r = 0; r < rows; ++r) {
@@ -88,7 +90,10 @@ void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int6
 }
 
 // The flash driver. `query_scale` multiplies the query block once (1 for ridge scores);
-// `kernel.log_psi(S, tau_rows)` turns raw dot products into log-weights in place.
+// `kernel.log_psi(S, tau_rows)` turns raw dot products into log-weights in place. A kernel
+// with `direct = true` is bounded and never underflows to zero (Cauchy): without an additive
+// or boolean mask its weights `kernel.psi(S, tau_rows)` are summed as they are, with no
+// running max, exp or rescaling.
 template <class T, class Kernel>
 void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
             const Stack<T>& v, const Mask<T>& mask, Causal causal, T query_scale, const Kernel& kernel,
@@ -105,6 +110,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
   check_range(batch, q, tau, tau_index, k, query_scale, kernel);
+  const bool direct = Kernel::direct && !mask.active();
 
 #pragma omp parallel if (parallel_worth(work))
   {
@@ -132,6 +138,18 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         const int64_t cols = std::min(bk, key_end - j0);
         auto L = S.topLeftCorner(rows, cols);
         L.noalias() = Q * K.middleRows(j0, cols).transpose();
+        if constexpr (Kernel::direct) {
+          if (direct) {
+            kernel.psi(L, tau_rows);
+            hide(L, mask, causal, b, i0, j0, offset, T(0));
+            if (W)
+              for (int64_t r = 0; r < rows; ++r)
+                Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(W + r * n_k + j0, cols) = L.row(r);
+            l.head(rows) += L.rowwise().sum().array();
+            A.noalias() += L * V.middleRows(j0, cols);
+            continue;
+          }
+        }
         kernel.log_psi(L, tau_rows);
         hide(L, mask, causal, b, i0, j0, offset);
         if (W)
@@ -157,7 +175,8 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         A.noalias() += L * V.middleRows(j0, cols);
       }
 
-      // Fully masked rows (l = 0) give zeros and log Z = -inf.
+      // Fully masked rows (l = 0) give zeros and log Z = -inf. Direct weights have no shift.
+      if (direct) m.head(rows).setZero();
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
         Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.y + (b * n_q + i0 + r) * d_v, d_v) = A.row(r) * inv;
@@ -165,7 +184,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         if (W) {
           T* w = W + r * n_k;
           const int64_t visible = std::max<int64_t>(key_end, 0);
-          if (l[r] > T(0)) {
+          if (l[r] > T(0) && direct) {
+            for (int64_t c = 0; c < visible; ++c) w[c] *= inv;
+          } else if (l[r] > T(0)) {
             for (int64_t c = 0; c < visible; ++c) w[c] = std::exp(w[c] - m[r]) * inv;
           } else {
             std::fill(w, w + visible, T(0));

@@ -26,6 +26,7 @@ namespace attngeom {
 // psi(tau, s) = exp(tau s): softmax (eq. 53).
 template <class T>
 struct ExpKernel {
+  static constexpr bool direct = false;
   void check_range(double tau_max, double key_max) const {
     check_bound(tau_max * key_max, std::numeric_limits<T>::max(), "the logits tau s = scale q.k",
                 "rescale q, k or scale");
@@ -40,6 +41,7 @@ struct ExpKernel {
 // Computed as -((s - tau) / sigma)^2 / 2, which holds for any sigma whose inverse is finite.
 template <class T>
 struct GaussianKernel {
+  static constexpr bool direct = false;  // exp(-z^2 / 2) underflows: needs the running max
   double sigma;
   T inv_sigma;
   explicit GaussianKernel(double sigma_) : sigma(sigma_), inv_sigma(T(1.0 / sigma_)) {}
@@ -75,12 +77,21 @@ struct CauchyKernel {
     for (Eigen::Index r = 0; r < S.rows(); ++r)
       S.row(r) = -((S.row(r).array() - tau[r]) * inv_gamma).square().log1p();
   }
+  // The weights themselves: in (0, 1], and (with check_range) never below about 1e-308, so
+  // they need no shift.
+  static constexpr bool direct = true;
+  template <class M>
+  void psi(M&& S, const T* tau) const {
+    for (Eigen::Index r = 0; r < S.rows(); ++r)
+      S.row(r) = (T(1) + ((S.row(r).array() - tau[r]) * inv_gamma).square()).inverse();
+  }
 };
 
 // psi(tau, s) = f_alpha(tau - s), the symmetric alpha-stable density with Fourier
 // multiplier exp(-c |w|^alpha) (eq. 57).
 template <class T>
 struct StableKernel {
+  static constexpr bool direct = false;
   std::shared_ptr<const StableDensity> density;
   StableKernel(double alpha, double c) : density(StableDensity::shared(alpha, c)) {}
   // log f is evaluated in double for any finite argument (its tail in the log domain).
