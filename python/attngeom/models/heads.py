@@ -47,7 +47,8 @@ class Checkpoint:
     backend : as in :class:`attngeom.models.SafetensorsFile`.
 
     ``get(name)`` returns a tensor or None; ``names`` lists every tensor; ``config`` is the
-    parsed config.json found next to the weights ({} when there is none).
+    parsed config.json found next to the weights ({} when there is none; ValueError naming
+    the file when it is not a JSON object, see :func:`attngeom.models.read_json_object`).
 
     Example: ``ck = Checkpoint("model_dir"); ck.get("h.0.attn.c_attn.weight")``
     """
@@ -278,7 +279,10 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
     ------
     ValueError
         For a file that is not safetensors, a truncated file, an unknown layout (listing the
-        tensor names found), a missing n_heads and inconsistent shapes.
+        tensor names found), a missing n_heads, inconsistent shapes, a config.json that is
+        not a JSON object or whose dimensions are not positive integers, and an attention
+        weight that is empty or holds NaN or infinity (each naming the file and the field
+        or tensor).
 
     Examples
     --------

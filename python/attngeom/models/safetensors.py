@@ -6,6 +6,11 @@ The format: an 8-byte little-endian unsigned header length N, a JSON header of N
 
 The header is always parsed and checked here, so a file that is not safetensors, a
 truncated file or an inconsistent header gives the same ValueError with either backend.
+The checks: a header of at most ``MAX_HEADER_BYTES`` (16 MiB, reasoning beside it), UTF-8
+JSON nested no deeper than Python can parse, no name given twice, shapes of at most 64
+dimensions each in 0..2**63-1 with at most 2**63-1 elements, and offsets that tile the data
+exactly, sizes computed as Python integers (no int64 wrap-around: [2**32, 2**32] is not 0
+bytes). Every message names the file and the tensor or field.
 Tensor data is read through the ``safetensors`` package's NumPy API when it is installed
 (``backend="auto"``), otherwise by this module's own reader; bfloat16 has no NumPy dtype,
 so BF16 tensors are always read here and widened to float32 exactly (the 16 bits are the
@@ -195,8 +200,9 @@ class SafetensorsFile:
         reader), "package" (require the package) or "python" (always the built-in reader).
 
     Tensors come back as NumPy arrays of their stored dtype (float16 stays float16), except
-    BF16, which becomes float32. Raises ValueError for a file that is not safetensors, a
-    truncated file, or a header whose offsets do not match the shapes.
+    BF16, which becomes float32. Raises ValueError (naming the file and the tensor or
+    field) for a file that is not safetensors, a truncated file, or a header that breaks
+    one of the module's checks (size, nesting, repeated names, shapes, offsets).
 
     Example: ``f = SafetensorsFile("model.safetensors"); w = f["encoder.layer.0.attention.self.query.weight"]``
     """
