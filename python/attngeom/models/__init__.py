@@ -22,7 +22,8 @@ from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat
 from .tokenizer import WordPiece, tokenize
 
 __all__ = [
-    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads", "read_json_object", "LAYOUTS", "Layout",
+    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
+    "read_json_object", "LAYOUTS", "Layout",
     "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
     "HeadReport", "head_report", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",

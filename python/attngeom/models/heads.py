@@ -307,7 +307,8 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
         raise ValueError(f"inconsistent shapes: config.json has {cfg_layers} layers, the checkpoint {len(layers)}")
     n_kv = n_kv_heads if n_kv_heads is not None else ck.config_value("n_kv_heads")
     d_head = ck.config_value("d_head")
-    per_layer = [split_layer(lay, ck.get_weight, prefix, i, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head) for i in layers]
+    per_layer = [split_layer(lay, ck.get_weight, prefix, i, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head)
+                 for i in layers]
     first = per_layer[0]
     for i, w in enumerate(per_layer):
         for key in ("W_Q", "W_K", "W_V", "W_O"):
