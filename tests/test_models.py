@@ -248,6 +248,148 @@ def test_bad_files(tmp_path, backend):
         opened(tmp_path / "cut.safetensors")
 
 
+# -- hostile files (issue 17): a ValueError naming the file and the field, never another error
+def _opened_both(path, match):
+    """The same ValueError from every backend (the header is always checked here first)."""
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=match) as info:
+            SafetensorsFile(path, backend=backend)
+        assert str(path) in str(info.value)
+
+
+def test_header_nested_too_deeply(tmp_path):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    _opened_both(_raw_file(tmp_path / "a.safetensors", deep), "nested too deeply")
+    _opened_both(_raw_file(tmp_path / "b.safetensors", b'{"w": {"dtype": "F32", "shape": ' + deep + b"}}"),
+                 "nested too deeply")
+
+
+@pytest.mark.parametrize("shape,offsets,message", [
+    ([2 ** 63], [0, 0], "invalid shape"),  # beyond int64: OverflowError before
+    ([2 ** 64, 1], [0, 0], "invalid shape"),
+    ([-1, 4], [0, 0], "invalid shape"),
+    ([2 ** 32, 2 ** 32], [0, 0], r"18446744073709551616 elements, beyond 2\*\*63-1"),  # 0 bytes in int64 before
+    ([2 ** 31, 2 ** 31], [0, 0], "needs 18446744073709551616 bytes"),  # fits int64 elements, not bytes
+    ([1] * 65, [0, 4], "at most 64 dimensions"),
+    ([1], [0, 2 ** 64 + 4], "truncated: tensor 'w' ends at byte"),
+    ([1], [8, 4], r"invalid data_offsets \[8, 4\]"),
+])
+def test_header_sizes_are_checked_without_overflow(tmp_path, shape, offsets, message):
+    header = {"w": {"dtype": "F32", "shape": shape, "data_offsets": offsets}}
+    _opened_both(_raw_file(tmp_path / "s.safetensors", header, b"\0" * 4 if offsets[1] == 4 else b""), message)
+
+
+def test_header_duplicate_names(tmp_path):
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+    blob = f'{{"w": {entry}, "w": {entry}}}'.encode()
+    _opened_both(_raw_file(tmp_path / "d.safetensors", blob, b"\0" * 4), "names 'w' twice")
+    blob = b'{"w": {"dtype": "F32", "dtype": "F16", "shape": [1], "data_offsets": [0, 4]}}'
+    _opened_both(_raw_file(tmp_path / "f.safetensors", blob, b"\0" * 4), "names 'dtype' twice")
+
+
+def test_header_cap(tmp_path, monkeypatch):
+    from attngeom.models import safetensors as st
+
+    # a header above the cap is refused from its length field, before it is read
+    cap = st.MAX_HEADER_BYTES
+    path = tmp_path / "huge.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", cap + 1))
+        f.truncate(8 + cap + 1)
+    _opened_both(path, f"header length {cap + 1} is not in 1..{cap}")
+    # a realistic large header (an unsharded MoE: thousands of tensors) is read
+    names = [f"model.layers.{i // 64}.mlp.experts.{i % 64}.down_proj.weight" for i in range(8000)]
+    big = write_safetensors(tmp_path / "moe.safetensors", {n: np.zeros(1, np.float32) for n in names})
+    assert 8 + 800_000 < os.path.getsize(big) < 8 + cap and SafetensorsFile(big, backend="python").keys() == names
+    # the writer refuses a header the readers would refuse
+    monkeypatch.setattr(st, "MAX_HEADER_BYTES", 1000)
+    with pytest.raises(ValueError, match="above the 1000 that the readers accept"):
+        write_safetensors(tmp_path / "w.safetensors", {f"t{i}": np.zeros(1, np.float32) for i in range(100)})
+    _opened_both(big, "header length .* is not in 1..1000")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1, 2]", "must hold a JSON object, got a JSON array"),
+    ('"bert"', "must hold a JSON object, got a JSON string"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"num_attention_heads": 1e400}', r"field 'num_attention_heads' must be an integer in 1\.\.2147483647, got inf"),
+    ('{"num_attention_heads": 0}', "field 'num_attention_heads' must be an integer .* got 0$"),
+    ('{"num_attention_heads": 2.7}', "field 'num_attention_heads' must be an integer .* got 2.7"),
+    ('{"num_attention_heads": -4}', "field 'num_attention_heads' must be an integer .* got -4"),
+    ('{"num_attention_heads": true}', "field 'num_attention_heads' must be an integer .* got True"),
+    ('{"num_attention_heads": "4"}', "field 'num_attention_heads' must be an integer .* got '4'"),
+    ('{"num_attention_heads": 4, "num_hidden_layers": 18446744073709551616}', "field 'num_hidden_layers'"),
+    ('{"num_attention_heads": 4, "hidden_size": 16.0}', "field 'hidden_size'"),
+    ('{"num_attention_heads": 4, "head_dim": 0}', "field 'head_dim'"),
+])
+def test_bad_config_json(tmp_path, rng, text, message):
+    folder = write_model(tmp_path / "m", raw_model("bert", rng, 2, 4, 16, 4))
+    (tmp_path / "m" / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        ag.load_heads(folder)
+    assert "config.json" in str(info.value)
+
+
+def test_config_json_not_a_file_or_not_utf8(tmp_path, rng):
+    folder = write_model(tmp_path / "m", raw_model("bert", rng, 2, 4, 16, 4))
+    (tmp_path / "m" / "config.json").write_bytes(b'{"num_attention_heads": 4, "name": "\xff"}')
+    with pytest.raises(ValueError, match="config.json' is not valid JSON"):
+        ag.load_heads(folder)
+    os.remove(tmp_path / "m" / "config.json")
+    os.makedirs(tmp_path / "m" / "config.json")
+    with pytest.raises(ValueError, match="config.json' must be a regular file"):
+        ag.load_heads(folder)
+    # a byte-order mark is allowed
+    os.rmdir(tmp_path / "m" / "config.json")
+    (tmp_path / "m" / "config.json").write_bytes(b'\xef\xbb\xbf{"num_attention_heads": 4}')
+    assert ag.load_heads(folder).n_heads == 4
+
+
+@pytest.mark.parametrize("value,message", [(np.nan, "1 non-finite values"), (np.inf, "1 non-finite values")])
+def test_non_finite_weights_are_refused(tmp_path, rng, value, message):
+    """A trained model's attention weights are finite: NaN in one weight makes the whole layer NaN,
+    so it is a corrupt checkpoint, named, not a silent NaN spectrum."""
+    t = raw_model("bert", rng, 2, 4, 16, 4)
+    name = "encoder.layer.1.attention.self.key.weight"
+    t[name][3, 5] = value
+    with pytest.raises(ValueError, match=f"tensor '{name}' in .*model.safetensors' has {message}"):
+        ag.load_heads(write_model(tmp_path / "m", t), n_heads=4)
+    t[name][3, 5] = 0.0
+    t["encoder.layer.0.attention.self.query.bias"][0] = np.nan  # biases too, in BF16 as well
+    with pytest.raises(ValueError, match="tensor 'encoder.layer.0.attention.self.query.bias'"):
+        ag.load_heads(write_model(tmp_path / "b", t, dtype="BF16"), n_heads=4)
+
+
+def test_zero_size_weights_are_refused(tmp_path, rng):
+    t = raw_model("gpt2", rng, 1, 2, 8, 4)
+    t["h.0.attn.c_attn.weight"] = np.zeros((0, 24), np.float32)
+    with pytest.raises(ValueError, match=r"tensor 'h.0.attn.c_attn.weight' in .* is empty \(shape \(0, 24\)\)"):
+        ag.load_heads(write_model(tmp_path / "m", t), n_heads=2)
+
+
+def test_side_json_files(tmp_path, rng):
+    """tokenizer_config.json and sentence_bert_config.json get the same checks as config.json."""
+    bert_checkpoint(tmp_path / "b", rng)
+    (tmp_path / "b" / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(ValueError, match="tokenizer_config.json' must hold a JSON object"):
+        tokenize(str(tmp_path / "b"), "the cat")
+    (tmp_path / "b" / "tokenizer_config.json").write_text('{"do_lower_case": "yes"}')
+    with pytest.raises(ValueError, match="field 'do_lower_case' must be true or false"):
+        tokenize(str(tmp_path / "b"), "the cat")
+    os.remove(tmp_path / "b" / "tokenizer_config.json")
+    (tmp_path / "b" / "sentence_bert_config.json").write_text('{"max_seq_length": 1e400}')
+    with pytest.raises(ValueError, match="field 'max_seq_length' must be an integer >= 2, got inf"):
+        text_activations(str(tmp_path / "b"), "the cat")
+    (tmp_path / "b" / "sentence_bert_config.json").write_text('{"max_seq_length": 8}')
+    x, tokens = text_activations(str(tmp_path / "b"), "the cat")
+    assert len(tokens) <= 8
+    config = json.load(open(tmp_path / "b" / "config.json"))
+    for eps in (float("nan"), -1, "small", True):
+        (tmp_path / "b" / "config.json").write_text(json.dumps({**config, "layer_norm_eps": eps}))
+        with pytest.raises(ValueError, match="field 'layer_norm_eps' must be a positive finite number"):
+            BertEncoder.from_checkpoint(str(tmp_path / "b"))
+
+
 def test_bad_arguments(tmp_path):
     path = write_safetensors(tmp_path / "a.safetensors", {"w": np.ones(2, np.float32)})
     with pytest.raises(ValueError, match="backend must be"):
@@ -594,8 +736,50 @@ def test_cli_heads(tmp_path, rng, capsys):
     assert json.load(open(tmp_path / "r2" / "heads.json"))["summary"]["causal"] is True
     assert cli.main(["heads", g, "--out", str(tmp_path / "r3")]) == 2
     assert "n_heads is required" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["heads", g, "--n-heads", "2", "--heads", "x"])
+    assert cli.main(["heads", g, "--n-heads", "2", "--heads", "x", "--out", str(tmp_path / "r4")]) == 2
+    assert "--heads expects layer.head pairs" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "r3") and not os.path.exists(tmp_path / "r4")
+
+
+def test_cli_heads_hostile_checkpoints(tmp_path, rng, capsys):
+    """`attngeom heads` on the crafted files of issue 17: one line, exit status 2, nothing written."""
+    g = raw_model("gpt2", rng, 1, 2, 8, 4)
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    _raw_file(nested / "model.safetensors", b'{"h.0.attn.c_attn.weight": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    _raw_file(wide / "model.safetensors", {"h.0.attn.c_attn.weight": {"dtype": "F32", "shape": [2 ** 64, 8],
+                                                                       "data_offsets": [0, 0]}})
+    listed = write_model(tmp_path / "listed", g)
+    (tmp_path / "listed" / "config.json").write_text("[2, 1]")
+    nan = dict(g, **{"h.0.attn.c_proj.weight": np.full((8, 8), np.nan, np.float32)})
+    cases = [(nested, "nested too deeply"), (wide, "has an invalid shape"),
+             (listed, "config.json' must hold a JSON object, got a JSON array"),
+             (write_model(tmp_path / "nan", nan), "tensor 'h.0.attn.c_proj.weight'")]
+    for folder, message in cases:
+        out = tmp_path / f"report_{os.path.basename(folder)}"
+        assert cli.main(["heads", str(folder), "--n-heads", "2", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("attngeom heads: ") and err.count("\n") == 1 and message in err, err
+        assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["listed", "nan", "nested", "wide"]  # no staging folder left
+
+
+def test_cli_heads_out(tmp_path, rng, capsys):
+    pytest.importorskip("matplotlib")
+    g = write_model(tmp_path / "g", raw_model("gpt2", rng, 1, 2, 8, 4))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(tmp_path / "notes")]) == 2
+    assert "holds other files" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "notes") == ["todo.txt"]
+    out = tmp_path / "report"
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(out)]) == 0
+    (out / "stale.png").write_bytes(b"old")
+    assert cli.main(["heads", g, "--n-heads", "2", "--out", str(out)]) == 0  # an earlier report is replaced
+    assert "heads.json" in os.listdir(out) and "stale.png" not in os.listdir(out)
+    assert sorted(os.listdir(tmp_path)) == ["g", "notes", "report"]
 
 
 # -- the packaged real model -------------------------------------------------------------------

@@ -11,6 +11,12 @@
         every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
         with activations, radii, tilt coverage and routing ranks) into DIR/heads.json and
         PNGs; <checkpoint> is a .safetensors file, a folder, or a packaged model name
+
+Every misuse (a bad --set value, an output path that cannot be written, an unreadable
+checkpoint) is one line on stderr and exit status 2, found before any computation starts.
+Output folders are written whole or not at all: everything goes into a hidden temporary
+sibling (".<name>.<random>.partial"), renamed into place once every file is written, so
+an interrupted run or a full disk never leaves a folder that looks complete.
 """
 from __future__ import annotations
 
@@ -18,62 +24,165 @@ import argparse
 import dataclasses
 import json
 import os
+import secrets
+import shutil
 import sys
 import time
 
 
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_PARTIAL = ".partial"  # suffix of the temporary folders an output is written into
+
+
 def _parse_sets(config_cls, pairs):
-    """key=value overrides, cast to the config field's type."""
+    """key=value overrides, cast to the config field's type; ValueError naming the field."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
+            raise ValueError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
         if key not in fields:
-            raise SystemExit(f"unknown config field {key!r}; fields: {', '.join(fields)}")
+            raise ValueError(f"unknown config field {key!r}; fields: {', '.join(fields)}")
         default = fields[key].default
         kind = type(default) if default is not dataclasses.MISSING else str
         if kind is bool:
-            out[key] = value.lower() in ("1", "true", "yes", "on")
+            word = value.strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise ValueError(f"--set {key}: {value!r} is not a boolean (true/false, 1/0, yes/no)")
+            out[key] = word in _TRUE
         else:
             try:
                 out[key] = kind(value)
             except ValueError:
-                raise SystemExit(f"--set {key}: cannot read {value!r} as {kind.__name__}") from None
+                raise ValueError(f"--set {key}: cannot read {value!r} as {kind.__name__}") from None
     return out
 
 
+def _stage(final: str, marker: str) -> str:
+    """Create the temporary folder that `final` (an absolute path) is written into, next to it (same file system,
+    so the final rename is atomic); ValueError naming --out when it cannot be written there.
+
+    An existing `final` is replaced at the end only when it is empty or holds `marker` (an
+    earlier output of the same command); anything else is refused, never deleted."""
+    if os.path.lexists(final):
+        if not os.path.isdir(final) or os.path.islink(final):
+            raise ValueError(f"--out {final!r} exists and is not a folder")
+        entries = os.listdir(final)
+        if entries and marker not in entries:
+            raise ValueError(f"--out {final!r} is a folder that holds other files (no {marker}); "
+                             "choose a new or an empty folder")
+    parent = os.path.dirname(final)
+    try:
+        if os.path.lexists(parent) and not os.path.isdir(parent):
+            raise NotADirectoryError(f"{parent!r} is not a folder")
+        os.makedirs(parent, exist_ok=True)
+        staging = _sibling(final, _PARTIAL)
+    except OSError as exc:
+        raise ValueError(f"--out {final!r} cannot be written: {exc}") from None
+    return staging
+
+
+def _sibling(final: str, suffix: str) -> str:
+    """Create a new empty hidden folder ".<name>.<random><suffix>" next to `final` (permissions
+    from the umask, as a folder made by os.makedirs would have)."""
+    parent, name = os.path.split(final)
+    for _ in range(100):
+        path = os.path.join(parent, f".{name}.{secrets.token_hex(4)}{suffix}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {final!r}")  # pragma: no cover
+
+
+def _publish(staging: str, final: str) -> None:
+    """Move the finished `staging` folder to `final`, replacing an earlier output there."""
+    if not os.path.lexists(final):
+        os.rename(staging, final)
+        return
+    old = _sibling(final, ".old")
+    previous = os.path.join(old, "previous")
+    os.rename(final, previous)
+    try:
+        os.rename(staging, final)
+    except OSError:
+        os.rename(previous, final)  # put the earlier output back (kept in `old` if even that fails)
+        os.rmdir(old)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_folder(final: str, marker: str, write) -> None:
+    """`write(folder)` into a staging folder, then published as `final`; the staging folder is
+    removed when writing fails (a full disk, an interrupt), so `final` is never half-written."""
+    final = os.path.abspath(final)
+    if os.path.dirname(final) == final:
+        raise ValueError(f"--out {final!r} is the root of the file system, not an output folder")
+    staging = _stage(final, marker)
+    try:
+        write(staging)
+        _publish(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_run_folder(out: str, name: str) -> str:
+    """out/<name>_<timestamp>, with a counter appended when that folder exists already."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} exists and is not a folder (it is the parent of the run folder)")
+    base = os.path.join(out, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
+    folder, k = base, 1
+    while os.path.lexists(folder):
+        k += 1
+        folder = f"{base}_{k}"
+    return folder
+
+
 def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, quiet=False) -> str:
-    """Run experiment `name` and write its run folder; returns the folder's path."""
+    """Run experiment `name` and write its run folder; returns the folder's path.
+
+    The config and the output location are checked before the experiment runs (ValueError
+    naming the field or the folder); the folder appears only once everything is written.
+    `folder` (the run folder itself) overrides `out` (its parent); an existing `folder` is
+    replaced when it is empty or an earlier run folder.
+    """
     from .experiments import EXPERIMENTS
+    from .experiments._result import check_config
 
     if name not in EXPERIMENTS:
-        raise SystemExit(f"unknown experiment {name!r}; try: {', '.join(EXPERIMENTS)}")
+        raise ValueError(f"unknown experiment {name!r}; try: {', '.join(EXPERIMENTS)}")
     config_cls, run = EXPERIMENTS[name]
     values = dict(overrides or {})
     if seed is not None:
         values["seed"] = seed
     config = config_cls(**values)
-    t0 = time.perf_counter()
-    result = run(config)
-    elapsed = time.perf_counter() - t0
+    check_config(config)
     if folder is None:
-        folder = os.path.join(out, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(config), f, indent=2)
-    result.to_json(os.path.join(folder, "summary.json"))
-    table = result.table()
-    with open(os.path.join(folder, "summary.md"), "w") as f:
-        f.write(f"# {name}\n\n{table}\n")
-    names = []
-    for fname, fig in result.figures().items():
-        fig.savefig(os.path.join(folder, fname), dpi=110)
-        names.append(fname)
+        folder = _new_run_folder(out, name)
+    written = {}
+
+    def write(staging):
+        t0 = time.perf_counter()
+        result = run(config)
+        written["elapsed"] = time.perf_counter() - t0
+        with open(os.path.join(staging, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(config), f, indent=2)
+        written["table"] = result.table()
+        with open(os.path.join(staging, "summary.md"), "w", encoding="utf-8") as f:
+            f.write(f"# {name}\n\n{written['table']}\n")
+        names = written["figures"] = []
+        for fname, fig in result.figures().items():
+            fig.savefig(os.path.join(staging, fname), dpi=110)
+            names.append(fname)
+        result.to_json(os.path.join(staging, "summary.json"))  # last: the run's marker
+
+    _write_folder(folder, "summary.json", write)
     if not quiet:
-        print(f"{name} ({elapsed:.1f} s), seed {config.seed}")
-        print(table)
+        names = written["figures"]
+        print(f"{name} ({written['elapsed']:.1f} s), seed {config.seed}")
+        print(written["table"])
         print(f"wrote {folder}/: config.json, summary.json, summary.md and {len(names)} figures "
               f"({', '.join(names)})")
     return folder
@@ -82,7 +191,9 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
 def _run(args) -> int:
     from .experiments import EXPERIMENTS
 
-    overrides = _parse_sets(EXPERIMENTS[args.experiment][0], args.set) if args.experiment in EXPERIMENTS else {}
+    if args.experiment not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {args.experiment!r}; try: {', '.join(EXPERIMENTS)}")
+    overrides = _parse_sets(EXPERIMENTS[args.experiment][0], args.set)
     run_experiment(args.experiment, out=args.out, seed=args.seed, overrides=overrides)
     return 0
 
@@ -103,11 +214,23 @@ def _list(args) -> int:
 
 
 def _report(args) -> int:
-    path = os.path.join(args.folder, "summary.md")
-    if not os.path.exists(path):
-        print(f"no summary.md in {args.folder}", file=sys.stderr)
-        return 1
-    print(open(path).read())
+    folder = args.folder
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder!r} is not a folder")
+    if os.path.basename(os.path.normpath(folder)).endswith(_PARTIAL):
+        raise ValueError(f"{folder!r} is not a complete run: it is the temporary folder of a run that was "
+                         "interrupted before it finished writing")
+    missing = [n for n in ("config.json", "summary.md", "summary.json") if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        raise ValueError(f"{folder!r} is not a complete run folder: {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing or not a file")
+    path = os.path.join(folder, "summary.md")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    print(text)
     return 0
 
 
@@ -126,45 +249,49 @@ def _heads_list(spec):
             layer, head = part.strip().split(".")
             out.append((int(layer), int(head)))
         except ValueError:
-            raise SystemExit(f"--heads expects layer.head pairs like 0.3,5.11, got {spec!r}") from None
+            raise ValueError(f"--heads expects layer.head pairs like 0.3,5.11, got {spec!r}") from None
     return out
 
 
 def _heads(args) -> int:
     from .models import head_report, load_activations, load_heads, text_activations
 
-    t0 = time.perf_counter()
-    try:
+    chosen = None if args.heads is None else _heads_list(args.heads)
+    text = None
+    if args.text is not None:
+        try:
+            with open(args.text, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--text: {exc}") from None
+    done = {}
+
+    def write(staging):
+        t0 = time.perf_counter()
         heads = load_heads(args.checkpoint, n_heads=args.n_heads)
         x, tokens, source = None, None, "weights"
-        if args.text is not None:
-            try:
-                with open(args.text, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as exc:
-                raise ValueError(f"--text: {exc}") from None
+        if text is not None:
             x, tokens = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads)
             source = f"text ({len(tokens)} tokens, NumPy forward pass)"
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
-        report = head_report(heads, x, tokens=tokens, source=source,
-                             chosen=None if args.heads is None else _heads_list(args.heads))
-    except ValueError as exc:
-        print(f"attngeom heads: {exc}", file=sys.stderr)
-        return 2
-    t1 = time.perf_counter()
-    paths = report.save(args.out)
-    t2 = time.perf_counter()
-    m, mean = report.model, report.summary()["mean"]
+        report = head_report(heads, x, tokens=tokens, source=source, chosen=chosen)
+        t1 = time.perf_counter()
+        paths = report.save(staging)
+        done.update(report=report, source=source, names=[os.path.basename(p) for p in paths],
+                    analysis=t1 - t0, figures=time.perf_counter() - t1)
+
+    _write_folder(args.out, "heads.json", write)
+    m, mean = done["report"].model, done["report"].summary()["mean"]
     print(f"{m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads (kv heads {m['n_kv_heads']}), "
-          f"d_model {m['d_model']}, d_head {m['d_head']}; source: {source}")
+          f"d_model {m['d_model']}, d_head {m['d_head']}; source: {done['source']}")
     print(f"mean over heads: bilinear effective rank {mean['bilinear_effective_rank']:.2f} of {m['d_head']}, "
           f"W_OV effective rank {mean['ov_effective_rank']:.2f}, ker B dim {mean['ker_B_dim']:.0f}"
           + (f", routing effective rank {mean['routing_effective_rank_mean']:.2f}, tilt effective dim "
              f"{mean['tilt_effective_dim']:.2f}" if "routing_effective_rank_mean" in mean else ""))
-    print(f"analysis {t1 - t0:.2f} s, figures {t2 - t1:.2f} s; wrote {args.out}/: "
-          f"{', '.join(os.path.basename(p) for p in paths)}")
+    print(f"analysis {done['analysis']:.2f} s, figures {done['figures']:.2f} s; wrote {args.out}/: "
+          f"{', '.join(done['names'])}")
     return 0
 
 
@@ -202,7 +329,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("config", help="print the build configuration")
     p.set_defaults(func=_config)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as exc:  # misuse, unreadable input, unwritable output: one line, no traceback
+        print(f"attngeom {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

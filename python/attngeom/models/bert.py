@@ -143,7 +143,11 @@ class BertEncoder:
             if tensors[key].ndim != 2 or tensors[key].shape[1] != d:
                 raise ValueError(f"inconsistent shapes: embedding {key!r} should be (rows, {d}), "
                                  f"got {tensors[key].shape}")
-        eps = float(ck.config.get("layer_norm_eps", 1e-12))
+        eps = ck.config.get("layer_norm_eps", 1e-12)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < float("inf"):
+            raise ValueError(f"{ck.config_path!r}: field 'layer_norm_eps' must be a positive finite number, "
+                             f"got {eps!r}")
+        eps = float(eps)
         return cls(tensors, heads, eps)
 
     @property

@@ -16,7 +16,6 @@ layer's output in post-LN BERT).
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional
@@ -24,6 +23,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..head_diagnostics import HeadDiagnostics, head_diagnostics
+from .jsonfile import read_json_object
 from .layouts import LAYOUTS, detect_layout, split_layer
 from .packaged import resolve_checkpoint
 from .safetensors import SafetensorsFile
@@ -37,6 +37,9 @@ _CONFIG_KEYS = {
 }
 
 
+_MAX_DIMENSION = 2 ** 31 - 1  # a sane bound for layer, head and width counts
+
+
 class Checkpoint:
     """The safetensors files of one checkpoint and its config.json, read lazily.
 
@@ -44,7 +47,8 @@ class Checkpoint:
     backend : as in :class:`attngeom.models.SafetensorsFile`.
 
     ``get(name)`` returns a tensor or None; ``names`` lists every tensor; ``config`` is the
-    parsed config.json found next to the weights ({} when there is none).
+    parsed config.json found next to the weights ({} when there is none; ValueError naming
+    the file when it is not a JSON object, see :func:`attngeom.models.read_json_object`).
 
     Example: ``ck = Checkpoint("model_dir"); ck.get("h.0.attn.c_attn.weight")``
     """
@@ -67,14 +71,8 @@ class Checkpoint:
                 if name in self._where:
                     raise ValueError(f"tensor {name!r} is in both {self._where[name].path!r} and {f.path!r}")
                 self._where[name] = f
-        self.config = {}
-        cfg = os.path.join(folder, "config.json")
-        if os.path.isfile(cfg):
-            with open(cfg) as fh:
-                try:
-                    self.config = json.load(fh)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{cfg!r} is not valid JSON: {exc}") from None
+        self.config_path = os.path.join(folder, "config.json")
+        self.config = read_json_object(self.config_path) if os.path.exists(self.config_path) else {}
 
     @property
     def names(self) -> list:
@@ -86,11 +84,37 @@ class Checkpoint:
         f = self._where.get(name)
         return None if f is None else f[name]
 
+    def get_weight(self, name: str) -> Optional[np.ndarray]:
+        """Like :meth:`get`, for a weight the diagnostics use: ValueError naming the tensor and
+        its file when it is empty or holds NaN or infinity (a trained model's weights are
+        finite: one NaN weight makes every output of its layer NaN)."""
+        a = self.get(name)
+        if a is None:
+            return None
+        where = self._where[name].path
+        if a.size == 0:
+            raise ValueError(f"tensor {name!r} in {where!r} is empty (shape {a.shape})")
+        finite = np.isfinite(a)
+        if not finite.all():
+            bad = a.size - int(np.count_nonzero(finite))
+            raise ValueError(f"tensor {name!r} in {where!r} has {bad} non-finite values (NaN or infinity) "
+                             f"of {a.size}")
+        return a
+
     def config_value(self, key: str) -> Optional[int]:
-        """A model dimension from config.json: n_layers, n_heads, d_model, n_kv_heads, d_head."""
+        """A model dimension from config.json: n_layers, n_heads, d_model, n_kv_heads, d_head.
+
+        None when config.json does not give it; ValueError naming the file and the field when
+        the value is not an integer in 1..2**31-1 (a float such as 2.7 or 1e400, a boolean,
+        zero or a negative number)."""
         for k in _CONFIG_KEYS[key]:
-            if self.config.get(k) is not None:
-                return int(self.config[k])
+            value = self.config.get(k)
+            if value is None:
+                continue
+            if type(value) is not int or not 1 <= value <= _MAX_DIMENSION:
+                raise ValueError(f"{self.config_path!r}: field {k!r} must be an integer in 1..{_MAX_DIMENSION}, "
+                                 f"got {value!r}")
+            return value
         return None
 
 
@@ -255,7 +279,10 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
     ------
     ValueError
         For a file that is not safetensors, a truncated file, an unknown layout (listing the
-        tensor names found), a missing n_heads and inconsistent shapes.
+        tensor names found), a missing n_heads, inconsistent shapes, a config.json that is
+        not a JSON object or whose dimensions are not positive integers, and an attention
+        weight that is empty or holds NaN or infinity (each naming the file and the field
+        or tensor).
 
     Examples
     --------
@@ -280,7 +307,8 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
         raise ValueError(f"inconsistent shapes: config.json has {cfg_layers} layers, the checkpoint {len(layers)}")
     n_kv = n_kv_heads if n_kv_heads is not None else ck.config_value("n_kv_heads")
     d_head = ck.config_value("d_head")
-    per_layer = [split_layer(lay, ck.get, prefix, i, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head) for i in layers]
+    per_layer = [split_layer(lay, ck.get_weight, prefix, i, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head)
+                 for i in layers]
     first = per_layer[0]
     for i, w in enumerate(per_layer):
         for key in ("W_Q", "W_K", "W_V", "W_O"):

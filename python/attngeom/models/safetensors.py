@@ -6,6 +6,11 @@ The format: an 8-byte little-endian unsigned header length N, a JSON header of N
 
 The header is always parsed and checked here, so a file that is not safetensors, a
 truncated file or an inconsistent header gives the same ValueError with either backend.
+The checks: a header of at most ``MAX_HEADER_BYTES`` (16 MiB, reasoning beside it), UTF-8
+JSON nested no deeper than Python can parse, no name given twice, shapes of at most 64
+dimensions each in 0..2**63-1 with at most 2**63-1 elements, and offsets that tile the data
+exactly, sizes computed as Python integers (no int64 wrap-around: [2**32, 2**32] is not 0
+bytes). Every message names the file and the tensor or field.
 Tensor data is read through the ``safetensors`` package's NumPy API when it is installed
 (``backend="auto"``), otherwise by this module's own reader; bfloat16 has no NumPy dtype,
 so BF16 tensors are always read here and widened to float32 exactly (the 16 bits are the
@@ -31,7 +36,19 @@ _CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.
           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
           np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
 _ITEMSIZE = {"F8_E4M3": 1, "F8_E5M2": 1}  # known but unreadable here
-_MAX_HEADER = 100_000_000  # the reference implementation's limit
+
+# The largest JSON header read (bytes). The reference implementation allows 100 MB, which
+# parses into about 1.5 GB of Python objects and takes tens of seconds here; real headers
+# are far smaller. A header entry takes about 100-130 bytes
+# ('"model.layers.60.mlp.experts.255.down_proj.weight":{"dtype":"BF16","shape":[7168,2048],
+# "data_offsets":[...]}'). The model with the most tensors in common use, DeepSeek-V3
+# (61 layers, 256 experts, FP8 weights each with a scale tensor: about 92k tensors), would
+# need about 12 MB if it were saved as one file; published checkpoints are shards of a few
+# GB whose headers are tens to hundreds of kB. 16 MiB holds about 130k tensors in one file
+# and parses in one to two seconds into about 250 MB.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+_MAX_NDIM = 64  # NumPy's limit on dimensions
+_INT64_MAX = 2 ** 63 - 1  # the format's shapes and offsets are 64-bit; NumPy sizes are int64
 
 
 def bfloat16_to_float32(bits) -> np.ndarray:
@@ -88,6 +105,83 @@ def float32_to_bfloat16(x) -> np.ndarray:
     return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)
 
 
+class _DuplicateName(Exception):
+    """A JSON object of the header names the same key twice."""
+
+
+def _unique_object(pairs):
+    """json object_pairs_hook: the object as a dict, refusing a key that occurs twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateName(key)
+            seen.add(key)
+    return obj
+
+
+def _parse_header(raw: bytes, where: str) -> dict:
+    """The JSON header as a dict; ValueError for text that is not a JSON object without repeated keys."""
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_object)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not a safetensors file: the header is not JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{where} is not a safetensors file: the header is nested too deeply "
+                         "(a safetensors header has three levels)") from None
+    except _DuplicateName as exc:
+        raise ValueError(f"{where}: the header names {exc.args[0]!r} twice (tensor names and fields must be "
+                         "unique)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where} is not a safetensors file: the header is not a JSON object")
+    return header
+
+
+def _plain_ints(x) -> bool:
+    return isinstance(x, list) and all(type(i) is int for i in x)
+
+
+def _check_entry(name: str, info, data_len: int, where: str):
+    """(begin, end) of one header entry after checking its dtype, shape and offsets against
+    the data's length; ValueError naming the file, the tensor and the field otherwise.
+
+    Shapes and offsets are Python integers (unbounded), so no product or sum here can wrap
+    around; each is bounded before NumPy sees it."""
+    if (not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or not _plain_ints(info.get("shape"))
+            or not _plain_ints(info.get("data_offsets")) or len(info["data_offsets"]) != 2):
+        raise ValueError(f"{where}: header entry {name!r} needs a dtype string, an integer shape and two "
+                         f"integer data_offsets, got {_short(info)}")
+    code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+    if len(shape) > _MAX_NDIM or any(not 0 <= s <= _INT64_MAX for s in shape):
+        raise ValueError(f"{where}: tensor {name!r} has an invalid shape {_short(shape)} (at most {_MAX_NDIM} "
+                         f"dimensions, each in 0..2**63-1)")
+    numel = 1
+    for s in shape:
+        if s:  # the size NumPy allocates and indexes with; zero-size dimensions aside
+            numel *= s
+    if numel > _INT64_MAX:
+        raise ValueError(f"{where}: tensor {name!r} has shape {tuple(shape)} with {numel} elements, beyond 2**63-1")
+    if 0 in shape:
+        numel = 0
+    if not 0 <= begin <= end:
+        raise ValueError(f"{where}: tensor {name!r} has invalid data_offsets [{begin}, {end}]")
+    if end > data_len:
+        raise ValueError(f"{where} is truncated: tensor {name!r} ends at byte {end} of the data, "
+                         f"which has {data_len} bytes")
+    itemsize = _DTYPES[code].itemsize if code in _DTYPES else _ITEMSIZE.get(code)
+    if itemsize is not None and end - begin != numel * itemsize:  # unknown dtypes are refused when read
+        raise ValueError(f"{where}: tensor {name!r} of dtype {code} and shape {tuple(shape)} needs "
+                         f"{numel * itemsize} bytes, its data_offsets [{begin}, {end}] give {end - begin}")
+    return begin, end
+
+
+def _short(value, limit: int = 200) -> str:
+    """repr(value) cut to `limit` characters (header entries can be arbitrarily long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _package():
     try:
         from safetensors import safe_open
@@ -106,8 +200,9 @@ class SafetensorsFile:
         reader), "package" (require the package) or "python" (always the built-in reader).
 
     Tensors come back as NumPy arrays of their stored dtype (float16 stays float16), except
-    BF16, which becomes float32. Raises ValueError for a file that is not safetensors, a
-    truncated file, or a header whose offsets do not match the shapes.
+    BF16, which becomes float32. Raises ValueError (naming the file and the tensor or
+    field) for a file that is not safetensors, a truncated file, or a header that breaks
+    one of the module's checks (size, nesting, repeated names, shapes, offsets).
 
     Example: ``f = SafetensorsFile("model.safetensors"); w = f["encoder.layer.0.attention.self.query.weight"]``
     """
@@ -132,47 +227,23 @@ class SafetensorsFile:
             raise ValueError(f"{where} is not a safetensors file: {size} bytes, shorter than the 8-byte header length")
         with open(self.path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            if n == 0 or n > _MAX_HEADER:
-                raise ValueError(f"{where} is not a safetensors file: header length {n} is not in 1..{_MAX_HEADER}")
+            if n == 0 or n > MAX_HEADER_BYTES:
+                raise ValueError(f"{where} is not a safetensors file or its header is too large: header length {n} "
+                                 f"is not in 1..{MAX_HEADER_BYTES}")
             if 8 + n > size:
                 raise ValueError(f"{where} is truncated or not a safetensors file: header length {n} "
                                  f"but only {size - 8} bytes follow")
             raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{where} is not a safetensors file: the header is not JSON ({exc})") from None
-        if not isinstance(header, dict):
-            raise ValueError(f"{where} is not a safetensors file: the header is not a JSON object")
+        header = _parse_header(raw, where)
         data_len = size - 8 - n
         spans = []
         for name, info in header.items():
             if name == "__metadata__":
-                if not isinstance(info, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+                if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                     raise ValueError(f"{where}: __metadata__ must map strings to strings")
                 continue
-
-            def plain_ints(x):
-                return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
-
-            if (not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or not plain_ints(info.get("shape"))
-                    or not plain_ints(info.get("data_offsets")) or len(info["data_offsets"]) != 2):
-                raise ValueError(f"{where}: header entry {name!r} needs a dtype string, an integer shape and two "
-                                 f"integer data_offsets, got {info!r}")
-            code, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+            begin, end = _check_entry(name, info, data_len, where)
             spans.append((begin, end, name))
-            itemsize = _DTYPES[code].itemsize if code in _DTYPES else _ITEMSIZE.get(code)
-            if itemsize is None:
-                itemsize = 0  # unknown dtype: rejected when the tensor is read
-            expected = int(np.prod(shape, dtype=np.int64)) * itemsize
-            if any(s < 0 for s in shape) or not 0 <= begin <= end:
-                raise ValueError(f"{where}: tensor {name!r} has invalid shape {shape} or offsets [{begin}, {end}]")
-            if itemsize and end - begin != expected:
-                raise ValueError(f"{where}: tensor {name!r} of dtype {code} and shape {tuple(shape)} needs "
-                                 f"{expected} bytes, its offsets [{begin}, {end}] give {end - begin}")
-            if end > data_len:
-                raise ValueError(f"{where} is truncated: tensor {name!r} ends at byte {end} of the data, "
-                                 f"which has {data_len} bytes")
         # the data must be tiled exactly by the tensors, in order (as the reference reader requires)
         position = 0
         for begin, end, name in sorted(spans):
@@ -336,6 +407,9 @@ def write_safetensors(path, tensors: Dict[str, np.ndarray], *, metadata: Optiona
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)  # align the data to 8 bytes, as the reference writer does
+    if len(blob) > MAX_HEADER_BYTES:
+        raise ValueError(f"tensors: the header of {len(tensors)} tensors would take {len(blob)} bytes, above the "
+                         f"{MAX_HEADER_BYTES} that the readers accept; write the tensors into several files")
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)

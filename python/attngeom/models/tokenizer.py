@@ -8,10 +8,11 @@ longest-match-first sub-words with the "##" continuation prefix), wrapped in [CL
 """
 from __future__ import annotations
 
-import json
 import os
 import unicodedata
 from typing import List, Optional, Tuple
+
+from .jsonfile import read_json_object
 
 
 def _is_punctuation(ch: str) -> bool:
@@ -154,7 +155,8 @@ def tokenize(folder, text: str, *, max_length: Optional[int] = None, backend: st
         raise ValueError(f"folder {folder!r} has neither tokenizer.json (with the tokenizers package) nor vocab.txt")
     lowercase = True
     cfg = os.path.join(folder, "tokenizer_config.json")
-    if os.path.isfile(cfg):
-        with open(cfg) as f:
-            lowercase = bool(json.load(f).get("do_lower_case", True))
+    if os.path.exists(cfg):
+        lowercase = read_json_object(cfg).get("do_lower_case", True)
+        if not isinstance(lowercase, bool):
+            raise ValueError(f"{cfg!r}: field 'do_lower_case' must be true or false, got {lowercase!r}")
     return WordPiece.from_file(vocab, lowercase=lowercase).encode(text, max_length=max_length)
