@@ -270,3 +270,10 @@ def test_python_dash_m_exit_status(tmp_path):
     assert done.returncode == 2
     assert done.stderr == "attngeom run: n_heads must be an integer >= 1, got -3\n"
     assert _entries(tmp_path) == []
+
+
+def test_drivers_check_their_config_when_called_from_python():
+    from attngeom.experiments.identity import IdentityConfig, run_identity
+
+    with pytest.raises(ValueError, match="n_heads must be an integer >= 1, got -3"):
+        run_identity(IdentityConfig(n_heads=-3))

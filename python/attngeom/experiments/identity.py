@@ -14,7 +14,7 @@ import numpy as np
 from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, laplace_radon_transform, radon_project, tilt_radius
-from ._result import ExperimentResult
+from ._result import ExperimentResult, check_config
 
 
 @dataclass
@@ -85,6 +85,7 @@ def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
 
     Example: ``res = run_identity(IdentityConfig(seed=1)); res.summary()``
     """
+    check_config(config)
     c = config
     rng = np.random.default_rng(c.seed)
     x = rng.standard_normal((c.n_examples, c.n_tokens, c.d_model))

@@ -32,7 +32,7 @@ from ..laplace_radon import head_probe
 from ..point_sets import reconstruct_points, recover_keys
 from ..radon import iradon, iradon_sart, limited_angle, radon, rms_error, shepp_logan_phantom
 from ._progress import progress
-from ._result import ExperimentResult, check_minimums
+from ._result import ExperimentResult, check_config, check_minimums
 from .timing import timed
 
 
@@ -398,6 +398,7 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
 
     Example: ``res = run_inverse(InverseConfig(max_nodes=12, phantom_size=64, n_angles=64)); res.table()``
     """
+    check_config(config)
     c = config
     check_minimums(c, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
     if not 0 < c.node_gap < 1:

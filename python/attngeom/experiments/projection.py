@@ -20,7 +20,7 @@ from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentResult, check_minimums
+from ._result import ExperimentResult, check_config, check_minimums
 
 
 @dataclass
@@ -162,6 +162,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
 
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
+    check_config(config)
     c = config
     check_minimums(c, n_layers=1, n_sigma=2)
     rng = np.random.default_rng(c.seed)

@@ -25,7 +25,7 @@ from ..laplace_radon import tilt_radius
 from ..random_features import random_feature_attention
 from ..sampling import sampled_attention
 from ._progress import progress
-from ._result import ExperimentResult, check_minimums
+from ._result import ExperimentResult, check_config, check_minimums
 
 FEATURE_KINDS = ("iid", "orthogonal")
 PROPOSALS = ("uniform", "tilted")
@@ -136,6 +136,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
 
     Example: ``res = run_random_features(RandomFeaturesConfig(feature_draws=10)); res.table()``
     """
+    check_config(config)
     c = config
     check_minimums(c, min_features=1, max_features=c.min_features, n_tau=2)
     rng = np.random.default_rng(c.seed)

@@ -32,7 +32,7 @@ from ..whitening import (
     whiteness,
 )
 from ._progress import progress
-from ._result import ExperimentResult, check_minimums
+from ._result import ExperimentResult, check_config, check_minimums
 from .timing import median_time
 
 
@@ -156,6 +156,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
 
     Example: ``res = run_whitening(WhiteningConfig(batch=500)); res.summary()["relative_whiteness_stationary"]``
     """
+    check_config(config)
     c = config
     check_minimums(c, n_phi=2, T=2)
     rng = np.random.default_rng(c.seed)
