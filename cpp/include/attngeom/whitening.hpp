@@ -5,7 +5,8 @@
 // whiten: sequential in time, one GEMM across a chunk of sequences per step (OpenMP over
 // chunks of the batch); L^{-T} is applied by a triangular solve when L is lower triangular
 // (a block Cholesky factor) or through one LU factorization of L otherwise (one per step
-// for time-varying factors).
+// for time-varying factors). For one steady-state pair the solves leave the loop:
+// w_i = x_i L^{-T} - w_{i-1} (M^T L^{-T}), each sequence's x L^{-T} as one solve.
 // whiten_scan: the same affine recursion w_i = A w_{i-1} + b_i (A = -L^{-1} M,
 // b_i = L^{-1} x_i) by a blocked scan: (1) every time block run from zero, in parallel over
 // blocks; (2) the block carries chained with A^S (repeated squaring); (3) every block re-run
@@ -40,7 +41,8 @@ struct InverseL {
       : L(l, D, D), lower(lower_triangular), transposed(transposed_) {
     if (!lower) lu.compute(transposed ? ColMat<T>(L) : ColMat<T>(L.transpose()));
   }
-  void apply(RowMatrix<T>& R) const {
+  template <class R_>
+  void apply(R_&& R) const {
     if (R.rows() == 0) return;
     if (!lower) {
       R = lu.solve(R.transpose()).transpose();
@@ -56,6 +58,26 @@ template <class T>
 using Strided = Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>>;
 template <class T>
 using CStrided = Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
+
+// Runs the steady-state recursion r_i <- r_i - r_{i -/+ 1} C in place over the sequences
+// b0 .. b0 + nb - 1 of a (B, Tn, D) array that holds r_i = y_i S (S the solve): first each
+// sequence's rows are copied from y and solved as one block (per sequence, so a row's
+// result does not depend on how sequences are split among threads), then one GEMM per step
+// across the chunk, forward in time or (`reverse`) backward.
+template <class T>
+void steady_recursion(const InverseL<T>& solve, const RowMatrix<T>& C, const T* y, T* r, int64_t b0, int64_t nb,
+                      int64_t Tn, int64_t D, bool reverse) {
+  for (int64_t b = b0; b < b0 + nb; ++b) {
+    std::copy(y + b * Tn * D, y + (b + 1) * Tn * D, r + b * Tn * D);
+    solve.apply(Eigen::Map<RowMatrix<T>>(r + b * Tn * D, Tn, D));
+  }
+  const Eigen::OuterStride<> stride(Tn * D);
+  for (int64_t s = 1; s < Tn; ++s) {
+    const int64_t i = reverse ? Tn - 1 - s : s, prev = reverse ? i + 1 : i - 1;
+    Strided<T>(r + (b0 * Tn + i) * D, nb, D, stride).noalias() -=
+        CStrided<T>(r + (b0 * Tn + prev) * D, nb, D, stride) * C;
+  }
+}
 
 // Splits B sequences into one contiguous chunk per thread and calls f(b0, nb) for each
 // chunk (sequences b0 .. b0 + nb - 1), in parallel.
@@ -78,6 +100,17 @@ template <class T>
 void whiten(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M, bool lower_triangular,
             bool varying, T* w) {
   if (B == 0 || Tn == 0 || D == 0) return;
+  if (!varying) {
+    // Steady state: w_i = x_i L^{-T} - w_{i-1} C with C = M^T L^{-T}. The solves leave the
+    // time loop (one per sequence); the sequential part is one GEMM per step.
+    const detail::InverseL<T> solve(L, D, lower_triangular);
+    RowMatrix<T> C = Eigen::Map<const RowMatrix<T>>(M, D, D).transpose();
+    solve.apply(C);
+    detail::for_sequence_chunks(B, [&](int64_t b0, int64_t nb) {
+      detail::steady_recursion(solve, C, x, w, b0, nb, Tn, D, /*reverse=*/false);
+    });
+    return;
+  }
   std::vector<detail::InverseL<T>> solvers;
   const int64_t n_factors = varying ? Tn : 1;
   solvers.reserve(n_factors);

@@ -7,8 +7,9 @@
 //     dL = -sum_i dz_i w_i^T,   dM = -sum_{i >= 1} dz_i w_{i-1}^T
 //
 // (summed over the batch of sequences as well). Rows are vectors, so each reverse step is
-// G_i = dW_i - dZ_{i+1} M, dZ_i = G_i L^{-1}: one GEMM and one (triangular or LU) solve across
-// a chunk of sequences, OpenMP over chunks as in the forward. dL and dM are then two GEMMs
+// dZ_i = (dW_i - dZ_{i+1} M) L^{-1} = dW_i L^{-1} - dZ_{i+1} (M L^{-1}): one solve per
+// sequence, then one GEMM per step across a chunk of sequences, OpenMP over chunks as in
+// the forward. dL and dM are then two GEMMs
 // over all (sequence, time) rows, split into fixed column slabs of the output so the
 // summation order never depends on the thread count.
 #pragma once
@@ -36,15 +37,12 @@ void whiten_backward(int64_t B, int64_t Tn, int64_t D, const T* L, const T* M, b
   if (B == 0 || Tn == 0 || D == 0) return;
   const detail::InverseL<T> solve(L, D, lower_triangular, /*transposed=*/false);
   const CMap Mm(M, D, D);
-  const Eigen::OuterStride<> stride(Tn * D);
+  // dZ_i = dW_i L^{-1} - dZ_{i+1} (M L^{-1}): each sequence's dW L^{-1} as one solve, then one
+  // GEMM per reverse step (as the forward).
+  Mat C = Mm;
+  solve.apply(C);
   detail::for_sequence_chunks(B, [&](int64_t b0, int64_t nb) {
-    Mat G(nb, D);
-    for (int64_t i = Tn - 1; i >= 0; --i) {
-      G = detail::CStrided<T>(dw + (b0 * Tn + i) * D, nb, D, stride);
-      if (i < Tn - 1) G.noalias() -= detail::CStrided<T>(dx + (b0 * Tn + i + 1) * D, nb, D, stride) * Mm;
-      solve.apply(G);
-      detail::Strided<T>(dx + (b0 * Tn + i) * D, nb, D, stride) = G;
-    }
+    detail::steady_recursion(solve, C, dw, dx, b0, nb, Tn, D, /*reverse=*/true);
   });
   // dL = -dX^T W over all rows; dM = -sum_b dX[b, 1:]^T W[b, :-1], i.e. the product of the
   // flat arrays shifted by one row minus the B - 1 pairs that straddle two sequences.
