@@ -79,7 +79,7 @@ $(SAN_VENV)/.installed: $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
 SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:abort_on_error=1 \
-  ATTNGEOM_ISA=baseline
+  ATTNGEOM_ISA=baseline ATTNGEOM_FUZZ_TIMEOUT=30
 
 sanitize: $(SAN_VENV)/.installed
 	$(SAN_ENV) $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
