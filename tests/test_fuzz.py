@@ -503,7 +503,7 @@ def _strategies():
             special = special or self.draw(st.sampled_from(SPECIALS if not self.valid else VALID_SPECIALS))
             layout = layout or self.draw(st.sampled_from(LAYOUTS))
             rng = np.random.default_rng(seed)
-            x = rng.standard_normal(shape) * mag
+            x = np.array(rng.standard_normal(shape) * mag, dtype=np.float64)  # an array even when 0-d
             if positive:
                 x = np.abs(x)
             note = f"x{mag:g}" if mag != 1.0 else ""
@@ -870,7 +870,8 @@ def _extend_generator(G, st):
         """Radii: real, sometimes complex (accepted by the exponential kernel)."""
         t = self.arr(*dims)
         if isinstance(t, Arr) and t.data.dtype.kind == "f" and self.draw(st.integers(0, 4)) == 0:
-            t.data = t.data.astype(np.complex128) * 1j
+            with np.errstate(all="ignore"):  # inf * 1j has a NaN real part: that is input too
+                t.data = t.data.astype(np.complex128) * 1j
         return t
 
     def grid(self, symbol, imaginary=False):
