@@ -649,7 +649,8 @@ def _kernel_call(g, backward=False):
 
 def _whiten_factors(g):
     L = g.arr("D", "D")
-    if isinstance(L, Arr) and L.data.ndim == 2 and L.data.dtype.kind == "f" and g.draw_bool():
+    if (isinstance(L, Arr) and L.data.ndim == 2 and L.data.shape[0] == L.data.shape[1]
+            and L.data.dtype.kind == "f" and g.draw_bool()):
         L.data = L.data + 3 * np.eye(L.data.shape[0], dtype=L.data.dtype)  # usually invertible
     return L, g.arr("D", "D")
 
