@@ -3,6 +3,8 @@
 # make bench  `pip install .` into .venv-bench with the benchmark extra, run the ratio benchmarks
 # make docs   build the API reference from the docstrings into docs/_build/html
 # make notebooks  run every notebook at the small size and store its outputs (figures)
+# make sanitize   build the core with ASan + UBSan into .venv-sanitize, run the kernel tests
+#                 and the fuzz test under it (`.ci/run` runs it after `make test`)
 #
 # The default build is the one `pip install .` gives users: the core compiled once per
 # x86-64 level (baseline, AVX2, AVX-512), the best chosen at import. NATIVE=ON builds a
@@ -16,7 +18,7 @@ PIP := $(PY) -m pip
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
 
-.PHONY: demo test bench docs notebooks clean
+.PHONY: demo test bench docs notebooks sanitize clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -55,5 +57,34 @@ docs: $(VENV)/.installed-$(NATIVE)-docs
 notebooks: $(VENV)/.installed-$(NATIVE)-test,models
 	$(PY) notebooks/execute.py notebooks/*.ipynb
 
+# Sanitizers: one instrumented level (baseline), -O1 -g, in its own build folder and its own
+# environment (a regular install, so the package there holds only the instrumented module
+# and the normal .venv is never touched). CPython is not instrumented: the ASan runtime the
+# compiler linked (written by CMake to sanitizer-preload.txt) must be preloaded; leaks are
+# not checked because the interpreter keeps its objects alive until exit by design.
+SAN_VENV := .venv-sanitize
+SAN_BUILD := build/sanitize
+SAN_DEPS := numpy pytest scipy hypothesis
+# The C++-backed tests.
+SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
+  lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz))
+$(SAN_VENV)/.installed: $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
+	$(PYTHON) -m venv $(SAN_VENV)
+	$(SAN_VENV)/bin/python -m pip install --quiet $(BUILD_DEPS) $(SAN_DEPS)
+	$(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
+	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined -Ccmake.define.ATTNGEOM_ISA_LEVELS=baseline \
+	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
+	touch $@
+
+SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:abort_on_error=1 \
+  ATTNGEOM_ISA=baseline ATTNGEOM_FUZZ_TIMEOUT=30
+
+sanitize: $(SAN_VENV)/.installed
+	$(SAN_ENV) $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
+	  assert ag.show_config(file=open(os.devnull, 'w'))['sanitizers'], 'the core in $(SAN_VENV) is not instrumented'"
+	$(SAN_ENV) $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
+
 clean:
-	rm -rf build $(VENV) $(BENCH_VENV) runs
+	rm -rf build $(VENV) $(BENCH_VENV) $(SAN_VENV) runs

@@ -57,6 +57,9 @@ void bind_config(py::module_& m) {
     d["openmp"] = attngeom::has_openmp();
     d["isa"] = attngeom::compiled_level();
     d["simd"] = simd_flags();
+    // Non-empty only in a `make sanitize` build (address,undefined): lets a test run check
+    // that the instrumented core is the one it loaded.
+    d["sanitizers"] = std::string(ATTNGEOM_SANITIZERS);
     d["eigen_simd"] = std::string(Eigen::SimdInstructionSetsInUse());
 #if defined(__VERSION__)
     d["compiler"] = std::string(__VERSION__);

@@ -76,8 +76,9 @@ def show_config(file=None) -> dict:
     dict
         version, eigen_version, openmp, compiler, ``isa`` (the level in use),
         ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
-        runs), ``simd`` (the compiler's SIMD flags of the level in use), ``eigen_simd`` and
-        ``threads``.
+        runs), ``simd`` (the compiler's SIMD flags of the level in use), ``eigen_simd``,
+        ``sanitizers`` (empty except in a ``make sanitize`` build, e.g.
+        "address,undefined") and ``threads``.
 
     Examples
     --------
