@@ -119,6 +119,22 @@ def test_stable_density_near_alpha_one_is_exact(alpha):
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("alpha", [1.995, 1.999, 1.9999])
+def test_stable_density_near_alpha_two(alpha):
+    # The tail's coefficient sin(pi alpha / 2) -> 0: the tail series must still be usable, so
+    # the table ends early and far points are finite (they were NaN after a 10 s table build).
+    x = np.array([0.5, 3.0, 8.0])
+    ref = np.array([_fourier_log_density(alpha, xi) for xi in x])
+    np.testing.assert_allclose(ag.stable_density(x, alpha, log=True), ref, rtol=0, atol=1e-9)
+    far = ag.stable_density(np.logspace(1, 15, 15), alpha, log=True)
+    assert np.all(np.isfinite(far)) and np.all(np.diff(far) < 0)
+
+
+def test_stable_density_at_infinity_is_zero():
+    np.testing.assert_array_equal(ag.stable_density(np.array([np.inf, -np.inf]), 1.5), [0.0, 0.0])
+    np.testing.assert_array_equal(ag.stable_density(np.array([np.inf]), 0.7, log=True), [-np.inf])
+
+
 def test_stable_kernel_at_the_smallest_alpha_is_finite():
     y = ag.kernel_attention(Q, K, V, kernel="stable", alpha=0.1)
     assert np.all(np.isfinite(y))

@@ -118,9 +118,11 @@ double log_tail_series_at_log(double alpha, double lx) {
   const double s1 = std::sin(kPi * alpha / 2);
   const double log_t1 = std::lgamma(alpha + 1) + std::log(s1) - (alpha + 1) * lx - std::log(kPi);
   const double rel = series([&](int k) {
-    const double m = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
-                              alpha * (k - 1) * lx) / s1;
-    return std::pair<double, double>(((k % 2) ? 1.0 : -1.0) * m * std::sin(k * kPi * alpha / 2), m);
+    // |sin(k theta)| <= k |sin(theta)|: the bound m stays tight near alpha = 2, where s1 -> 0.
+    const double base = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
+                                 alpha * (k - 1) * lx);
+    const double m = base * std::min(1.0 / s1, double(k));
+    return std::pair<double, double>(((k % 2) ? 1.0 : -1.0) * base * std::sin(k * kPi * alpha / 2) / s1, m);
   }, 1);
   return log_t1 + std::log(rel);
 }
@@ -134,9 +136,10 @@ double d_log_tail_series(double alpha, double x) {
   const double lx = std::log(x), s1 = std::sin(kPi * alpha / 2);
   double sum = 0, wsum = 0, prev = std::numeric_limits<double>::infinity();
   for (int k = 1; k < 401; ++k) {
-    const double m = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
-                              alpha * (k - 1) * lx) / s1;
-    const double t = ((k % 2) ? 1.0 : -1.0) * m * std::sin(k * kPi * alpha / 2);
+    const double base = std::exp(std::lgamma(alpha * k + 1) - std::lgamma(k + 1.0) - std::lgamma(alpha + 1) -
+                                 alpha * (k - 1) * lx);
+    const double m = base * std::min(1.0 / s1, double(k));  // as in log_tail_series_at_log
+    const double t = ((k % 2) ? 1.0 : -1.0) * base * std::sin(k * kPi * alpha / 2) / s1;
     if (!std::isfinite(t) || m > prev) break;
     prev = m;
     sum += t;
@@ -308,6 +311,7 @@ double unit(double x, double inv_scale, double log_scale) {
 
 double StableDensity::d_log_density(double x) const {
   if (std::isnan(x)) return x;
+  if (std::isinf(x)) return 0.0;  // the tail's -(alpha + 1) / x
   if (x == 0.0) return 0.0;  // f is even and smooth
   if (alpha_ == 2.0) return -x / (2 * c_);  // the Gaussian of variance 2c
   // f(x) = f_1(u) / s with u = |x| / s: d log f / dx = u f_1'(u) / (f_1(u) |x|), which stays
@@ -321,6 +325,7 @@ double StableDensity::d_log_density(double x) const {
 
 double StableDensity::log_density(double x) const {
   if (std::isnan(x)) return x;
+  if (std::isinf(x)) return -std::numeric_limits<double>::infinity();  // f -> 0 at +-inf
   if (alpha_ == 2.0) return -x * x / (4 * c_) - std::log(2 * std::sqrt(kPi * c_));
   const double u = unit(x, inv_scale_, log_scale_);
   if (std::isinf(u)) {
