@@ -122,3 +122,22 @@ def test_use_level_rejects_unsupported():
     with pytest.raises(ValueError, match="level must be one of"):
         with _core.use_level("sse9"):
             pass
+
+
+def test_baseline_only_concepts_come_from_the_baseline():
+    # The AVX2 / AVX-512 modules hold the hot kernels only; spectra and the inverse Laplace
+    # solvers are compiled once, into the baseline module, and re-exported at every level.
+    wide = [level for level in ("avx2", "avx512") if level in _core.SUPPORTED]
+    if not wide:
+        pytest.skip("no AVX2 / AVX-512 level compiled here")
+    import importlib
+
+    baseline = importlib.import_module("attngeom._core_baseline")
+    for level in wide:
+        module = importlib.import_module(f"attngeom._core_{level}")
+        assert not hasattr(module, "factored_svd") and not hasattr(module, "matrix_pencil")
+        assert hasattr(module, "softmax_attention")
+        with _core.use_level(level):
+            assert _core.factored_svd is baseline.factored_svd
+            assert _core.matrix_pencil is baseline.matrix_pencil
+            assert _core.softmax_attention is module.softmax_attention

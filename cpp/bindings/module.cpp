@@ -1,5 +1,7 @@
 // The extension module attngeom._core_<level> (one per instruction-set level, same sources):
-// one bind_<concept> per bindings file. attngeom/_core.py imports the best level.
+// one bind_<concept> per bindings file. attngeom/_core.py imports the best level. The AVX2
+// and AVX-512 modules (ATTNGEOM_HOT_ONLY) leave out spectral and inverse, which _core.py
+// takes from the baseline module (see CMakeLists.txt).
 #include <pybind11/pybind11.h>
 
 namespace py = pybind11;
@@ -23,12 +25,16 @@ PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   bind_attention(m);
   bind_laplace_radon(m);
   bind_stable_density(m);
+#ifndef ATTNGEOM_HOT_ONLY
   bind_spectral(m);
+#endif
   bind_lightning(m);
   bind_random_features(m);
   bind_dimension(m);
   bind_whitening(m);
+#ifndef ATTNGEOM_HOT_ONLY
   bind_inverse(m);
+#endif
   bind_radon(m);
   bind_bench(m);
 }

@@ -5,7 +5,8 @@ same sources: ``_core_baseline`` (x86-64, SSE2), ``_core_avx2`` (x86-64-v3: AVX2
 ``_core_avx512`` (x86-64-v4: AVX-512). A native build (``make NATIVE=ON``) holds one,
 ``_core_native``. This module imports the best level the CPU supports, asked of the CPU
 through the baseline module (CPUID via the compiler's builtins), and re-exports its
-functions, so the rest of the package calls ``_core.<kernel>`` whatever level runs.
+functions, so the rest of the package calls ``_core.<kernel>`` whatever level runs. The
+AVX2 and AVX-512 modules hold the hot kernels only; the rest comes from the baseline.
 
 ``ATTNGEOM_ISA=baseline|avx2|avx512|native`` forces one level; a level that was not
 compiled, or that the CPU cannot run, raises ImportError instead of crashing later.
@@ -65,13 +66,24 @@ _names: list[str] = []
 
 
 def _activate(level: str) -> None:
-    """Re-export the functions of ``_core_<level>`` as this module's attributes."""
+    """Re-export the functions of ``_core_<level>`` as this module's attributes.
+
+    The AVX2 and AVX-512 modules hold only the hot kernels; the concepts compiled into the
+    baseline module alone (the SVD-based spectra and the inverse Laplace solvers, whose
+    Eigen decompositions dominate the compile time and gain little from wider vectors) are
+    taken from it.
+    """
     global LEVEL
     module = _load(level)
     for name in _names:
         globals().pop(name, None)
-    _names[:] = [name for name in vars(module) if not name.startswith("_")]
-    globals().update({name: getattr(module, name) for name in _names})
+    exported = {name: getattr(module, name) for name in vars(module) if not name.startswith("_")}
+    if level != "baseline" and "baseline" in COMPILED:
+        base = _load("baseline")
+        exported.update({name: getattr(base, name) for name in vars(base)
+                         if not name.startswith("_") and name not in exported})
+    _names[:] = list(exported)
+    globals().update(exported)
     LEVEL = level
 
 
