@@ -22,6 +22,7 @@ computation dtype.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -441,3 +442,54 @@ def check_bound(bound: float, dtype, what: str, fix: str) -> None:
     limit = float(np.finfo(dtype).max)
     if not bound <= limit:
         raise ValueError(f"{what} may reach {bound:.3g}, beyond the float range ({limit:.3g}): {fix}")
+
+
+def _finite_values(obj) -> bool:
+    """Whether every floating value in a result (arrays, scalars, tuples, named tuples,
+    dataclasses, lists) is finite; other values (ints, strings, None, objects) count as finite."""
+    if isinstance(obj, np.ndarray):
+        return not np.issubdtype(obj.dtype, np.inexact) or bool(np.all(np.isfinite(obj)))
+    if isinstance(obj, (float, complex, np.inexact)):
+        return bool(np.isfinite(obj))
+    if isinstance(obj, (tuple, list)):
+        return all(_finite_values(o) for o in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(_finite_values(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return True
+
+
+def _largest_input(args) -> float:
+    """Largest magnitude among the floating inputs (inf when one is not finite)."""
+    big = 0.0
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            big = max(big, _largest_input(a))
+            continue
+        try:
+            arr = np.asarray(a)
+        except Exception:  # an object NumPy cannot take is not a numeric input
+            continue
+        if arr.size and np.issubdtype(arr.dtype, np.number) and not np.issubdtype(arr.dtype, np.bool_):
+            with np.errstate(invalid="ignore"):
+                m = float(np.max(np.abs(arr)))
+            big = max(big, m if m == m else math.inf)
+    return big
+
+
+def finite_result(func):
+    """Decorator for a public function whose result can overflow: when the inputs are finite
+    and the result is not (a product or sum beyond the float range), raise ValueError saying
+    so instead of returning inf or NaN. Costs one pass over the result."""
+
+    @functools.wraps(func)
+    def inner(*args, **kwargs):
+        out = func(*args, **kwargs)
+        if _finite_values(out):
+            return out
+        big = _largest_input(list(args) + list(kwargs.values()))
+        if not math.isfinite(big):
+            return out  # the input itself holds inf or NaN: the function's own rule applies
+        raise ValueError(f"{func.__name__}: the result overflows the float range for these inputs (largest input "
+                         f"entry {big:.3g}); rescale them")
+
+    return inner

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, operand, reduce_to_shape, scalar
+from ._operands import AttentionOperands, finite_result, operand, reduce_to_shape, scalar
 from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
@@ -114,6 +114,7 @@ def attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=No
     return (grads, pr.shaped(dbias, pr.n_k)) if key_bias_grad else grads
 
 
+@finite_result
 def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=None,
                                log_partition=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`softmax_attention` for the output cotangent dy.
@@ -215,6 +216,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
                            return_weights=return_weights, return_log_partition=return_log_partition)
 
 
+@finite_result
 def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=None, scale=None, y=None,
                               log_partition=None, **params) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`kernel_attention` for the output cotangent dy.

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._operands import operand, renamed_arguments, scalar
+from ._operands import finite_result, operand, renamed_arguments, scalar
 from .subspace import Subspace
 
 
@@ -36,6 +36,7 @@ def _product(*factors):
 
 
 @renamed_arguments(P="routing")
+@finite_result
 def head_operator(routing, W_OV, X):
     """P X W_OV: a head with frozen routing P applied to tokens X.
 
@@ -71,6 +72,7 @@ def head_operator(routing, W_OV, X):
 
 
 @renamed_arguments(P1="routing1", P2="routing2")
+@finite_result
 def virtual_head(routing1, W_OV1, routing2, W_OV2):
     """The virtual head of head 1 followed by head 2: (P2 P1, W_OV1 W_OV2).
 
@@ -118,6 +120,7 @@ def _r_factor(m):
     return np.linalg.qr(m, mode="r")
 
 
+@finite_result
 def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
     """Q-, K- or V-composition scores between every pair of heads in different layers.
 
@@ -213,6 +216,7 @@ class PathExpansion:
         return dict(sorted(((p, float(np.linalg.norm(c))) for p, c in self.paths.items()), key=lambda kv: -kv[1]))
 
 
+@finite_result
 def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional[int] = None) -> PathExpansion:
     """Expand a network with frozen attention into residual paths.
 
@@ -299,6 +303,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
 
 
 # -- layer norm ----------------------------------------------------------------------------
+@finite_result
 def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     """Layer norm N(x) = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis.
 
@@ -329,12 +334,17 @@ def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     x = operand("x", x, "(..., d)", min_ndim=0)
     mu = x.mean(-1, keepdims=True)
     c = x - mu
-    s = np.sqrt((c * c).mean(-1, keepdims=True) + eps)
+    # Rows with entries beyond 1 are divided by their largest one first, so no square overflows.
+    m = np.maximum(np.max(np.abs(c), axis=-1, keepdims=True), 1.0) if c.shape[-1] else 1.0
+    c = c / m
+    with np.errstate(over="ignore"):
+        s = np.sqrt((c * c).mean(-1, keepdims=True) + eps / (m * m))
     g = 1.0 if gamma is None else operand("gamma", gamma, "(d,)", min_ndim=0)
     b = 0.0 if beta is None else operand("beta", beta, "(d,)", min_ndim=0)
     return g * c / s + b
 
 
+@finite_result
 def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     """Exact Jacobian of layer norm at x (..., d): (..., d, d).
 
@@ -437,6 +447,7 @@ class RoutingGram:
     imbalance: float
 
 
+@finite_result
 def routing_gram(R) -> RoutingGram:
     """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts).
 
@@ -495,6 +506,7 @@ class LatentFactorization:
     singular_values: np.ndarray
 
 
+@finite_result
 def latent_factorization(K, rank: int) -> LatentFactorization:
     """Best rank-r factorisation K ~ U Z (multi-head latent attention's cache compression).
 

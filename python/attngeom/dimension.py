@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 
 from . import _core
-from ._operands import count, operand, scalar
+from ._operands import count, finite_result, operand, scalar
 from .lightning import deep_lightning, network_kind
 
 Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -134,6 +134,7 @@ def _samples(X, d0) -> np.ndarray:
     return x
 
 
+@finite_result
 def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
     """phi_W(X) for N samples X (N, t, d_0) -> (N, t, d_l) (Definition 2; eq. 1 or eq. 16).
 
@@ -171,6 +172,7 @@ def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndar
     return deep_lightning(x, As, [V for _, _, V in triples], kind=kind, temperature=temperature)
 
 
+@finite_result
 def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
     """Exact Jacobian of W -> phi_W(X) on N samples, float64, shape (N * t * d_l, P).
 
@@ -272,7 +274,15 @@ def expected_dimension(d, a, kind="lightning") -> int:
     return dim - (0 if softmax else l)
 
 
-def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
+class NumericalRank(NamedTuple):
+    """Result of :func:`numerical_rank`: (rank, singular_values, gap_ratio)."""
+
+    rank: int
+    singular_values: np.ndarray
+    gap_ratio: float
+
+
+def numerical_rank(J, block_rows=None) -> NumericalRank:
     """Rank of a Jacobian by the largest log-gap of its singular values.
 
     Henry-Marchetti-Kohn s.3.4 (rank at random points). Each block of ``block_rows`` rows
@@ -297,7 +307,8 @@ def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
     singular_values : ndarray
         The singular values after block scaling, descending.
     gap_ratio : float
-        sigma_r / sigma_{r+1} at the chosen rank.
+        sigma_r / sigma_{r+1} at the chosen rank; inf when sigma_{r+1} = 0 (an exactly
+        rank-deficient J). The three come as a named tuple, NumericalRank.
 
     Examples
     --------
@@ -313,12 +324,12 @@ def numerical_rank(J, block_rows=None) -> Tuple[int, np.ndarray, float]:
         J = (blocks / np.where(norms > 0, norms, 1)).reshape(J.shape)
     s = np.linalg.svd(J, compute_uv=False)
     if s.size == 0 or s[0] == 0:
-        return 0, s, float("inf")
+        return NumericalRank(0, s, float("inf"))
     floor = np.finfo(np.float64).eps * s[0]
     ext = np.maximum(np.r_[s, floor], floor)
     gaps = np.log(ext[:-1]) - np.log(ext[1:])
     r = int(np.argmax(gaps)) + 1
-    return r, s, float(ext[r - 1] / ext[r])
+    return NumericalRank(r, s, float(ext[r - 1] / ext[r]))
 
 
 @dataclass
@@ -463,6 +474,7 @@ def _layers(As, Vs, d0=None):
     return As, Vs
 
 
+@finite_result
 def virtual_weights(As, Vs):
     """Virtual weights (M, L) of eq. 9: L_i = V_i ... V_1, M_i = L_{i-1}^T A_i L_{i-1}, L = L_l.
 
@@ -499,6 +511,7 @@ def virtual_weights(As, Vs):
     return Ms, L
 
 
+@finite_result
 def virtual_network(Ms, L, X):
     """phi(X) from virtual weights by Lemma 3.12 (eq. 11-12), tokens as columns X (d_0, t).
 
@@ -540,6 +553,7 @@ def virtual_network(Ms, L, X):
     return out
 
 
+@finite_result
 def gl_transform(As, Vs, Cs):
     """The symmetry of eq. 10: V_i' = C_i V_i C_{i-1}^{-1}, A_{i+1}' = C_i^{-T} A_{i+1} C_i^{-1}.
 
@@ -583,6 +597,7 @@ def gl_transform(As, Vs, Cs):
     return new_A, new_V
 
 
+@finite_result
 def rescale(As, Vs, lambdas):
     """A point of the rescaling fiber (eq. 14) of a deep attention network.
 
@@ -621,6 +636,7 @@ def rescale(As, Vs, lambdas):
     return [x * A for x, A in zip(lam, As)], Vs[:-1] + [rho * Vs[-1]]
 
 
+@finite_result
 def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
     """Relative distance max ``|phi_W(X) - phi_W'(X)|`` / max ``|phi_W(X)|`` of two networks.
 
@@ -666,6 +682,7 @@ class CriticalPoint:
     gap_ratio: float
 
 
+@finite_result
 def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> CriticalPoint:
     """Whether the single-layer parametrization (A, V) -> phi is critical at (A, V).
 

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, check_nonempty, real_array, scalar, uniform_grid
+from ._operands import check_finite, check_nonempty, finite_result, real_array, scalar, uniform_grid
 
 
 @dataclass
@@ -208,6 +208,7 @@ def _trapezoid_weights(s: np.ndarray) -> np.ndarray:
     return w
 
 
+@finite_result
 def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonneg: bool = True) -> DensityFit:
     """A projected density p(s) from samples of its Laplace transform Z(tau) = int e^{tau s} p(s) ds.
 
@@ -300,6 +301,7 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
     return DensityFit(s=s, density=density, mass=mass, residual=residual, iterations=int(abs(it)))
 
 
+@finite_result
 def wasserstein1(s, p, q) -> float:
     """Wasserstein-1 distance between two densities p, q on the same increasing grid s.
 

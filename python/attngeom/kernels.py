@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._operands import compute_dtype, real_array, scalar
+from ._operands import compute_dtype, finite_result, real_array, scalar
 from .stable_density import ALPHA_MIN, stable_density
 
 KERNELS = ("exp", "gaussian", "cauchy", "stable")
@@ -50,6 +50,7 @@ def kernel_params(kernel, params: dict) -> tuple:
     return kernel, out
 
 
+@finite_result
 def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     """Evaluate the kernel psi(tau, s) elementwise (NumPy broadcasting of tau and s).
 

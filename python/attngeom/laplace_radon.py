@@ -21,8 +21,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import (AttentionOperands, check_bound, check_finite, check_shared_width, compute_dtype, max_row_norm,
-                        operand, scalar)
+from ._operands import (AttentionOperands, check_bound, check_finite, check_shared_width, compute_dtype,
+                        finite_result, max_row_norm, operand, scalar)
 from .kernels import kernel_params
 
 
@@ -79,6 +79,7 @@ def tilt_radius(q, *, scale=None):
     return u.reshape(q.shape), tau.reshape(q.shape[:-1])
 
 
+@finite_result
 def radon_project(u, k):
     """Projected coordinates s[..., j, i] = u_j . k_i (Laplace-Radon eq. 6, 15).
 
@@ -251,6 +252,7 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
                            return_weights=return_weights, return_log_partition=return_log_partition)
 
 
+@finite_result
 def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
     """Cumulants of the projected coordinate S = u.k under the Gibbs weights (eq. 45, 51).
 

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, check_bound, compute_dtype, max_row_norm, operand, scalar
+from ._operands import AttentionOperands, check_bound, compute_dtype, finite_result, max_row_norm, operand, scalar
 from .attention import AttentionGrads, softmax_attention
 
 _CHUNK = 64
@@ -45,6 +45,7 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
     return kind
 
 
+@finite_result
 def lightning_attention(q, k, v, *, causal=False):
     """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).
 
@@ -83,6 +84,7 @@ def lightning_attention(q, k, v, *, causal=False):
     return p.shaped(y, p.n_q, p.d_v)
 
 
+@finite_result
 def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`lightning_attention` for the output cotangent dy.
 
@@ -151,6 +153,7 @@ def _layer(x, a, v, kind, temperature, causal):
     return lightning_attention(x @ a.T, x, values, causal=causal)
 
 
+@finite_result
 def lightning_layer(x, A, V, *, kind="lightning", temperature=1.0, causal=False, normalize=None):
     """One self-attention layer in the paper's weights W = (A, V), tokens as rows.
 
@@ -194,6 +197,7 @@ def lightning_layer(x, A, V, *, kind="lightning", temperature=1.0, causal=False,
     return _layer(x, a, v, kind, temperature, causal)
 
 
+@finite_result
 def deep_lightning(x, As: Sequence, Vs: Sequence, *, kind="lightning", temperature=1.0, causal=False,
                    normalize=None):
     """A deep self-attention network phi_W = phi_{W_l} o ... o phi_{W_1} (Definition 2).

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._operands import check_finite, operand, scalar, uniform_grid
+from ._operands import check_finite, finite_result, operand, scalar, uniform_grid
 from .inverse import ExponentialSum, fit_exponential_sum
 
 
@@ -341,6 +341,7 @@ class RecoveredHead:
     residual: np.ndarray
 
 
+@finite_result
 def recover_keys(probe: Callable, directions, tau_grid, *, order: Optional[int] = None,
                  rtol: Optional[float] = None) -> RecoveredHead:
     """Recover a head's keys and values from its unnormalised transforms only (Laplace-Radon s.9.1).

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._operands import check_nonempty, compute_dtype, operand, query_key_value, real_array, reduce_to_shape, scalar
+from ._operands import (check_nonempty, compute_dtype, finite_result, operand, query_key_value, real_array,
+                        reduce_to_shape, scalar)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
@@ -90,6 +91,7 @@ def _centered(q, k, v, sigma, mask):
     return qc, kc, v, bias.astype(dt, copy=False), 1.0 / sigma ** 2
 
 
+@finite_result
 def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`projection_attention` for the output cotangent dy (sigma fixed).
 
@@ -182,6 +184,7 @@ def _local_dims(points: np.ndarray, neighbors: np.ndarray) -> np.ndarray:
     return np.asarray(effective_rank(singular_values(patches), kind="participation", spectrum=True))
 
 
+@finite_result
 def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
     """Participation-ratio dimension of local neighbourhoods before (x) and after (y) a layer.
 

@@ -445,10 +445,18 @@ def rms_error(reconstruction, image) -> float:
     >>> ag.rms_error(np.ones((2, 2)), np.zeros((2, 2)))
     1.0
     """
-    r, i = np.asarray(reconstruction, dtype=np.float64), np.asarray(image, dtype=np.float64)
+    r, i = (real_array(name, a).astype(np.float64) for name, a in (("reconstruction", reconstruction), ("image", image)))
+    check_finite("reconstruction", r)
+    check_finite("image", i)
     if r.shape != i.shape:
         raise ValueError(f"reconstruction {r.shape} and image {i.shape} must have the same shape")
-    return float(np.sqrt(np.mean((r - i) ** 2)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = r - i
+    big = float(np.max(np.abs(d))) if d.size else 0.0
+    if not math.isfinite(big):
+        raise ValueError(f"reconstruction - image overflows float64 (entries up to "
+                         f"{max(np.max(np.abs(r)), np.max(np.abs(i))):.3g}): rescale them")
+    return big * float(np.sqrt(np.mean((d / big) ** 2))) if big > 0 else 0.0  # scaled: no square overflows
 
 
 def limited_angle(theta, wedge: float, *, center: float = 90.0) -> np.ndarray:

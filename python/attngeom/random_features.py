@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import causal_code, compute_dtype, cotangent, count, operand, query_key_value, scalar
+from ._operands import causal_code, compute_dtype, cotangent, count, finite_result, operand, query_key_value, scalar
 from .attention import AttentionGrads
 from .lightning import lightning_attention, lightning_attention_backward
 
@@ -84,6 +84,7 @@ def _features(x, W, root, per_row):
     return phi.reshape(lead + (n, W.shape[0])), shift.reshape(lead + (n,))
 
 
+@finite_result
 def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, per_row: bool = True) -> RandomFeatures:
     """Positive random features phi(x) = exp(W x - ``|x|^2`` / 2) / sqrt(m) of the rows of x.
 
@@ -122,6 +123,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 
 
+@finite_result
 def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
                              scale: Optional[float] = None, return_log_partition: bool = False):
     """FAVOR+ estimate of softmax attention, linear in the sequence length.
@@ -206,6 +208,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
     return y, log_z, _Favor(qa, ka, W, phi_q, phi_k, values, den, root)
 
 
+@finite_result
 def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, orthogonal: bool = True, seed=0,
                                       causal=False, scale: Optional[float] = None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.

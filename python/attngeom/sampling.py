@@ -78,7 +78,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     v : array_like, shape (..., n_k, d_v)
         Values; the leading axes of q, k, v must be equal (one head or a batch of heads).
     num_samples : int
-        S >= 1 keys drawn with replacement per query.
+        S >= 2 keys drawn with replacement per query (two at least: the variance estimates).
     proposal : {"uniform", "tilted"}, default "uniform"
         The proposal distribution over keys.
     seed : int, default 0
@@ -101,7 +101,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     >>> bool(np.abs(est.y - ag.softmax_attention(q, k, v)).max() < 0.05)
     True
     """
-    count("num_samples", num_samples)
+    count("num_samples", num_samples, minimum=2)  # the variance estimates need two
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
     qa, ka, va = query_key_value(q, k, v)
@@ -148,16 +148,18 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     shift = log_w.max(-1, keepdims=True)
     w = np.exp(log_w - shift)  # (..., n_q, S), scaled by exp(-shift)
     mean_w = w.mean(-1)
-    var_w = w.var(-1, ddof=1) / S if S > 1 else np.full(mean_w.shape, np.inf)
+    var_w = w.var(-1, ddof=1) / S
     vals = _gather(vf, idx)  # (..., n_q, S, d_v)
     num = np.einsum("...is,...isd->...id", w, vals) / S
     y = num / mean_w[..., None]
     log_z = np.log(mean_w) + shift[..., 0]
-    with np.errstate(over="ignore"):
-        factor = np.exp(shift[..., 0])
-        Z = mean_w * factor
-        Z_var = var_w * factor ** 2
-        N = num * factor[..., None]
+    # Back from the shifted scale in the log domain (a zero variance times an overflowing
+    # factor would be 0 * inf = NaN); Z, its variance and N overflow to inf where the partition
+    # sum itself is beyond float64 (log_Z and y stay exact).
+    with np.errstate(over="ignore", divide="ignore"):
+        Z = np.exp(log_z)
+        Z_var = np.exp(np.log(var_w) + 2 * shift[..., 0])
+        N = np.sign(num) * np.exp(np.log(np.abs(num)) + shift)
     rel = np.sqrt(var_w) / mean_w
     return SampledAttention(Z, log_z, Z_var, N, y, rel)
 

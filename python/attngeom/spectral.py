@@ -26,16 +26,8 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (
-    batch_operands,
-    broadcast_batch,
-    check_finite,
-    compute_dtype,
-    operand,
-    renamed_arguments,
-    rtol_arg,
-    scalar,
-)
+from ._operands import (batch_operands, broadcast_batch, check_finite, compute_dtype, finite_result, operand,
+                        renamed_arguments, rtol_arg, scalar)
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
@@ -111,6 +103,7 @@ class SVD(NamedTuple):
     Vh: np.ndarray
 
 
+@finite_result
 def factored_svd(A, B) -> SVD:
     """SVD of the product A @ B without forming it.
 
@@ -342,7 +335,7 @@ def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None)
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-    s = _spectrum(x, spectrum).astype(np.float64)
+    s = _scaled(_spectrum(x, spectrum).astype(np.float64))
     if kind == "participation":
         e = s * s
         num, den = e.sum(-1) ** 2, (e * e).sum(-1)
@@ -379,7 +372,7 @@ def cumulative_energy(x, *, spectrum: Optional[bool] = None) -> np.ndarray:
     >>> ag.cumulative_energy([2.0, 1.0])
     array([0.8, 1. ])
     """
-    s = np.sort(_spectrum(x, spectrum).astype(np.float64), axis=-1)[..., ::-1]
+    s = np.sort(_scaled(_spectrum(x, spectrum).astype(np.float64)), axis=-1)[..., ::-1]
     e = np.cumsum(s * s, axis=-1)
     total = e[..., -1:]
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
@@ -425,6 +418,13 @@ class TiltCoverageResult:
     token_rank: Optional[int] = None
     token_null: Optional[Subspace] = None
     centered: bool = False
+
+
+def _scaled(s: np.ndarray) -> np.ndarray:
+    """Spectra divided by their largest magnitude (zero spectra stay zero): the effective
+    ranks and energy fractions are scale-free, and squares of large values cannot overflow."""
+    big = np.max(np.abs(s), axis=-1, keepdims=True) if s.shape[-1] else np.ones(s.shape[:-1] + (1,))
+    return s / np.where(big > 0, big, 1.0)
 
 
 def _participation(lam: np.ndarray) -> float:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, cotangent, count, operand, real_array, scalar
+from ._operands import check_finite, cotangent, count, finite_result, operand, real_array, scalar
 from .attention import softmax_attention
 
 
@@ -112,6 +112,7 @@ class WhitenGrads(NamedTuple):
     dM: np.ndarray
 
 
+@finite_result
 def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
     """Cotangents (dx, dL0, dM) of the steady-state recursion :func:`whiten` for the cotangent dw.
 
@@ -233,6 +234,7 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
 
 
 # -- covariance models ---------------------------------------------------------------------
+@finite_result
 def block_covariances(x):
     """Stationary lag-0 and lag-1 block covariances of x (B, T, D) (s.4, eq. 5-6).
 
@@ -476,6 +478,7 @@ def full_whitening(x) -> np.ndarray:
 
 
 # -- whitened self-attention ---------------------------------------------------------------
+@finite_result
 def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_weights=False):
     """Whitened self-attention (eq. 4): WSA(x)_i = sum_j softmax_j(w_i^T Q^T K w_j scale) w_j.
 
@@ -530,6 +533,7 @@ def _batch_covariance(x):
     return a
 
 
+@finite_result
 def whiteness(x) -> float:
     """The paper's whiteness Psi (eq. 10-12) of a batch of sequences.
 
@@ -566,6 +570,7 @@ def whiteness(x) -> float:
     return float((lam.sum() - diag) / ((T * D - 1) * diag))
 
 
+@finite_result
 def stationarity(x) -> float:
     """First-order stationarity rho (eq. 13-14) of a batch of sequences.
 
@@ -611,6 +616,7 @@ def _transition(name, m, T):
     return a
 
 
+@finite_result
 def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     """Vector MA(1) sequences x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I).
 
@@ -645,6 +651,7 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     return e[:, 1:] + np.einsum("tde,bte->btd", th, e[:, :-1])
 
 
+@finite_result
 def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray:
     """Vector AR(1) sequences x_i = Phi_i x_{i-1} + e_i, started in steady state by a burn-in.
 
