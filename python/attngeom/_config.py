@@ -87,6 +87,8 @@ def show_config(file=None) -> dict:
     >>> cfg["isa"] in cfg["isa_supported"].split()
     True
     """
+    if file is not None and not callable(getattr(file, "write", None)):
+        raise TypeError(f"file must be a writable file-like object or None, got {type(file).__name__}")
     cfg = dict(_core.build_config())
     cfg["isa_compiled"] = " ".join(_core.COMPILED)
     cfg["isa_supported"] = " ".join(_core.SUPPORTED)

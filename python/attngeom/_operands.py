@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import numbers
 import warnings
@@ -74,7 +75,7 @@ def compute_dtype(*arrays: np.ndarray) -> np.dtype:
 
 def check_finite(name: str, a) -> None:
     if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains NaN or infinite values")
+        raise NonFiniteOperand(f"{name} contains NaN or infinite values")
 
 
 def check_nonempty(name: str, a: np.ndarray, expected: str) -> None:
@@ -458,38 +459,70 @@ def _finite_values(obj) -> bool:
     return True
 
 
-def _largest_input(args) -> float:
-    """Largest magnitude among the floating inputs (inf when one is not finite)."""
-    big = 0.0
-    for a in args:
-        if isinstance(a, (tuple, list)):
-            big = max(big, _largest_input(a))
-            continue
-        try:
-            arr = np.asarray(a)
-        except Exception:  # an object NumPy cannot take is not a numeric input
-            continue
-        if arr.size and np.issubdtype(arr.dtype, np.number) and not np.issubdtype(arr.dtype, np.bool_):
-            with np.errstate(invalid="ignore"):
-                m = float(np.max(np.abs(arr)))
-            big = max(big, m if m == m else math.inf)
-    return big
+def _largest(value) -> float:
+    """Largest magnitude among the floating values of an argument (inf when one is not
+    finite, 0 when it holds none)."""
+    if isinstance(value, (tuple, list)):
+        return max((_largest(v) for v in value), default=0.0)
+    try:
+        arr = np.asarray(value)
+    except Exception:  # an object NumPy cannot take is not a numeric input
+        return 0.0
+    if not arr.size or not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_):
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        m = float(np.max(np.abs(arr)))
+    return m if m == m else math.inf
+
+
+class ResultOverflow(ValueError):
+    """A public function's result (or an intermediate operand) is beyond the float range for
+    finite inputs; the message names the argument with the largest entries."""
+
+
+class NonFiniteOperand(ValueError):
+    """An operand holds NaN or inf (raised by check_finite)."""
 
 
 def finite_result(func):
     """Decorator for a public function whose result can overflow: when the inputs are finite
-    and the result is not (a product or sum beyond the float range), raise ValueError saying
-    so instead of returning inf or NaN. Costs one pass over the result."""
+    and the result is not (a product or sum beyond the float range, or an operand computed on
+    the way), raise ResultOverflow (a ValueError) naming the argument with the largest
+    entries, instead of returning inf or NaN. Costs one pass over the result."""
+    signature = inspect.signature(func)
+
+    def culprit(args, kwargs):
+        """(name, largest entry) of the argument with the largest entries, or None when an
+        argument itself is not finite (then the function's own checks apply)."""
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        sizes = {name: _largest(value) for name, value in bound.arguments.items()}
+        if not sizes or not all(math.isfinite(v) for v in sizes.values()):
+            return None
+        return max(sizes.items(), key=lambda item: item[1])
+
+    def refuse(found, cause):
+        name, big = found
+        raise ResultOverflow(f"{func.__name__}: {cause} for these inputs: {name} has entries up to {big:.3g} "
+                             f"(overflow, or a degenerate input); rescale it") from None
 
     @functools.wraps(func)
     def inner(*args, **kwargs):
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (ResultOverflow, NonFiniteOperand) as e:
+            found = culprit(args, kwargs)
+            if found is None:
+                raise
+            refuse(found, "an intermediate result is beyond the float range" if isinstance(e, NonFiniteOperand)
+                   else "the result is beyond the float range")
         if _finite_values(out):
             return out
-        big = _largest_input(list(args) + list(kwargs.values()))
-        if not math.isfinite(big):
-            return out  # the input itself holds inf or NaN: the function's own rule applies
-        raise ValueError(f"{func.__name__}: the result overflows the float range for these inputs (largest input "
-                         f"entry {big:.3g}); rescale them")
+        found = culprit(args, kwargs)
+        if found is None:
+            return out
+        refuse(found, "the result is not finite")
 
     return inner

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._operands import broadcast_batch, compute_dtype, operand, rtol_arg, scalar
+from ._operands import broadcast_batch, compute_dtype, finite_result, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
@@ -168,6 +168,7 @@ def _weights(name, w):
     return None if w is None else operand(name, w, "(..., d_model, d_head)", dtype=None)
 
 
+@finite_result
 def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
     """The geometry of one head or a stack of heads, from weights and optionally tokens.
 

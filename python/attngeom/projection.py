@@ -16,12 +16,13 @@ neither overflow nor lose the nearest key.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._operands import (check_nonempty, compute_dtype, finite_result, operand, query_key_value, real_array,
-                        reduce_to_shape, scalar)
+from ._operands import (check_bound, check_nonempty, compute_dtype, finite_result, max_row_norm, operand,
+                        query_key_value, real_array, reduce_to_shape, scalar)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
@@ -80,7 +81,14 @@ def _centered(q, k, v, sigma, mask):
     qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
     center = ka.mean(axis=-2, keepdims=True)
     qc, kc = qa - center, ka - center
-    bias = (-0.5 / sigma ** 2) * np.sum(kc * kc, axis=-1)[..., None, :]  # (..., 1, n_k)
+    # The logits q.k / sigma^2 - |k|^2 / (2 sigma^2) must be representable (the core bounds
+    # the first term itself).
+    inv = 1.0 / (sigma * sigma) if sigma * sigma > 0 else math.inf
+    kmax = max_row_norm(kc)
+    check_bound(inv, dt, f"1 / sigma^2 (sigma = {sigma:.3g})", "sigma is too small")
+    check_bound(0.5 * inv * kmax * kmax, dt, f"|k - mean|^2 / (2 sigma^2) (sigma = {sigma:.3g})",
+                "sigma is too small for these keys")
+    bias = (-0.5 * inv) * np.sum(kc * kc, axis=-1)[..., None, :]  # (..., 1, n_k)
     if mask is not None:
         m = real_array("mask", mask, allow_bool=True)
         if m.dtype.kind == "b":
@@ -88,7 +96,7 @@ def _centered(q, k, v, sigma, mask):
         else:
             check_nonempty("mask", m, "broadcastable to (..., n_q, n_k)")
             bias = bias + m
-    return qc, kc, v, bias.astype(dt, copy=False), 1.0 / sigma ** 2
+    return qc, kc, v, bias.astype(dt, copy=False), inv
 
 
 @finite_result

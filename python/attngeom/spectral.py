@@ -230,6 +230,7 @@ def _int(x):
     return int(x) if np.ndim(x) == 0 else x
 
 
+@finite_result
 def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
     """The hard parameter nulls of a head: ker(W_Q^T), ker(W_K^T), ker(B), ker(B^T).
 
@@ -765,6 +766,7 @@ class GaugeErrors(NamedTuple):
     outputs: float  # max |y' - y| / max |y|
 
 
+@finite_result
 def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErrors:
     """How much B, the logits and the attention outputs change under the gauge by A.
 

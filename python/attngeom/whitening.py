@@ -27,22 +27,22 @@ from ._operands import check_finite, cotangent, count, finite_result, operand, r
 from .attention import softmax_attention
 
 
-def _filter(x, L, M):
+def _filter(x, L, M, lname="L"):
     """Checked operands: L, M either (D, D) (steady state) or (T, D, D) (one pair per step)."""
     x = operand("x", x, "(..., T, D)")
     T, D = x.shape[-2:]
-    La, Ma = real_array("L", L), real_array("M", M)
+    La, Ma = real_array(lname, L), real_array("M", M)
     shapes = ((D, D), (T, D, D))
     if La.shape not in shapes:
-        raise ValueError(f"L must have shape ({D}, {D}) or ({T}, {D}, {D}), got {La.shape}")
+        raise ValueError(f"{lname} must have shape ({D}, {D}) or ({T}, {D}, {D}), got {La.shape}")
     if Ma.shape != La.shape:
-        raise ValueError(f"M must have L's shape {La.shape}, got {Ma.shape}")
-    check_finite("L", La)
+        raise ValueError(f"M must have {lname}'s shape {La.shape}, got {Ma.shape}")
+    check_finite(lname, La)
     check_finite("M", Ma)
     s = np.linalg.svd(La.astype(np.float64), compute_uv=False)
     cond = np.max(np.divide(s[..., 0], s[..., -1], out=np.full(s.shape[:-1], np.inf), where=s[..., -1] > 0))
     if not np.isfinite(cond) or cond * np.finfo(x.dtype).eps > 0.1:
-        raise ValueError(f"L is singular to working precision (condition number {cond:.3g})")
+        raise ValueError(f"{lname} is singular to working precision (condition number {cond:.3g})")
     lower = bool(np.all(np.triu(La, 1) == 0))
     flat = np.ascontiguousarray(x.reshape((-1,) + x.shape[-2:]))
     L = np.ascontiguousarray(La, dtype=x.dtype)
@@ -172,7 +172,7 @@ def whiten_backward(x, L0, M, dw, *, w=None, block=None) -> WhitenGrads:
     ((3, 7, 2), (2, 2), (2, 2))
     """
     block = None if block is None else count("block", block)
-    shape, flat, L, Mm, lower, varying = _filter(x, L0, M)
+    shape, flat, L, Mm, lower, varying = _filter(x, L0, M, "L0")
     if varying:
         raise ValueError(f"L0 must have shape (D, D) for whiten_backward (the steady-state recursion), got {L.shape}")
     dw = cotangent("dw", dw, shape, flat.dtype).reshape(flat.shape)
@@ -466,7 +466,8 @@ def full_whitening(x) -> np.ndarray:
     a = a.reshape((-1,) + a.shape[-2:])
     B, T, D = a.shape
     if B <= T * D:
-        raise ValueError(f"full whitening needs more sequences than T*D = {T * D} (a full-rank covariance), got B = {B}")
+        raise ValueError(f"x must hold more sequences than T*D = {T * D} for full whitening (a full-rank covariance), "
+                         f"got B = {B}")
     X = a.reshape(B, T * D)
     c = X - X.mean(0)
     lam = c.T @ c / (B - 1)
