@@ -148,11 +148,63 @@ def scalar(name: str, x, *, positive: bool = False, allow_none: bool = False) ->
     return x
 
 
-def count(name: str, value, minimum: int = 1) -> int:
-    """An integer argument >= minimum (bool is not an integer here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def logit_scale(scale, d_k: int, *, positive: bool = False) -> float:
+    """The logit scale: `scale` checked, or 1 / sqrt(d_k) by default (d_k >= 1 then)."""
+    if scale is not None:
+        return scalar("scale", scale, positive=positive)
+    if d_k < 1:
+        raise ValueError("q and k have d_k = 0 features: the default scale 1 / sqrt(d_k) needs d_k >= 1")
+    return 1.0 / math.sqrt(d_k)
+
+
+def count(name: str, value, minimum: int = 1, maximum: Optional[int] = None) -> int:
+    """An integer argument in [minimum, maximum] (bool is not an integer here; neither is a
+    float, even inf or 3.0)."""
+    bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum
+            or (maximum is not None and value > maximum)):
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
+
+
+def sequence(name: str, value, *, length: Optional[int] = None, nonempty: bool = True) -> list:
+    """A list or tuple argument (of matrices, layers, ...), as a list; TypeError naming the
+    argument otherwise, ValueError when empty or of the wrong length."""
+    if isinstance(value, np.ndarray) and value.ndim >= 1:
+        value = list(value)
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__}")
+    if nonempty and len(value) == 0:
+        raise ValueError(f"{name} must not be empty")
+    if length is not None and len(value) != length:
+        raise ValueError(f"{name} must hold {length} items, got {len(value)}")
+    return list(value)
+
+
+#: The largest array a call may allocate (16 GiB): sizes beyond it are refused before any
+#: allocation, naming the argument, instead of a MemoryError or a swap storm.
+MAX_ARRAY_BYTES = 2 ** 34
+
+
+def check_size(names: str, elements, itemsize: int = 8) -> None:
+    """Refuse a call whose array of `elements` entries (named by the arguments `names` that
+    set its size) would exceed MAX_ARRAY_BYTES. Python integers: no overflow."""
+    total = int(elements) * int(itemsize)
+    if total > MAX_ARRAY_BYTES:
+        raise ValueError(f"{names} ask for an array of {total / 2 ** 30:.3g} GiB, beyond the limit of "
+                         f"{MAX_ARRAY_BYTES / 2 ** 30:.0f} GiB")
+
+
+def generator(seed, name: str = "seed") -> np.random.Generator:
+    """A NumPy Generator from a seed: None, an integer >= 0, a SeedSequence or a Generator."""
+    if seed is None or isinstance(seed, (np.random.Generator, np.random.SeedSequence)):
+        return np.random.default_rng(seed)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= 0, None, a SeedSequence or a Generator, got "
+                        f"{type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"{name} must be >= 0, got {seed}")
+    return np.random.default_rng(int(seed))
 
 
 def rtol_arg(rtol) -> Optional[float]:

@@ -13,13 +13,12 @@ A query that sees no key (a fully masked row) returns zeros and log Z = -inf.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, finite_result, operand, reduce_to_shape, scalar
+from ._operands import AttentionOperands, finite_result, logit_scale, operand, reduce_to_shape, scalar
 from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
@@ -74,7 +73,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     (True, True)
     """
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
-    scale = 1.0 / math.sqrt(pr.d_k) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
     y, w, lz = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
                                        pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
@@ -99,7 +98,7 @@ def attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=No
     """
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
     shapes = [np.shape(a) for a in (q, k, v)]
-    scale = 1.0 / math.sqrt(pr.d_k) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
 
     def forward():
@@ -270,7 +269,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
         return softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
                                           log_partition=log_partition)
     qa = operand("q", q, "(..., n_q, d_k)", dtype=None)
-    scale = 1.0 / math.sqrt(qa.shape[-1]) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, qa.shape[-1])
     u, tau = tilt_radius(qa, scale=scale)
     pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
     keep, bias, mi = pr.mask_args()

@@ -331,6 +331,9 @@ def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     >>> ag.layernorm(np.array([1.0, 3.0]), eps=0.0)
     array([-1.,  1.])
     """
+    eps = scalar("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     x = operand("x", x, "(..., d)", min_ndim=0)
     mu = x.mean(-1, keepdims=True)
     c = x - mu
@@ -376,6 +379,8 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     """
     x = operand("x", x, "(..., d)")
     eps = scalar("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     d = x.shape[-1]

@@ -22,7 +22,7 @@ from typing import List, NamedTuple, Tuple
 import numpy as np
 
 from . import _core
-from ._operands import count, finite_result, operand, scalar
+from ._operands import check_size, count, finite_result, generator, operand, scalar, sequence
 from .lightning import deep_lightning, network_kind
 
 Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -30,10 +30,7 @@ Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 def _dims(d, a) -> Tuple[List[int], List[int]]:
     def ints(name, xs, minimum):
-        try:
-            xs = [int(v) for v in xs]
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a sequence of integers, got {xs!r}") from None
+        xs = [count(f"{name}[{i}]", v, minimum) for i, v in enumerate(sequence(name, xs))]
         if any(v < minimum for v in xs):
             raise ValueError(f"{name} must hold integers >= {minimum}, got {xs}")
         return xs
@@ -96,7 +93,8 @@ def random_weights(d, a, *, seed=0) -> Weights:
     [((2, 3), (2, 3), (4, 3)), ((5, 4), (5, 4), (2, 4))]
     """
     d, a = _dims(d, a)
-    rng = np.random.default_rng(seed)
+    check_size("d, a", sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a))))
+    rng = generator(seed)
     s = [1 / math.sqrt(w) for w in d]
     return [(rng.standard_normal((a[i], d[i])) * s[i], rng.standard_normal((a[i], d[i])) * s[i],
              rng.standard_normal((d[i + 1], d[i])) * s[i]) for i in range(len(a))]
@@ -104,8 +102,9 @@ def random_weights(d, a, *, seed=0) -> Weights:
 
 def _flatten(weights) -> Tuple[List[int], List[int], np.ndarray, list]:
     """Check [(Q_i, K_i, V_i)] and return (d, a, flat float64 parameter vector, checked triples)."""
-    if len(weights) == 0:
-        raise ValueError("weights must be a non-empty list of (Q, K, V) triples")
+    weights = sequence("weights", weights)
+    for i, triple in enumerate(weights):
+        sequence(f"weights[{i}]", triple, length=3)
     d, a, flat, triples = [], [], [], []
     for i, triple in enumerate(weights):
         if len(triple) != 3:
@@ -436,9 +435,10 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
     """
     softmax = network_kind(kind) == "softmax"
     d, a = _dims(d, a)
-    for name, v in (("t", t), ("n_samples", n_samples), ("n_draws", n_draws)):
-        count(name, v)
-    rng = np.random.default_rng(seed)
+    t, n_samples = count("t", t), count("n_samples", n_samples)
+    n_draws = count("n_draws", n_draws, 1, 100_000)  # each draw is one Jacobian and its SVD
+    check_size("n_samples, t", n_samples * t * d[-1] * sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a))))
+    rng = generator(seed)
     dims, gaps, spectra = [], [], []
     for _ in range(n_draws):
         weights = random_weights(d, a, seed=rng.integers(2 ** 63))
@@ -460,7 +460,8 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
 
 # -- fibers and symmetries (s.3.1, s.3.3, Lemma 3.1, Theorem 3.2, eq. 9-14) ----------------
 def _layers(As, Vs, d0=None):
-    if len(As) != len(Vs) or len(As) == 0:
+    As, Vs = sequence("As", As), sequence("Vs", Vs)
+    if len(As) != len(Vs):
         raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
     As = [operand(f"As[{i}]", A, "(d, d)", nonempty=False, dtype=np.float64) for i, A in enumerate(As)]
     Vs = [operand(f"Vs[{i}]", V, "(d', d)", nonempty=False, dtype=np.float64) for i, V in enumerate(Vs)]
@@ -541,7 +542,15 @@ def virtual_network(Ms, L, X):
     >>> bool(np.allclose(phi.T, ag.network_forward(w, X)[0]))
     True
     """
-    X = np.asarray(X, dtype=np.float64)
+    X = operand("X", X, "(d_0, t)", ndim=2, dtype=np.float64)
+    d0 = X.shape[0]
+    Ms = [operand(f"Ms[{i}]", M, f"({d0}, {d0})", ndim=2, dtype=np.float64) for i, M in enumerate(sequence("Ms", Ms))]
+    for i, M in enumerate(Ms):
+        if M.shape != (d0, d0):
+            raise ValueError(f"Ms[{i}] must have shape ({d0}, {d0}) (d_0 from X), got {M.shape}")
+    L = operand("L", L, f"(d_l, {d0})", ndim=2, dtype=np.float64)
+    if L.shape[1] != d0:
+        raise ValueError(f"L must have shape (d_l, {d0}) (d_0 from X), got {L.shape}")
     l = len(Ms)
     D = [np.eye(X.shape[1])]
     for i in range(1, l + 1):
@@ -666,7 +675,9 @@ def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0)
     1.0
     """
     kw = dict(kind=network_kind(kind), temperature=temperature)
-    (A1, V1), (A2, V2) = first, second
+    (A1, V1), (A2, V2) = sequence("first", first, length=2), sequence("second", second, length=2)
+    A1, V1 = _layers(A1, V1)
+    A2, V2 = _layers(A2, V2)
     x = _samples(X, np.shape(A1[0])[0])
     y1, y2 = deep_lightning(x, A1, V1, **kw), deep_lightning(x, A2, V2, **kw)
     return float(np.max(np.abs(y1 - y2)) / max(float(np.max(np.abs(y1))), np.finfo(float).tiny))
@@ -727,7 +738,7 @@ def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> Critica
     d = A.shape[0]
     if V.ndim != 2 or V.shape[1] != d or V.shape[0] < 1:
         raise ValueError(f"V must have shape (d', {d}), got {V.shape}")
-    X = np.random.default_rng(seed).standard_normal((n_samples, t, d))
+    X = generator(seed).standard_normal((n_samples, t, d))
     J = parametrization_jacobian([(np.eye(d), A.T.copy(), V)], X, kind=kind)
     r, _, gap = numerical_rank(J, block_rows=t * V.shape[0])
     generic = expected_dimension((d, V.shape[0]), (d,), kind)

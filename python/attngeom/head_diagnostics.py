@@ -10,14 +10,13 @@ attention matrices (s.6.3, s.13.7). All heavy steps are batched kernels of the c
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from ._operands import broadcast_batch, compute_dtype, finite_result, operand, rtol_arg, scalar
+from ._operands import broadcast_batch, compute_dtype, finite_result, logit_scale, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
@@ -255,7 +254,7 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
     if xs.ndim == 2:
         xs = xs[None]
     xs = xs.astype(dt, copy=False)
-    scale = 1.0 / math.sqrt(d_head) if scale is None else scalar("scale", scale, positive=True)
+    scale = logit_scale(scale, d_head, positive=True)
     batch = out.batch_shape
     x_lead = xs.shape[:-3]
     try:

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, check_nonempty, finite_result, real_array, scalar, uniform_grid
+from ._operands import check_finite, check_nonempty, count, finite_result, real_array, scalar, uniform_grid
 
 
 @dataclass
@@ -139,12 +139,12 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     check_nonempty("values", fb, "(..., N)")
     if not np.all(np.isfinite(fb)):
         raise ValueError("values contains NaN or infinite values")
-    L = N // 2 if pencil is None else int(pencil)
+    L = N // 2 if pencil is None else count("pencil", pencil)
     if not 1 <= L <= N - 2:
         raise ValueError(f"pencil must lie in [1, N - 2] = [1, {N - 2}], got {L}")
     order_in = 0
     if order is not None:
-        order_in = int(order)
+        order_in = count("order", order)
         cap = min(L, C * (N - L))
         if not 1 <= order_in <= cap:
             raise ValueError(f"order must lie in [1, {cap}] for N = {N} samples and pencil {L}, got {order_in}")

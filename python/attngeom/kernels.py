@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._operands import compute_dtype, finite_result, real_array, scalar
+from ._operands import check_finite, compute_dtype, finite_result, real_array, scalar
 from .stable_density import ALPHA_MIN, stable_density
 
 KERNELS = ("exp", "gaussian", "cauchy", "stable")
@@ -82,12 +82,17 @@ def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     """
     name, p = kernel_params(kernel, params)
     tau, s = real_array("tau", tau), real_array("s", s)
+    check_finite("tau", tau)
+    check_finite("s", s)
     dt = compute_dtype(tau, s)
     t, x = tau.astype(np.float64), s.astype(np.float64)
     if name == "exp":
         out = np.exp(t * x)
     elif name == "gaussian":
-        out = np.exp(-((t - x) ** 2) / (2 * p["sigma"] ** 2))
+        two_var = 2 * p["sigma"] ** 2 if 1e-150 < p["sigma"] < 1e150 else 0.0
+        # (t - x)^2 / (2 sigma^2) as written where 2 sigma^2 is a normal number; scaled first
+        # where it would overflow or underflow.
+        out = np.exp(-((t - x) ** 2) / two_var) if two_var else np.exp(-0.5 * ((t - x) / p["sigma"]) ** 2)
     elif name == "cauchy":
         out = 1.0 / (1.0 + ((t - x) / p["gamma"]) ** 2)
     else:

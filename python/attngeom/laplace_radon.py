@@ -15,14 +15,13 @@ axes broadcast.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from . import _core
 from ._operands import (AttentionOperands, check_bound, check_finite, check_shared_width, compute_dtype,
-                        finite_result, max_row_norm, operand, scalar)
+                        finite_result, logit_scale, max_row_norm, operand, scalar)
 from .kernels import kernel_params
 
 
@@ -73,7 +72,7 @@ def tilt_radius(q, *, scale=None):
     array([5., 2.])
     """
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, q.shape[-1])
     flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
     u, tau = _core.tilt_radius(flat, float(scale))
     return u.reshape(q.shape), tau.reshape(q.shape[:-1])
@@ -174,6 +173,8 @@ def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False
     >>> bool(np.isclose(Z[0], 2 * np.cos(1.0)))
     True
     """
+    if tau is None:
+        raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
     tau_arr = np.asarray(tau)
     if np.iscomplexobj(tau_arr):
@@ -245,6 +246,8 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
     >>> bool(np.allclose(y, ag.softmax_attention(q, k, v, causal=True), atol=1e-12))
     True
     """
+    if tau is None:
+        raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
     if np.iscomplexobj(np.asarray(tau)):
         raise TypeError("tau must be real for attention (complex tau: use laplace_radon_transform)")
@@ -290,6 +293,8 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
     >>> kappa  # S = +-1 with equal weight at tau = 0: mean 0, variance 1
     array([[0., 1.]])
     """
+    if tau is None:
+        raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
         raise ValueError(f"order must be an integer in 1..4, got {order!r}")
@@ -328,7 +333,7 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
     array([[0., 0.]])
     """
     q = operand("q", q, "(..., n_q, d_k)", dtype=None, nonempty=False, finite=False)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, q.shape[-1])
     tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
     pr = AttentionOperands(q, k, None, qname="q", tau=tau)
     # The logits, the gradient scale E_p[k] and the Hessian scale^2 Cov_p(k) must be representable.

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, operand, real_array, scalar
+from ._operands import check_finite, check_size, count, operand, real_array, scalar
 
 FILTERS = ("ramp", "shepp-logan", "cosine", "hamming", "hann", None)
 
@@ -75,9 +75,9 @@ def shepp_logan_phantom(size: int = 160, *, render: int = 400) -> np.ndarray:
     >>> img.shape, float(img.max()) <= 1.0
     ((64, 64), True)
     """
-    size, render = int(size), int(render)
-    if size < 2 or render < 2:
-        raise ValueError(f"size and render must be >= 2, got size={size}, render={render}")
+    size, render = count("size", size, 2), count("render", render, 2)
+    check_size("render", render * render)
+    check_size("size", size * size)
     c = np.linspace(-1.0, 1.0, render)
     x, y = np.meshgrid(c, -c)  # x to the right, y up (row 0 at the top)
     img = np.zeros((render, render))
@@ -142,6 +142,8 @@ def circle_mask(size: int) -> np.ndarray:
            [1, 1, 1],
            [0, 1, 0]])
     """
+    size = count("size", size)
+    check_size("size", size * size, itemsize=1)
     r = size // 2
     i = np.arange(size) - r
     return i[:, None] ** 2 + i[None, :] ** 2 <= r * r
@@ -251,6 +253,10 @@ def fourier_filter(size: int, filter: Optional[str] = "ramp") -> np.ndarray:
     """
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
+    size = count("size", size, 2)
+    if size % 2:
+        raise ValueError(f"size must be even (the padded projection length), got {size}")
+    check_size("size", size)
     n = np.concatenate((np.arange(1, size / 2 + 1, 2, dtype=int), np.arange(size / 2 - 1, 0, -2, dtype=int)))
     f = np.zeros(size)
     f[0] = 0.25
@@ -336,7 +342,8 @@ def golden_ratio_order(theta) -> np.ndarray:
     consecutive SART updates use nearly uncorrelated projections. The scheme of scikit-image's
     iradon_sart (the same order for evenly spaced angles; distances here are taken on the
     circle of angles mod 180, so irregular angle sets may be visited in a different order)."""
-    th = np.asarray(theta, dtype=np.float64)
+    th = real_array("theta", theta).astype(np.float64)
+    check_finite("theta", th)
     remaining = list(np.argsort(th))
     angle = th[remaining[0]]
     order = [remaining.pop(0)]
@@ -399,9 +406,7 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     n = s.shape[0]
-    iterations = int(iterations)
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    iterations = count("iterations", iterations)
     relaxation = scalar("relaxation", relaxation, positive=True)
     if relaxation >= 2:
         raise ValueError(f"relaxation must lie in (0, 2), got {relaxation}")
@@ -483,7 +488,8 @@ def limited_angle(theta, wedge: float, *, center: float = 90.0) -> np.ndarray:
     >>> ag.limited_angle(np.array([0.0, 45.0, 90.0, 135.0]), 60)
     array([ True,  True, False,  True])
     """
-    th = np.asarray(theta, dtype=np.float64)
+    th = real_array("theta", theta).astype(np.float64)
+    check_finite("theta", th)
     wedge = scalar("wedge", wedge)
     if not 0 <= wedge < 180:
         raise ValueError(f"wedge must lie in [0, 180) degrees, got {wedge}")

@@ -23,7 +23,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import causal_code, compute_dtype, cotangent, count, finite_result, operand, query_key_value, scalar
+from ._operands import (causal_code, check_size, compute_dtype, cotangent, count, finite_result, generator,
+                        logit_scale, operand, query_key_value, scalar)
 from .attention import AttentionGrads
 from .lightning import lightning_attention, lightning_attention_backward
 
@@ -57,7 +58,8 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
     ((8, 4), True)
     """
     dim, m = count("dim", dim), count("num_features", num_features)
-    rng = np.random.default_rng(seed)
+    check_size("dim, num_features", dim * max(m, dim) * 2)
+    rng = generator(seed)
     if not orthogonal:
         return rng.standard_normal((m, dim))
     blocks = []
@@ -119,6 +121,8 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     (5, 16)
     """
     a = operand("x", x, "(..., n, d)")
+    num_features = count("num_features", num_features)
+    check_size("num_features", a.size // max(a.shape[-1], 1) * num_features)
     W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 
@@ -190,7 +194,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
     qa, ka, va = query_key_value(q, k, v)
     d_k = qa.shape[-1]
     dt = compute_dtype(qa, ka, va)
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
+    scale = logit_scale(scale, d_k, positive=True)
     root = math.sqrt(scale)
     W = feature_matrix(d_k, m, orthogonal=orthogonal, seed=seed).astype(dt)
     qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)

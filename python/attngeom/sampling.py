@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._operands import check_bound, count, max_row_norm, query_key_value, scalar
+from ._operands import check_bound, count, generator, logit_scale, max_row_norm, query_key_value, scalar
 
 PROPOSALS = ("uniform", "tilted")
 
@@ -110,11 +110,11 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         raise ValueError(f"v must have shape {ka.shape[:-2] + (n_k, 'd_v')}, got {va.shape}")
     if qa.shape[:-2] != ka.shape[:-2]:
         raise ValueError(f"q and k must have the same leading axes, got q {qa.shape}, k {ka.shape}")
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale, positive=True)
+    scale = logit_scale(scale, d_k, positive=True)
     qf, kf, vf = (a.astype(np.float64) for a in (qa, ka, va))
     check_bound(scale * max_row_norm(qf) * max_row_norm(kf), np.float64, "the logits scale q.k",
                 "rescale q, k or scale")
-    rng = np.random.default_rng(seed)
+    rng = generator(seed)
     batch = qf.shape[:-2]
     n_q = qf.shape[-2]
     S = int(num_samples)
@@ -123,7 +123,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         idx = rng.integers(0, n_k, size=batch + (n_q, S))
         log_p = np.full(idx.shape, -math.log(n_k))
     else:
-        r = max(1, d_k // 2) if sketch_rank is None else int(sketch_rank)
+        r = max(1, d_k // 2) if sketch_rank is None else count("sketch_rank", sketch_rank)
         if not 1 <= r <= d_k:
             raise ValueError(f"sketch_rank must be in [1, d_k = {d_k}], got {sketch_rank!r}")
         centred = kf - kf.mean(-2, keepdims=True)

@@ -19,15 +19,14 @@ accepted as they are (TransformerLens layout).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
 from . import _core
-from ._operands import (batch_operands, broadcast_batch, check_finite, compute_dtype, finite_result, operand,
-                        renamed_arguments, rtol_arg, scalar)
+from ._operands import (batch_operands, broadcast_batch, check_finite, compute_dtype, finite_result, logit_scale,
+                        operand, renamed_arguments, rtol_arg, scalar)
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
@@ -813,7 +812,7 @@ def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErro
     xs = operand("x", x, f"(..., n, {d_model})")
     if xs.shape[-1] != d_model:
         raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scalar("scale", scale)
+    scale = logit_scale(scale, d_k)
     dt = wq2.dtype
     diff = factored_svd(np.concatenate([wq, -wq2], axis=1).astype(dt), np.concatenate([wk, wk2], axis=1).T.astype(dt)).S
     base = factored_svd(wq.astype(dt), wk.T.astype(dt)).S

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, cotangent, count, finite_result, operand, real_array, scalar
+from ._operands import check_finite, check_size, cotangent, count, finite_result, generator, operand, real_array, scalar
 from .attention import softmax_attention
 
 
@@ -351,8 +351,9 @@ def block_cholesky_factors(Lambda0, Lambda1, T: int):
     >>> L.shape, round(float(L[0, 0, 0]) ** 2, 12)
     ((4, 2, 2), 1.25)
     """
-    if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < 1:
-        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    T = count("T", T)
+    D = np.shape(Lambda0)[-1] if np.ndim(Lambda0) else 1
+    check_size("T", T * D * D * 2)
     gen = _cholesky_blocks(Lambda0, Lambda1)
     pairs = [next(gen) for _ in range(T)]
     return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
@@ -397,7 +398,8 @@ def steady_state_factor(Lambda0, Lambda1, *, tol: float = 1e-12, max_iter: int =
     L, M = next(gen)
     lam1 = np.asarray(Lambda1, dtype=np.float64)
     change = np.inf
-    for it in range(1, int(max_iter) + 1):
+    max_iter = count("max_iter", max_iter)
+    for it in range(1, max_iter + 1):
         L_new, M = next(gen)
         change = float(np.linalg.norm(L_new - L) / np.linalg.norm(L_new))
         L = L_new
@@ -645,10 +647,12 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     >>> ag.vector_ma1(0.5 * np.eye(3), B=4, T=5).shape
     (4, 5, 3)
     """
+    B, T = count("B", B), count("T", T)
     th = _transition("Theta", Theta, T)
     D = th.shape[-1]
+    check_size("B, T", B * (T + 1) * D * 3)
     th = np.broadcast_to(th, (T, D, D))
-    e = np.random.default_rng(seed).standard_normal((B, T + 1, D))
+    e = generator(seed).standard_normal((B, T + 1, D))
     return e[:, 1:] + np.einsum("tde,bte->btd", th, e[:, :-1])
 
 
@@ -684,12 +688,14 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
     >>> ag.vector_ar1(0.5 * np.eye(2), B=4, T=5).shape
     (4, 5, 2)
     """
+    B, T = count("B", B), count("T", T)
     ph = _transition("Phi", Phi, T)
     D = ph.shape[-1]
     if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
         raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
+    check_size("B, T, burn_in", (burn_in + T) * B * D * 3)
     # The draws in the order of a step-by-step simulation: (burn_in + T) steps of (B, D).
-    e = np.random.default_rng(seed).standard_normal((burn_in + T, B, D)).transpose(1, 0, 2)
+    e = generator(seed).standard_normal((burn_in + T, B, D)).transpose(1, 0, 2)
     eye = np.eye(D)
     if ph.ndim == 2:
         x = _core.whiten(np.ascontiguousarray(e), eye, np.ascontiguousarray(-ph), True, 0, False)
