@@ -564,10 +564,12 @@ def finite_result(func):
     def inner(*args, **kwargs):
         try:
             out = func(*args, **kwargs)
-        except (ResultOverflow, NonFiniteOperand) as e:
+        except (ResultOverflow, NonFiniteOperand, np.linalg.LinAlgError) as e:
             found = culprit(args, kwargs)
             if found is None:
                 raise
+            if isinstance(e, np.linalg.LinAlgError):
+                refuse(found, f"a decomposition failed ({e})")
             refuse(found, "an intermediate result is beyond the float range" if isinstance(e, NonFiniteOperand)
                    else "the result is beyond the float range")
         if _finite_values(out):

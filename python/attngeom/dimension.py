@@ -316,7 +316,10 @@ def numerical_rank(J, block_rows=None) -> NumericalRank:
     >>> rank, gap > 1e10
     (2, True)
     """
-    J = np.asarray(J, dtype=np.float64)
+    J = operand("J", J, "(m, n)", ndim=2, dtype=np.float64, nonempty=False)
+    block_rows = None if block_rows is None else count("block_rows", block_rows)
+    if block_rows and J.shape[0] % block_rows:
+        raise ValueError(f"block_rows must divide the {J.shape[0]} rows of J, got {block_rows}")
     if block_rows:
         blocks = J.reshape(-1, block_rows, J.shape[1])
         norms = np.linalg.norm(blocks, axis=(1, 2), keepdims=True)
@@ -459,18 +462,19 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
 
 
 # -- fibers and symmetries (s.3.1, s.3.3, Lemma 3.1, Theorem 3.2, eq. 9-14) ----------------
-def _layers(As, Vs, d0=None):
-    As, Vs = sequence("As", As), sequence("Vs", Vs)
+def _layers(As, Vs, d0=None, names=("As", "Vs")):
+    na, nv = names
+    As, Vs = sequence(na, As), sequence(nv, Vs)
     if len(As) != len(Vs):
-        raise ValueError(f"As and Vs must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
-    As = [operand(f"As[{i}]", A, "(d, d)", nonempty=False, dtype=np.float64) for i, A in enumerate(As)]
-    Vs = [operand(f"Vs[{i}]", V, "(d', d)", nonempty=False, dtype=np.float64) for i, V in enumerate(Vs)]
+        raise ValueError(f"{na} and {nv} must be non-empty sequences of equal length, got {len(As)} and {len(Vs)}")
+    As = [operand(f"{na}[{i}]", A, "(d, d)", nonempty=False, dtype=np.float64) for i, A in enumerate(As)]
+    Vs = [operand(f"{nv}[{i}]", V, "(d', d)", nonempty=False, dtype=np.float64) for i, V in enumerate(Vs)]
     width = As[0].shape[-1] if d0 is None else d0
     for i, (A, V) in enumerate(zip(As, Vs)):
         if A.shape != (width, width):
-            raise ValueError(f"As[{i}] must have shape ({width}, {width}), got {A.shape}")
+            raise ValueError(f"{na}[{i}] must have shape ({width}, {width}), got {A.shape}")
         if V.ndim != 2 or V.shape[1] != width:
-            raise ValueError(f"Vs[{i}] must have shape (d_{i + 1}, {width}), got {V.shape}")
+            raise ValueError(f"{nv}[{i}] must have shape (d_{i + 1}, {width}), got {V.shape}")
         width = V.shape[0]
     return As, Vs
 
@@ -676,8 +680,8 @@ def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0)
     """
     kw = dict(kind=network_kind(kind), temperature=temperature)
     (A1, V1), (A2, V2) = sequence("first", first, length=2), sequence("second", second, length=2)
-    A1, V1 = _layers(A1, V1)
-    A2, V2 = _layers(A2, V2)
+    A1, V1 = _layers(A1, V1, names=("first[0]", "first[1]"))
+    A2, V2 = _layers(A2, V2, names=("second[0]", "second[1]"))
     x = _samples(X, np.shape(A1[0])[0])
     y1, y2 = deep_lightning(x, A1, V1, **kw), deep_lightning(x, A2, V2, **kw)
     return float(np.max(np.abs(y1 - y2)) / max(float(np.max(np.abs(y1))), np.finfo(float).tiny))

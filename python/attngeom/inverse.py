@@ -174,6 +174,10 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     norm = np.linalg.norm(fb.reshape(B, -1), axis=1)
     residual = np.linalg.norm((fb - model).reshape(B, -1), axis=1) / np.where(norm > 0, norm, 1)
     weights = w if vector else w[..., 0]
+    kept = np.where(valid[:, 0, :], s, 0.0)
+    if not (np.all(np.isfinite(kept)) and np.all(np.isfinite(weights)) and np.all(np.isfinite(residual))):
+        raise ValueError(f"tau and values give nodes or weights beyond the float range (tau step {step:.3g}, "
+                         f"largest |value| {float(np.max(np.abs(fb))):.3g}): rescale tau or values")
     return ExponentialSum(nodes=s.reshape(batch + (Mmax,)), weights=weights.reshape(batch + weights.shape[1:]),
                           order=orders.reshape(batch), singular_values=sv.reshape(batch + sv.shape[1:]),
                           residual=residual.reshape(batch))

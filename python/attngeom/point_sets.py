@@ -85,6 +85,7 @@ def _merge_nodes(s, w, tol):
     return mean, total
 
 
+@finite_result
 def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Optional[float] = None) -> PointSet:
     """Points in R^d from their 1D projections along m directions (inverse Radon of a point set).
 
@@ -143,6 +144,8 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     D = operand("directions", directions, "(m, d)", dtype=np.float64)
     m, d = D.shape
     S, masks = _node_lists("nodes", nodes, m)
+    if any(len(x) == 0 for x in S):
+        raise ValueError("nodes must hold at least one projection per direction")
     W = None if weights is None else [w.ravel() for w in _node_lists("weights", weights, m, masks)[0]]
     V = None
     if values is not None:

@@ -256,7 +256,7 @@ def fourier_filter(size: int, filter: Optional[str] = "ramp") -> np.ndarray:
     size = count("size", size, 2)
     if size % 2:
         raise ValueError(f"size must be even (the padded projection length), got {size}")
-    check_size("size", size)
+    check_size("size", size * 4)  # four arrays of its length
     n = np.concatenate((np.arange(1, size / 2 + 1, 2, dtype=int), np.arange(size / 2 - 1, 0, -2, dtype=int)))
     f = np.zeros(size)
     f[0] = 0.25

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._operands import check_finite, real_array, scalar
+from ._operands import check_finite, finite_result, real_array, scalar
 
 
 def _orthogonal_complement(q: np.ndarray) -> np.ndarray:
@@ -73,9 +73,11 @@ class Subspace:
         The columns must already be orthonormal (this is the internal constructor); use
         :meth:`span` for arbitrary vectors. The smaller side is what gets stored.
         """
-        basis = np.asarray(basis)
+        basis = real_array("basis", basis)
         if basis.ndim != 2:
             raise ValueError(f"basis must have shape (ambient_dim, k), got {basis.shape}")
+        check_finite("basis", basis)
+        basis = basis.astype(np.float32 if basis.dtype == np.float32 else np.float64, copy=False)
         n, k = basis.shape
         if 2 * k > n:  # store the smaller side
             basis, complement = _orthogonal_complement(basis), not complement
@@ -156,6 +158,7 @@ class Subspace:
         check_finite("x", x)
         return x.astype(np.result_type(x.dtype, self._stored.dtype, np.float32), copy=False)
 
+    @finite_result
     def project(self, x) -> np.ndarray:
         """Orthogonal projection of the rows of x (..., ambient_dim) onto the subspace."""
         x = self._vectors(x)
@@ -163,6 +166,7 @@ class Subspace:
         along = (x @ q) @ q.T
         return x - along if self._is_complement else along
 
+    @finite_result
     def residual(self, x) -> np.ndarray:
         """``|x - project(x)|`` for each row of x: the distance to the subspace, shape (...)."""
         x = self._vectors(x)

@@ -79,7 +79,12 @@ def resolve_checkpoint(spec) -> str:
     >>> resolve_checkpoint(".")
     '.'
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"path must be a file or folder path (str or path-like) or a packaged model's name, got "
+                        f"{type(spec).__name__}")
     path = os.fspath(spec)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
     if os.path.exists(path):
         return path
     key = {k.lower(): k for k in PACKAGED_MODELS}.get(path.lower())
