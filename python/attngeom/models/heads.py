@@ -15,7 +15,6 @@ layer's output in post-LN BERT).
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..head_diagnostics import HeadDiagnostics, head_diagnostics
+from .checkpoint import INDEX, read_index, weight_files
 from .layouts import LAYOUTS, detect_layout, split_layer
 from .packaged import resolve_checkpoint
 from .safetensors import SafetensorsFile
@@ -52,9 +52,7 @@ class Checkpoint:
     def __init__(self, path, *, backend: str = "auto"):
         path = resolve_checkpoint(path)
         if os.path.isdir(path):
-            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-            if not files:
-                raise ValueError(f"path {path!r} is a folder without *.safetensors files")
+            files = weight_files(path)  # the index's shards when there is one
             folder = path
         else:
             files, folder = [path], os.path.dirname(os.path.abspath(path))
@@ -67,6 +65,11 @@ class Checkpoint:
                 if name in self._where:
                     raise ValueError(f"tensor {name!r} is in both {self._where[name].path!r} and {f.path!r}")
                 self._where[name] = f
+        index = os.path.join(folder, INDEX)
+        if os.path.isdir(path) and os.path.isfile(index):
+            for name, shard in read_index(index).items():
+                if name not in self._where or os.path.basename(self._where[name].path) != shard:
+                    raise ValueError(f"{index!r} puts tensor {name!r} in {shard!r}, which does not hold it")
         self.config = {}
         cfg = os.path.join(folder, "config.json")
         if os.path.isfile(cfg):
@@ -85,6 +88,16 @@ class Checkpoint:
         """The tensor of that name (BF16 widened to float32), or None when it is absent."""
         f = self._where.get(name)
         return None if f is None else f[name]
+
+    def file_of(self, name: str) -> Optional[str]:
+        """The path of the safetensors file holding tensor ``name`` (None when it is absent)."""
+        f = self._where.get(name)
+        return None if f is None else f.path
+
+    def dtype_of(self, name: str) -> Optional[str]:
+        """The stored dtype code of tensor ``name`` ("F32", "BF16", ...; None when absent)."""
+        f = self._where.get(name)
+        return None if f is None else f.dtype(name)
 
     def config_value(self, key: str) -> Optional[int]:
         """A model dimension from config.json: n_layers, n_heads, d_model, n_kv_heads, d_head."""

