@@ -147,3 +147,172 @@ def test_forward_matches_transformers(tmp_path, layout, precision):
     np.testing.assert_allclose(one.hidden_states, f.hidden_states[:, 1, 2:], atol=10 * tol, rtol=0)
     ref1 = reference(model, ids[1:2, 2:], np.ones((1, N - 2), bool), np.arange(N - 2)[None], precision == "float64")
     assert max(max_errors(m.forward(ids[1:2, 2:], dtype=dt), ref1, np.ones((1, N - 2), bool)).values()) <= tol
+
+
+def test_unpadded_defaults_and_layouts(tmp_path):
+    """1-D input has no batch axis; q, k, v reproduce each layer's attention with the kernel."""
+    build("qwen3", tmp_path / "q")
+    m = load_model(tmp_path / "q")
+    ids = np.arange(1, 9)
+    f = m.forward(ids, dtype=np.float64)
+    assert f.logits.shape == (8, VOCAB) and f.q.shape == (2, 4, 8, 16) and f.hidden_states.shape == (3, 8, 32)
+    assert f.positions.tolist() == list(range(8)) and f.attention_mask.all()
+    for layer in range(2):
+        _, P = ag.softmax_attention(f.q[layer], f.k[layer], f.v[layer], causal=True, scale=f.scale[layer],
+                                    return_weights=True)
+        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-13)
+        # keys and values come in groups: heads 0, 1 read kv head 0
+        np.testing.assert_array_equal(f.k[layer, 0], f.k[layer, 1])
+        assert not np.allclose(f.k[layer, 1], f.k[layer, 2])
+    # the rotation is the only difference between q and q_prerotary; position 0 is unrotated
+    np.testing.assert_allclose(f.q[:, :, 0], f.q_prerotary[:, :, 0], atol=1e-15)
+    np.testing.assert_allclose(np.linalg.norm(f.q, axis=-1), np.linalg.norm(f.q_prerotary, axis=-1), rtol=1e-12)
+    assert not np.allclose(f.q[:, :, 1:], f.q_prerotary[:, :, 1:])
+
+
+def test_sharded_index_and_stray_shards(tmp_path):
+    model = build("llama", tmp_path / "full")
+    model.save_pretrained(tmp_path / "sh", safe_serialization=True, max_shard_size="40KB")
+    shards = sorted(p for p in os.listdir(tmp_path / "sh") if p.endswith(".safetensors"))
+    assert len(shards) >= 2 and os.path.isfile(tmp_path / "sh" / "model.safetensors.index.json")
+    ids = np.array([3, 1, 4, 1, 5])
+    expect = load_model(tmp_path / "full").forward(ids).logits
+    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
+    # a stray file (an old single-file copy) next to the shards is not mixed in
+    ag.models.write_safetensors(tmp_path / "sh" / "model.safetensors",
+                                {"model.norm.weight": np.zeros(32, np.float32)})
+    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
+    os.remove(tmp_path / "sh" / shards[-1])
+    with pytest.raises(ValueError, match=f"lists shards that are missing: {shards[-1]}"):
+        load_model(tmp_path / "sh")
+
+
+def test_hugging_face_cache(tmp_path, monkeypatch):
+    build("gpt2", tmp_path / "src")
+    hub = tmp_path / "home" / "hub"
+    repo = hub / "models--tiny-org--tiny-gpt2"
+    snap = repo / "snapshots" / "0123abcd"
+    os.makedirs(snap)
+    os.makedirs(repo / "blobs")
+    os.makedirs(repo / "refs")
+    (repo / "refs" / "main").write_text("0123abcd")
+    for name in os.listdir(tmp_path / "src"):  # the cache stores blobs and links them from the snapshot
+        os.replace(tmp_path / "src" / name, repo / "blobs" / name)
+        os.symlink(os.path.join("..", "..", "blobs", name), snap / name)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    m = load_model("tiny-org/tiny-gpt2")
+    assert m.arch.model_type == "gpt2" and os.path.samefile(m.folder, snap)
+    assert m.forward(np.array([1, 2, 3])).logits.shape == (3, VOCAB)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert load_model("tiny-org/tiny-gpt2@main").arch.n_layers == 2
+    with pytest.raises(ValueError, match="not in the Hugging Face cache.*models--tiny-org--other.*hf download "
+                                         "tiny-org/other"):
+        load_model("tiny-org/other")
+    with pytest.raises(ValueError, match="0123zzzz"):
+        load_model("tiny-org/tiny-gpt2@0123zzzz")
+
+
+def test_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    build("llama", tmp_path / "m")
+    words = ["<unk>", "the", "cat", "sat", "on", "mat", "."]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    m = load_model(tmp_path / "m")
+    ids, tokens = m.tokenize("the cat sat on the mat.")
+    assert ids == [1, 2, 3, 4, 1, 5, 6] and tokens[:3] == ["the", "cat", "sat"]
+    assert m.tokenize("the cat sat on the mat.", max_length=3)[0] == [1, 2, 3]
+    np.testing.assert_array_equal(m.forward(ids).logits, m.forward(np.array(ids)).logits)
+    os.remove(tmp_path / "m" / "tokenizer.json")
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        load_model(tmp_path / "m").tokenize("the cat")
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    cfg = json.load(open(path))
+    cfg.update(changes)
+    json.dump(cfg, open(path, "w"))
+
+
+def test_bad_checkpoints(tmp_path):
+    build("llama", tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type="gemma")
+    with pytest.raises(ValueError, match="model_type 'gemma'.*supported model types: bert, gpt2, llama, mistral, "
+                                         "qwen2, qwen3"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type="llama", num_key_value_heads=4)
+    with pytest.raises(ValueError, match="k_proj.weight' in .*model.safetensors' has shape \\(16, 32\\), but "
+                                         "config.json .*num_key_value_heads=4.* implies \\(32, 32\\)"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", num_key_value_heads=2, intermediate_size=50)
+    with pytest.raises(ValueError, match="gate_proj.weight.*intermediate_size=50"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", intermediate_size=48, num_hidden_layers=3)
+    with pytest.raises(ValueError, match="num_hidden_layers is 3, but the checkpoint has 2 layers"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", num_hidden_layers=2, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        load_model(tmp_path / "m")
+    os.remove(tmp_path / "m" / "config.json")
+    with pytest.raises(ValueError, match="config.json is needed"):
+        load_model(tmp_path / "m")
+
+
+def test_fp8_weights_are_refused(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8")
+    build("qwen2", tmp_path / "m")
+    path = str(tmp_path / "m" / "model.safetensors")
+    tensors = st.load_file(path)
+    tensors["model.layers.1.self_attn.q_proj.weight"] = tensors["model.layers.1.self_attn.q_proj.weight"].to(
+        torch.float8_e4m3fn)
+    st.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="'model.layers.1.self_attn.q_proj.weight' in .*model.safetensors' has "
+                                         "dtype F8_E4M3, which is not supported"):
+        load_model(tmp_path / "m")
+
+
+def test_bad_token_ids_and_masks(tmp_path):
+    build("gpt2", tmp_path / "g")
+    m = load_model(tmp_path / "g")
+    with pytest.raises(ValueError, match="token_ids must lie in 0..96 \\(config.json vocab_size 97\\), got 0..97"):
+        m.forward(np.array([0, 97]))
+    with pytest.raises(ValueError, match="token_ids must lie in 0..96"):
+        m.forward(np.array([-1, 3]))
+    with pytest.raises(ValueError, match="integer array"):
+        m.forward(np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="integer array"):
+        m.forward(np.zeros((1, 1, 2), int))
+    with pytest.raises(ValueError, match="17 tokens in a sequence, more than the 16 positions .*n_positions"):
+        m.forward(np.zeros(17, int))
+    # padding does not count against the table
+    assert m.forward(np.zeros((1, 18), int), attention_mask=np.r_[np.zeros(2), np.ones(16)][None]).logits.shape \
+        == (1, 18, VOCAB)
+    with pytest.raises(ValueError, match="attention_mask must have token_ids' shape"):
+        m.forward(np.zeros((2, 4), int), attention_mask=np.ones(4))
+    with pytest.raises(ValueError, match="0/1"):
+        m.forward(np.zeros(4, int), attention_mask=np.array([1, 2, 1, 1]))
+    with pytest.raises(ValueError, match="sequence 1 has no real token"):
+        m.forward(np.zeros((2, 4), int), attention_mask=np.array([[1, 1, 1, 1], [0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        m.forward(np.zeros(4, int), dtype=np.float16)
+
+
+@pytest.mark.parametrize("stored", ["F16", "BF16"])
+def test_half_precision_weights(tmp_path, stored):
+    """float16 / bfloat16 checkpoints: the forward on the rounded weights, computed in float64, equals the
+    float64 forward on the same weights written in float32 (the widening is exact)."""
+    build("qwen2", tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    tensors = ag.models.read_safetensors(path)
+    ag.models.write_safetensors(path, tensors, dtype=stored)
+    half = load_model(tmp_path / "m").forward(np.arange(6), dtype=np.float64)
+    widened = ag.models.read_safetensors(path)
+    assert all(t.dtype == (np.float16 if stored == "F16" else np.float32) for t in widened.values())
+    ag.models.write_safetensors(path, {k: v.astype(np.float32) for k, v in widened.items()})
+    full = load_model(tmp_path / "m").forward(np.arange(6), dtype=np.float64)
+    np.testing.assert_array_equal(half.logits, full.logits)

@@ -184,7 +184,7 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
         common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_epsilon", 1e-5)), activation=act,
                       gated=False, rope=None, qk_norm=False,
                       tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-                      max_positions=_int(config, where, "n_positions", "max_position_embeddings"),
+                      max_positions=_int(config, where, "n_positions", "max_position_embeddings", default=1024),
                       scale_attn=bool(config.get("scale_attn_weights", True)),
                       scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)))
     elif family == "bert":

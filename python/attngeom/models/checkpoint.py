@@ -43,6 +43,7 @@ def weight_files(folder) -> List[str]:
 
     Examples
     --------
+    >>> import os
     >>> from attngeom.models import weight_files, write_safetensors
     >>> os.makedirs("ckpt", exist_ok=True)
     >>> _ = write_safetensors("ckpt/model.safetensors", {"w": np.ones(2, np.float32)})

@@ -167,7 +167,7 @@ class Model:
             expected = (ids.shape[1],) if single else ids.shape
             if m.shape != expected:
                 raise ValueError(f"attention_mask must have token_ids' shape {np.shape(token_ids)}, got {m.shape}")
-            if m.dtype.kind not in "biu" or not np.all((m == 0) | (m == 1)):
+            if m.dtype.kind not in "biuf" or not np.all((m == 0) | (m == 1)):
                 raise ValueError("attention_mask must hold 0/1 or booleans")
             mask = m.reshape(ids.shape).astype(bool)
             empty = np.flatnonzero(~mask.any(axis=1))

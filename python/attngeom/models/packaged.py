@@ -62,13 +62,16 @@ def resolve_checkpoint(spec) -> str:
     """A checkpoint argument as a path.
 
     An existing file or folder as given, else the folder of the packaged model of that name
-    (see PACKAGED_MODELS). Raises ValueError naming the pip requirement when a packaged
-    model's package is missing, or when nothing matches.
+    (see PACKAGED_MODELS), else, for a name of the form "org/name[@revision]", its snapshot
+    in the local Hugging Face cache (:func:`attngeom.models.hub_snapshot`; nothing is
+    downloaded). Raises ValueError naming the pip requirement when a packaged model's package
+    is missing, saying where it looked and how to download a hub model that is not cached,
+    or when nothing matches.
 
     Parameters
     ----------
     spec : str or path-like
-        A path or a packaged-model name.
+        A path, a packaged-model name or a Hugging Face model name.
 
     Returns
     -------
