@@ -316,3 +316,107 @@ def test_half_precision_weights(tmp_path, stored):
     ag.models.write_safetensors(path, {k: v.astype(np.float32) for k, v in widened.items()})
     full = load_model(tmp_path / "m").forward(np.arange(6), dtype=np.float64)
     np.testing.assert_array_equal(half.logits, full.logits)
+
+
+# -- RoPE-correct geometry ---------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["llama3", "qwen2", "qwen3", "gpt2"])
+def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
+    """queries_keys + softmax_attention reproduce the model's own attention (the issue's report:
+    un-rotated queries and keys gave patterns off by 0.2-0.5 on a random Llama)."""
+    build(layout, tmp_path / "m", "float64")
+    m = load_model(tmp_path / "m")
+    f = m.forward(np.arange(3, 12), dtype=np.float64)
+    H = m.heads
+    assert (H.rotary is not None) == (layout != "gpt2") and (H.q_norm is not None) == (layout == "qwen3")
+    for layer in range(2):
+        x = f.attention_inputs[layer]
+        q, k = H.queries_keys(x, layer)
+        np.testing.assert_allclose(q, f.q[layer], atol=1e-12)
+        np.testing.assert_allclose(k, f.k[layer], atol=1e-12)
+        q0, k0 = H.queries_keys(x, layer, rotary=False)
+        np.testing.assert_allclose(q0, f.q_prerotary[layer], atol=1e-12)
+        _, P = ag.softmax_attention(q, k, None, causal=True, return_weights=True)
+        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-12)
+        if layout != "gpt2":
+            _, P0 = ag.softmax_attention(q0, k0, None, causal=True, return_weights=True)
+            assert np.abs(P0 - f.attentions[layer]).max() > 1e-3  # the rotation matters
+    # the data diagnostics see the same routing matrices
+    d = H.diagnostics(f.attention_inputs)
+    s = np.linalg.svd(f.attentions, compute_uv=False)  # (L, H, n)
+    np.testing.assert_allclose(d.routing_singular_values[:, :, 0], s, atol=1e-10)
+    np.testing.assert_allclose(d.radius_mean, np.linalg.norm(f.q, axis=-1).mean(-1) / np.sqrt(H.d_head), rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen3"])
+def test_bilinear_at_an_offset(tmp_path, layout):
+    build(layout, tmp_path / "m", "float64")
+    m = load_model(tmp_path / "m")
+    f = m.forward(np.arange(10, 19), dtype=np.float64)
+    H, layer, head = m.heads, 1, 3
+    x = f.attention_inputs[layer]
+    logits = f.q[layer, head] @ f.k[layer, head].T  # q_i . k_j
+    if layout == "qwen3":  # normalised per token: B carries the gains, the rms factors stay outside
+        g, n = H.W_Q[layer, head], H.W_K[layer, head]
+        rq = np.sqrt(np.mean((x @ g) ** 2, -1) + H.norm_eps)
+        rk = np.sqrt(np.mean((x @ n) ** 2, -1) + H.norm_eps)
+        logits = logits * rq[:, None] * rk[None, :]
+    for i, j in [(4, 4), (6, 2), (8, 0), (2, 7)]:
+        B = H.bilinear(layer, head, offset=i - j)
+        assert abs(x[i] @ B @ x[j] - logits[i, j]) < 1e-10 * max(1, abs(logits[i, j]))
+    np.testing.assert_allclose(H.bilinear(layer, head), H.W_Q[layer, head] @ np.diag(
+        H.q_norm[layer] * H.k_norm[layer] if layout == "qwen3" else np.ones(H.d_head)) @ H.W_K[layer, head].T,
+        atol=1e-12)
+    # per-frequency pairs add up to B(delta), each with its own rank <= 2 spectrum
+    pairs = H.bilinear_pairs(layer, head, offset=5)
+    blocks = np.einsum("pma,pab,pnb->pmn", pairs.W_Q, H.rotary.matrix(5)[np.c_[np.arange(H.d_head // 2),
+                                                                              np.arange(H.d_head // 2) + H.d_head // 2][:, :, None],
+                                                                       np.c_[np.arange(H.d_head // 2),
+                                                                             np.arange(H.d_head // 2) + H.d_head // 2][:, None, :]],
+                       pairs.W_K)
+    np.testing.assert_allclose(blocks.sum(0), H.bilinear(layer, head, offset=5), atol=1e-12)
+    np.testing.assert_allclose(pairs.singular_values, np.linalg.svd(blocks, compute_uv=False)[:, :2], atol=1e-12)
+    np.testing.assert_allclose(pairs.frequencies, H.rotary.inv_freq)
+
+
+def test_bilinear_of_models_without_rotation(tmp_path):
+    build("gpt2", tmp_path / "g", "float64")
+    H = load_model(tmp_path / "g").heads
+    np.testing.assert_array_equal(H.bilinear(0, 1, offset=3), H.W_Q[0, 1] @ H.W_K[0, 1].T)
+    with pytest.raises(ValueError, match="needs a rotary model"):
+        H.bilinear_pairs(0, 1)
+    with pytest.raises(ValueError, match="2 layers x 4 heads"):
+        H.bilinear(2, 0)
+
+
+def _with_tokenizer(folder):
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<unk>"] + "the cat sat on mat and dog ran . a".split()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen3"])
+def test_cli_heads_on_decoders(tmp_path, layout, capsys):
+    pytest.importorskip("matplotlib")
+    build(layout, tmp_path / "m")
+    _with_tokenizer(tmp_path / "m")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat and the dog ran .")
+    from attngeom import cli
+    assert cli.main(["heads", str(tmp_path / "m"), "--text", str(tmp_path / "text.txt"), "--heads", "1.2",
+                     "--out", str(tmp_path / "r")]) == 0
+    assert "llama model, 2 layers x 4 heads (kv heads 2)" in capsys.readouterr().out
+    assert {"heads.json", "attention_L1_H2.png"} <= set(os.listdir(tmp_path / "r"))
+    report = json.load(open(tmp_path / "r" / "heads.json"))
+    s = report["summary"]
+    assert s["rotary"] is True and s["qk_norm"] == (layout == "qwen3") and "offset 0" in s["bilinear_note"]
+    assert s["n_tokens"] == 11 and len(report["heads"]) == 8
+    # the routing ranks in the report are those of the model's own attention
+    from attngeom.models import text_activations
+    x, tokens = text_activations(tmp_path / "m", "the cat sat on the mat and the dog ran .")
+    f = load_model(tmp_path / "m").forward(np.array([1, 2, 3, 4, 1, 5, 6, 1, 7, 8, 9]), dtype=np.float64)
+    np.testing.assert_allclose(x[:, 0], f.attention_inputs, atol=1e-12)
+    ranks = np.linalg.svd(f.attentions, compute_uv=False)
+    row = next(r for r in report["heads"] if (r["layer"], r["head"]) == (1, 2))
+    assert abs(row["routing_effective_rank_mean"] - ag.effective_rank(ranks[1, 2], kind="entropy", spectrum=True)) \
+        < 1e-6

@@ -32,7 +32,7 @@ from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import HeadReport, head_report
-from .rotary import Rotary, rope_frequencies
+from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
 from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors, write_safetensors
 from .tokenizer import WordPiece, tokenize
 
@@ -43,5 +43,5 @@ __all__ = [
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
-    "Decoder", "Forward", "Model", "load_model", "Rotary", "rope_frequencies",
+    "Decoder", "Forward", "Model", "load_model", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
 ]

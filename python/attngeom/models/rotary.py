@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -177,3 +178,72 @@ class Rotary:
         R[p, p + h] = s
         R[p + h, p] = -s
         return R
+
+
+class RotaryPairs(NamedTuple):
+    """A rotary head's bilinear form split by frequency pair (see :func:`rotary_pairs`).
+
+    Attributes
+    ----------
+    frequencies : ndarray, shape (P,)
+        theta_p, P = d_head / 2.
+    W_Q, W_K : ndarray, shape (P, d_model, 2)
+        The columns (p, p + P) of W_Q and W_K: B_p(delta) = W_Q[p] R_2(delta theta_p) W_K[p]^T.
+    singular_values : ndarray, shape (P, 2)
+        The singular values of B_p(delta), descending.
+    offset : float
+        delta.
+    """
+
+    frequencies: np.ndarray
+    W_Q: np.ndarray
+    W_K: np.ndarray
+    singular_values: np.ndarray
+    offset: float
+
+
+def rotary_pairs(W_Q, W_K, inv_freq, *, offset: float = 0) -> RotaryPairs:
+    """The bilinear form of a rotary head as a sum over RoPE's 2x2 rotation blocks.
+
+    B(delta) = W_Q R(delta) W_K^T = sum_p W_Q[:, (p, p+P)] R_2(delta theta_p) W_K[:, (p, p+P)]^T,
+    R_2(a) = [[cos a, sin a], [-sin a, cos a]], one rank <= 2 term per frequency pair (P =
+    d_head / 2, the rotate_half pairing). Low-frequency pairs barely change with the offset
+    (position-free content matching), high-frequency ones oscillate (positional heads).
+
+    Parameters
+    ----------
+    W_Q, W_K : array_like, shape (d_model, d_head)
+        One head's query and key weights (q = x W_Q).
+    inv_freq : array_like, shape (d_head / 2,)
+        The frequencies theta_p (:func:`rope_frequencies`).
+    offset : float, default 0
+        delta = i - j, query position minus key position.
+
+    Returns
+    -------
+    RotaryPairs
+        Frequencies, per-pair factors and the singular values of each B_p(delta).
+
+    Examples
+    --------
+    >>> from attngeom.models import rotary_pairs
+    >>> rng = np.random.default_rng(0)
+    >>> wq, wk = rng.standard_normal((2, 8, 4))
+    >>> r = rotary_pairs(wq, wk, np.array([1.0, 0.1]), offset=3)
+    >>> r.singular_values.shape
+    (2, 2)
+    """
+    wq, wk = np.asarray(W_Q, dtype=np.float64), np.asarray(W_K, dtype=np.float64)
+    theta = np.asarray(inv_freq, dtype=np.float64)
+    P = theta.shape[0]
+    if wq.ndim != 2 or wq.shape != wk.shape or wq.shape[1] != 2 * P:
+        raise ValueError(f"W_Q and W_K must both have shape (d_model, {2 * P}), got {wq.shape} and {wk.shape}")
+    idx = np.stack([np.arange(P), np.arange(P) + P], axis=1)  # (P, 2)
+    fq = np.ascontiguousarray(wq[:, idx].transpose(1, 0, 2))  # (P, d_model, 2)
+    fk = np.ascontiguousarray(wk[:, idx].transpose(1, 0, 2))
+    c, s = np.cos(offset * theta), np.sin(offset * theta)
+    rot = np.stack([np.stack([c, s], -1), np.stack([-s, c], -1)], -2)  # (P, 2, 2)
+    # singular values of (Qq Rq) rot (Qk Rk)^T are those of the 2x2 core Rq rot Rk^T
+    rq, rk = np.linalg.qr(fq)[1], np.linalg.qr(fk)[1]
+    sv = np.linalg.svd(rq @ rot @ np.swapaxes(rk, -1, -2), compute_uv=False)
+    return RotaryPairs(theta, fq, fk, sv, float(offset))
