@@ -20,7 +20,7 @@ tilts, routing matrices) use the queries and keys the model itself uses. Which q
 depend on the relative offset i - j of query and key:
 
 * offset-free: the parameter nulls of W_Q and W_K (ker W_Q^T, ker W_K^T: the rotation acts
-  inside the head space), the W_OV spectrum, the radii |q| (the rotation is orthogonal);
+  inside the head space), the W_OV spectrum, the radii (norms of q: the rotation is orthogonal);
 * offset-dependent: the bilinear form, B(delta) = W_Q R(delta) W_K^T
   (:meth:`ModelHeads.bilinear`), its spectrum and effective rank (the reported "bilinear"
   columns are B(0) = W_Q W_K^T), and the token-space tilt normals.

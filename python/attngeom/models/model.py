@@ -220,7 +220,7 @@ def load_model(path, *, backend: str = "auto") -> Model:
     Parameters
     ----------
     path : str or path-like
-        A folder with config.json and *.safetensors (sharded folders are read through
+        A folder with config.json and ``*.safetensors`` (sharded folders are read through
         model.safetensors.index.json), a packaged model name ("all-MiniLM-L6-v2"), or a
         Hugging Face model name ("Qwen/Qwen3-0.6B"), looked up offline in the local
         Hugging Face cache (:func:`hub_snapshot`).
