@@ -420,3 +420,29 @@ def test_cli_heads_on_decoders(tmp_path, layout, capsys):
     row = next(r for r in report["heads"] if (r["layer"], r["head"]) == (1, 2))
     assert abs(row["routing_effective_rank_mean"] - ag.effective_rank(ranks[1, 2], kind="entropy", spectrum=True)) \
         < 1e-6
+
+
+def test_unknown_rotation_warns(tmp_path):
+    build("llama", tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type=None)
+    with pytest.warns(UserWarning, match="rotary embedding is unknown"):
+        H = ag.load_heads(tmp_path / "m")
+    assert H.rotary is None and H.summary()["rotary"] is False
+
+
+def test_head_diagnostics_with_given_queries_and_keys():
+    rng = np.random.default_rng(0)
+    wq, wk = rng.standard_normal((2, 3, 8, 4))  # 3 heads
+    x = rng.standard_normal((2, 5, 8))  # 2 sequences of 5 tokens
+    q, k = x[None] @ wq[:, None], x[None] @ wk[:, None]  # (3, 2, 5, 4)
+    a = ag.head_diagnostics(wq, wk, x=x, causal=True)
+    b = ag.head_diagnostics(wq, wk, q=q, k=k, causal=True)
+    np.testing.assert_allclose(a.routing_singular_values, b.routing_singular_values, atol=1e-12)
+    np.testing.assert_allclose(a.radius_mean, b.radius_mean, rtol=1e-12)
+    assert [t.rank for t in a.tilt] == [t.rank for t in b.tilt]
+    with pytest.raises(ValueError, match="q and k must be given together"):
+        ag.head_diagnostics(wq, wk, q=q)
+    with pytest.raises(ValueError, match="give x or \\(q, k\\), not both"):
+        ag.head_diagnostics(wq, wk, x=x, q=q, k=k)
+    with pytest.raises(ValueError, match="q and k must have one shape"):
+        ag.head_diagnostics(wq, wk, q=q, k=k[..., :3])

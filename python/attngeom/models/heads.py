@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -458,6 +459,11 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
                                      f"({first['W_Q'].shape[2]},), got {t.shape}")
             q_norm = np.stack(norms[: len(layers)]).astype(dtype)
             k_norm = np.stack(norms[len(layers):]).astype(dtype)
+    elif lay.name == "llama":
+        warnings.warn(f"{ck.path!r}: a llama-layout checkpoint without a config.json model_type of "
+                      f"{', '.join(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == 'llama')}: its rotary "
+                      f"embedding is unknown, so queries_keys and diagnostics use un-rotated queries and keys, "
+                      f"which are not the ones the model uses", stacklevel=2)
     return ModelHeads(stack("W_Q"), stack("W_K"), stack("W_V"), stack("W_O"), stack("b_Q"), stack("b_K"),
                       stack("b_V"), stack("b_O"), lay.name, LAYOUTS[lay.name].causal, first["n_kv_heads"],
                       path=str(ck.path), config=ck.config, rotary=rotary, q_norm=q_norm, k_norm=k_norm,
