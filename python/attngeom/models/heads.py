@@ -114,11 +114,6 @@ class Checkpoint:
         f = self._where.get(name)
         return None if f is None else f.path
 
-    def dtype_of(self, name: str) -> Optional[str]:
-        """The stored dtype code of tensor ``name`` ("F32", "BF16", ...; None when absent)."""
-        f = self._where.get(name)
-        return None if f is None else f.dtype(name)
-
     def config_value(self, key: str) -> Optional[int]:
         """A model dimension from config.json: n_layers, n_heads, d_model, n_kv_heads, d_head."""
         for k in _CONFIG_KEYS[key]:
