@@ -692,7 +692,11 @@ def test_activations(tmp_path, rng):
     x2, tokens2 = text_activations(tmp_path / "b", "the cat sat on the mat " * 10)
     assert len(tokens2) == 16 and x2.shape[2] == 16  # truncated to the positions
     g = write_model(tmp_path / "g", raw_model("gpt2", rng, 1, 2, 8, 4), CONFIGS["gpt2"](1, 2, 8, 2))
-    with pytest.raises(ValueError, match="covers the bert layout, this checkpoint is gpt2"):
+    # decoders run Model.forward (tests/test_decoders.py), which needs the model type and every tensor
+    with pytest.raises(ValueError, match="model_type None is not supported; supported model types: bert, gpt2"):
+        text_activations(g, "the cat")
+    json.dump({**CONFIGS["gpt2"](1, 2, 8, 2), "model_type": "gpt2", "vocab_size": 10}, open(os.path.join(g, "config.json"), "w"))
+    with pytest.raises(ValueError, match="gpt2 checkpoint .* lacks tensor 'wte.weight'"):
         text_activations(g, "the cat")
 
     acts = tmp_path / "acts"

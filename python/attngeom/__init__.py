@@ -136,7 +136,7 @@ from .radon import (
 )
 from . import plotting  # matplotlib itself is imported on first use
 from . import models
-from .models import ModelHeads, load_heads
+from .models import Model, ModelHeads, load_heads, load_model
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config",
@@ -160,7 +160,7 @@ __all__ = [
     "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
     "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
-    "models", "load_heads", "ModelHeads",
+    "models", "load_heads", "ModelHeads", "load_model", "Model",
     "fit_exponential_sum", "ExponentialSum", "invert_laplace_density", "DensityFit", "wasserstein1",
     "reconstruct_points", "PointSet", "recover_keys", "RecoveredHead", "head_probe",
     "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",

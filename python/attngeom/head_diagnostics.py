@@ -168,7 +168,8 @@ def _weights(name, w):
 
 
 @finite_result
-def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None) -> HeadDiagnostics:
+def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal=False, rtol=None, q=None,
+                     k=None) -> HeadDiagnostics:
     """The geometry of one head or a stack of heads, from weights and optionally tokens.
 
     Laplace-Radon s.12.1 (all diagnostics of s.5-6 and app. B for each head): spectra and
@@ -195,6 +196,11 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
     rtol : float, optional
         Rank threshold (relative to sigma_max) for every rank decision; default the
         matrix_rank rule of each matrix.
+    q, k : array_like, shape (..., n_seq, n, d_head), optional
+        Instead of x: the queries and keys as the model computes them, for heads whose
+        logits are not x W_Q (x W_K)^T (rotary embeddings, q/k norms, biases). Radii,
+        routing matrices and key-space tilts use them; the token-space normals are W_K u
+        with the given queries u (for a rotary head, the normals of a key at position 0).
 
     Returns
     -------
@@ -241,19 +247,33 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
         out.ov_singular_values = s
         out.ov_rank = spectrum_rank(s, rtol, d_model, d_model)
         out.ov_effective_rank = np.asarray(effective_rank(s, kind="energy", spectrum=True))
-    if x is not None:
-        _data_diagnostics(out, wq.astype(dt, copy=False), wk.astype(dt, copy=False), x, dt, scale, causal, rtol)
+    if (q is None) != (k is None):
+        raise ValueError("q and k must be given together")
+    if q is not None and x is not None:
+        raise ValueError("give x or (q, k), not both")
+    if x is not None or q is not None:
+        _data_diagnostics(out, wq.astype(dt, copy=False), wk.astype(dt, copy=False), x, dt, scale, causal, rtol, q, k)
     return out
 
 
-def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
+def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol, q_given=None, k_given=None):
     d_model, d_head = out.d_model, out.d_head
-    xs = operand("x", x, f"(..., n, {d_model})", dtype=None)
-    if xs.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
-    if xs.ndim == 2:
-        xs = xs[None]
-    xs = xs.astype(dt, copy=False)
+    if q_given is not None:
+        qs = operand("q", q_given, f"(..., n, {d_head})", dtype=None)
+        ks = operand("k", k_given, f"(..., n, {d_head})", dtype=None)
+        if qs.shape[-1] != d_head or qs.shape != ks.shape:
+            raise ValueError(f"q and k must have one shape (..., n_seq, n, {d_head}), got {qs.shape} and {ks.shape}")
+        dt = np.result_type(dt, qs.dtype, ks.dtype)
+        xs = qs.astype(dt, copy=False)
+        if xs.ndim == 2:
+            xs, ks = xs[None], ks[None]
+    else:
+        xs = operand("x", x, f"(..., n, {d_model})", dtype=None)
+        if xs.shape[-1] != d_model:
+            raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
+        if xs.ndim == 2:
+            xs = xs[None]
+        xs = xs.astype(dt, copy=False)
     scale = logit_scale(scale, d_head, positive=True)
     batch = out.batch_shape
     x_lead = xs.shape[:-3]
@@ -266,6 +286,8 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
     n_seq, n = xs.shape[-3:-1]
     heads = int(np.prod(batch, dtype=np.int64))
     xb = np.broadcast_to(xs, batch + xs.shape[-3:]).reshape((heads,) + xs.shape[-3:])
+    kb = None if q_given is None else np.broadcast_to(ks.astype(dt, copy=False), batch + xs.shape[-3:]).reshape(
+        (heads,) + xs.shape[-3:])
     wqb = np.broadcast_to(wq, batch + wq.shape[-2:]).reshape(heads, d_model, d_head)
     wkb = np.broadcast_to(wk, batch + wk.shape[-2:]).reshape(heads, d_model, d_head)
 
@@ -275,8 +297,11 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol):
     chunk = max(1, _CHUNK_BYTES // max(1, n_seq * n * n * np.dtype(dt).itemsize))
     for h0 in range(0, heads, chunk):
         sl = slice(h0, min(heads, h0 + chunk))
-        q = xb[sl] @ wqb[sl, None]  # (c, n_seq, n, d_head)
-        k = xb[sl] @ wkb[sl, None]
+        if kb is None:
+            q = xb[sl] @ wqb[sl, None]  # (c, n_seq, n, d_head)
+            k = xb[sl] @ wkb[sl, None]
+        else:
+            q, k = xb[sl], kb[sl]
         tau = scale * np.linalg.norm(q, axis=-1)
         tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
         tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)

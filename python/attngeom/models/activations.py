@@ -1,4 +1,4 @@
-"""Token activations for the data diagnostics: saved .npy files, or a text run through BERT.
+"""Token activations for the data diagnostics: saved .npy files, or a text run through the model.
 
 Activations are the input of each layer's attention, stacked over layers:
 (n_layers, n_seq, n, d_model). For post-LN BERT that is the previous layer's output; for
@@ -16,6 +16,7 @@ from .bert import BertEncoder
 from .heads import Checkpoint
 from .jsonfile import read_json_object
 from .layouts import detect_layout
+from .model import load_model
 from .tokenizer import tokenize
 
 
@@ -99,25 +100,28 @@ def _sentence_max_length(folder) -> Optional[int]:
 
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
                      encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None) -> Tuple[np.ndarray, List[str]]:
-    """Run ``text`` through the library's NumPy BERT forward pass.
+    """Run ``text`` through the library's NumPy forward pass (BERT or a decoder).
 
     The inputs of every layer's attention, for the data diagnostics of Laplace-Radon s.12.1.
-    The text is truncated to max_length, by default the model's own limit
-    (sentence_bert_config.json's max_seq_length when present, as sentence-transformers does,
-    else the number of positions). ValueError for other layouts (save activations as .npy and
-    use :func:`load_activations`).
+    BERT runs :class:`BertEncoder`, with the text truncated to max_length, by default the
+    model's own limit (sentence_bert_config.json's max_seq_length when present, as
+    sentence-transformers does, else the number of positions). Decoders (GPT-2, Llama,
+    Mistral, Qwen2, Qwen3) run :meth:`Model.forward` in float64 on the tokenizer.json tokens
+    (truncated to max_length, else to GPT-2's position table); the activations are the
+    normed residual stream each attention reads, at positions 0..n-1, which is what
+    :meth:`ModelHeads.diagnostics` rotates its queries and keys with.
 
     Parameters
     ----------
     checkpoint : str or path-like
-        A BERT-layout checkpoint (file, folder or packaged-model name) whose folder holds
-        tokenizer.json or vocab.txt.
+        A checkpoint (file, folder, packaged-model or cached hub name) whose folder holds
+        tokenizer.json (or vocab.txt for BERT).
     text : str
         The input text.
     max_length : int, optional
         Truncation length in tokens.
     encoder : BertEncoder, optional
-        A loaded encoder to reuse.
+        A loaded encoder to reuse (BERT only).
     n_heads : int, optional
         Needed without config.json.
 
@@ -138,8 +142,15 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     ck = Checkpoint(checkpoint)
     layout, _, _ = detect_layout(ck.names)
     if layout.name != "bert":
-        raise ValueError(f"the NumPy forward pass covers the bert layout, this checkpoint is {layout.name}; "
-                         f"save activations as .npy (one layer_<i>.npy per layer) and pass them instead")
+        if max_length is not None and int(max_length) < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        model = load_model(checkpoint)
+        limit = max_length if max_length is not None else model.max_length
+        ids, tokens = model.tokenize(text, max_length=limit)
+        if not ids:
+            raise ValueError("the text has no tokens")
+        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64)
+        return out.attention_inputs[:, None], tokens
     enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
     if max_length is not None and int(max_length) < 2:
         raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]), got {max_length}")

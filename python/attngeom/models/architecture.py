@@ -1,0 +1,218 @@
+"""What a checkpoint's config.json says about its network: :class:`Architecture`.
+
+One description covers every supported family, so one decoder implementation
+(:mod:`attngeom.models.decoder`) runs them all:
+
+==========  ========  =========  ==========  ========  ==========================================
+model_type  family    norm       MLP         position  attention extras
+==========  ========  =========  ==========  ========  ==========================================
+bert        bert      LayerNorm  GELU        absolute  bidirectional, post-LN (:mod:`.bert`)
+gpt2        gpt2      LayerNorm  GELU tanh   absolute  fused c_attn (Conv1D), tied lm_head
+llama       llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type llama3 / linear
+mistral     llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
+qwen2       llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
+qwen3       llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
+==========  ========  =========  ==========  ========  ==========================================
+
+Both config formats are read: transformers >= 5 (``rope_parameters``) and the older
+``rope_theta`` + ``rope_scaling``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+# config.json model_type -> family (the decoder code path)
+SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
+                           "qwen3": "llama"}
+ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The network a config.json describes (module docstring), as the forward pass needs it.
+
+    Attributes
+    ----------
+    model_type : str
+        config.json's model_type ("gpt2", "llama", "mistral", "qwen2", "qwen3", "bert").
+    family : {"gpt2", "llama", "bert"}
+        The code path: the tensor-name layout of :data:`attngeom.models.LAYOUTS`.
+    n_layers, n_heads, n_kv_heads, d_model, d_head, vocab_size : int
+        Dimensions (n_kv_heads = n_heads without grouped-query attention).
+    norm : {"layernorm", "rmsnorm"}
+        The normalisation; ``norm_eps`` its epsilon.
+    activation : str
+        The MLP nonlinearity (one of ACTIVATIONS); ``gated`` for SwiGLU-style MLPs.
+    rope : dict or None
+        {"rope_type", "rope_theta", and the type's parameters} for rotary models.
+    qk_norm : bool
+        Qwen3's per-head RMSNorm of queries and keys before the rotation.
+    tie_word_embeddings : bool
+        Whether the unembedding is the token embedding.
+    max_positions : int or None
+        Length of an absolute position table (GPT-2, BERT); None for rotary models.
+    sliding_window : int or None
+        Window of the layers listed in ``sliding_layers``.
+    sliding_layers : tuple of int
+        The layers with sliding-window attention.
+    scale_by_layer : bool
+        GPT-2's scale_attn_by_inverse_layer_idx; ``scale_attn`` its scale_attn_weights.
+    config : dict
+        The parsed config.json.
+
+    Examples
+    --------
+    >>> from attngeom.models import architecture_from_config
+    >>> a = architecture_from_config({"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+    ...                               "num_hidden_layers": 2, "vocab_size": 100})
+    >>> a.family, a.d_head, a.rope["rope_type"]
+    ('llama', 8, 'default')
+    """
+
+    model_type: str
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    norm: str
+    norm_eps: float
+    activation: str
+    gated: bool
+    rope: Optional[dict]
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_positions: Optional[int]
+    sliding_window: Optional[int] = None
+    sliding_layers: Tuple[int, ...] = ()
+    scale_attn: bool = True
+    scale_by_layer: bool = False
+    config: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+def _int(cfg, where, *keys, default=None):
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{where}: field {k!r} must be a positive integer, got {v!r}")
+            return v
+    if default is not None:
+        return default
+    raise ValueError(f"{where}: missing field {' / '.join(repr(k) for k in keys)}")
+
+
+def _rope(cfg, where) -> dict:
+    params = cfg.get("rope_parameters")
+    if params is None:  # transformers < 5: rope_theta + rope_scaling
+        params = dict(cfg.get("rope_scaling") or {})
+        params["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    params = dict(params)
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{where}: per-layer-type rope_parameters are not supported, got {params!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"{where}: rope_type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    params["rope_type"] = kind
+    params.pop("type", None)
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{where}: partial_rotary_factor {params['partial_rotary_factor']} is not supported")
+    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    for key in needs:
+        if not isinstance(params.get(key), (int, float)):
+            raise ValueError(f"{where}: rope_type {kind!r} needs a number {key!r} in rope_parameters, got {params!r}")
+    if kind == "llama3" and params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = cfg.get("max_position_embeddings")
+    theta = params.get("rope_theta")
+    if not isinstance(theta, (int, float)) or theta <= 1:
+        raise ValueError(f"{where}: rope_theta must be a number > 1, got {theta!r}")
+    return params
+
+
+def architecture_from_config(config: dict, *, where: str = "config.json") -> Architecture:
+    """Parse a Hugging Face config.json into an :class:`Architecture`.
+
+    Parameters
+    ----------
+    config : dict
+        The parsed config.json.
+    where : str, default "config.json"
+        How error messages name the file.
+
+    Returns
+    -------
+    Architecture
+        The network's description.
+
+    Raises
+    ------
+    ValueError
+        For a model_type outside SUPPORTED_ARCHITECTURES (the message lists them), an
+        unsupported rope type or activation, and missing or invalid dimension fields.
+
+    Examples
+    --------
+    >>> from attngeom.models import architecture_from_config
+    >>> architecture_from_config({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2,
+    ...                           "vocab_size": 100}).activation
+    'gelu_new'
+    """
+    if not isinstance(config, dict) or not config:
+        raise ValueError(f"{where}: a config.json is needed to run a model's forward pass (none was found)")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        arch = config.get("architectures")
+        raise ValueError(f"{where}: model_type {model_type!r}{f' (architectures {arch})' if arch else ''} is not "
+                         f"supported; supported model types: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    family = SUPPORTED_ARCHITECTURES[model_type]
+    n_layers = _int(config, where, "num_hidden_layers", "n_layer")
+    n_heads = _int(config, where, "num_attention_heads", "n_head")
+    d_model = _int(config, where, "hidden_size", "n_embd")
+    vocab = _int(config, where, "vocab_size")
+    n_kv = _int(config, where, "num_key_value_heads", default=n_heads)
+    if n_heads % n_kv:
+        raise ValueError(f"{where}: num_key_value_heads = {n_kv} must divide num_attention_heads = {n_heads}")
+    d_head = _int(config, where, "head_dim", default=d_model // n_heads)
+    if "head_dim" not in config and d_model % n_heads:
+        raise ValueError(f"{where}: hidden_size {d_model} is not a multiple of num_attention_heads {n_heads}")
+    if family == "gpt2":
+        act = config.get("activation_function", "gelu_new")
+        common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_epsilon", 1e-5)), activation=act,
+                      gated=False, rope=None, qk_norm=False,
+                      tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+                      max_positions=_int(config, where, "n_positions", "max_position_embeddings", default=1024),
+                      scale_attn=bool(config.get("scale_attn_weights", True)),
+                      scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)))
+    elif family == "bert":
+        act = config.get("hidden_act", "gelu")
+        common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_eps", 1e-12)), activation=act,
+                      gated=False, rope=None, qk_norm=False, tie_word_embeddings=True,
+                      max_positions=_int(config, where, "max_position_embeddings", default=512))
+    else:
+        act = config.get("hidden_act", "silu")
+        window = config.get("sliding_window")
+        layer_types = config.get("layer_types")
+        if layer_types is not None:
+            if len(layer_types) != n_layers:
+                raise ValueError(f"{where}: layer_types has {len(layer_types)} entries, num_hidden_layers is {n_layers}")
+            sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+        elif model_type == "qwen2":
+            first = config.get("max_window_layers", n_layers)
+            sliding = tuple(range(first, n_layers)) if config.get("use_sliding_window") else ()
+        else:
+            sliding = tuple(range(n_layers)) if window is not None else ()
+        if sliding and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"{where}: sliding_window must be a positive integer for the layers {list(sliding)}, "
+                             f"got {window!r}")
+        common = dict(norm="rmsnorm", norm_eps=float(config.get("rms_norm_eps", 1e-6)), activation=act, gated=True,
+                      rope=_rope(config, where), qk_norm=model_type == "qwen3",
+                      tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), max_positions=None,
+                      sliding_window=window if sliding else None, sliding_layers=sliding)
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{where}: activation {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return Architecture(model_type=model_type, family=family, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
+                        d_model=d_model, d_head=d_head, vocab_size=vocab, config=dict(config), **common)

@@ -1,0 +1,300 @@
+"""One NumPy forward pass for the pre-norm decoders: GPT-2 and the Llama family.
+
+The network is parametrised by its :class:`Architecture` (no class per family):
+
+    h_0     = E[ids] (+ P[positions] for GPT-2's absolute positions)
+    x_l     = Norm(h_l)                       LayerNorm (GPT-2) or RMSNorm (Llama family)
+    q, k, v = x_l W_Q + b_Q, x_l W_K + b_K, x_l W_V + b_V   (per head; biases where stored)
+    q, k    = RMSNorm_dh(q), RMSNorm_dh(k)    Qwen3's q_norm / k_norm only
+    q, k    = q R(m), k R(m)                  rotary models (:mod:`.rotary`)
+    a_l     = sum_h softmax(scale q_h k_h^T + causal/padding/window mask) v_h W_O[h] + b_O
+    h'_l    = h_l + a_l
+    h_{l+1} = h'_l + MLP(Norm(h'_l))          GELU MLP (GPT-2) or SwiGLU (down(silu(gate) * up))
+    logits  = Norm_f(h_L) W_U^T               W_U the lm_head or, tied, the embedding
+
+Grouped-query keys and values are repeated for every query head of their group. Every
+attention is one call of :func:`attngeom.softmax_attention` (causal, with a boolean key mask
+for padding and a band for sliding-window layers). Weights stay in their stored dtype
+(float16 kept, bfloat16 widened to float32 exactly) and each layer's weights are cast to the
+computation dtype when used.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..attention import softmax_attention
+from .architecture import Architecture
+from .forward import Forward
+from .heads import Checkpoint
+from .rotary import Rotary, rope_frequencies
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _activation(name):
+    if name in ("silu", "swish"):
+        return lambda x: x * (0.5 * (1.0 + np.tanh(0.5 * x)))  # x sigmoid(x) without exp overflow
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return _gelu_tanh
+    if name == "relu":
+        return lambda x: np.maximum(x, 0)
+    from .bert import gelu
+    return gelu
+
+
+def _norm(x, w, b, eps, kind):
+    if kind == "rmsnorm":
+        return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+    c = x - x.mean(axis=-1, keepdims=True)
+    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
+
+
+class Decoder:
+    """The weights of a GPT-2 or Llama-family checkpoint and its forward pass (module docstring).
+
+    Build with :meth:`from_checkpoint`; used through :class:`attngeom.models.Model`.
+
+    Parameters
+    ----------
+    arch : Architecture
+        The network.
+    weights : dict
+        Global tensors ("embed", "pos", "norm_w", "norm_b", "unembed") and "layers", a list of
+        per-layer dicts, every matrix in (in, out) orientation (y = x W).
+
+    Examples
+    --------
+    >>> dec = Decoder.from_checkpoint("tiny-llama")  # doctest: +SKIP
+    >>> dec.forward(np.array([[1, 2, 3]])).logits.shape  # doctest: +SKIP
+    (1, 3, 100)
+    """
+
+    def __init__(self, arch: Architecture, weights: dict):
+        self.arch = arch
+        self.w = weights
+        self.rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, arch.d_head))
+
+    # -- loading -----------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, ck: Checkpoint, arch: Architecture, prefix: str) -> "Decoder":
+        """Read and check every tensor the forward pass needs.
+
+        Parameters
+        ----------
+        ck : Checkpoint
+            The opened checkpoint.
+        arch : Architecture
+            From its config.json.
+        prefix : str
+            The layout prefix of the layer names ("model.", "transformer.", "").
+
+        Returns
+        -------
+        Decoder
+            The loaded model.
+
+        Raises
+        ------
+        ValueError
+            For a missing tensor, and a tensor whose shape disagrees with config.json (the
+            message names the tensor, its file and the config fields).
+
+        Examples
+        --------
+        >>> dec = Decoder.from_checkpoint(ck, arch, "model.")  # doctest: +SKIP
+        """
+        a = arch
+        root = prefix[: prefix.rstrip(".").rfind(".") + 1] if prefix.rstrip(".").count(".") else ""
+        dims = (f"hidden_size={a.d_model}, num_attention_heads={a.n_heads}, num_key_value_heads={a.n_kv_heads}, "
+                f"head_dim={a.d_head}, vocab_size={a.vocab_size}")
+
+        def take(name, shape=None, required=True):
+            t = ck.get(name)
+            if t is None:
+                if required:
+                    raise ValueError(f"{a.model_type} checkpoint {ck.path!r} lacks tensor {name!r}")
+                return None
+            if shape is not None and tuple(t.shape) != tuple(shape):
+                raise ValueError(f"tensor {name!r} in {ck.file_of(name)!r} has shape {tuple(t.shape)}, but "
+                                 f"config.json ({dims}) implies {tuple(shape)}")
+            return t
+
+        d, H, K, dh, V = a.d_model, a.n_heads, a.n_kv_heads, a.d_head, a.vocab_size
+        w = {}
+        layers = []
+        if a.family == "gpt2":
+            p = prefix
+            w["embed"] = take(p + "wte.weight", (V, d))
+            w["pos"] = take(p + "wpe.weight", (a.max_positions, d))
+            w["norm_w"], w["norm_b"] = take(p + "ln_f.weight", (d,)), take(p + "ln_f.bias", (d,))
+            for i in range(a.n_layers):
+                s = f"{p}h.{i}."
+                fc = take(s + "mlp.c_fc.weight")
+                ff = fc.shape[1] if fc.ndim == 2 else -1
+                want = a.config.get("n_inner") or 4 * d
+                if fc.shape != (d, want):
+                    raise ValueError(f"tensor {s + 'mlp.c_fc.weight'!r} in {ck.file_of(s + 'mlp.c_fc.weight')!r} has "
+                                     f"shape {tuple(fc.shape)}, but config.json (n_embd={d}, n_inner="
+                                     f"{a.config.get('n_inner')}) implies {(d, want)}")
+                layers.append({
+                    "ln1_w": take(s + "ln_1.weight", (d,)), "ln1_b": take(s + "ln_1.bias", (d,)),
+                    "qkv": take(s + "attn.c_attn.weight", (d, 3 * H * dh)),
+                    "b_qkv": take(s + "attn.c_attn.bias", (3 * H * dh,), required=False),
+                    "o": take(s + "attn.c_proj.weight", (H * dh, d)),
+                    "b_o": take(s + "attn.c_proj.bias", (d,), required=False),
+                    "ln2_w": take(s + "ln_2.weight", (d,)), "ln2_b": take(s + "ln_2.bias", (d,)),
+                    "up": fc, "b_up": take(s + "mlp.c_fc.bias", (ff,), required=False),
+                    "down": take(s + "mlp.c_proj.weight", (ff, d)),
+                    "b_down": take(s + "mlp.c_proj.bias", (d,), required=False),
+                })
+        else:
+            p = prefix
+            w["embed"] = take(p + "embed_tokens.weight", (V, d))
+            w["norm_w"], w["norm_b"] = take(p + "norm.weight", (d,)), None
+            want_ff = a.config.get("intermediate_size")
+            for i in range(a.n_layers):
+                s = f"{p}layers.{i}."
+                gate = take(s + "mlp.gate_proj.weight")
+                ff = gate.shape[0]
+                if gate.shape != ((want_ff or ff), d):
+                    raise ValueError(f"tensor {s + 'mlp.gate_proj.weight'!r} in {ck.file_of(s + 'mlp.gate_proj.weight')!r}"
+                                     f" has shape {tuple(gate.shape)}, but config.json (intermediate_size={want_ff}, "
+                                     f"hidden_size={d}) implies {(want_ff or ff, d)}")
+                t = s + "self_attn."
+                layer = {
+                    "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None,
+                    "q": take(t + "q_proj.weight", (H * dh, d)).T, "k": take(t + "k_proj.weight", (K * dh, d)).T,
+                    "v": take(t + "v_proj.weight", (K * dh, d)).T, "o": take(t + "o_proj.weight", (d, H * dh)).T,
+                    "b_q": take(t + "q_proj.bias", (H * dh,), required=False),
+                    "b_k": take(t + "k_proj.bias", (K * dh,), required=False),
+                    "b_v": take(t + "v_proj.bias", (K * dh,), required=False),
+                    "b_o": take(t + "o_proj.bias", (d,), required=False),
+                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None,
+                    "gate": gate.T, "up": take(s + "mlp.up_proj.weight", (ff, d)).T,
+                    "down": take(s + "mlp.down_proj.weight", (d, ff)).T,
+                    "b_gate": take(s + "mlp.gate_proj.bias", (ff,), required=False),
+                    "b_up": take(s + "mlp.up_proj.bias", (ff,), required=False),
+                    "b_down": take(s + "mlp.down_proj.bias", (d,), required=False),
+                }
+                if a.qk_norm:
+                    layer["q_norm"] = take(t + "q_norm.weight", (dh,))
+                    layer["k_norm"] = take(t + "k_norm.weight", (dh,))
+                layers.append(layer)
+        head = take(root + "lm_head.weight", (V, d), required=False)
+        w["unembed"] = w["embed"] if a.tie_word_embeddings or head is None and a.family == "gpt2" else head
+        w["layers"] = layers
+        return cls(a, w)
+
+    @property
+    def has_unembedding(self) -> bool:
+        """Whether the checkpoint has an lm_head (or ties it to the embedding)."""
+        return self.w["unembed"] is not None
+
+    # -- the forward pass ----------------------------------------------------------------
+    def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype) -> Forward:
+        """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
+
+        Parameters
+        ----------
+        ids : ndarray of int, shape (batch, n)
+            Token ids, already checked against the vocabulary.
+        mask : ndarray of bool, shape (batch, n)
+            True for real tokens.
+        positions : ndarray of int, shape (batch, n)
+            Position of every token.
+        dtype : numpy dtype
+            float32 or float64, the computation dtype.
+
+        Returns
+        -------
+        Forward
+            With a batch axis.
+
+        Examples
+        --------
+        >>> f = dec.forward(ids, np.ones(ids.shape, bool), np.arange(ids.shape[1])[None], np.float32)  # doctest: +SKIP
+        """
+        a, w, dt = self.arch, self.w, np.dtype(dtype)
+        b, n = ids.shape
+        H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
+
+        def cast(x):
+            return None if x is None else x.astype(dt, copy=False)
+
+        act = _activation(a.activation)
+        h = cast(w["embed"])[ids]
+        if a.family == "gpt2":
+            h = h + cast(w["pos"])[positions]
+        cos_sin = None if self.rotary is None else self.rotary.cos_sin(positions[:, None], dt)  # (b, 1, n, dh)
+        key_mask = mask[:, None, None, :]
+        window = None
+        if a.sliding_layers:
+            i = np.arange(n)
+            window = key_mask & ((i[:, None] - i[None, :]) < a.sliding_window)
+        hidden, inputs, attns = [h], [], []
+        qs, ks, vs, q_pre, k_pre, scales = [], [], [], [], [], []
+        for li, L in enumerate(w["layers"]):
+            L = {key: cast(value) for key, value in L.items()}
+            x = _norm(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+            inputs.append(x)
+            if a.family == "gpt2":
+                qkv = x @ L["qkv"]
+                if L["b_qkv"] is not None:
+                    qkv = qkv + L["b_qkv"]
+                q, k, v = np.split(qkv, 3, axis=-1)
+            else:
+                q, k, v = x @ L["q"], x @ L["k"], x @ L["v"]
+                q = q if L["b_q"] is None else q + L["b_q"]
+                k = k if L["b_k"] is None else k + L["b_k"]
+                v = v if L["b_v"] is None else v + L["b_v"]
+            q = q.reshape(b, n, H, dh).transpose(0, 2, 1, 3)
+            k = k.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
+            v = v.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
+            if a.qk_norm:
+                q = _norm(q, L["q_norm"], None, a.norm_eps, "rmsnorm")
+                k = _norm(k, L["k_norm"], None, a.norm_eps, "rmsnorm")
+            if H != K:
+                k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
+            q_pre.append(q)
+            k_pre.append(k)
+            if cos_sin is not None:
+                c, s = cos_sin
+                half = dh // 2
+                q = q * c + np.concatenate([-q[..., half:], q[..., :half]], axis=-1) * s
+                k = k * c + np.concatenate([-k[..., half:], k[..., :half]], axis=-1) * s
+            scale = 1.0 / math.sqrt(dh) if a.scale_attn else 1.0
+            if a.scale_by_layer:
+                scale /= li + 1
+            m = window if li in a.sliding_layers else key_mask
+            y, P = softmax_attention(q, k, v, mask=m, causal=True, scale=scale, return_weights=True)
+            out = y.transpose(0, 2, 1, 3).reshape(b, n, H * dh) @ L["o"]
+            if L["b_o"] is not None:
+                out = out + L["b_o"]
+            h = h + out
+            x2 = _norm(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
+            if a.gated:
+                g = x2 @ L["gate"] if L["b_gate"] is None else x2 @ L["gate"] + L["b_gate"]
+                u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
+                mlp = (act(g) * u) @ L["down"]
+            else:
+                u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
+                mlp = act(u) @ L["down"]
+            if L["b_down"] is not None:
+                mlp = mlp + L["b_down"]
+            h = h + mlp
+            hidden.append(h)
+            attns.append(P)
+            qs.append(q)
+            ks.append(k)
+            vs.append(v)
+            scales.append(scale)
+        final = _norm(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
+        hidden[-1] = final
+        logits: Optional[np.ndarray] = None if w["unembed"] is None else final @ cast(w["unembed"]).T
+        return Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
+                       np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)

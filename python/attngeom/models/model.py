@@ -1,0 +1,255 @@
+"""A checkpoint ready to run: ``load_model(path_or_name)`` -> :class:`Model`.
+
+One API for every supported architecture (:data:`SUPPORTED_ARCHITECTURES`): the decoders
+(GPT-2, Llama, Mistral, Qwen2, Qwen3) run :class:`attngeom.models.Decoder`, BERT runs
+:class:`attngeom.models.BertEncoder`. ``Model.forward(token_ids)`` returns a
+:class:`Forward` with logits, hidden states, attentions and the per-layer q, k, v the
+attention uses. NumPy and the library's attention kernel only: no PyTorch.
+
+Padding: a 2-D batch takes ``attention_mask`` (1 = token, 0 = padding, left or right).
+Padded keys are hidden from every query, and positions count real tokens only (position =
+cumulative count - 1, what ``generate`` uses), so each sequence's outputs at its real tokens
+equal those of the sequence run alone.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .architecture import Architecture, architecture_from_config
+from .bert import BertEncoder
+from .decoder import Decoder
+from .forward import Forward
+from .heads import Checkpoint, ModelHeads, load_heads
+from .layouts import detect_layout
+from .tokenizer import tokenize
+
+
+class Model:
+    """A loaded checkpoint: its :class:`Architecture`, weights, heads and forward pass.
+
+    Build with :func:`load_model`.
+
+    Attributes
+    ----------
+    arch : Architecture
+        What config.json describes.
+    path : str
+        The folder (or file) the weights came from.
+    folder : str
+        The folder holding config.json and the tokenizer files.
+
+    Examples
+    --------
+    >>> model = ag.load_model("Qwen/Qwen3-0.6B")  # doctest: +SKIP
+    >>> model.forward(np.array([1, 2, 3])).attentions.shape  # doctest: +SKIP
+    (28, 16, 3, 3)
+    """
+
+    def __init__(self, ck: Checkpoint, arch: Architecture, prefix: str, backend: str = "auto"):
+        self.arch = arch
+        self.path = str(ck.path)
+        self.folder = ck.folder
+        self._checkpoint = ck
+        self._backend = backend
+        self._heads: Optional[ModelHeads] = None
+        self._bert = {}
+        self.decoder = None if arch.family == "bert" else Decoder.from_checkpoint(ck, arch, prefix)
+
+    @property
+    def heads(self) -> ModelHeads:
+        """The per-head weights (:class:`ModelHeads`, float64), loaded on first use."""
+        if self._heads is None:
+            self._heads = load_heads(self.path, backend=self._backend)
+        return self._heads
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+        return self.arch.n_layers
+
+    @property
+    def max_length(self) -> Optional[int]:
+        """The longest sequence an absolute position table allows (None for rotary models)."""
+        return self.arch.max_positions
+
+    def _encoder(self, dtype) -> BertEncoder:
+        key = np.dtype(dtype).name
+        if key not in self._bert:
+            self._bert[key] = BertEncoder.from_checkpoint(self.path, dtype=dtype, backend=self._backend)
+        return self._bert[key]
+
+    def tokenize(self, text: str, *, max_length: Optional[int] = None) -> Tuple[List[int], List[str]]:
+        """Token ids and token strings of ``text`` with the checkpoint's tokenizer files.
+
+        tokenizer.json through the ``tokenizers`` package (vocab.txt WordPiece for BERT);
+        decoders are truncated by dropping the tail.
+
+        Parameters
+        ----------
+        text : str
+            The input text.
+        max_length : int, optional
+            Keep at most this many tokens.
+
+        Returns
+        -------
+        ids : list of int
+            Token ids.
+        tokens : list of str
+            Token strings.
+
+        Examples
+        --------
+        >>> ids, tokens = model.tokenize("The cat sat.")  # doctest: +SKIP
+        """
+        if self.arch.family == "bert":
+            return tokenize(self.folder, text, max_length=max_length)
+        if not os.path.isfile(os.path.join(self.folder, "tokenizer.json")):
+            raise ValueError(f"folder {self.folder!r} has no tokenizer.json; pass token ids to forward() instead")
+        ids, tokens = tokenize(self.folder, text, backend="tokenizers")
+        if max_length is not None:
+            ids, tokens = ids[:max_length], tokens[:max_length]
+        return ids, tokens
+
+    def forward(self, token_ids, *, attention_mask=None, dtype=np.float32) -> Forward:
+        """Run the model on token ids.
+
+        Parameters
+        ----------
+        token_ids : array_like of int, shape (n,) or (batch, n)
+            One sequence, or a batch of equally long (padded) sequences.
+        attention_mask : array_like, shape of token_ids, optional
+            1 / True for real tokens, 0 / False for padding (left or right); default all
+            real. Every sequence needs at least one real token.
+        dtype : {np.float32, np.float64}, default np.float32
+            The computation dtype (weights of any stored precision are cast to it).
+
+        Returns
+        -------
+        Forward
+            logits, hidden_states, attentions, attention_inputs, q, k, v, q_prerotary,
+            k_prerotary (shapes in :class:`Forward`; a batch axis after the layer axis for
+            2-D input).
+
+        Raises
+        ------
+        ValueError
+            For token ids that are not integers or lie outside 0..vocab_size-1, a mask of
+            another shape or with an empty sequence, sequences beyond the position table
+            (GPT-2, BERT), and another dtype.
+
+        Examples
+        --------
+        >>> f = model.forward(np.array([[0, 5, 7], [3, 4, 9]]), attention_mask=[[0, 1, 1], [1, 1, 1]])  # doctest: +SKIP
+        >>> f.logits.shape  # doctest: +SKIP
+        (2, 3, 100)
+        """
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {dt}")
+        ids = np.asarray(token_ids)
+        if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"token_ids must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
+                             f"dtype {ids.dtype}")
+        single = ids.ndim == 1
+        ids = ids.reshape(1, -1) if single else ids
+        V = self.arch.vocab_size
+        if ids.min() < 0 or ids.max() >= V:
+            raise ValueError(f"token_ids must lie in 0..{V - 1} (config.json vocab_size {V}), got "
+                             f"{ids.min()}..{ids.max()}")
+        if attention_mask is None:
+            mask = np.ones(ids.shape, dtype=bool)
+        else:
+            m = np.asarray(attention_mask)
+            expected = (ids.shape[1],) if single else ids.shape
+            if m.shape != expected:
+                raise ValueError(f"attention_mask must have token_ids' shape {np.shape(token_ids)}, got {m.shape}")
+            if m.dtype.kind not in "biuf" or not np.all((m == 0) | (m == 1)):
+                raise ValueError("attention_mask must hold 0/1 or booleans")
+            mask = m.reshape(ids.shape).astype(bool)
+            empty = np.flatnonzero(~mask.any(axis=1))
+            if empty.size:
+                raise ValueError(f"attention_mask: sequence {int(empty[0])} has no real token")
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        limit = self.arch.max_positions
+        if limit is not None and positions.max() >= limit:
+            raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
+                             f"{limit} positions of the model's position table (config.json "
+                             f"{'n_positions' if self.arch.family == 'gpt2' else 'max_position_embeddings'})")
+        if self.decoder is not None:
+            out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt)
+        else:
+            out = self._bert_forward(ids, mask, positions, dt)
+        if single:
+            for name in ("hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",
+                         "k_prerotary"):
+                setattr(out, name, getattr(out, name)[:, 0])
+            out.logits = None if out.logits is None else out.logits[0]
+            out.positions, out.attention_mask = out.positions[0], out.attention_mask[0]
+        return out
+
+    def _bert_forward(self, ids, mask, positions, dt) -> Forward:
+        """BERT through :class:`BertEncoder`, one sequence at a time on its real tokens."""
+        enc = self._encoder(dt)
+        H = enc.heads
+        b, n = ids.shape
+        L, nh, d, dh = H.n_layers, H.n_heads, H.d_model, H.d_head
+        hidden = np.zeros((L + 1, b, n, d), dt)
+        attn = np.zeros((L, b, nh, n, n), dt)
+        q, k, v = (np.zeros((L, b, nh, n, dh), dt) for _ in range(3))
+        for s in range(b):
+            keep = np.flatnonzero(mask[s])
+            o = enc.forward(ids[s, keep].astype(np.int64))
+            hidden[:, s, keep] = o.hidden_states
+            attn[:, s][:, :, keep[:, None], keep[None, :]] = o.attention
+            for layer in range(L):
+                x = o.hidden_states[layer]
+                qq, kk = H.queries_keys(x, layer)
+                vv = x[None] @ H.W_V[layer] + (0.0 if H.b_V is None else H.b_V[layer][:, None, :])
+                q[layer, s][:, keep], k[layer, s][:, keep], v[layer, s][:, keep] = qq, kk, vv
+        scale = np.full(L, 1.0 / np.sqrt(dh))
+        return Forward(None, hidden, attn, hidden[:-1].copy(), q, k, v, q.copy(), k.copy(), scale, positions, mask)
+
+
+def load_model(path, *, backend: str = "auto") -> Model:
+    """Load a checkpoint for its forward pass: a folder, a file, or a cached hub model name.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A folder with config.json and ``*.safetensors`` (sharded folders are read through
+        model.safetensors.index.json), a packaged model name ("all-MiniLM-L6-v2"), or a
+        Hugging Face model name ("Qwen/Qwen3-0.6B"), looked up offline in the local
+        Hugging Face cache (:func:`hub_snapshot`).
+    backend : {"auto", "package", "python"}, default "auto"
+        The safetensors reader (as in :class:`SafetensorsFile`).
+
+    Returns
+    -------
+    Model
+        With :meth:`Model.forward`, :meth:`Model.tokenize` and :attr:`Model.heads`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown architecture (listing the supported ones), a config.json that
+        disagrees with the tensors' shapes (naming tensor, file and fields), missing shards,
+        unsupported tensor dtypes (fp8), a missing config.json, and a model name that is not
+        cached (saying where it looked and how to download it).
+
+    Examples
+    --------
+    >>> model = ag.load_model("all-MiniLM-L6-v2")  # doctest: +SKIP
+    >>> model.forward(np.array([101, 7592, 102])).hidden_states.shape  # doctest: +SKIP
+    (7, 3, 384)
+    """
+    ck = Checkpoint(path, backend=backend)
+    where = os.path.join(ck.folder, "config.json")
+    arch = architecture_from_config(ck.config, where=where)
+    layout, prefix, layers = detect_layout(ck.names, arch.family)
+    if len(layers) != arch.n_layers:
+        raise ValueError(f"{where}: num_hidden_layers is {arch.n_layers}, but the checkpoint has {len(layers)} layers")
+    return Model(ck, arch, prefix, backend=backend)

@@ -1,0 +1,249 @@
+"""The rotary position embedding (RoPE) of Llama-family checkpoints, in NumPy.
+
+Su et al. (RoFormer), in the "rotate_half" convention of Hugging Face checkpoints: a head
+vector x (d_head even) is split into halves (a, b) = (x[:d/2], x[d/2:]); at position m pair p
+rotates by the angle m theta_p,
+
+    a'_p = a_p cos(m theta_p) - b_p sin(m theta_p),   b'_p = b_p cos(m theta_p) + a_p sin(m theta_p),
+
+i.e. x' = x R(m) with R(m) orthogonal and R(i) R(j)^T = R(i - j). Queries and keys are both
+rotated, so the logit of query position i and key position j is q_i R(i - j) k_j^T: the
+bilinear form of a rotary head depends on the offset i - j and equals the position-free
+W_Q W_K^T only at offset 0.
+
+Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor) and
+``llama3`` (Llama 3.1: low frequencies divided by factor, high ones kept, a smooth
+interpolation between) rescalings. Angles are computed in float64 (transformers computes
+them in float32; the difference is below the float32 tolerance).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
+    """The rotation frequencies theta_p of a rotary model, float64 (d_head / 2,).
+
+    Parameters
+    ----------
+    rope : dict
+        {"rope_type": "default" | "linear" | "llama3", "rope_theta": base, and "factor",
+        "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" as the
+        type needs} (as :attr:`Architecture.rope`).
+    d_head : int
+        Head width (even).
+
+    Returns
+    -------
+    ndarray, shape (d_head // 2,)
+        theta_p in radians per position, float64.
+
+    Examples
+    --------
+    >>> from attngeom.models import rope_frequencies
+    >>> rope_frequencies({"rope_type": "default", "rope_theta": 10000.0}, 4)
+    array([1.  , 0.01])
+    """
+    if d_head % 2:
+        raise ValueError(f"rotary embedding needs an even d_head, got {d_head}")
+    base = float(rope["rope_theta"])
+    inv = 1.0 / base ** (np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+    kind = rope.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / float(rope["factor"])
+    elif kind == "llama3":
+        factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        inv = np.where(medium, smoothed, scaled)
+    elif kind != "default":
+        raise ValueError(f"rope_type must be 'default', 'linear' or 'llama3', got {kind!r}")
+    return inv
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """A rotary embedding: its frequencies (module docstring) and how it rotates.
+
+    Attributes
+    ----------
+    inv_freq : ndarray, shape (d_head // 2,)
+        theta_p, float64.
+
+    Examples
+    --------
+    >>> from attngeom.models import Rotary
+    >>> r = Rotary(np.array([1.0, 0.01]))
+    >>> x = np.array([[1.0, 0.0, 0.0, 0.0]])
+    >>> np.round(r.rotate(x, np.array([1])), 4)
+    array([[0.5403, 0.    , 0.8415, 0.    ]])
+    """
+
+    inv_freq: np.ndarray
+
+    @property
+    def d_head(self) -> int:
+        """The head width, 2 * len(inv_freq)."""
+        return 2 * self.inv_freq.shape[0]
+
+    def cos_sin(self, positions, dtype=np.float64):
+        """cos and sin of the angles m theta_p, each (..., d_head) for positions (...).
+
+        Parameters
+        ----------
+        positions : array_like of int
+            Token positions, any shape.
+        dtype : numpy dtype, default float64
+            dtype of the result (the angles are computed in float64).
+
+        Returns
+        -------
+        cos, sin : ndarray, shape positions.shape + (d_head,)
+            The halves repeated: [cos(m theta), cos(m theta)].
+
+        Examples
+        --------
+        >>> from attngeom.models import Rotary
+        >>> c, s = Rotary(np.array([1.0])).cos_sin(np.array([0, 1]))
+        >>> c.shape
+        (2, 2)
+        """
+        angles = np.asarray(positions, dtype=np.float64)[..., None] * self.inv_freq
+        angles = np.concatenate([angles, angles], axis=-1)
+        return np.cos(angles).astype(dtype, copy=False), np.sin(angles).astype(dtype, copy=False)
+
+    def rotate(self, x, positions) -> np.ndarray:
+        """x R(m): rotate head vectors x (..., n, d_head) at positions (..., n) (broadcasting).
+
+        Parameters
+        ----------
+        x : ndarray, shape (..., n, d_head)
+            Queries or keys, one per row.
+        positions : array_like of int, shape broadcastable to (..., n)
+            The position of every row.
+
+        Returns
+        -------
+        ndarray
+            The rotated vectors, x's shape and dtype (float32 stays float32).
+
+        Examples
+        --------
+        >>> from attngeom.models import Rotary
+        >>> Rotary(np.array([0.5])).rotate(np.array([[1.0, 0.0]]), np.array([0])).tolist()
+        [[1.0, 0.0]]
+        """
+        x = np.asarray(x)
+        if x.shape[-1] != self.d_head:
+            raise ValueError(f"x must have shape (..., n, {self.d_head}), got {x.shape}")
+        cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64)
+        h = self.d_head // 2
+        rotated_half = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+        return x * cos + rotated_half * sin
+
+    def matrix(self, offset) -> np.ndarray:
+        """R(offset), the (d_head, d_head) orthogonal matrix with rotate(x, m) = x @ R(m).
+
+        Parameters
+        ----------
+        offset : int or float
+            A position or a position difference (R(i) R(j)^T = R(i - j)).
+
+        Returns
+        -------
+        ndarray, shape (d_head, d_head)
+            float64.
+
+        Examples
+        --------
+        >>> from attngeom.models import Rotary
+        >>> R = Rotary(np.array([1.0, 0.01])).matrix(3)
+        >>> bool(np.allclose(R @ R.T, np.eye(4)))
+        True
+        """
+        c, s = np.cos(float(offset) * self.inv_freq), np.sin(float(offset) * self.inv_freq)
+        h = self.d_head // 2
+        R = np.zeros((self.d_head, self.d_head))
+        p = np.arange(h)
+        R[p, p] = c
+        R[p + h, p + h] = c
+        R[p, p + h] = s
+        R[p + h, p] = -s
+        return R
+
+
+class RotaryPairs(NamedTuple):
+    """A rotary head's bilinear form split by frequency pair (see :func:`rotary_pairs`).
+
+    Attributes
+    ----------
+    frequencies : ndarray, shape (P,)
+        theta_p, P = d_head / 2.
+    W_Q, W_K : ndarray, shape (P, d_model, 2)
+        The columns (p, p + P) of W_Q and W_K: B_p(delta) = W_Q[p] R_2(delta theta_p) W_K[p]^T.
+    singular_values : ndarray, shape (P, 2)
+        The singular values of B_p(delta), descending.
+    offset : float
+        delta.
+    """
+
+    frequencies: np.ndarray
+    W_Q: np.ndarray
+    W_K: np.ndarray
+    singular_values: np.ndarray
+    offset: float
+
+
+def rotary_pairs(W_Q, W_K, inv_freq, *, offset: float = 0) -> RotaryPairs:
+    """The bilinear form of a rotary head as a sum over RoPE's 2x2 rotation blocks.
+
+    B(delta) = W_Q R(delta) W_K^T = sum_p W_Q[:, (p, p+P)] R_2(delta theta_p) W_K[:, (p, p+P)]^T,
+    R_2(a) = [[cos a, sin a], [-sin a, cos a]], one rank <= 2 term per frequency pair (P =
+    d_head / 2, the rotate_half pairing). Low-frequency pairs barely change with the offset
+    (position-free content matching), high-frequency ones oscillate (positional heads).
+
+    Parameters
+    ----------
+    W_Q, W_K : array_like, shape (d_model, d_head)
+        One head's query and key weights (q = x W_Q).
+    inv_freq : array_like, shape (d_head / 2,)
+        The frequencies theta_p (:func:`rope_frequencies`).
+    offset : float, default 0
+        delta = i - j, query position minus key position.
+
+    Returns
+    -------
+    RotaryPairs
+        Frequencies, per-pair factors and the singular values of each B_p(delta).
+
+    Examples
+    --------
+    >>> from attngeom.models import rotary_pairs
+    >>> rng = np.random.default_rng(0)
+    >>> wq, wk = rng.standard_normal((2, 8, 4))
+    >>> r = rotary_pairs(wq, wk, np.array([1.0, 0.1]), offset=3)
+    >>> r.singular_values.shape
+    (2, 2)
+    """
+    wq, wk = np.asarray(W_Q, dtype=np.float64), np.asarray(W_K, dtype=np.float64)
+    theta = np.asarray(inv_freq, dtype=np.float64)
+    P = theta.shape[0]
+    if wq.ndim != 2 or wq.shape != wk.shape or wq.shape[1] != 2 * P:
+        raise ValueError(f"W_Q and W_K must both have shape (d_model, {2 * P}), got {wq.shape} and {wk.shape}")
+    idx = np.stack([np.arange(P), np.arange(P) + P], axis=1)  # (P, 2)
+    fq = np.ascontiguousarray(wq[:, idx].transpose(1, 0, 2))  # (P, d_model, 2)
+    fk = np.ascontiguousarray(wk[:, idx].transpose(1, 0, 2))
+    c, s = np.cos(offset * theta), np.sin(offset * theta)
+    rot = np.stack([np.stack([c, s], -1), np.stack([-s, c], -1)], -2)  # (P, 2, 2)
+    # singular values of (Qq Rq) rot (Qk Rk)^T are those of the 2x2 core Rq rot Rk^T
+    rq, rk = np.linalg.qr(fq)[1], np.linalg.qr(fk)[1]
+    sv = np.linalg.svd(rq @ rot @ np.swapaxes(rk, -1, -2), compute_uv=False)
+    return RotaryPairs(theta, fq, fk, sv, float(offset))

@@ -1,0 +1,448 @@
+"""Forward passes of GPT-2, Llama (with Llama 3 rope scaling), Mistral, Qwen2, Qwen3 and BERT
+through ``ag.load_model``, compared with ``transformers`` on tiny random-init checkpoints built
+from config classes and saved with save_pretrained (nothing is downloaded).
+
+float32: logits, hidden states and attentions to <= 1e-4. float64: the reference model is
+converted with ``model.double()`` and run with every float32 upcast inside transformers
+(RMSNorm, softmax, rotary angles) redirected to float64, so both sides compute in float64 and
+must agree to <= 1e-10.
+"""
+import contextlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom.models import load_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 97
+N = 7
+
+
+def _configs():
+    tf = transformers
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    return {
+        "gpt2": lambda: (tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                       bos_token_id=0, eos_token_id=0), tf.GPT2LMHeadModel),
+        "llama": lambda: (tf.LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=64,
+                                         rope_theta=500.0), tf.LlamaForCausalLM),
+        "llama3": lambda: (tf.LlamaConfig(**small, num_key_value_heads=1, tie_word_embeddings=True,
+                                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                        "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16},
+                                          max_position_embeddings=64), tf.LlamaForCausalLM),
+        "mistral": lambda: (tf.MistralConfig(**small, num_key_value_heads=2, sliding_window=4), tf.MistralForCausalLM),
+        "qwen2": lambda: (tf.Qwen2Config(**small, num_key_value_heads=2, tie_word_embeddings=True), tf.Qwen2ForCausalLM),
+        "qwen3": lambda: (tf.Qwen3Config(**small, num_key_value_heads=2, head_dim=16), tf.Qwen3ForCausalLM),
+        "bert": lambda: (tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=48, max_position_embeddings=16), tf.BertModel),
+    }
+
+
+LAYOUTS = list(_configs())
+
+
+@contextlib.contextmanager
+def float64_everywhere():
+    """Inside transformers, every explicit float32 upcast (torch.float32, torch.float,
+    Tensor.float()) becomes float64, so a double() model computes in float64 throughout."""
+    saved = torch.float32, torch.float, torch.Tensor.float
+    torch.float32 = torch.float = torch.float64
+    torch.Tensor.float = torch.Tensor.double
+    try:
+        yield
+    finally:
+        torch.float32, torch.float, torch.Tensor.float = saved
+
+
+def randomize(model, seed):
+    """Weights of order one (transformers' init, std 0.02, makes every attention near uniform)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "ln_" in name or "LayerNorm.weight" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+_BUILT = {}
+
+
+def build(layout, folder, dtype="float32"):
+    """A saved random checkpoint of that layout and the transformers model it came from."""
+    config, cls = _configs()[layout]()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(cls(config), seed=hash(layout) % 1000).eval()
+    if dtype == "float64":
+        model = model.double()
+        with float64_everywhere():  # rotary frequencies recomputed in float64
+            for m in model.modules():
+                if hasattr(m, "inv_freq"):
+                    if not hasattr(m, "config"):
+                        pytest.skip("this transformers version's rotary module cannot be rebuilt in float64")
+                    m.__init__(m.config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def reference(model, ids, mask, positions, float64):
+    kw = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
+              position_ids=torch.tensor(positions), output_hidden_states=True, output_attentions=True)
+    ctx = float64_everywhere() if float64 else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        out = model(**kw)
+    logits = getattr(out, "logits", None)
+    return (None if logits is None else logits.numpy(), np.stack([h.numpy() for h in out.hidden_states]),
+            np.stack([a.numpy() for a in out.attentions]))
+
+
+def batch():
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, VOCAB, size=(3, N))
+    mask = np.ones((3, N), dtype=bool)
+    mask[1, :2] = False  # left padding
+    mask[2, -3:] = False  # right padding
+    return ids, mask
+
+
+def max_errors(f, ref, mask):
+    logits, hidden, attn = ref
+    errs = {"hidden": np.abs(f.hidden_states - hidden)[:, mask].max()}
+    if logits is not None:
+        errs["logits"] = np.abs(f.logits - logits)[mask].max()
+    a = np.abs(f.attentions - attn)  # (L, b, H, n, n): real query rows, real key columns
+    errs["attentions"] = max(a[:, s][:, :, mask[s]][:, :, :, mask[s]].max() for s in range(mask.shape[0]))
+    return errs
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_matches_transformers(tmp_path, layout, precision):
+    model = build(layout, tmp_path / layout, precision)
+    m = load_model(tmp_path / layout)
+    dt = np.float64 if precision == "float64" else np.float32
+    tol = 1e-10 if precision == "float64" else 1e-4
+    ids, mask = batch()
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    f = m.forward(ids, attention_mask=mask, dtype=dt)
+    assert f.hidden_states.dtype == dt and f.attentions.shape == (2, 3, 4, N, N)
+    errs = max_errors(f, reference(model, ids, mask, positions, precision == "float64"), mask)
+    print(layout, precision, {k: f"{v:.2e}" for k, v in errs.items()})
+    assert max(errs.values()) <= tol, errs
+    assert (f.logits is None) == (layout == "bert")
+    # unpadded: one sequence alone gives the rows of the batch
+    one = m.forward(ids[1, 2:], dtype=dt)
+    assert one.q.shape[:2] == (2, 4) and one.logits is None or one.logits.shape == (N - 2, VOCAB)
+    np.testing.assert_allclose(one.hidden_states, f.hidden_states[:, 1, 2:], atol=10 * tol, rtol=0)
+    ref1 = reference(model, ids[1:2, 2:], np.ones((1, N - 2), bool), np.arange(N - 2)[None], precision == "float64")
+    assert max(max_errors(m.forward(ids[1:2, 2:], dtype=dt), ref1, np.ones((1, N - 2), bool)).values()) <= tol
+
+
+def test_unpadded_defaults_and_layouts(tmp_path):
+    """1-D input has no batch axis; q, k, v reproduce each layer's attention with the kernel."""
+    build("qwen3", tmp_path / "q")
+    m = load_model(tmp_path / "q")
+    ids = np.arange(1, 9)
+    f = m.forward(ids, dtype=np.float64)
+    assert f.logits.shape == (8, VOCAB) and f.q.shape == (2, 4, 8, 16) and f.hidden_states.shape == (3, 8, 32)
+    assert f.positions.tolist() == list(range(8)) and f.attention_mask.all()
+    for layer in range(2):
+        _, P = ag.softmax_attention(f.q[layer], f.k[layer], f.v[layer], causal=True, scale=f.scale[layer],
+                                    return_weights=True)
+        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-13)
+        # keys and values come in groups: heads 0, 1 read kv head 0
+        np.testing.assert_array_equal(f.k[layer, 0], f.k[layer, 1])
+        assert not np.allclose(f.k[layer, 1], f.k[layer, 2])
+    # the rotation is the only difference between q and q_prerotary; position 0 is unrotated
+    np.testing.assert_allclose(f.q[:, :, 0], f.q_prerotary[:, :, 0], atol=1e-15)
+    np.testing.assert_allclose(np.linalg.norm(f.q, axis=-1), np.linalg.norm(f.q_prerotary, axis=-1), rtol=1e-12)
+    assert not np.allclose(f.q[:, :, 1:], f.q_prerotary[:, :, 1:])
+
+
+def test_sharded_index_and_stray_shards(tmp_path):
+    model = build("llama", tmp_path / "full")
+    model.save_pretrained(tmp_path / "sh", safe_serialization=True, max_shard_size="40KB")
+    shards = sorted(p for p in os.listdir(tmp_path / "sh") if p.endswith(".safetensors"))
+    assert len(shards) >= 2 and os.path.isfile(tmp_path / "sh" / "model.safetensors.index.json")
+    ids = np.array([3, 1, 4, 1, 5])
+    expect = load_model(tmp_path / "full").forward(ids).logits
+    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
+    # a stray file (an old single-file copy) next to the shards is not mixed in
+    ag.models.write_safetensors(tmp_path / "sh" / "model.safetensors",
+                                {"model.norm.weight": np.zeros(32, np.float32)})
+    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
+    os.remove(tmp_path / "sh" / shards[-1])
+    with pytest.raises(ValueError, match=f"lists shards that are missing: {shards[-1]}"):
+        load_model(tmp_path / "sh")
+
+
+def test_hugging_face_cache(tmp_path, monkeypatch):
+    build("gpt2", tmp_path / "src")
+    hub = tmp_path / "home" / "hub"
+    repo = hub / "models--tiny-org--tiny-gpt2"
+    snap = repo / "snapshots" / "0123abcd"
+    os.makedirs(snap)
+    os.makedirs(repo / "blobs")
+    os.makedirs(repo / "refs")
+    (repo / "refs" / "main").write_text("0123abcd")
+    for name in os.listdir(tmp_path / "src"):  # the cache stores blobs and links them from the snapshot
+        os.replace(tmp_path / "src" / name, repo / "blobs" / name)
+        os.symlink(os.path.join("..", "..", "blobs", name), snap / name)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    m = load_model("tiny-org/tiny-gpt2")
+    assert m.arch.model_type == "gpt2" and os.path.samefile(m.folder, snap)
+    assert m.forward(np.array([1, 2, 3])).logits.shape == (3, VOCAB)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert load_model("tiny-org/tiny-gpt2@main").arch.n_layers == 2
+    with pytest.raises(ValueError, match="not in the Hugging Face cache.*models--tiny-org--other.*hf download "
+                                         "tiny-org/other"):
+        load_model("tiny-org/other")
+    with pytest.raises(ValueError, match="0123zzzz"):
+        load_model("tiny-org/tiny-gpt2@0123zzzz")
+
+
+def test_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    build("llama", tmp_path / "m")
+    words = ["<unk>", "the", "cat", "sat", "on", "mat", "."]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    m = load_model(tmp_path / "m")
+    ids, tokens = m.tokenize("the cat sat on the mat.")
+    assert ids == [1, 2, 3, 4, 1, 5, 6] and tokens[:3] == ["the", "cat", "sat"]
+    assert m.tokenize("the cat sat on the mat.", max_length=3)[0] == [1, 2, 3]
+    np.testing.assert_array_equal(m.forward(ids).logits, m.forward(np.array(ids)).logits)
+    os.remove(tmp_path / "m" / "tokenizer.json")
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        load_model(tmp_path / "m").tokenize("the cat")
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    cfg = json.load(open(path))
+    cfg.update(changes)
+    json.dump(cfg, open(path, "w"))
+
+
+def test_bad_checkpoints(tmp_path):
+    build("llama", tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type="gemma")
+    with pytest.raises(ValueError, match="model_type 'gemma'.*supported model types: bert, gpt2, llama, mistral, "
+                                         "qwen2, qwen3"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type="llama", num_key_value_heads=4)
+    with pytest.raises(ValueError, match="k_proj.weight' in .*model.safetensors' has shape \\(16, 32\\), but "
+                                         "config.json .*num_key_value_heads=4.* implies \\(32, 32\\)"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", num_key_value_heads=2, intermediate_size=50)
+    with pytest.raises(ValueError, match="gate_proj.weight.*intermediate_size=50"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", intermediate_size=48, num_hidden_layers=3)
+    with pytest.raises(ValueError, match="num_hidden_layers is 3, but the checkpoint has 2 layers"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", num_hidden_layers=2, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        load_model(tmp_path / "m")
+    os.remove(tmp_path / "m" / "config.json")
+    with pytest.raises(ValueError, match="config.json is needed"):
+        load_model(tmp_path / "m")
+
+
+def test_fp8_weights_are_refused(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8")
+    build("qwen2", tmp_path / "m")
+    path = str(tmp_path / "m" / "model.safetensors")
+    tensors = st.load_file(path)
+    tensors["model.layers.1.self_attn.q_proj.weight"] = tensors["model.layers.1.self_attn.q_proj.weight"].to(
+        torch.float8_e4m3fn)
+    st.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="'model.layers.1.self_attn.q_proj.weight' in .*model.safetensors' has "
+                                         "dtype F8_E4M3, which is not supported"):
+        load_model(tmp_path / "m")
+
+
+def test_bad_token_ids_and_masks(tmp_path):
+    build("gpt2", tmp_path / "g")
+    m = load_model(tmp_path / "g")
+    with pytest.raises(ValueError, match="token_ids must lie in 0..96 \\(config.json vocab_size 97\\), got 0..97"):
+        m.forward(np.array([0, 97]))
+    with pytest.raises(ValueError, match="token_ids must lie in 0..96"):
+        m.forward(np.array([-1, 3]))
+    with pytest.raises(ValueError, match="integer array"):
+        m.forward(np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="integer array"):
+        m.forward(np.zeros((1, 1, 2), int))
+    with pytest.raises(ValueError, match="17 tokens in a sequence, more than the 16 positions .*n_positions"):
+        m.forward(np.zeros(17, int))
+    # padding does not count against the table
+    assert m.forward(np.zeros((1, 18), int), attention_mask=np.r_[np.zeros(2), np.ones(16)][None]).logits.shape \
+        == (1, 18, VOCAB)
+    with pytest.raises(ValueError, match="attention_mask must have token_ids' shape"):
+        m.forward(np.zeros((2, 4), int), attention_mask=np.ones(4))
+    with pytest.raises(ValueError, match="0/1"):
+        m.forward(np.zeros(4, int), attention_mask=np.array([1, 2, 1, 1]))
+    with pytest.raises(ValueError, match="sequence 1 has no real token"):
+        m.forward(np.zeros((2, 4), int), attention_mask=np.array([[1, 1, 1, 1], [0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        m.forward(np.zeros(4, int), dtype=np.float16)
+
+
+@pytest.mark.parametrize("stored", ["F16", "BF16"])
+def test_half_precision_weights(tmp_path, stored):
+    """float16 / bfloat16 checkpoints: the forward on the rounded weights, computed in float64, equals the
+    float64 forward on the same weights written in float32 (the widening is exact)."""
+    build("qwen2", tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    tensors = ag.models.read_safetensors(path)
+    ag.models.write_safetensors(path, tensors, dtype=stored)
+    half = load_model(tmp_path / "m").forward(np.arange(6), dtype=np.float64)
+    widened = ag.models.read_safetensors(path)
+    assert all(t.dtype == (np.float16 if stored == "F16" else np.float32) for t in widened.values())
+    ag.models.write_safetensors(path, {k: v.astype(np.float32) for k, v in widened.items()})
+    full = load_model(tmp_path / "m").forward(np.arange(6), dtype=np.float64)
+    np.testing.assert_array_equal(half.logits, full.logits)
+
+
+# -- RoPE-correct geometry ---------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["llama3", "qwen2", "qwen3", "gpt2"])
+def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
+    """queries_keys + softmax_attention reproduce the model's own attention (the issue's report:
+    un-rotated queries and keys gave patterns off by 0.2-0.5 on a random Llama)."""
+    build(layout, tmp_path / "m", "float64")
+    m = load_model(tmp_path / "m")
+    f = m.forward(np.arange(3, 12), dtype=np.float64)
+    H = m.heads
+    assert (H.rotary is not None) == (layout != "gpt2") and (H.q_norm is not None) == (layout == "qwen3")
+    for layer in range(2):
+        x = f.attention_inputs[layer]
+        q, k = H.queries_keys(x, layer)
+        np.testing.assert_allclose(q, f.q[layer], atol=1e-12)
+        np.testing.assert_allclose(k, f.k[layer], atol=1e-12)
+        q0, k0 = H.queries_keys(x, layer, rotary=False)
+        np.testing.assert_allclose(q0, f.q_prerotary[layer], atol=1e-12)
+        _, P = ag.softmax_attention(q, k, None, causal=True, return_weights=True)
+        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-12)
+        if layout != "gpt2":
+            _, P0 = ag.softmax_attention(q0, k0, None, causal=True, return_weights=True)
+            assert np.abs(P0 - f.attentions[layer]).max() > 1e-3  # the rotation matters
+    # the data diagnostics see the same routing matrices
+    d = H.diagnostics(f.attention_inputs)
+    s = np.linalg.svd(f.attentions, compute_uv=False)  # (L, H, n)
+    np.testing.assert_allclose(d.routing_singular_values[:, :, 0], s, atol=1e-10)
+    np.testing.assert_allclose(d.radius_mean, np.linalg.norm(f.q, axis=-1).mean(-1) / np.sqrt(H.d_head), rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen3"])
+def test_bilinear_at_an_offset(tmp_path, layout):
+    build(layout, tmp_path / "m", "float64")
+    m = load_model(tmp_path / "m")
+    f = m.forward(np.arange(10, 19), dtype=np.float64)
+    H, layer, head = m.heads, 1, 3
+    x = f.attention_inputs[layer]
+    logits = f.q[layer, head] @ f.k[layer, head].T  # q_i . k_j
+    if layout == "qwen3":  # normalised per token: B carries the gains, the rms factors stay outside
+        g, n = H.W_Q[layer, head], H.W_K[layer, head]
+        rq = np.sqrt(np.mean((x @ g) ** 2, -1) + H.norm_eps)
+        rk = np.sqrt(np.mean((x @ n) ** 2, -1) + H.norm_eps)
+        logits = logits * rq[:, None] * rk[None, :]
+    for i, j in [(4, 4), (6, 2), (8, 0), (2, 7)]:
+        B = H.bilinear(layer, head, offset=i - j)
+        assert abs(x[i] @ B @ x[j] - logits[i, j]) < 1e-10 * max(1, abs(logits[i, j]))
+    np.testing.assert_allclose(H.bilinear(layer, head), H.W_Q[layer, head] @ np.diag(
+        H.q_norm[layer] * H.k_norm[layer] if layout == "qwen3" else np.ones(H.d_head)) @ H.W_K[layer, head].T,
+        atol=1e-12)
+    # per-frequency pairs add up to B(delta), each with its own rank <= 2 spectrum
+    pairs = H.bilinear_pairs(layer, head, offset=5)
+    blocks = np.einsum("pma,pab,pnb->pmn", pairs.W_Q, H.rotary.matrix(5)[np.c_[np.arange(H.d_head // 2),
+                                                                              np.arange(H.d_head // 2) + H.d_head // 2][:, :, None],
+                                                                       np.c_[np.arange(H.d_head // 2),
+                                                                             np.arange(H.d_head // 2) + H.d_head // 2][:, None, :]],
+                       pairs.W_K)
+    np.testing.assert_allclose(blocks.sum(0), H.bilinear(layer, head, offset=5), atol=1e-12)
+    np.testing.assert_allclose(pairs.singular_values, np.linalg.svd(blocks, compute_uv=False)[:, :2], atol=1e-12)
+    np.testing.assert_allclose(pairs.frequencies, H.rotary.inv_freq)
+
+
+def test_bilinear_of_models_without_rotation(tmp_path):
+    build("gpt2", tmp_path / "g", "float64")
+    H = load_model(tmp_path / "g").heads
+    np.testing.assert_array_equal(H.bilinear(0, 1, offset=3), H.W_Q[0, 1] @ H.W_K[0, 1].T)
+    with pytest.raises(ValueError, match="needs a rotary model"):
+        H.bilinear_pairs(0, 1)
+    with pytest.raises(ValueError, match="2 layers x 4 heads"):
+        H.bilinear(2, 0)
+
+
+def _with_tokenizer(folder):
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<unk>"] + "the cat sat on mat and dog ran . a".split()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen3"])
+def test_cli_heads_on_decoders(tmp_path, layout, capsys):
+    pytest.importorskip("matplotlib")
+    build(layout, tmp_path / "m")
+    _with_tokenizer(tmp_path / "m")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat and the dog ran .")
+    from attngeom import cli
+    assert cli.main(["heads", str(tmp_path / "m"), "--text", str(tmp_path / "text.txt"), "--heads", "1.2",
+                     "--out", str(tmp_path / "r")]) == 0
+    assert "llama model, 2 layers x 4 heads (kv heads 2)" in capsys.readouterr().out
+    assert {"heads.json", "attention_L1_H2.png"} <= set(os.listdir(tmp_path / "r"))
+    report = json.load(open(tmp_path / "r" / "heads.json"))
+    s = report["summary"]
+    assert s["rotary"] is True and s["qk_norm"] == (layout == "qwen3") and "offset 0" in s["bilinear_note"]
+    assert s["n_tokens"] == 11 and len(report["heads"]) == 8
+    # the routing ranks in the report are those of the model's own attention
+    from attngeom.models import text_activations
+    x, tokens = text_activations(tmp_path / "m", "the cat sat on the mat and the dog ran .")
+    f = load_model(tmp_path / "m").forward(np.array([1, 2, 3, 4, 1, 5, 6, 1, 7, 8, 9]), dtype=np.float64)
+    np.testing.assert_allclose(x[:, 0], f.attention_inputs, atol=1e-12)
+    ranks = np.linalg.svd(f.attentions, compute_uv=False)
+    row = next(r for r in report["heads"] if (r["layer"], r["head"]) == (1, 2))
+    assert abs(row["routing_effective_rank_mean"] - ag.effective_rank(ranks[1, 2], kind="entropy", spectrum=True)) \
+        < 1e-6
+
+
+def test_unknown_rotation_warns(tmp_path):
+    build("llama", tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type=None)
+    with pytest.warns(UserWarning, match="rotary embedding is unknown"):
+        H = ag.load_heads(tmp_path / "m")
+    assert H.rotary is None and H.summary()["rotary"] is False
+
+
+def test_head_diagnostics_with_given_queries_and_keys():
+    rng = np.random.default_rng(0)
+    wq, wk = rng.standard_normal((2, 3, 8, 4))  # 3 heads
+    x = rng.standard_normal((2, 5, 8))  # 2 sequences of 5 tokens
+    q, k = x[None] @ wq[:, None], x[None] @ wk[:, None]  # (3, 2, 5, 4)
+    a = ag.head_diagnostics(wq, wk, x=x, causal=True)
+    b = ag.head_diagnostics(wq, wk, q=q, k=k, causal=True)
+    np.testing.assert_allclose(a.routing_singular_values, b.routing_singular_values, atol=1e-12)
+    np.testing.assert_allclose(a.radius_mean, b.radius_mean, rtol=1e-12)
+    assert [t.rank for t in a.tilt] == [t.rank for t in b.tilt]
+    with pytest.raises(ValueError, match="q and k must be given together"):
+        ag.head_diagnostics(wq, wk, q=q)
+    with pytest.raises(ValueError, match="give x or \\(q, k\\), not both"):
+        ag.head_diagnostics(wq, wk, x=x, q=q, k=k)
+    with pytest.raises(ValueError, match="q and k must have one shape"):
+        ag.head_diagnostics(wq, wk, q=q, k=k[..., :3])
