@@ -268,6 +268,10 @@ def _call_target(name):
             acc.merge(other)
             return acc.result(**result_kwargs)
         return call
+    if name == "Model":
+        def call(path, token_ids):
+            return ag.load_model(path).forward(token_ids)
+        return call
     if name == "Subspace":
         def call(basis, kwargs, x):
             s = ag.Subspace(basis, **kwargs)
@@ -828,6 +832,10 @@ SPECS = {
         (g.safetensors() if not g.hostile_now() else g.hostile(),),
         g.kwargs(n_heads=lambda: g.integer((1, 2)), n_kv_heads=lambda: g.integer((1,)),
                  layout=lambda: g.choice(["bert", "gpt2", "llama"]), backend=lambda: g.choice(["auto", "python"]))),
+    "load_model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(),),
+                             g.kwargs(backend=lambda: g.choice(["auto", "python"]))),
+    # Model objects come from load_model; fuzzed through a forward pass on token ids.
+    "Model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(), g.arr("n")), {}),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "fit_exponential_sum": lambda g: (

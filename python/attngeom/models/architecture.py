@@ -162,7 +162,7 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
     'gelu_new'
     """
     if not isinstance(config, dict) or not config:
-        raise ValueError(f"{where}: a config.json is needed to run a model's forward pass (none was found)")
+        raise ValueError(f"path: {where}: a config.json is needed to run a model's forward pass (none was found)")
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         arch = config.get("architectures")
