@@ -528,6 +528,16 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
 
 
 # -- measures ------------------------------------------------------------------------------
+def _deviations(a: np.ndarray) -> np.ndarray:
+    """a minus its mean over the batch axis 0, with deviations below the rounding of that mean
+    (16 eps times the entry's largest magnitude across the batch) set to exactly 0: identical
+    sequences have no variation, however NumPy sums them (a broadcast view and a contiguous
+    copy round the mean differently)."""
+    c = a - a.mean(0)
+    c[np.abs(c) <= 16 * np.finfo(a.dtype).eps * np.max(np.abs(a), axis=0)] = 0.0
+    return c
+
+
 def _batch_covariance(x):
     a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -565,7 +575,7 @@ def whiteness(x) -> float:
     a = _batch_covariance(x)
     B, T, D = a.shape
     X = a.reshape(B, T * D)
-    c = X - X.mean(0)
+    c = _deviations(X)
     lam = np.abs(c.T @ c / (B - 1))
     diag = np.trace(lam)
     if T * D == 1 or diag == 0:
@@ -604,7 +614,7 @@ def stationarity(x) -> float:
     B, T, D = a.shape
     if T < 2:
         raise ValueError(f"x needs T >= 2 positions, got shape {a.shape}")
-    c = a - a.mean(0)
+    c = _deviations(a)
     lag = np.einsum("btd,bte->tde", c[:, :-1], c[:, 1:]) / (B - 1)
     return float(np.sum(np.linalg.norm(lag - lag.mean(0), axis=(1, 2))))
 
