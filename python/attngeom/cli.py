@@ -71,6 +71,9 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
     for fname, fig in result.figures().items():
         fig.savefig(os.path.join(folder, fname), dpi=110)
         names.append(fname)
+    save_artifacts = getattr(result, "save_artifacts", None)  # e.g. the training driver's checkpoints
+    if save_artifacts is not None:
+        save_artifacts(folder)
     if not quiet:
         print(f"{name} ({elapsed:.1f} s), seed {config.seed}")
         print(table)
