@@ -45,7 +45,10 @@ from ._result import ExperimentResult, check_minimums
 PAPER_TABLE_1 = {"standard": (1.62e6, 1.39, 4.00, 57.0), "whitened": (1.88e6, 1.16, 3.18, 457.0),
                  "standard_equal": (1.88e6, 1.38, 3.96, 71.0), "whitened_half": (1.88e6, 1.16, 3.19, 231.0)}
 # iterations and minutes to reach the equal-capacity standard arm's final loss 1.38
-PAPER_TABLE_2 = {"standard_equal": (100_000, 71.0), "whitened": (2_103, 9.6), "whitened_half": (2_721, 6.2)}
+# (Table 2 as printed: iterations, minutes, % of the baseline's time; the text of s.5 gives 2,362 iterations
+# for the whitened arm to reach 1.38, and 2,103 to reach the standard arm's 1.39)
+PAPER_TABLE_2 = {"standard_equal": (100_000, 71.0, 100), "whitened": (2_103, 9.6, 17),
+                 "whitened_half": (2_721, 6.2, 9)}
 # Table 3: (variant, context, d_model) -> (parameters, ms per iteration)
 PAPER_TABLE_3 = {("whitened", 256, 256): (1.88e6, 175.0), ("whitened", 512, 256): (1.88e6, 324.0),
                  ("whitened", 256, 512): (7.44e6, 352.0), ("standard", 256, 256): (1.62e6, 16.0),
@@ -448,8 +451,8 @@ class TrainingResult(ExperimentResult):
 
     DESCRIPTIONS = (
         (r"params_(\w+)", "parameters of arm {0}"),
-        (r"final_val_loss_(\w+)", "validation mean cross-entropy (nats/char) at the last iteration, mean over seeds, {0}"),
         (r"final_val_loss_std_(\w+)", "standard deviation over seeds of the final validation loss, {0}"),
+        (r"final_val_loss_(\w+)", "validation mean cross-entropy (nats/char) at the last iteration, mean over seeds, {0}"),
         (r"perplexity_(\w+)", "exp(final_val_loss), {0}"),
         (r"final_val_accuracy_(\w+)", "next-character accuracy on the validation windows at the end, {0}"),
         (r"time_s_(\w+)", "training seconds of one run (evaluation excluded), mean over seeds, {0}"),
@@ -522,7 +525,7 @@ class TrainingResult(ExperimentResult):
         out["table3"] = [dict(r) for r in self.timing]
         out["paper"] = {"table1": {a: dict(zip(("params", "final_val_loss", "perplexity", "minutes"), v))
                                    for a, v in PAPER_TABLE_1.items()},
-                        "table2": {a: dict(zip(("iterations", "minutes"), v)) for a, v in PAPER_TABLE_2.items()},
+                        "table2": {a: dict(zip(("iterations", "minutes", "percent_time"), v)) for a, v in PAPER_TABLE_2.items()},
                         "table3": [dict(variant=k[0], context=k[1], d_model=k[2], params=v[0], ms_per_iter=v[1])
                                    for k, v in PAPER_TABLE_3.items()]}
         return out
@@ -546,7 +549,9 @@ class TrainingResult(ExperimentResult):
                     f"{spread:.3f})" if clear else f" (within twice the larger seed standard deviation, {spread:.3f})")
             paper_gain = {"whitened": 19.7, "whitened_half": 19.4}[arm]
             lines.append(f"- **{arm} vs {base}, final loss:** {ours:.3f} vs {theirs:.3f} nats/char, {sign}{note}; "
-                         f"perplexity {100 * ppl_gain:+.1f}% lower (paper: {paper_gain}% lower at 100k iterations).")
+                         f"perplexity {100 * ppl_gain:.1f}% lower (paper: {paper_gain}% lower at 100k iterations)."
+                         if ppl_gain >= 0 else f"perplexity {-100 * ppl_gain:.1f}% higher (paper: {paper_gain}% lower "
+                         f"at 100k iterations).")
             it, sec = s[f"iters_to_baseline_{arm}"], s[f"time_to_baseline_s_{arm}"]
             it_base, sec_base = s[f"iters_to_baseline_{base}"], s[f"time_to_baseline_s_{base}"]
             paper_it = PAPER_TABLE_2[arm][0]
@@ -556,12 +561,12 @@ class TrainingResult(ExperimentResult):
                              f"{100_000 / paper_it:.0f}x fewer).")
             else:
                 it_ratio = it_base / it if it else float("inf")
-                time_ratio = sec_base / sec if sec else float("inf")
-                lines.append(f"- **{arm}, iterations to {base}'s final loss:** {it} vs {it_base} "
-                             f"({it_ratio:.2f}x fewer iterations, {time_ratio:.2f}x less training time; evaluation "
-                             f"every {self.config.eval_every}); paper: {paper_it:,} vs 100,000 "
-                             f"({100_000 / paper_it:.0f}x fewer iterations, {71 / PAPER_TABLE_2[arm][1]:.1f}x less "
-                             f"time) at d_model 256, context 256, batch 256.")
+                time_ratio = sec / sec_base if sec_base else float("nan")
+                lines.append(f"- **{arm}, iterations to {base}'s final loss:** {it} vs {it_base} for {base} itself "
+                             f"({it_ratio:.2f}x fewer iterations; training time {sec:.1f} s vs {sec_base:.1f} s, "
+                             f"ratio {time_ratio:.2f}; evaluated every {self.config.eval_every} iterations); paper: "
+                             f"{paper_it:,} vs 100,000 ({100_000 / paper_it:.0f}x fewer iterations, time ratio "
+                             f"{PAPER_TABLE_2[arm][1] / 71:.2f}) at d_model 256, context 256, batch 256.")
         if "whitened" in self.arms and "standard" in self.arms:
             r = s["ms_per_iter_whitened"] / s["ms_per_iter_standard"]
             lines.append(f"- **time per iteration:** whitened / standard = {r:.2f} in this run (paper, Table 1: "
@@ -625,10 +630,13 @@ class TrainingResult(ExperimentResult):
         for arm in self.arms:
             it, sec = s[f"iters_to_baseline_{arm}"], s[f"time_to_baseline_s_{arm}"]
             p = PAPER_TABLE_2.get(arm)
-            paper = f"{p[0]:,} | {p[1]} | {100 * p[1] / 71:.0f}%" if p else "- | - | -"
+            paper = f"{p[0]:,} | {p[1]} | {p[2]}%" if p else "- | - | -"
             ours = "never | - | -" if it is None else f"{it} | {sec:.1f} | {100 * sec / base_time:.0f}%"
             lines.append(f"| {arm} | {ours} | {paper} |")
-        lines += ["", "## Table 3: milliseconds per training iteration", "",
+        lines += ["", "Paper columns: its Table 2 as printed (target 1.38); its s.5 text gives 2,362 iterations for the "
+                  "whitened arm to reach 1.38 and 2,103 to reach the standard arm's 1.39. Ours: the first evaluation "
+                  "at or below the target, of the mean curve over seeds.",
+                  "", "## Table 3: milliseconds per training iteration", "",
                   "| variant | context | d_model | params | ms/iter | paper (context, d_model) | paper params | "
                   "paper ms/iter |", "|---|---|---|---|---|---|---|---|"]
         for row, key in zip(self.timing, _paper_points(self.timing)):
