@@ -85,6 +85,10 @@ def test_whiteness_and_stationarity_series(tiny):
         np.testing.assert_allclose(g["psi_w"][:, 0], g["psi_x"][:, 0], rtol=1e-6)
         s = tiny.summary()
         assert math.isfinite(s[f"relative_whiteness_block0_{arm}"]) and math.isfinite(s[f"rho_block1_{arm}"])
+    # the sampling floor: Psi and rho of white noise of the geometry batch's shape (16, 16, 16)
+    s = tiny.summary()
+    assert s["psi_white_noise"] == pytest.approx(math.sqrt(2 / (math.pi * 16)), rel=0.15)
+    assert s["rho_white_noise"] > 0 and "sampling floor" in tiny.table()
 
 
 def test_figures(tiny):
@@ -94,7 +98,8 @@ def test_figures(tiny):
     figs = tiny.figures()
     assert set(figs) == {"loss.png", "whiteness.png", "projection.png", "timing.png"}
     assert len(figs["loss.png"].axes) == 2 and len(figs["projection.png"].axes) == 3
-    assert len(figs["whiteness.png"].axes[0].lines) >= 4  # two arms x two blocks
+    assert len(figs["whiteness.png"].axes) == 3
+    assert len(figs["whiteness.png"].axes[1].lines) == 4  # two arms x two blocks
     plt.close("all")
 
 

@@ -447,6 +447,7 @@ class TrainingResult(ExperimentResult):
     train_time: Dict[str, np.ndarray]  # arm -> (seeds, n_eval) cumulative training seconds (no evaluation)
     geometry: Dict[str, Dict[str, np.ndarray]]  # whitened arms: psi_x, psi_w, rho -> (seeds, n_eval, n_blocks)
     timing: List[Dict[str, object]]  # Table 3 rows: variant, context, d_model, params, ms_per_iter
+    noise_floor: Dict[str, float]  # psi, rho of white Gaussian noise of the geometry batch's shape
     checkpoints: Dict[str, list] = field(default=None, repr=False)  # arm -> per seed (model, vocab) for saving
 
     DESCRIPTIONS = (
@@ -464,6 +465,9 @@ class TrainingResult(ExperimentResult):
         (r"baseline_arm", "the arm whose final loss Table 2 targets"),
         (r"entropy_rate", "entropy rate of the synthetic source, the loss floor (nats/char; null: unknown)"),
         (r"relative_whiteness_block(\d+)_(\w+)", "Psi_W / Psi_X of block {0}'s whitening filter at the end, {1}"),
+        (r"psi_x_block(\d+)_(\w+)", "whiteness Psi of block {0}'s filter input at the end, {1}"),
+        (r"psi_white_noise", "Psi of white Gaussian noise of the geometry batch's shape (its sampling floor)"),
+        (r"rho_white_noise", "rho of white Gaussian noise of the geometry batch's shape (its sampling floor)"),
         (r"rho_block(\d+)_(\w+)", "first-order stationarity rho of block {0}'s filter input at the end, {1}"),
     )
 
@@ -514,7 +518,11 @@ class TrainingResult(ExperimentResult):
         for arm, g in self.geometry.items():
             for b in range(c.n_blocks):
                 out[f"relative_whiteness_block{b}_{arm}"] = float(np.mean(g["psi_w"][:, -1, b] / g["psi_x"][:, -1, b]))
+                out[f"psi_x_block{b}_{arm}"] = float(np.mean(g["psi_x"][:, -1, b]))
                 out[f"rho_block{b}_{arm}"] = float(np.mean(g["rho"][:, -1, b]))
+        if self.geometry:
+            out["psi_white_noise"] = self.noise_floor["psi"]
+            out["rho_white_noise"] = self.noise_floor["rho"]
         out["baseline_arm"] = base
         out["corpus"] = dict(self.corpus)
         out["arms"] = {arm: dict(s) for arm, s in self.arm_setup.items()}
@@ -585,6 +593,15 @@ class TrainingResult(ExperimentResult):
                          f"{', '.join(f'{a:.3g} -> {b:.3g}' for a, b in zip(rho0, rho1))} (paper: 18 -> 10 for "
                          f"block 0, 24 -> over 140 for block 1; rho scales with T and D, so only the directions "
                          f"compare).")
+            psi_x = [s[f"psi_x_block{b}_{arm}"] for b in range(self.config.n_blocks)]
+            floor_psi, floor_rho = self.noise_floor["psi"], self.noise_floor["rho"]
+            near = all(abs(p / floor_psi - 1) < 0.1 for p in psi_x) and all(abs(r / floor_rho - 1) < 0.25 for r in rho1)
+            lines.append(f"- **sampling floor, {arm}:** white Gaussian noise of the same shape ({self.config.geometry_batch} "
+                         f"sequences x {self.config.context} x {self.config.d_model}) has Psi = {floor_psi:.4f} and rho = "
+                         f"{floor_rho:.3g}; the filter inputs have Psi_X {', '.join(f'{p:.4f}' for p in psi_x)} at the "
+                         "end. " + ("Both measures sit within 10% (Psi) and 25% (rho) of what noise alone gives, so at "
+                                    "this batch they cannot show whitening or stationarity either way." if near else
+                                    "Compare them with these floors before reading the ratios."))
         if "projection" in self.arms and "standard" in self.arms:
             lp, ls = s["final_val_loss_projection"], s["final_val_loss_standard"]
             ap, as_ = s["final_val_accuracy_projection"], s["final_val_accuracy_standard"]
@@ -694,21 +711,32 @@ class TrainingResult(ExperimentResult):
         return fig
 
     def plot_geometry(self, axes=None):
-        """Fig. 4: Psi_W / Psi_X and rho of every block's whitening input against iterations (whitened arms)."""
-        fig, axes = plotting.panel_row(axes, 2, 4.6)
+        """Fig. 4: Psi_X and Psi_W, Psi_W / Psi_X and rho of every block's whitening input against iterations
+        (whitened arms), with the values of white noise of the same shape (the measures' sampling floor)."""
+        fig, axes = plotting.panel_row(axes, 3, 4.2)
         x = np.maximum(self.iterations, 1)
-        for arm, g in self.geometry.items():
+        for i, (arm, g) in enumerate(self.geometry.items()):
             done = np.all(np.isfinite(g["rho"]), axis=(0, 2))  # the evaluations with geometry
             for b in range(self.config.n_blocks):
-                style = "-" if b == 0 else "--"
+                style, color = ("-" if b == 0 else "--"), f"C{i}"
+                if i == 0:
+                    self._band(axes[0], x[done], g["psi_x"][:, done, b], rf"$\Psi_X$ {arm} block {b}", ls=style,
+                               color="0.4", marker=".")
+                self._band(axes[0], x[done], g["psi_w"][:, done, b], rf"$\Psi_W$ {arm} block {b}", ls=style,
+                           color=color, marker=".")
                 rel = g["psi_w"][:, done, b] / g["psi_x"][:, done, b]
-                self._band(axes[0], x[done], rel, f"{arm} block {b}", ls=style, marker=".")
-                self._band(axes[1], x[done], g["rho"][:, done, b], f"{arm} block {b}", ls=style, marker=".")
-        if not self.geometry:
+                self._band(axes[1], x[done], rel, f"{arm} block {b}", ls=style, color=color, marker=".")
+                self._band(axes[2], x[done], g["rho"][:, done, b], f"{arm} block {b}", ls=style, color=color,
+                           marker=".")
+        if self.geometry:
+            axes[0].axhline(self.noise_floor["psi"], color="k", ls=":", lw=1, label="white noise")
+            axes[2].axhline(self.noise_floor["rho"], color="k", ls=":", lw=1, label="white noise")
+        else:
             for ax in axes:
                 ax.text(0.5, 0.5, "no whitened arm in this run", ha="center", va="center", transform=ax.transAxes)
-        plotting.finish_curves(axes[0], "iteration", r"relative whiteness $\Psi_W / \Psi_X$", "log", "linear", 2)
-        plotting.finish_curves(axes[1], "iteration", r"first-order stationarity $\rho$ of the input", "log", "log", 2)
+        plotting.finish_curves(axes[0], "iteration", r"whiteness $\Psi$ (eq. 12)", "log", "linear", 2)
+        plotting.finish_curves(axes[1], "iteration", r"relative whiteness $\Psi_W / \Psi_X$", "log", "linear", 2)
+        plotting.finish_curves(axes[2], "iteration", r"first-order stationarity $\rho$ of the input", "log", "log", 2)
         fig.suptitle(f"whitening filters on {self.config.geometry_batch} fixed validation windows", fontsize=10)
         fig.tight_layout()
         return fig
@@ -1001,6 +1029,8 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
                         g[k][s] = v
                 if c.checkpoints:
                     models[arm].append(model)
+        noise = np.random.default_rng(c.seed + 10 ** 6).standard_normal((c.geometry_batch, c.context, c.d_model))
+        noise_floor = {"psi": float(whiteness(noise)), "rho": float(stationarity(noise))}
         timing = []
         if c.timing_iterations:
             points = [(c.context, c.d_model), (2 * c.context, c.d_model), (c.context, 2 * c.d_model)]
@@ -1014,5 +1044,5 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
                    "vocab_size": vocab, "sha256": corpus.sha256, "entropy_rate": corpus.entropy_rate,
                    "vocab": "".join(corpus.vocab), "python": "{}.{}.{}".format(*sys.version_info[:3])}
     return TrainingResult(c, corpus_info, arms, setup, eval_points, results["val_loss"], results["val_accuracy"],
-                          results["train_loss"], results["train_time"], geometry, timing,
+                          results["train_loss"], results["train_time"], geometry, timing, noise_floor,
                           models if c.checkpoints else None)
