@@ -105,7 +105,7 @@ def test_figures(tiny):
 
 def test_same_seed_same_losses():
     config = TrainingConfig(**{**TINY, "variants": "standard,whitened,lightning", "iterations": 30,
-                               "eval_every": 10, "seeds": 1, "timing_iterations": 0, "checkpoints": False})
+                               "eval_every": 10, "seeds": 1, "timing": False, "checkpoints": False})
     a, b = run_training(config), run_training(config)
     c = run_training(dataclasses.replace(config, seed=4))
     for arm in a.arms:
@@ -117,7 +117,7 @@ def test_same_seed_same_losses():
 
 def test_other_variants_learn():
     config = TrainingConfig(**{**TINY, "variants": "cauchy,stable,lightning", "iterations": 60, "seeds": 1,
-                               "timing_iterations": 0, "checkpoints": False, "alpha": 1.2, "gamma": 0.5})
+                               "timing": False, "checkpoints": False, "alpha": 1.2, "gamma": 0.5})
     r = run_training(config)
     for arm in r.arms:
         assert r.val_loss[arm][0, -1] < r.val_loss[arm][0, 0] - 0.2, arm

@@ -60,7 +60,7 @@ ARM_SUFFIXES = ("_equal", "_half")
 class TrainingConfig:
     variants: str = "standard,whitened,standard_equal,whitened_half,projection"  # arms, comma-separated
     corpus: str = "stdlib"  # "stdlib" | "markov" | a path to a UTF-8 text file
-    corpus_chars: int = 2_000_000  # use at most this many characters of the corpus (0: all)
+    corpus_chars: int = 0  # use at most this many characters of the corpus (0: all)
     d_model: int = 64
     n_blocks: int = 2
     n_heads: int = 2
@@ -87,6 +87,7 @@ class TrainingConfig:
     markov_order: int = 2  # corpus="markov": order k of the chain
     markov_concentration: float = 0.3  # corpus="markov": Dirichlet concentration of the transition rows
     markov_chars: int = 200_000  # corpus="markov": characters generated
+    timing: bool = True  # measure Table 3 (ms per iteration vs context and d_model)
     timing_iterations: int = 5  # Table 3: timed iterations per (context, d_model) point after 2 warm-up ones
     threads: int = 1  # torch and attngeom threads (at this size one thread is robust on a shared machine)
     checkpoints: bool = True  # keep each run's final weights for the run folder
@@ -950,7 +951,7 @@ def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_si
 def _check(config: TrainingConfig) -> List[str]:
     c = config
     check_minimums(c, d_model=2, n_blocks=1, n_heads=1, context=2, batch=2, iterations=1, seeds=1, eval_every=1, geometry_every=1,
-                   eval_windows=1, geometry_batch=2, timing_iterations=0, threads=1, warmup=0, corpus_chars=0,
+                   eval_windows=1, geometry_batch=2, timing_iterations=1, threads=1, warmup=0, corpus_chars=0,
                    markov_chars=100, markov_alphabet=2, markov_order=1)
     if c.d_model % (2 * c.n_heads):
         raise ValueError(f"d_model must be a multiple of 2 * n_heads = {2 * c.n_heads} (even head width for RoPE), "
@@ -1032,7 +1033,7 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
         noise = np.random.default_rng(c.seed + 10 ** 6).standard_normal((c.geometry_batch, c.context, c.d_model))
         noise_floor = {"psi": float(whiteness(noise)), "rho": float(stationarity(noise))}
         timing = []
-        if c.timing_iterations:
+        if c.timing:
             points = [(c.context, c.d_model), (2 * c.context, c.d_model), (c.context, 2 * c.d_model)]
             for variant in progress(("standard", "whitened"), desc="Table 3"):
                 for n, d in points:
