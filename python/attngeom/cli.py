@@ -176,6 +176,9 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
         for fname, fig in result.figures().items():
             fig.savefig(os.path.join(staging, fname), dpi=110)
             names.append(fname)
+        save_artifacts = getattr(result, "save_artifacts", None)  # e.g. the training driver's checkpoints
+        if save_artifacts is not None:
+            save_artifacts(staging)
         result.to_json(os.path.join(staging, "summary.json"))  # last: the run's marker
 
     _write_folder(folder, "summary.json", write)

@@ -8,6 +8,7 @@ from .inverse import InverseConfig, InverseResult, run_inverse
 from .projection import ProjectionConfig, ProjectionResult, run_projection
 from .random_features import RandomFeaturesConfig, RandomFeaturesResult, run_random_features
 from .tomography import TomographyConfig, TomographyResult, run_tomography
+from .training import TrainingConfig, TrainingResult, run_training
 from .whitening import WhiteningConfig, WhiteningResult, run_whitening
 
 EXPERIMENTS = {
@@ -18,10 +19,11 @@ EXPERIMENTS = {
     "whitening": (WhiteningConfig, run_whitening),
     "random_features": (RandomFeaturesConfig, run_random_features),
     "inverse": (InverseConfig, run_inverse),
+    "training": (TrainingConfig, run_training),
 }
 
 __all__ = ["EXPERIMENTS", "IdentityConfig", "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult",
            "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig",
            "ProjectionResult", "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening",
            "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features", "InverseConfig", "InverseResult",
-           "run_inverse"]
+           "run_inverse", "TrainingConfig", "TrainingResult", "run_training"]
