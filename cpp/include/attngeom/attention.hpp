@@ -45,20 +45,22 @@ struct DotScores {
 
 // Refuses (std::invalid_argument) a call whose log-weights may overflow the float type,
 // before any work: the kernel bounds them from the largest radius (or scaled query norm) and
-// the largest key norm (Cauchy-Schwarz). One pass over q (or tau) and k.
+// the largest |s| (the key norm, times the tilt norm for ridge kernels: Cauchy-Schwarz).
+// One pass over q (or tau and u) and k.
 template <class T, class Kernel>
 void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
                  T query_scale, const Kernel& kernel) {
-  double tau_max = 0;
+  double tau_max = 0, s_max = max_row_norm(batch, k);
   if (tau) {
     for (int64_t b = 0; b < batch; ++b) {
       const T* t = tau + (tau_index ? tau_index[b] : b) * q.rows;
       for (int64_t i = 0; i < q.rows; ++i) tau_max = std::max(tau_max, std::abs(double(t[i])));
     }
+    s_max *= max_row_norm(batch, q);  // |s| = |u.k| <= |u| |k|: tilts given directly need not be unit
   } else {
     tau_max = std::abs(double(query_scale)) * max_row_norm(batch, q);
   }
-  kernel.check_range(tau_max, max_row_norm(batch, k));
+  kernel.check_range(tau_max, s_max);
 }
 
 // Applies the mask and the causal limit to the log-weights L of batch b, query rows from i0

@@ -5,8 +5,8 @@
 // one online log-sum-exp serve every kernel: the exponential kernel needs it (logits of any
 // size), the bounded ones lose nothing by it.
 //
-// `check_range(tau_max, key_norm_max)` runs before a call (|s| <= |k| since u is a unit
-// vector): it throws std::invalid_argument when a log-weight of the call may overflow, so
+// `check_range(tau_max, s_max)` runs before a call (s_max bounds |s| = |u.k|): it throws
+// std::invalid_argument when a log-weight of the call may overflow, so
 // that an input whose weights the float type cannot represent is refused instead of being
 // answered with NaN or with zeros as if every key were hidden.
 #pragma once
