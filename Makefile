@@ -64,11 +64,11 @@ notebooks: $(VENV)/.installed-$(NATIVE)-test,models
 # not checked because the interpreter keeps its objects alive until exit by design.
 SAN_VENV := .venv-sanitize
 SAN_BUILD := build/sanitize
-SAN_DEPS := numpy pytest scipy hypothesis
+SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4"
 # The C++-backed tests.
 SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
   lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz))
-$(SAN_VENV)/.installed: $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
+$(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
 	$(PYTHON) -m venv $(SAN_VENV)
 	$(SAN_VENV)/bin/python -m pip install --quiet $(BUILD_DEPS) $(SAN_DEPS)
 	$(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
