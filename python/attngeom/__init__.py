@@ -18,6 +18,7 @@ Examples
 True
 """
 from ._config import __version__, get_num_threads, set_num_threads, show_config
+from ._operands import LayoutWarning
 from .attention import (
     AttentionGrads,
     kernel_attention,
@@ -139,7 +140,7 @@ from . import models
 from .models import Model, ModelHeads, load_heads, load_model
 
 __all__ = [
-    "__version__", "get_num_threads", "set_num_threads", "show_config",
+    "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
     "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
     "AttentionGrads", "projection_attention", "projection_attention_backward", "lightning_attention_backward",
     "random_feature_attention_backward", "local_flatness", "LocalFlatness",

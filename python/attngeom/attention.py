@@ -18,13 +18,14 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, finite_result, logit_scale, operand, reduce_to_shape, scalar
+from ._operands import (AttentionOperands, attention_kinds, finite_result, from_bhnd, logit_scale, operand,
+                        reduce_to_shape, scalar, to_bhnd)
 from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
 
 def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_weights=False,
-                      return_log_partition=False):
+                      return_log_partition=False, layout=None):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
     Lawrence, Laplace-Radon eq. (2)-(3). Flash-style C++ kernel: online softmax over key
@@ -54,6 +55,15 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
         Also return the routing matrix P, shape (..., n_q, n_k).
     return_log_partition : bool, default False
         Also return log Z = logsumexp_j(scale q_i.k_j + mask_ij), shape (..., n_q).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations. "bhnd" (the default, None): q (..., heads, n_q,
+        d_k), tokens are the rows of each head, as everywhere in the library. "bnhd": q
+        (..., n_q, heads, d_k), k and v (..., n_k, heads, d), as TransformerLens ``hook_q``
+        and Hugging Face (batch, pos, head, d_head) activations; y and log Z come back as
+        (..., n_q, heads, d_v) and (..., n_q, heads), P and the mask stay (..., heads, n_q,
+        n_k). Without a layout argument, 4-D q, k, v that look like (batch, pos, head,
+        d_head) give a :class:`attngeom.LayoutWarning` (the rule is in ``docs/api.rst``,
+        "Activation layouts").
 
     Returns
     -------
@@ -72,13 +82,15 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     >>> bool(np.allclose(P.sum(-1), 1)), bool(np.all(np.triu(P, 1) == 0))
     (True, True)
     """
+    layout, (q, k, v) = to_bhnd(layout, "softmax_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
     scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
     y, w, lz = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
                                        pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
                                        bool(return_log_partition))
-    return pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
 
 
 class AttentionGrads(NamedTuple):
@@ -115,7 +127,7 @@ def attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=No
 
 @finite_result
 def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=None,
-                               log_partition=None) -> AttentionGrads:
+                               log_partition=None, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`softmax_attention` for the output cotangent dy.
 
     With l_ij = scale q_i.k_j + mask_ij, P = softmax_j(l), y = P v (Laplace-Radon eq. 2-3):
@@ -141,6 +153,9 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
     y, log_partition : array_like, optional
         The forward's outputs ``softmax_attention(..., return_log_partition=True)``, shapes
         (..., n_q, d_v) and (..., n_q); recomputed when either is missing.
+    layout : {None, "bhnd", "bnhd"}, optional
+        As given to the forward (see :func:`softmax_attention`): with "bnhd", q, k, v, dy, y
+        are (..., n, heads, d), log_partition (..., n_q, heads), and dq, dk, dv come back so.
 
     Returns
     -------
@@ -163,11 +178,15 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
     >>> dq.shape, bool(np.allclose(dv.sum(-2), dy.sum(-2)))   # each row of P sums to 1
     ((2, 5, 3), True)
     """
-    return attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y, log_partition=log_partition)
+    layout, (q, k, v, dy, y, log_partition) = to_bhnd(layout, "softmax_attention_backward", [
+        ("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v"), ("y", y, "v"),
+        ("log_partition", log_partition, "s")])
+    grads = attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y, log_partition=log_partition)
+    return from_bhnd(layout, grads, "vvv")
 
 
 def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
-                     return_log_partition=False, **params):
+                     return_log_partition=False, layout=None, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
 
     Each query is split into its tilt u_i = q_i / ``|q_i|`` and radius tau_i = scale ``|q_i|``
@@ -189,6 +208,8 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     return_weights, return_log_partition : bool, default False
         As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
         additive mask).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of q, k, v, y and log Z, as in :func:`softmax_attention`.
     **params
         Kernel parameters: sigma (gaussian), gamma (cauchy), alpha in [0.1, 2] and c (stable).
 
@@ -209,15 +230,17 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     (5, 3)
     """
     name, p = kernel_params(kernel, params)
+    layout, (q, k, v) = to_bhnd(layout, "kernel_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     q = operand("q", q, "(..., n_q, d_k)", dtype=None)
-    u, tau = tilt_radius(q, scale=scale)
-    return ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
-                           return_weights=return_weights, return_log_partition=return_log_partition)
+    u, tau = tilt_radius(q, scale=scale, layout="bhnd")
+    out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
+                          return_weights=return_weights, return_log_partition=return_log_partition)
+    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
 
 
 @finite_result
 def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=None, scale=None, y=None,
-                              log_partition=None, **params) -> AttentionGrads:
+                              log_partition=None, layout=None, **params) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`kernel_attention` for the output cotangent dy.
 
     With u_i = q_i / ``|q_i|``, tau_i = scale ``|q_i|`` (Laplace-Radon eq. 9), s_ij = u_i.k_j and
@@ -246,6 +269,9 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
         As given to :func:`kernel_attention`.
     y, log_partition : array_like, optional
         The forward's outputs (recomputed when either is missing).
+    layout : {None, "bhnd", "bnhd"}, optional
+        As given to the forward (see :func:`softmax_attention`): with "bnhd", q, k, v, dy, y
+        are (..., n, heads, d), log_partition (..., n_q, heads), and dq, dk, dv come back so.
     **params
         The kernel's parameters (sigma, gamma, alpha, c), as given to the forward.
 
@@ -265,12 +291,16 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     [(6, 3), (6, 3), (6, 3)]
     """
     name, p = kernel_params(kernel, params)
+    layout, (q, k, v, dy, y, log_partition) = to_bhnd(layout, "kernel_attention_backward", [
+        ("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v"), ("y", y, "v"),
+        ("log_partition", log_partition, "s")])
     if name == "exp":
-        return softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
-                                          log_partition=log_partition)
+        grads = softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
+                                           log_partition=log_partition, layout="bhnd")
+        return from_bhnd(layout, grads, "vvv")
     qa = operand("q", q, "(..., n_q, d_k)", dtype=None)
     scale = logit_scale(scale, qa.shape[-1])
-    u, tau = tilt_radius(qa, scale=scale)
+    u, tau = tilt_radius(qa, scale=scale, layout="bhnd")
     pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
     keep, bias, mi = pr.mask_args()
 
@@ -286,8 +316,8 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
     dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
     u = u.astype(pr.dtype, copy=False)
-    norm = tilt_radius(qa.astype(pr.dtype, copy=False), scale=1.0)[1][..., None]  # |q|, overflow-safe
+    norm = tilt_radius(qa.astype(pr.dtype, copy=False), scale=1.0, layout="bhnd")[1][..., None]  # |q|, overflow-safe
     radial = np.sum(u * du, axis=-1, keepdims=True)
     dq = np.divide(du - u * radial, norm, out=np.zeros_like(du), where=norm > 0)
     dq += pr.dtype.type(scale) * dtau[..., None] * u
-    return AttentionGrads(dq, dk, dv)
+    return from_bhnd(layout, AttentionGrads(dq, dk, dv), "vvv")

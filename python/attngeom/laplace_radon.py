@@ -11,7 +11,9 @@ with psi(tau, s) = exp(tau s) for softmax, and y = N / Z is exactly the attentio
 (Theorem 1, eq. 14). Other kernels psi give generalized Radon integral transforms (eq. 44).
 
 Shapes: u (..., n_q, d_k), tau (..., n_q), k (..., n_k, d_k), v (..., n_k, d_v); leading
-axes broadcast.
+axes broadcast. tilt_radius, radon_project, laplace_radon_attention, projected_cumulants and
+log_partition_gradient also take (batch, pos, head, d_head) activations with ``layout="bnhd"``
+(see :func:`attngeom.softmax_attention`).
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import (AttentionOperands, check_bound, check_finite, check_shared_width, compute_dtype,
-                        finite_result, logit_scale, max_row_norm, operand, scalar)
+from ._operands import (AttentionOperands, attention_kinds, check_bound, check_finite, check_shared_width,
+                        compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .kernels import kernel_params
 
 
@@ -39,7 +41,7 @@ class LogTransform(NamedTuple):
     y: Optional[np.ndarray]
 
 
-def tilt_radius(q, *, scale=None):
+def tilt_radius(q, *, scale=None, layout=None):
     """Tilt u = q / ``|q|`` and radius tau = scale ``|q|`` of each query (Laplace-Radon eq. 9, 15-16).
 
     Lawrence, Laplace-Radon s.4.1: the logit scale q.k / sqrt(d_k) = tau (u.k) splits into a
@@ -53,6 +55,9 @@ def tilt_radius(q, *, scale=None):
         input is computed in float64.
     scale : float, optional
         Default 1 / sqrt(d_k), the softmax scaling, so that tau u.k = q.k / sqrt(d_k).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
+        q and u are (..., n, heads, d_k), tau (..., n, heads).
 
     Returns
     -------
@@ -71,15 +76,16 @@ def tilt_radius(q, *, scale=None):
     >>> tau
     array([5., 2.])
     """
+    layout, (q,) = to_bhnd(layout, "tilt_radius", [("q", q, "v")])
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
     scale = logit_scale(scale, q.shape[-1])
     flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
     u, tau = _core.tilt_radius(flat, float(scale))
-    return u.reshape(q.shape), tau.reshape(q.shape[:-1])
+    return from_bhnd(layout, (u.reshape(q.shape), tau.reshape(q.shape[:-1])), "vs")
 
 
 @finite_result
-def radon_project(u, k):
+def radon_project(u, k, *, layout=None):
     """Projected coordinates s[..., j, i] = u_j . k_i (Laplace-Radon eq. 6, 15).
 
     The discrete Radon transform of the key measure along each tilt: the multiset
@@ -91,6 +97,9 @@ def radon_project(u, k):
         Tilts (unit vectors for the paper's picture; any vectors are accepted).
     k : array_like, shape (..., n_k, d_k)
         Keys, one per row. Leading axes of u and k broadcast.
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
+        u and k are (..., n, heads, d_k); s keeps (..., heads, n_q, n_k).
 
     Returns
     -------
@@ -104,6 +113,7 @@ def radon_project(u, k):
     >>> ag.radon_project(u, k)
     array([[ 2., -1.]])
     """
+    _, (u, k) = to_bhnd(layout, "radon_project", [("u", u, "v"), ("k", k, "v")])
     u = operand("u", u, "(..., n_q, d_k)", dtype=None)
     k = operand("k", k, "(..., n_k, d_k)", dtype=None)
     check_shared_width("u", u, "k", k)
@@ -206,7 +216,7 @@ def _transform_complex(u, tau, k, v, log_domain):
 
 
 def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
-                            return_log_partition=False, **params):
+                            return_log_partition=False, layout=None, **params):
     """Attention from tilts and radii: y = N(u, tau) / Z(u, tau) (Laplace-Radon eq. 14, 42).
 
     With the exponential kernel and (u, tau) = tilt_radius(q) this is softmax attention
@@ -229,6 +239,9 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
         As in :func:`softmax_attention`.
     return_weights, return_log_partition : bool, default False
         As in :func:`softmax_attention`.
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
+        u, k, v, y are (..., n, heads, d) and tau, log Z (..., n_q, heads).
     **params
         Kernel parameters (sigma, gamma, alpha, c).
 
@@ -251,12 +264,15 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
     name, p = kernel_params(kernel, params)
     if np.iscomplexobj(np.asarray(tau)):
         raise TypeError("tau must be real for attention (complex tau: use laplace_radon_transform)")
-    return ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
-                           return_weights=return_weights, return_log_partition=return_log_partition)
+    layout, (u, k, v, tau) = to_bhnd(layout, "laplace_radon_attention",
+                                     [("u", u, "v"), ("k", k, "v"), ("v", v, "v"), ("tau", tau, "s")])
+    out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
+                          return_weights=return_weights, return_log_partition=return_log_partition)
+    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
 
 
 @finite_result
-def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
+def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **params):
     """Cumulants of the projected coordinate S = u.k under the Gibbs weights (eq. 45, 51).
 
     The weights are p_i proportional to psi(tau, u.k_i). For the exponential kernel the
@@ -278,6 +294,10 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
         moment, kappa_4 = mu_4 - 3 mu_2^2.
     kernel : {"exp", "gaussian", "cauchy", "stable"}, default "exp"
         The kernel psi.
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
+        u, k are (..., n, heads, d_k), tau (..., n_q, heads) and the result (..., n_q,
+        heads, order).
     **params
         Kernel parameters.
 
@@ -298,13 +318,14 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", **params):
     name, p = kernel_params(kernel, params)
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
         raise ValueError(f"order must be an integer in 1..4, got {order!r}")
+    layout, (u, k, tau) = to_bhnd(layout, "projected_cumulants", [("u", u, "v"), ("k", k, "v"), ("tau", tau, "s")])
     pr = AttentionOperands(u, k, None, qname="u", tau=tau)
     out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                     pr.k.index, name, p, int(order))
-    return pr.shaped(out, pr.n_q, int(order))
+    return from_bhnd(layout, pr.shaped(out, pr.n_q, int(order)), "v")
 
 
-def log_partition_gradient(q, k, *, scale=None, hessian=False):
+def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
     """Gradient (and Hessian) of log Z(q) = log sum_i exp(scale q.k_i) in q (eq. 48-49).
 
     grad_q log Z = scale E_p[k] and Hess_q log Z = scale^2 Cov_p(k), with p the softmax
@@ -320,6 +341,10 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
         Logit scale, default 1 / sqrt(d_k).
     hessian : bool, default False
         Also return the Hessian, shape (..., n_q, d_k, d_k) (O(n_k d_k^2) per query).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
+        q, k and the gradient are (..., n, heads, d_k), the Hessian (..., n_q, heads,
+        d_k, d_k).
 
     Returns
     -------
@@ -332,6 +357,7 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
     >>> ag.log_partition_gradient(np.zeros((1, 2)), k, scale=1.0)  # the mean key
     array([[0., 0.]])
     """
+    layout, (q, k) = to_bhnd(layout, "log_partition_gradient", [("q", q, "v"), ("k", k, "v")])
     q = operand("q", q, "(..., n_q, d_k)", dtype=None, nonempty=False, finite=False)
     scale = logit_scale(scale, q.shape[-1])
     tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
@@ -348,8 +374,8 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False):
                                         pr.k.index, "exp", {}, bool(hessian))
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)
     if not hessian:
-        return grad
-    return grad, pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale * scale)
+        return from_bhnd(layout, grad, "v")
+    return from_bhnd(layout, (grad, pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale * scale)), "vm")
 
 
 def head_probe(k, v) -> Callable:

@@ -23,7 +23,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import AttentionOperands, check_bound, compute_dtype, finite_result, max_row_norm, operand, scalar
+from ._operands import (AttentionOperands, check_bound, compute_dtype, finite_result, from_bhnd, max_row_norm, operand,
+                        scalar, to_bhnd)
 from .attention import AttentionGrads, softmax_attention
 
 _CHUNK = 64
@@ -46,7 +47,7 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
 
 
 @finite_result
-def lightning_attention(q, k, v, *, causal=False):
+def lightning_attention(q, k, v, *, causal=False, layout=None):
     """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).
 
     Henry, Marchetti & Kohn, "Geometry of Lightning Self-Attention", eq. (1) in the row
@@ -65,6 +66,8 @@ def lightning_attention(q, k, v, *, causal=False):
     causal : {False, True, "top_left", "bottom_right"}, default False
         As in :func:`attngeom.softmax_attention` (top-left: key j <= query i; bottom-right:
         j <= i + n_k - n_q).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of q, k, v and y, as in :func:`attngeom.softmax_attention`.
 
     Returns
     -------
@@ -78,14 +81,15 @@ def lightning_attention(q, k, v, *, causal=False):
     >>> bool(np.allclose(ag.lightning_attention(q, k, v, causal=True), np.tril(q @ k.T) @ v))
     True
     """
+    layout, (q, k, v) = to_bhnd(layout, "lightning_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     p = AttentionOperands(q, k, v, causal=causal)
     y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
                                   p.causal, _CHUNK)
-    return p.shaped(y, p.n_q, p.d_v)
+    return from_bhnd(layout, p.shaped(y, p.n_q, p.d_v), "v")
 
 
 @finite_result
-def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads:
+def lightning_attention_backward(q, k, v, dy, *, causal=False, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`lightning_attention` for the output cotangent dy.
 
     With the visibility pattern C (C_ij = 1 iff query i sees key j) and Y = (Q K^T o C) V:
@@ -104,6 +108,8 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads
         Cotangent of the output, in the forward output's (broadcast) shape.
     causal : bool or str, default False
         As given to the forward.
+    layout : {None, "bhnd", "bnhd"}, optional
+        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
 
     Returns
     -------
@@ -120,12 +126,14 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False) -> AttentionGrads
     >>> bool(np.allclose(dv, k @ (q.T @ dy)))   # dV = K Q^T dY without a mask
     True
     """
+    layout, (q, k, v, dy) = to_bhnd(layout, "lightning_attention_backward",
+                                    [("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v")])
     shapes = [np.shape(a) for a in (q, k, v)]
     p = AttentionOperands(q, k, v, causal=causal)
     dy = p.cotangent(dy)
     dq, dk, dv = _core.lightning_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
                                                     p.v.index, p.causal, dy, _CHUNK)
-    return AttentionGrads(*p.gradients(dq, dk, dv, shapes))
+    return from_bhnd(layout, AttentionGrads(*p.gradients(dq, dk, dv, shapes)), "vvv")
 
 
 def _layer_weights(A, V, d, name_a="A", name_v="V"):

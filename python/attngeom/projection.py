@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._operands import (check_bound, check_nonempty, compute_dtype, finite_result, max_row_norm, operand,
-                        query_key_value, real_array, reduce_to_shape, scalar)
+from ._operands import (attention_kinds, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
+                        max_row_norm, operand, query_key_value, real_array, reduce_to_shape, scalar, to_bhnd)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
 
-def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False):
+def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False, layout=None):
     """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-``|q_i - k_j|^2`` / (2 sigma^2)).
 
     Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
@@ -52,6 +52,9 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
         added to the log-weights).
     return_weights : bool, default False
         Also return z, shape (..., n_q, n_k).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of q, k, v and y, as in :func:`attngeom.softmax_attention` (z keeps
+        (..., heads, n_q, n_k)).
 
     Returns
     -------
@@ -66,8 +69,11 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
     >>> bool(np.allclose(ag.projection_attention(q, k), ag.softmax_attention(q, k, k, scale=1.0)))
     True
     """
+    layout, (q, k, v) = to_bhnd(layout, "projection_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     qc, kc, v, bias, scale = _centered(q, k, v, sigma, mask)
-    return softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_weights=return_weights)
+    out = softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_weights=return_weights,
+                            layout="bhnd")
+    return from_bhnd(layout, out, attention_kinds(return_weights, False))
 
 
 def _centered(q, k, v, sigma, mask):
@@ -100,7 +106,8 @@ def _centered(q, k, v, sigma, mask):
 
 
 @finite_result
-def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None) -> AttentionGrads:
+def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None,
+                                  layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`projection_attention` for the output cotangent dy (sigma fixed).
 
     With l_ij = -``|q_i - k_j|^2`` / (2 sigma^2) + mask_ij (Sanger eq. 3-14, squared distance) and
@@ -124,6 +131,8 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
         Cotangent of the output, in the forward output's (broadcast) shape.
     sigma, causal, mask
         As given to :func:`projection_attention` (sigma gets no gradient).
+    layout : {None, "bhnd", "bnhd"}, optional
+        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
 
     Returns
     -------
@@ -144,6 +153,8 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
     >>> dq.shape, dk.shape, dv is None
     ((5, 3), (5, 3), True)
     """
+    layout, (q, k, v, dy) = to_bhnd(layout, "projection_attention_backward",
+                                    [("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v")])
     value_is_key = v is None
     qc, kc, vv, bias, scale = _centered(q, k, v, sigma, mask)
     (gq, gk, gv), dbias = attention_backward(qc, kc, vv, dy, mask=bias, causal=causal, scale=scale,
@@ -157,7 +168,8 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
     if value_is_key:
         dk = dk + gv
         gv = None
-    return AttentionGrads(reduce_to_shape(gq, np.shape(q)), reduce_to_shape(dk, np.shape(k)), gv)
+    return from_bhnd(layout, AttentionGrads(reduce_to_shape(gq, np.shape(q)), reduce_to_shape(dk, np.shape(k)), gv),
+                     "vvv")
 
 
 @dataclass

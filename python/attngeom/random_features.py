@@ -23,8 +23,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._operands import (causal_code, check_size, compute_dtype, cotangent, count, finite_result, generator,
-                        logit_scale, operand, query_key_value, scalar)
+from ._operands import (causal_code, check_size, compute_dtype, cotangent, count, finite_result, from_bhnd, generator,
+                        logit_scale, operand, query_key_value, scalar, to_bhnd)
 from .attention import AttentionGrads
 from .lightning import lightning_attention, lightning_attention_backward
 
@@ -129,7 +129,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
 
 @finite_result
 def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
-                             scale: Optional[float] = None, return_log_partition: bool = False):
+                             scale: Optional[float] = None, return_log_partition: bool = False, layout=None):
     """FAVOR+ estimate of softmax attention, linear in the sequence length.
 
     Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[phi_w(q) phi_w(k)] with positive features,
@@ -156,6 +156,8 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
         Logit scale, default 1 / sqrt(d_k).
     return_log_partition : bool, default False
         Also return the estimate of log Z, shape (..., n_q).
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of q, k, v, y and log Z, as in :func:`attngeom.softmax_attention`.
 
     Returns
     -------
@@ -171,8 +173,9 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     >>> bool(np.abs(y - ag.softmax_attention(q, k, v)).max() < 0.05)
     True
     """
+    layout, (q, k, v) = to_bhnd(layout, "random_feature_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     y, log_z, _ = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=return_log_partition)
-    return (y, log_z) if return_log_partition else y
+    return from_bhnd(layout, (y, log_z), "vs") if return_log_partition else from_bhnd(layout, y, "v")
 
 
 class _Favor(NamedTuple):
@@ -202,7 +205,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
     phi_k, shift_k = _features(ka, W, root, per_row=False)
     ones = np.ones(va.shape[:-1] + (1,), dt)
     values = np.concatenate([va.astype(dt), ones], axis=-1)
-    out = lightning_attention(phi_q, phi_k, values, causal=causal)
+    out = lightning_attention(phi_q, phi_k, values, causal=causal, layout="bhnd")
     num, den = out[..., :-1], out[..., -1]
     y = np.divide(num, den[..., None], out=np.zeros_like(num), where=den[..., None] > 0)
     log_z = None
@@ -214,7 +217,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
 
 @finite_result
 def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, orthogonal: bool = True, seed=0,
-                                      causal=False, scale: Optional[float] = None) -> AttentionGrads:
+                                      causal=False, scale: Optional[float] = None, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.
 
     y_i = N_i / Z_i with N_i = phi(q_i).sum_j phi(k_j) v_j^T, Z_i = phi(q_i).sum_j phi(k_j) and
@@ -235,6 +238,8 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
         Cotangent of the output, in the forward output's (broadcast) shape.
     num_features, orthogonal, seed, causal, scale
         As given to the forward: they fix the same feature matrix W.
+    layout : {None, "bhnd", "bnhd"}, optional
+        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
 
     Returns
     -------
@@ -251,6 +256,8 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     >>> dq.shape, dv.dtype
     ((6, 3), dtype('float64'))
     """
+    layout, (q, k, v, dy) = to_bhnd(layout, "random_feature_attention_backward",
+                                    [("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v")])
     y, _, f = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=False)
     dy = cotangent("dy", dy, y.shape, y.dtype)
     den = f.den[..., None]
@@ -259,11 +266,13 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     dnum = np.where(live, dy / safe, 0)
     dden = np.where(live, -np.sum(dy * y, axis=-1, keepdims=True) / safe, 0)
     dphi_q, dphi_k, dvals = lightning_attention_backward(f.phi_q, f.phi_k, f.values,
-                                                         np.concatenate([dnum, dden], axis=-1), causal=causal)
+                                                         np.concatenate([dnum, dden], axis=-1), causal=causal,
+                                                         layout="bhnd")
 
     def through_features(dphi, phi, x):
         dlogits = dphi * phi
         return f.root * (dlogits @ f.W - (f.root * x) * np.sum(dlogits, axis=-1, keepdims=True))
 
-    return AttentionGrads(through_features(dphi_q, f.phi_q, f.x_q), through_features(dphi_k, f.phi_k, f.x_k),
-                          dvals[..., :-1])
+    grads = AttentionGrads(through_features(dphi_q, f.phi_q, f.x_q), through_features(dphi_k, f.phi_k, f.x_k),
+                           dvals[..., :-1])
+    return from_bhnd(layout, grads, "vvv")

@@ -24,7 +24,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._operands import check_bound, count, generator, logit_scale, max_row_norm, query_key_value, scalar
+from ._operands import (check_bound, count, from_bhnd, generator, logit_scale, max_row_norm, query_key_value, scalar,
+                        to_bhnd)
 
 PROPOSALS = ("uniform", "tilted")
 
@@ -63,7 +64,8 @@ def _log_softmax(x):
 
 
 def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", seed=0,
-                      scale: Optional[float] = None, sketch_rank: Optional[int] = None) -> SampledAttention:
+                      scale: Optional[float] = None, sketch_rank: Optional[int] = None,
+                      layout=None) -> SampledAttention:
     """Importance-sampling estimates of Z, N and y = N / Z for softmax attention.
 
     Laplace-Radon s.7.3: Z and N are expectations over keys, estimated from S keys drawn per
@@ -87,6 +89,9 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         Logit scale, default 1 / sqrt(d_k).
     sketch_rank : int, optional
         Rank r of the sketch of the tilted proposal.
+    layout : {None, "bhnd", "bnhd"}, optional
+        The axes of q, k, v, as in :func:`attngeom.softmax_attention`; with "bnhd" the
+        per-query fields come back as (..., n_q, heads) and N, y as (..., n_q, heads, d_v).
 
     Returns
     -------
@@ -102,6 +107,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     True
     """
     count("num_samples", num_samples, minimum=2)  # the variance estimates need two
+    layout, (q, k, v) = to_bhnd(layout, "sampled_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
     qa, ka, va = query_key_value(q, k, v)
@@ -161,7 +167,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         Z_var = np.exp(np.log(var_w) + 2 * shift[..., 0])
         N = np.sign(num) * np.exp(np.log(np.abs(num)) + shift)
     rel = np.sqrt(var_w) / mean_w
-    return SampledAttention(Z, log_z, Z_var, N, y, rel)
+    return from_bhnd(layout, SampledAttention(Z, log_z, Z_var, N, y, rel), "sssvvs")
 
 
 def _gather(x, idx):

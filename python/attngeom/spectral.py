@@ -822,8 +822,8 @@ def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErro
     l1 = scale * q1 @ np.swapaxes(k1, -1, -2)
     l2 = scale * q2 @ np.swapaxes(k2, -1, -2)
     v = xs if W_V is None else xs @ _head_weights("W_V", W_V, d_model).astype(dt)
-    y1 = softmax_attention(q1, k1, v, scale=scale)
-    y2 = softmax_attention(q2, k2, v, scale=scale)
+    y1 = softmax_attention(q1, k1, v, scale=scale, layout="bhnd")
+    y2 = softmax_attention(q2, k2, v, scale=scale, layout="bhnd")
 
     def rel(a, b):
         return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(dt).tiny))

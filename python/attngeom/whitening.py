@@ -524,7 +524,7 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
     if wk.shape != wq.shape:
         raise ValueError(f"W_K must have shape {wq.shape}, got {wk.shape}")
     return softmax_attention(w @ wq.astype(w.dtype), w @ wk.astype(w.dtype), w, causal=causal, scale=scale,
-                             return_weights=return_weights)
+                             return_weights=return_weights, layout="bhnd")
 
 
 # -- measures ------------------------------------------------------------------------------

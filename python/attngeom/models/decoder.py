@@ -271,7 +271,8 @@ class Decoder:
             if a.scale_by_layer:
                 scale /= li + 1
             m = window if li in a.sliding_layers else key_mask
-            y, P = softmax_attention(q, k, v, mask=m, causal=True, scale=scale, return_weights=True)
+            y, P = softmax_attention(q, k, v, mask=m, causal=True, scale=scale, return_weights=True,
+                                         layout="bhnd")
             out = y.transpose(0, 2, 1, 3).reshape(b, n, H * dh) @ L["o"]
             if L["b_o"] is not None:
                 out = out + L["b_o"]

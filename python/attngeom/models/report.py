@@ -200,7 +200,7 @@ def head_report(heads, x=None, *, tokens: Optional[Sequence[str]] = None, chosen
             raise ValueError(f"tokens must have {xs.shape[-2]} entries (the activations' n), got {len(tokens)}")
         for l, h in chosen:
             q, k = heads.queries_keys(xs[l, 0], l, bias=bias)
-            _, P = softmax_attention(q[h], k[h], None, causal=heads.causal, return_weights=True)
+            _, P = softmax_attention(q[h], k[h], None, causal=heads.causal, return_weights=True, layout="bhnd")
             routing[l, h] = P
     model = heads.summary()
     model["homogeneous"] = bool(xs is not None and bias and (heads.b_Q is not None or heads.b_K is not None))

@@ -88,7 +88,8 @@ def _softmax_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal:
                 scale: float) -> Tuple[Tensor, Tensor]:
     y, log_z = _attention.softmax_attention(_array("q", q), _array("k", k), _array("v", v),
                                             mask=_array("mask", mask, allow_bool=True),
-                                            causal=_CAUSAL_NUMPY[causal], scale=scale, return_log_partition=True)
+                                            causal=_CAUSAL_NUMPY[causal], scale=scale, return_log_partition=True,
+                                            layout="bhnd")
     return _tensor(y), _tensor(log_z)
 
 
@@ -104,7 +105,7 @@ def _softmax_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]
     g = _attention.softmax_attention_backward(_array("q", q), _array("k", k), _array("v", v), _array("dy", dy),
                                               mask=_array("mask", mask, allow_bool=True),
                                               causal=_CAUSAL_NUMPY[causal], scale=scale, y=_array("y", y),
-                                              log_partition=_array("log_partition", log_z))
+                                              log_partition=_array("log_partition", log_z), layout="bhnd")
     return tuple(_tensor(a) for a in g)
 
 
@@ -164,7 +165,8 @@ def _kernel_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: 
                params: List[float]) -> Tuple[Tensor, Tensor]:
     y, log_z = _attention.kernel_attention(_array("q", q), _array("k", k), _array("v", v), kernel=kernel,
                                            mask=_array("mask", mask, allow_bool=True), causal=_CAUSAL_NUMPY[causal],
-                                           scale=scale, return_log_partition=True, **_kernel_dict(kernel, params))
+                                           scale=scale, return_log_partition=True, layout="bhnd",
+                                           **_kernel_dict(kernel, params))
     return _tensor(y), _tensor(log_z)
 
 
@@ -182,7 +184,7 @@ def _kernel_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
                                              kernel=kernel, mask=_array("mask", mask, allow_bool=True),
                                              causal=_CAUSAL_NUMPY[causal], scale=scale, y=_array("y", y),
                                              log_partition=_array("log_partition", log_z),
-                                             **_kernel_dict(kernel, params))
+                                             layout="bhnd", **_kernel_dict(kernel, params))
     return tuple(_tensor(a) for a in g)
 
 
@@ -234,7 +236,7 @@ def kernel_attention(q: Tensor, k: Tensor, v: Tensor, *, kernel: str = "exp", ma
 def _projection_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: str, sigma: float) -> Tensor:
     return _tensor(_projection.projection_attention(_array("q", q), _array("k", k), _array("v", v), sigma=sigma,
                                                     causal=_CAUSAL_NUMPY[causal],
-                                                    mask=_array("mask", mask, allow_bool=True)))
+                                                    mask=_array("mask", mask, allow_bool=True), layout="bhnd"))
 
 
 @_projection_op.register_fake
@@ -248,7 +250,7 @@ def _projection_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tens
                             dy: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     g = _projection.projection_attention_backward(_array("q", q), _array("k", k), _array("v", v), _array("dy", dy),
                                                   sigma=sigma, causal=_CAUSAL_NUMPY[causal],
-                                                  mask=_array("mask", mask, allow_bool=True))
+                                                  mask=_array("mask", mask, allow_bool=True), layout="bhnd")
     return tuple(_tensor(a) for a in g)
 
 
@@ -295,7 +297,7 @@ def projection_attention(q: Tensor, k: Tensor, v: Optional[Tensor] = None, *, si
 @torch.library.custom_op("attngeom::lightning_attention", mutates_args=())
 def _lightning_op(q: Tensor, k: Tensor, v: Tensor, causal: str) -> Tensor:
     return _tensor(_lightning.lightning_attention(_array("q", q), _array("k", k), _array("v", v),
-                                                  causal=_CAUSAL_NUMPY[causal]))
+                                                  causal=_CAUSAL_NUMPY[causal], layout="bhnd"))
 
 
 @_lightning_op.register_fake
@@ -307,7 +309,7 @@ def _(q, k, v, causal):
 @torch.library.custom_op("attngeom::lightning_attention_backward", mutates_args=())
 def _lightning_backward_op(q: Tensor, k: Tensor, v: Tensor, causal: str, dy: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     g = _lightning.lightning_attention_backward(_array("q", q), _array("k", k), _array("v", v), _array("dy", dy),
-                                                causal=_CAUSAL_NUMPY[causal])
+                                                causal=_CAUSAL_NUMPY[causal], layout="bhnd")
     return tuple(_tensor(a) for a in g)
 
 
