@@ -318,6 +318,40 @@ def test_half_precision_weights(tmp_path, stored):
     np.testing.assert_array_equal(half.logits, full.logits)
 
 
+def _mapped_file(a):
+    """The memory map under an array (following .base), or None when it owns its data."""
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return a.filename
+        a = a.base
+    return None
+
+
+@pytest.mark.parametrize("stored", ["F32", "BF16"])
+def test_weights_are_memory_mapped(tmp_path, stored):
+    """The decoder's weights are read-only views of the file (nothing copied at load); bfloat16
+    stays 2-byte bits, widened when a layer runs; rewriting the file leaves a loaded model intact."""
+    model = build("qwen3", tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    ag.models.write_safetensors(path, ag.models.read_safetensors(path), dtype=stored)
+    m = load_model(tmp_path / "m")
+    layer = m.decoder.w["layers"][0]
+    for key in ("q", "k", "v", "o", "gate", "up", "down", "ln1_w", "q_norm"):
+        w = layer[key]
+        if stored == "BF16":
+            assert isinstance(w, ag.models.BFloat16Array) and w.bits.dtype == np.uint16
+            w = w.bits
+        assert os.path.samefile(_mapped_file(w), path), key
+        assert not w.flags.writeable
+    before = m.forward(np.arange(5)).logits
+    if stored == "F32":
+        ids = np.arange(5)
+        np.testing.assert_allclose(before, reference(model, ids[None], np.ones((1, 5), bool), ids[None], False)[0][0],
+                                   atol=1e-4)
+    ag.models.write_safetensors(path, {"unrelated": np.ones(3, np.float32)})  # the old file stays mapped
+    np.testing.assert_array_equal(m.forward(np.arange(5)).logits, before)
+
+
 # -- RoPE-correct geometry ---------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["llama3", "qwen2", "qwen3", "gpt2"])
 def test_heads_use_the_models_queries_and_keys(tmp_path, layout):

@@ -35,14 +35,15 @@ from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import HeadReport, head_report
 from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
-from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors, write_safetensors
+from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
+                          write_safetensors)
 from .tokenizer import WordPiece, tokenize
 
 __all__ = [
     "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
     "read_json_object", "LAYOUTS", "Layout",
     "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
-    "HeadReport", "head_report", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
+    "HeadReport", "head_report", "BFloat16Array", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..attention import softmax_attention
 from ..circuits import layernorm
-from .heads import Checkpoint, ModelHeads, load_heads
+from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
 from .layouts import detect_layout
 
 
@@ -90,14 +90,15 @@ class BertEncoder:
 
     @classmethod
     def from_checkpoint(cls, path, *, n_heads: Optional[int] = None, dtype=np.float64, backend: str = "auto"):
-        """Read a BERT-layout checkpoint (file, folder or packaged-model name) in ``dtype``.
+        """Read a BERT-layout checkpoint (file, folder, packaged-model name or an opened
+        :class:`Checkpoint`) in ``dtype``.
 
         The forward pass is BERT's: absolute position embeddings and the exact GELU. A
         config.json that declares another model type (RoBERTa and XLM-R share BERT's tensor
         names but offset their positions), another activation or relative positions raises
         ValueError rather than giving a silently different network.
         """
-        ck = Checkpoint(path, backend=backend)
+        ck = path if isinstance(path, Checkpoint) else Checkpoint(path, backend=backend)
         cfg = ck.config
         problems = []
         if cfg.get("model_type", "bert") != "bert":
@@ -109,7 +110,7 @@ class BertEncoder:
         if problems:
             raise ValueError(f"the NumPy forward pass implements BERT (model_type 'bert', hidden_act 'gelu', absolute "
                              f"positions); config.json declares {', '.join(problems)}: save activations as .npy instead")
-        heads = load_heads(path, n_heads=n_heads, layout="bert", dtype=dtype, backend=backend)
+        heads = heads_from_checkpoint(ck, n_heads=n_heads, layout="bert", dtype=dtype)
         _, prefix, layers = detect_layout(ck.names, "bert")
         names = {
             "word": "embeddings.word_embeddings.weight", "pos": "embeddings.position_embeddings.weight",

@@ -14,9 +14,11 @@ The network is parametrised by its :class:`Architecture` (no class per family):
 
 Grouped-query keys and values are repeated for every query head of their group. Every
 attention is one call of :func:`attngeom.softmax_attention` (causal, with a boolean key mask
-for padding and a band for sliding-window layers). Weights stay in their stored dtype
-(float16 kept, bfloat16 widened to float32 exactly) and each layer's weights are cast to the
-computation dtype when used.
+for padding and a band for sliding-window layers). Weights stay as stored, memory-mapped
+(:meth:`Checkpoint.mapped`: float16 kept, bfloat16 as a :class:`BFloat16Array`), and each
+layer's weights are cast to the computation dtype (bfloat16 widened exactly) when the forward
+pass reaches that layer; the embedding is read at the tokens' rows only and the unembedding
+in blocks of the vocabulary, so no float32 copy of the whole model is ever made.
 """
 from __future__ import annotations
 
@@ -45,6 +47,18 @@ def _activation(name):
         return lambda x: np.maximum(x, 0)
     from .bert import gelu
     return gelu
+
+
+_UNEMBED_ROWS = 16384  # vocabulary rows cast at a time (16384 x 4096 float32 = 256 MiB at most)
+
+
+def _unembed(final, W, dt):
+    """final (..., d) @ W^T for W (vocab, d) as stored, cast in blocks of vocabulary rows."""
+    V = W.shape[0]
+    logits = np.empty(final.shape[:-1] + (V,), dt)
+    for i in range(0, V, _UNEMBED_ROWS):
+        logits[..., i:i + _UNEMBED_ROWS] = final @ W[i:i + _UNEMBED_ROWS].astype(dt, copy=False).T
+    return logits
 
 
 def _norm(x, w, b, eps, kind):
@@ -114,7 +128,7 @@ class Decoder:
                 f"head_dim={a.d_head}, vocab_size={a.vocab_size}")
 
         def take(name, shape=None, required=True):
-            t = ck.get(name)
+            t = ck.mapped(name)
             if t is None:
                 if required:
                     raise ValueError(f"{a.model_type} checkpoint {ck.path!r} lacks tensor {name!r}")
@@ -227,9 +241,9 @@ class Decoder:
             return None if x is None else x.astype(dt, copy=False)
 
         act = _activation(a.activation)
-        h = cast(w["embed"])[ids]
+        h = cast(w["embed"][ids])
         if a.family == "gpt2":
-            h = h + cast(w["pos"])[positions]
+            h = h + cast(w["pos"][positions])
         cos_sin = None if self.rotary is None else self.rotary.cos_sin(positions[:, None], dt)  # (b, 1, n, dh)
         key_mask = mask[:, None, None, :]
         window = None
@@ -296,6 +310,6 @@ class Decoder:
             scales.append(scale)
         final = _norm(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
         hidden[-1] = final
-        logits: Optional[np.ndarray] = None if w["unembed"] is None else final @ cast(w["unembed"]).T
+        logits: Optional[np.ndarray] = None if w["unembed"] is None else _unembed(final, w["unembed"], dt)
         return Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
                        np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)

@@ -60,15 +60,35 @@ _CONFIG_KEYS = {
 _MAX_DIMENSION = 2 ** 31 - 1  # a sane bound for layer, head and width counts
 
 
+class _InMemoryTensors:
+    """Tensors held in memory ({name: ndarray or BFloat16Array}), read like a safetensors file."""
+
+    def __init__(self, tensors: dict, path: str):
+        self._tensors = tensors
+        self.path = path
+
+    def keys(self) -> list:
+        return list(self._tensors)
+
+    def __getitem__(self, name):
+        return np.asarray(self._tensors[name])  # BF16 widened, other dtypes as they are
+
+    def mapped(self, name):
+        return self._tensors[name]
+
+
 class Checkpoint:
     """The safetensors files of one checkpoint and its config.json, read lazily.
 
     path : a .safetensors file, or a folder of shards (every ``*.safetensors`` in it).
     backend : as in :class:`attngeom.models.SafetensorsFile`.
 
-    ``get(name)`` returns a tensor or None; ``names`` lists every tensor; ``config`` is the
-    parsed config.json found next to the weights ({} when there is none; ValueError naming
-    the file when it is not a JSON object, see :func:`attngeom.models.read_json_object`).
+    ``get(name)`` returns a tensor or None; ``mapped(name)`` the same without reading it (a
+    memory-mapped view; BF16 as a :class:`BFloat16Array`); ``names`` lists every tensor;
+    ``config`` is the parsed config.json found next to the weights ({} when there is none;
+    ValueError naming the file when it is not a JSON object, see
+    :func:`attngeom.models.read_json_object`). :meth:`from_tensors` wraps tensors already in
+    memory (a model's state dict) and their config.
 
     Example: ``ck = Checkpoint("model_dir"); ck.get("h.0.attn.c_attn.weight")``
     """
@@ -97,6 +117,35 @@ class Checkpoint:
         self.config_path = os.path.join(folder, "config.json")
         self.config = read_json_object(self.config_path) if os.path.exists(self.config_path) else {}
 
+    @classmethod
+    def from_tensors(cls, tensors: dict, config: dict, *, source: str) -> "Checkpoint":
+        """A checkpoint whose tensors are already in memory.
+
+        Parameters
+        ----------
+        tensors : dict of str to ndarray or BFloat16Array
+            The state dict, under the checkpoint's tensor names (kept, not copied).
+        config : dict
+            What config.json would hold.
+        source : str
+            Names the model in messages (``path``); ``folder`` is "" (no tokenizer files).
+
+        Returns
+        -------
+        Checkpoint
+            Reading from ``tensors``.
+
+        Examples
+        --------
+        >>> ck = Checkpoint.from_tensors({"w": np.eye(2)}, {}, source="<in memory>")  # doctest: +SKIP
+        """
+        ck = cls.__new__(cls)
+        ck.path, ck.folder, ck.config_path = source, "", f"{source} config"
+        ck.files = [_InMemoryTensors(tensors, source)]
+        ck._where = {name: ck.files[0] for name in tensors}
+        ck.config = dict(config)
+        return ck
+
     @property
     def names(self) -> list:
         """Every tensor name of the checkpoint."""
@@ -106,6 +155,15 @@ class Checkpoint:
         """The tensor of that name (BF16 widened to float32), or None when it is absent."""
         f = self._where.get(name)
         return None if f is None else f[name]
+
+    def mapped(self, name: str):
+        """The tensor of that name without reading it, or None when it is absent.
+
+        A read-only memory-mapped view of a safetensors file (the array itself for tensors
+        held in memory); BF16 as a :class:`attngeom.models.BFloat16Array`, widened when used.
+        """
+        f = self._where.get(name)
+        return None if f is None else f.mapped(name)
 
     def get_weight(self, name: str) -> Optional[np.ndarray]:
         """Like :meth:`get`, for a weight the diagnostics use: ValueError naming the tensor and
@@ -426,7 +484,30 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
     >>> heads.W_Q.shape
     (6, 12, 384, 32)
     """
-    ck = Checkpoint(path, backend=backend)
+    return heads_from_checkpoint(Checkpoint(path, backend=backend), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                 layout=layout, dtype=dtype)
+
+
+def heads_from_checkpoint(ck: Checkpoint, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int] = None,
+                          layout: Optional[str] = None, dtype=np.float64) -> ModelHeads:
+    """:func:`load_heads` of an opened :class:`Checkpoint` (a folder's, or one held in memory).
+
+    Parameters
+    ----------
+    ck : Checkpoint
+        The checkpoint.
+    n_heads, n_kv_heads, layout, dtype
+        As in :func:`load_heads`.
+
+    Returns
+    -------
+    ModelHeads
+        As :func:`load_heads`.
+
+    Examples
+    --------
+    >>> heads = heads_from_checkpoint(Checkpoint("model_dir"))  # doctest: +SKIP
+    """
     lay, prefix, layers = detect_layout(ck.names, layout)
     cfg_heads = ck.config_value("n_heads")
     if n_heads is not None:
@@ -486,7 +567,7 @@ def load_heads(path, *, n_heads: Optional[int] = None, n_kv_heads: Optional[int]
         warnings.warn(f"{ck.path!r}: a llama-layout checkpoint without a config.json model_type of "
                       f"{', '.join(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == 'llama')}: its rotary "
                       f"embedding is unknown, so queries_keys and diagnostics use un-rotated queries and keys, "
-                      f"which are not the ones the model uses", stacklevel=2)
+                      f"which are not the ones the model uses", stacklevel=3)
     return ModelHeads(stack("W_Q"), stack("W_K"), stack("W_V"), stack("W_O"), stack("b_Q"), stack("b_K"),
                       stack("b_V"), stack("b_O"), lay.name, LAYOUTS[lay.name].causal, first["n_kv_heads"],
                       path=str(ck.path), config=ck.config, rotary=rotary, q_norm=q_norm, k_norm=k_norm,

@@ -4,7 +4,9 @@ One API for every supported architecture (:data:`SUPPORTED_ARCHITECTURES`): the 
 (GPT-2, Llama, Mistral, Qwen2, Qwen3) run :class:`attngeom.models.Decoder`, BERT runs
 :class:`attngeom.models.BertEncoder`. ``Model.forward(token_ids)`` returns a
 :class:`Forward` with logits, hidden states, attentions and the per-layer q, k, v the
-attention uses. NumPy and the library's attention kernel only: no PyTorch.
+attention uses. NumPy and the library's attention kernel only: no PyTorch. Decoder weights are memory-mapped
+(:meth:`Checkpoint.mapped`): loading reads only the headers, and each layer's weights are
+cast to the computation dtype (bfloat16 widened) when the forward pass reaches that layer.
 
 Padding: a 2-D batch takes ``attention_mask`` (1 = token, 0 = padding, left or right).
 Padded keys are hidden from every query, and positions count real tokens only (position =
@@ -22,7 +24,7 @@ from .architecture import Architecture, architecture_from_config
 from .bert import BertEncoder
 from .decoder import Decoder
 from .forward import Forward
-from .heads import Checkpoint, ModelHeads, load_heads
+from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
 from .layouts import detect_layout
 from .tokenizer import tokenize
 
@@ -30,16 +32,17 @@ from .tokenizer import tokenize
 class Model:
     """A loaded checkpoint: its :class:`Architecture`, weights, heads and forward pass.
 
-    Build with :func:`load_model`.
+    Build with :func:`load_model`, or from a model in memory with
+    :func:`attngeom.models.from_transformers` / :func:`attngeom.models.from_transformer_lens`.
 
     Attributes
     ----------
     arch : Architecture
         What config.json describes.
     path : str
-        The folder (or file) the weights came from.
+        The folder (or file) the weights came from (for a model in memory, its class).
     folder : str
-        The folder holding config.json and the tokenizer files.
+        The folder holding config.json and the tokenizer files ("" for a model in memory).
 
     Examples
     --------
@@ -48,12 +51,11 @@ class Model:
     (28, 16, 3, 3)
     """
 
-    def __init__(self, ck: Checkpoint, arch: Architecture, prefix: str, backend: str = "auto"):
+    def __init__(self, ck: Checkpoint, arch: Architecture, prefix: str):
         self.arch = arch
         self.path = str(ck.path)
         self.folder = ck.folder
         self._checkpoint = ck
-        self._backend = backend
         self._heads: Optional[ModelHeads] = None
         self._bert = {}
         self.decoder = None if arch.family == "bert" else Decoder.from_checkpoint(ck, arch, prefix)
@@ -62,7 +64,7 @@ class Model:
     def heads(self) -> ModelHeads:
         """The per-head weights (:class:`ModelHeads`, float64), loaded on first use."""
         if self._heads is None:
-            self._heads = load_heads(self.path, backend=self._backend)
+            self._heads = heads_from_checkpoint(self._checkpoint)
         return self._heads
 
     @property
@@ -78,7 +80,7 @@ class Model:
     def _encoder(self, dtype) -> BertEncoder:
         key = np.dtype(dtype).name
         if key not in self._bert:
-            self._bert[key] = BertEncoder.from_checkpoint(self.path, dtype=dtype, backend=self._backend)
+            self._bert[key] = BertEncoder.from_checkpoint(self._checkpoint, dtype=dtype)
         return self._bert[key]
 
     def tokenize(self, text: str, *, max_length: Optional[int] = None) -> Tuple[List[int], List[str]]:
@@ -247,9 +249,30 @@ def load_model(path, *, backend: str = "auto") -> Model:
     (7, 3, 384)
     """
     ck = Checkpoint(path, backend=backend)
-    where = os.path.join(ck.folder, "config.json")
+    return model_from_checkpoint(ck, where=os.path.join(ck.folder, "config.json"))
+
+
+def model_from_checkpoint(ck: Checkpoint, *, where: str) -> Model:
+    """:func:`load_model` of an opened :class:`Checkpoint` (a folder's, or one held in memory).
+
+    Parameters
+    ----------
+    ck : Checkpoint
+        The checkpoint, with its config.
+    where : str
+        Names the config in messages.
+
+    Returns
+    -------
+    Model
+        As :func:`load_model`.
+
+    Examples
+    --------
+    >>> model = model_from_checkpoint(Checkpoint("model_dir"), where="model_dir/config.json")  # doctest: +SKIP
+    """
     arch = architecture_from_config(ck.config, where=where)
     layout, prefix, layers = detect_layout(ck.names, arch.family)
     if len(layers) != arch.n_layers:
         raise ValueError(f"{where}: num_hidden_layers is {arch.n_layers}, but the checkpoint has {len(layers)} layers")
-    return Model(ck, arch, prefix, backend=backend)
+    return Model(ck, arch, prefix)

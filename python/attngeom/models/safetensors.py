@@ -15,6 +15,11 @@ Tensor data is read through the ``safetensors`` package's NumPy API when it is i
 (``backend="auto"``), otherwise by this module's own reader; bfloat16 has no NumPy dtype,
 so BF16 tensors are always read here and widened to float32 exactly (the 16 bits are the
 upper half of the float32 bit pattern).
+
+:meth:`SafetensorsFile.mapped` reads nothing: it returns a read-only view of the tensor's
+bytes in a memory map of the file (the header checked here, with either backend), so the
+operating system pages weights in as they are used and can drop them again; a BF16 tensor
+becomes a :class:`BFloat16Array`, widened to float32 only when a computation asks for it.
 """
 from __future__ import annotations
 
@@ -76,6 +81,77 @@ def bfloat16_to_float32(bits) -> np.ndarray:
     if b.dtype != np.uint16:
         raise TypeError(f"bits must be a uint16 array of bfloat16 bit patterns, got dtype {b.dtype}")
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+class BFloat16Array:
+    """bfloat16 values held as their uint16 bit patterns, widened to float32 when used.
+
+    NumPy has no bfloat16 dtype. A BF16 weight of a memory-mapped checkpoint (or of an
+    in-memory torch model) stays in its 2-byte form; indexing, slicing and ``.T`` give
+    views of the bits, and ``astype`` / ``np.asarray`` widen exactly
+    (:func:`bfloat16_to_float32`), so a forward pass widens one layer at a time instead of
+    the whole model at load.
+
+    Parameters
+    ----------
+    bits : ndarray of uint16
+        The bit patterns, any shape (kept as given: a memory map stays one).
+
+    Attributes
+    ----------
+    bits : ndarray of uint16
+        The bit patterns.
+    shape, ndim, size : as the widened array's.
+
+    Examples
+    --------
+    >>> from attngeom.models import BFloat16Array
+    >>> a = BFloat16Array(np.array([[0x3F80, 0xC000]], np.uint16))
+    >>> a.shape, a.T.astype(np.float64).ravel()
+    ((1, 2), array([ 1., -2.]))
+    """
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits):
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint16:
+            raise TypeError(f"bits must be a uint16 ndarray of bfloat16 bit patterns, got "
+                            f"{type(bits).__name__} {getattr(bits, 'dtype', '')}")
+        self.bits = bits
+
+    dtype = np.dtype(np.float32)  # what it widens to
+
+    @property
+    def shape(self) -> tuple:
+        return self.bits.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.bits.ndim
+
+    @property
+    def size(self) -> int:
+        return self.bits.size
+
+    @property
+    def T(self) -> "BFloat16Array":
+        return BFloat16Array(self.bits.T)
+
+    def __len__(self) -> int:
+        return len(self.bits)
+
+    def __getitem__(self, index) -> "BFloat16Array":
+        return BFloat16Array(self.bits[index])
+
+    def astype(self, dtype, copy: bool = True) -> np.ndarray:
+        """The values widened to float32, then cast to ``dtype`` (a new array)."""
+        return bfloat16_to_float32(self.bits).astype(dtype, copy=False)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.astype(np.float32 if dtype is None else dtype)
+
+    def __repr__(self):
+        return f"BFloat16Array(shape={self.shape})"
 
 
 def float32_to_bfloat16(x) -> np.ndarray:
@@ -219,6 +295,7 @@ class SafetensorsFile:
         self.backend = "python" if backend == "python" or safe_open is None else "package"
         self._header, self._data_start = self._read_header()
         self.metadata: Dict[str, str] = self._header.pop("__metadata__", None) or {}
+        self._map = None
 
     def _read_header(self):
         size = os.path.getsize(self.path)
@@ -282,6 +359,56 @@ class SafetensorsFile:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read([name])[name]
+
+    def mapped(self, name: str):
+        """A tensor as a read-only view of the file's bytes, through a memory map: nothing is
+        read until the values are used.
+
+        As with any memory map, the file must not be truncated while the view is in use
+        (the process would get SIGBUS); :func:`write_safetensors` replaces a file by renaming
+        a new one over it, which leaves existing maps intact.
+
+        Parameters
+        ----------
+        name : str
+            The tensor.
+
+        Returns
+        -------
+        ndarray or BFloat16Array
+            A read-only ``np.memmap`` view of the stored dtype (little-endian), or, for BF16,
+            a :class:`BFloat16Array` over such a view of its bits.
+
+        Raises
+        ------
+        KeyError
+            For a name the file does not hold.
+        ValueError
+            For a dtype this module cannot read (fp8).
+
+        Examples
+        --------
+        >>> from attngeom.models import SafetensorsFile, write_safetensors
+        >>> f = SafetensorsFile(write_safetensors("m.safetensors", {"w": np.ones((2, 3), np.float32)}))
+        >>> w = f.mapped("w")
+        >>> type(w).__name__, w.flags.writeable
+        ('memmap', False)
+        """
+        info = self._info(name)
+        code = info["dtype"]
+        if code not in _DTYPES:
+            raise ValueError(f"tensor {name!r} in {self.path!r} has dtype {code}, which is not supported "
+                             f"(supported: {', '.join(_DTYPES)})")
+        shape = tuple(int(s) for s in info["shape"])
+        begin, end = info["data_offsets"]
+        if end == begin:  # mmap cannot map an empty file region
+            a = np.zeros(shape, _DTYPES[code])
+            a.flags.writeable = False
+        else:
+            if self._map is None:
+                self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start)
+            a = self._map[begin:end].view(_DTYPES[code]).reshape(shape)
+        return BFloat16Array(a) if code == "BF16" else a
 
     def read(self, names: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
         """The named tensors (all by default) as {name: ndarray}; BF16 is widened to float32."""
@@ -410,9 +537,17 @@ def write_safetensors(path, tensors: Dict[str, np.ndarray], *, metadata: Optiona
     if len(blob) > MAX_HEADER_BYTES:
         raise ValueError(f"tensors: the header of {len(tensors)} tensors would take {len(blob)} bytes, above the "
                          f"{MAX_HEADER_BYTES} that the readers accept; write the tensors into several files")
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for raw in chunks:
-            f.write(raw)
+    # A new file renamed over the old one: a reader that memory-maps the old file keeps its
+    # contents (rewriting it in place would truncate the pages under the map).
+    staging = f"{os.fspath(path)}.{os.getpid()}.partial"
+    try:
+        with open(staging, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for raw in chunks:
+                f.write(raw)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
     return os.fspath(path)
