@@ -14,8 +14,12 @@
   :mod:`.architecture` reads config.json, :mod:`.decoder` is the GPT-2 / Llama-family
   decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result,
   :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints.
+* :mod:`.adapters`: :func:`from_transformers` and :func:`from_transformer_lens` give the same
+  :class:`Model` for a ``transformers`` model or a TransformerLens 4.x bridge in memory
+  (torch is only touched through the tensors handed in; nothing is imported here).
 """
 from .activations import load_activations, text_activations
+from .adapters import from_transformer_lens, from_transformers
 from .architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .bert import BertEncoder, BertOutput, gelu
 from .checkpoint import (
@@ -47,5 +51,5 @@ __all__ = [
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
-    "Decoder", "Forward", "Model", "load_model", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
+    "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
 ]

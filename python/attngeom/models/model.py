@@ -51,18 +51,19 @@ class Model:
     (28, 16, 3, 3)
     """
 
-    def __init__(self, ck: Checkpoint, arch: Architecture, prefix: str):
+    def __init__(self, ck: Checkpoint, arch: Architecture, prefix: str, heads: Optional[ModelHeads] = None):
         self.arch = arch
         self.path = str(ck.path)
         self.folder = ck.folder
         self._checkpoint = ck
-        self._heads: Optional[ModelHeads] = None
+        self._heads = heads
         self._bert = {}
         self.decoder = None if arch.family == "bert" else Decoder.from_checkpoint(ck, arch, prefix)
 
     @property
     def heads(self) -> ModelHeads:
-        """The per-head weights (:class:`ModelHeads`, float64), loaded on first use."""
+        """The per-head weights (:class:`ModelHeads`, float64), loaded on first use (or given
+        by the adapter that built the Model)."""
         if self._heads is None:
             self._heads = heads_from_checkpoint(self._checkpoint)
         return self._heads
@@ -252,7 +253,7 @@ def load_model(path, *, backend: str = "auto") -> Model:
     return model_from_checkpoint(ck, where=os.path.join(ck.folder, "config.json"))
 
 
-def model_from_checkpoint(ck: Checkpoint, *, where: str) -> Model:
+def model_from_checkpoint(ck: Checkpoint, *, where: str, heads: Optional[ModelHeads] = None) -> Model:
     """:func:`load_model` of an opened :class:`Checkpoint` (a folder's, or one held in memory).
 
     Parameters
@@ -261,6 +262,9 @@ def model_from_checkpoint(ck: Checkpoint, *, where: str) -> Model:
         The checkpoint, with its config.
     where : str
         Names the config in messages.
+    heads : ModelHeads, optional
+        The per-head weights :attr:`Model.heads` returns (default: read from ``ck`` on first
+        use).
 
     Returns
     -------
@@ -275,4 +279,4 @@ def model_from_checkpoint(ck: Checkpoint, *, where: str) -> Model:
     layout, prefix, layers = detect_layout(ck.names, arch.family)
     if len(layers) != arch.n_layers:
         raise ValueError(f"{where}: num_hidden_layers is {arch.n_layers}, but the checkpoint has {len(layers)} layers")
-    return Model(ck, arch, prefix)
+    return Model(ck, arch, prefix, heads)

@@ -492,7 +492,7 @@ def write_safetensors(path, tensors: Dict[str, np.ndarray], *, metadata: Optiona
     path : str or path-like
         Output file.
     tensors : dict of str to array_like
-        The tensors.
+        The tensors; a :class:`BFloat16Array` is written as BF16 as it is.
     metadata : dict of str to str, optional
         Stored as "__metadata__".
     dtype : {None, "F32", "F16", "BF16"}, default None
@@ -515,6 +515,12 @@ def write_safetensors(path, tensors: Dict[str, np.ndarray], *, metadata: Optiona
         raise ValueError(f"dtype must be None, 'F32', 'F16' or 'BF16', got {dtype!r}")
     header, chunks, offset = {}, [], 0
     for name, value in tensors.items():
+        if isinstance(value, BFloat16Array):  # stored as its bits, whatever `dtype` says
+            bits = np.ascontiguousarray(value.bits).astype("<u2", copy=False)
+            header[name] = {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [offset, offset + bits.nbytes]}
+            chunks.append(bits.tobytes())
+            offset += bits.nbytes
+            continue
         a = np.asarray(value)
         if a.dtype.kind == "f" and dtype is not None:
             if dtype == "BF16":
