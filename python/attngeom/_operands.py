@@ -12,6 +12,10 @@ expected shape and the one received (DESIGN "Errors"), in one wording:
   attention-like call; its ``cotangent``, ``saved`` and ``gradients`` serve the backward
   passes, with :func:`cotangent` (a checked cotangent or saved forward output) and
   :func:`reduce_to_shape` (a gradient summed back over broadcast axes).
+* :func:`to_bhnd` and :func:`from_bhnd` are the activation layouts: every function taking
+  per-head q / k / v converts "bnhd" (..., n, heads, d) operands to the library's "bhnd"
+  (..., heads, n, d) with the first and its results back with the second; without a layout
+  argument :func:`looks_token_major` decides whether to warn (:class:`LayoutWarning`).
 
 Conventions (see the package docstring): tokens are rows, the last one or two axes are
 the core axes, every leading axis is a batch axis that broadcasts like NumPy. The core
