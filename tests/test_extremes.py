@@ -183,3 +183,95 @@ def test_logit_bound_sees_rows_whose_squares_underflow(dtype, tiny, big):
     q, k = np.full((2, 4), tiny, dtype), np.full((3, 4), big, dtype)
     with pytest.raises(ValueError, match="logits scale q.k"):
         ag.softmax_attention(q, k, k, scale=float(np.finfo(dtype).max) / 10)
+
+
+# -- the last findings of the fuzz campaign ---------------------------------------------------
+
+
+def test_tilts_of_tiny_rows_are_defined():
+    # Rows of 1e-160: their squared norm underflows, their tilt does not.
+    u = np.array([[1e-160, 0.0, 0.0], [0.0, 2e-160, 0.0]])
+    cov = ag.tilt_coverage(u)
+    assert cov.count == 2 and cov.rank == 2
+    heads = ag.tilt_coverage(np.stack([u, u]), batch_ndim=1)
+    assert [h.rank for h in heads] == [2, 2]
+
+
+def test_tilt_coverage_of_zero_rows_names_u():
+    with pytest.raises(ValueError, match="u has no nonzero rows"):
+        ag.tilt_coverage(np.zeros((5, 3)))
+
+
+def test_tilt_coverage_sizes_and_overflow_are_refused():
+    with pytest.raises(ValueError, match="dim"):
+        ag.TiltCoverage(10 ** 18)
+    acc = ag.TiltCoverage(4).update(RNG.standard_normal((3, 4)))
+    with pytest.raises(ValueError, match="W_K"):
+        acc.result(W_K=np.full((4, 4), 1e300))
+
+
+def test_head_diagnostics_zero_queries_name_x():
+    W = RNG.standard_normal((4, 4))
+    with pytest.raises(ValueError, match="x @ W_Q is zero"):
+        ag.head_diagnostics(W, W, x=np.zeros((8, 4)))
+
+
+def test_numerical_rank_blocks_of_huge_entries():
+    J = np.diag([1.0, 1.0, 0.0]) * 1e200
+    assert ag.numerical_rank(J, block_rows=1).rank == 2  # block norms overflowed to inf before
+    assert ag.numerical_rank(np.ones((8, 0)), block_rows=1).rank == 0
+
+
+def test_rescale_by_extreme_factors():
+    w = ag.random_weights([2, 2, 2, 2], [2, 2, 2], seed=0)
+    As, Vs = [a.T @ b for b, a, _ in w], [v for _, _, v in w]
+    with pytest.raises(ValueError, match="lambdas"):
+        ag.rescale(As, Vs, [1.0, -1e308, 0.5])  # (1e308)^3 overflowed in Python before
+    A2, V2 = ag.rescale(As, Vs, [2.0, -3.0, 0.5])
+    rho = 1 / (2.0 ** 9 * (-3.0) ** 3 * 0.5)
+    np.testing.assert_allclose(V2[-1], rho * Vs[-1], rtol=1e-15)
+
+
+def test_reconstruct_points_zero_direction_is_refused():
+    with pytest.raises(ValueError, match=r"directions\[0\] is zero"):
+        ag.reconstruct_points(np.zeros((3, 3)), np.ones((3, 1)))
+
+
+def test_recover_keys_names_a_failing_probe():
+    D = np.eye(3)
+    with pytest.raises(ValueError, match="probe returned NaN"):
+        ag.recover_keys(lambda d, t: (np.full((3, t.size), np.nan), np.zeros((3, t.size, 1))), D, np.arange(8.0))
+    with pytest.raises(TypeError, match="probe must be a callable"):
+        ag.recover_keys(None, D, np.arange(8.0))
+
+
+def test_mlp_and_layernorm_shapes_and_overflow():
+    x, W = RNG.standard_normal((3, 4)), RNG.standard_normal((4, 4))
+    with pytest.raises(ValueError, match="b1 must have shape"):
+        ag.mlp_key_value(x, W, W, b1=np.ones(5))
+    with pytest.raises(ValueError, match="x has entries up to"):
+        ag.mlp_key_value(x * 1e307, W * 100, W * 100, activation="silu")
+    with pytest.raises(ValueError, match="gamma must have shape"):
+        ag.layernorm(x, gamma=np.ones(9))
+    np.testing.assert_allclose(ag.layernorm(x, gamma=2.0), 2 * ag.layernorm(x))
+
+
+def test_scalar_arguments_that_are_not_numbers():
+    with pytest.raises(TypeError, match="atol"):
+        ag.embedding_injectivity(np.eye(3), np.eye(3), atol={})
+    with pytest.raises(TypeError, match="center"):
+        ag.limited_angle(np.zeros(2), 3.0, center={})
+    with pytest.raises(TypeError, match="n must be an integer"):
+        ag.set_num_threads(np.array(np.nan, np.float32))
+    with pytest.raises(ValueError, match="n_samples"):
+        ag.is_critical(np.eye(3), np.ones((1, 3)), n_samples=-3)
+    with pytest.raises(ValueError, match="batch dimensions do not broadcast"):
+        ag.gauge_transform(np.ones((3, 3, 1)), np.ones((2, 3, 1)), np.ones((2, 1, 1)))
+
+
+def test_rescale_when_only_the_powers_overflow():
+    # lambda_1^9 = 1e360 overflows, rho = 1 / (1e360 * 1e-300) = 1e-60 does not.
+    w = ag.random_weights([2, 2, 2, 2], [2, 2, 2], seed=0)
+    As, Vs = [a.T @ b for b, a, _ in w], [v for _, _, v in w]
+    _, V2 = ag.rescale(As, Vs, [1e40, 1e-100, 1.0])
+    np.testing.assert_allclose(V2[-1], 1e-60 * Vs[-1], rtol=1e-14)

@@ -14,7 +14,9 @@ it through a pipe, many per process. Outcomes:
 - ``return``: a result, finite wherever the input was finite (clean);
 - ``error``: ValueError or TypeError whose message names an argument (clean);
 - ``unnamed-error``: ValueError or TypeError that names none of the arguments (bad);
-- ``exception:<Type>``: any other exception type (bad);
+- ``exception:<Type>``: any other exception type (bad), except a MemoryError for a size
+  within the library's stated limit (``MAX_ARRAY_BYTES``), which the worker's capped address
+  space may refuse (clean);
 - ``non-finite:nan`` / ``non-finite:inf``: NaN (or else inf) in the result of a finite
   input (bad: a finite answer, or a ValueError when the true answer overflows);
 - ``crash`` / ``timeout``: the worker died or hung; a new one takes over (bad).
@@ -315,6 +317,18 @@ def _names_an_argument(message, names, values=()):
     return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(_\d+)?(?![A-Za-z0-9_])", message) for n in names)
 
 
+_UNITS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40, "PiB": 50, "EiB": 60}
+
+
+def _within_size_limit(message: str) -> bool:
+    """Whether NumPy's "Unable to allocate 7.45 GiB ..." asked for no more than the
+    library's MAX_ARRAY_BYTES (the size every function checks before allocating)."""
+    from attngeom._operands import MAX_ARRAY_BYTES
+
+    m = re.search(r"Unable to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB|PiB|EiB)", message)
+    return bool(m) and float(m.group(1)) * 2 ** _UNITS[m.group(2)] <= MAX_ARRAY_BYTES
+
+
 def _run_case(name, args, kwargs, tmpdir):
     try:
         fn = _call_target(name)
@@ -333,6 +347,12 @@ def _run_case(name, args, kwargs, tmpdir):
         if _names_an_argument(message, _argument_names(name, fn, kwargs), strings):
             return "error", f"{type(e).__name__}: {message[:300]}"
         return "unnamed-error", f"{type(e).__name__}: {message[:300]}"
+    except MemoryError as e:
+        # A size within the library's stated limit that the worker's capped address space
+        # cannot hold is the machine's answer, not a finding; beyond the limit it is one.
+        if _within_size_limit(str(e)):
+            return "error", f"MemoryError within the size limit: {str(e)[:300]}"
+        return "exception:MemoryError", f"MemoryError: {str(e)[:300]}"
     except BaseException as e:  # noqa: B902 - every other type is the finding
         return f"exception:{type(e).__name__}", f"{type(e).__name__}: {str(e)[:300]}"
     finally:
@@ -1147,9 +1167,9 @@ def main(argv):
             print(f"    {outcome}: {n}")
     if missing:
         print(f"  functions without a strategy: {missing}")
-    if opts.report and bad:
+    if opts.report and n_bad:
         print("\nbad outcomes by function (first ones of each):")
-        for name in sorted(bad):
+        for name in sorted(n for n in bad if bad[n]):
             kinds = Counter(o for o, _, _ in bad[name])
             print(f"\n{name}: {dict(kinds)}")
             seen = set()

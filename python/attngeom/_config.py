@@ -1,6 +1,10 @@
 """Version, build configuration and thread control."""
 from __future__ import annotations
 
+import operator
+
+import numpy as np
+
 from . import _core
 
 __version__: str = _core.build_config()["version"]
@@ -50,9 +54,12 @@ def set_num_threads(n: int) -> None:
     1
     >>> ag.set_num_threads(before)
     """
-    if isinstance(n, bool) or not isinstance(n, (int,)) and not hasattr(n, "__index__"):
-        raise TypeError(f"n must be an integer >= 1, got {type(n).__name__}")
-    n = int(n.__index__()) if not isinstance(n, int) else n
+    try:
+        if isinstance(n, (bool, np.bool_)):
+            raise TypeError
+        n = operator.index(n)
+    except TypeError:
+        raise TypeError(f"n must be an integer >= 1, got {type(n).__name__}") from None
     limit = int(_core.max_threads())
     if not 1 <= n <= limit:
         raise ValueError(f"n must be an integer in [1, {limit}], got {n}")

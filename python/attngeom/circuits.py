@@ -342,9 +342,17 @@ def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     c = c / m
     with np.errstate(over="ignore"):
         s = np.sqrt((c * c).mean(-1, keepdims=True) + eps / (m * m))
-    g = 1.0 if gamma is None else operand("gamma", gamma, "(d,)", min_ndim=0)
-    b = 0.0 if beta is None else operand("beta", beta, "(d,)", min_ndim=0)
+    g = 1.0 if gamma is None else _feature_vector("gamma", gamma, x.shape[-1:])
+    b = 0.0 if beta is None else _feature_vector("beta", beta, x.shape[-1:])
     return g * c / s + b
+
+
+def _feature_vector(name: str, value, features: tuple) -> np.ndarray:
+    """A per-feature parameter of shape (d,) or a scalar (shape ()), for x of shape (..., d)."""
+    v = operand(name, value, "(d,)", min_ndim=0)
+    if v.ndim > 1 or (v.ndim == 1 and v.shape != features and v.shape != (1,)):
+        raise ValueError(f"{name} must have shape {features} or be a scalar, got {v.shape}")
+    return v
 
 
 @finite_result
@@ -379,8 +387,6 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     """
     x = operand("x", x, "(..., d)")
     eps = scalar("eps", eps)
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     d = x.shape[-1]
@@ -620,6 +626,7 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
     >>> ag.embedding_injectivity(np.eye(4)[:, :2], np.eye(4)[:, 2:]).injective
     True
     """
+    atol = scalar("atol", atol)
     E = operand("E", E, "(d, n_tokens)", ndim=2)
     P = operand("P", P, "(d, n_positions)", ndim=2)
     if E.shape[0] != P.shape[0]:
@@ -668,6 +675,7 @@ class KeyValueMLP:
         return order, norms[order]
 
 
+@finite_result
 def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=None, b2=None) -> KeyValueMLP:
     """The MLP x -> phi(x W1 + b1) W2 + b2 as a sum of neuron writes a_j v_j.
 
@@ -715,11 +723,16 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
         phi = _ACTIVATIONS[activation]
     else:
         raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)} or a callable, got {activation!r}")
+    biases = [None if b is None else operand(name, b, f"({size},)", ndim=1)
+              for name, b, size in (("b1", b1, A.shape[1]), ("b2", b2, B.shape[1]))]
+    for name, b, size in zip(("b1", "b2"), biases, (A.shape[1], B.shape[1])):
+        if b is not None and b.shape != (size,):
+            raise ValueError(f"{name} must have shape ({size},), got {b.shape}")
     pre = X @ A
-    if b1 is not None:
-        pre = pre + operand("b1", b1, f"({A.shape[1]},)", ndim=1)
+    if biases[0] is not None:
+        pre = pre + biases[0]
     a = phi(pre)
     out = a @ B
-    if b2 is not None:
-        out = out + operand("b2", b2, f"({B.shape[1]},)", ndim=1)
+    if biases[1] is not None:
+        out = out + biases[1]
     return KeyValueMLP(A.T.copy(), B.copy(), a, out)

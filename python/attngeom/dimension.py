@@ -320,8 +320,13 @@ def numerical_rank(J, block_rows=None) -> NumericalRank:
     block_rows = None if block_rows is None else count("block_rows", block_rows)
     if block_rows and J.shape[0] % block_rows:
         raise ValueError(f"block_rows must divide the {J.shape[0]} rows of J, got {block_rows}")
+    if J.size == 0:
+        return NumericalRank(0, np.zeros(0), float("inf"))
     if block_rows:
         blocks = J.reshape(-1, block_rows, J.shape[1])
+        # Divided by the largest entry first, so the norm neither overflows nor underflows.
+        big = np.max(np.abs(blocks), axis=(1, 2), keepdims=True)
+        blocks = blocks / np.where(big > 0, big, 1)
         norms = np.linalg.norm(blocks, axis=(1, 2), keepdims=True)
         J = (blocks / np.where(norms > 0, norms, 1)).reshape(J.shape)
     s = np.linalg.svd(J, compute_uv=False)
@@ -610,6 +615,21 @@ def gl_transform(As, Vs, Cs):
     return new_A, new_V
 
 
+def _power_split(x: float, p: int) -> tuple:
+    """x^p (x > 0, p >= 0) as (mantissa in [0.5, 1), exponent), by squaring with every product
+    renormalised: no overflow or underflow whatever x^p is."""
+    base, base_e = math.frexp(x)
+    mant, expo = 1.0, 0
+    while p:
+        if p & 1:
+            mant, e = math.frexp(mant * base)
+            expo += base_e + e
+        base, e = math.frexp(base * base)
+        base_e = 2 * base_e + e
+        p >>= 1
+    return math.frexp(mant)[0], expo + math.frexp(mant)[1]
+
+
 @finite_result
 def rescale(As, Vs, lambdas):
     """A point of the rescaling fiber (eq. 14) of a deep attention network.
@@ -645,7 +665,20 @@ def rescale(As, Vs, lambdas):
     lam = [scalar(f"lambdas[{i}]", x) for i, x in enumerate(lambdas)]
     if len(lam) != l or any(x == 0 for x in lam):
         raise ValueError(f"lambdas must hold {l} nonzero numbers, got {lambdas}")
-    rho = 1.0 / np.prod([lam[i] ** (3 ** (l - 1 - i)) for i in range(l)])
+    # rho = 1 / prod_i lam_i^(3^(l-1-i)), as mantissa and binary exponent (frexp) so that no
+    # power overflows when rho itself does not; every power of 3 is odd, so rho has the sign
+    # of prod_i lam_i.
+    mant, expo = 1.0, 0
+    for i, x in enumerate(lam):
+        m, e = _power_split(abs(x), 3 ** (l - 1 - i))
+        mant, e2 = math.frexp(mant * m)
+        expo += e + e2
+    inv, e3 = math.frexp(1.0 / mant)
+    expo = e3 - expo
+    if not np.finfo(np.float64).minexp <= expo <= np.finfo(np.float64).maxexp:
+        raise ValueError(f"lambdas {lam} make the last layer's factor rho = 2^{expo} leave the float range; "
+                         "choose factors nearer 1")
+    rho = math.copysign(math.ldexp(inv, expo), math.prod(math.copysign(1.0, x) for x in lam))
     return [x * A for x, A in zip(lam, As)], Vs[:-1] + [rho * Vs[-1]]
 
 
@@ -742,6 +775,8 @@ def is_critical(A, V, *, kind="lightning", t=3, n_samples=50, seed=0) -> Critica
     d = A.shape[0]
     if V.ndim != 2 or V.shape[1] != d or V.shape[0] < 1:
         raise ValueError(f"V must have shape (d', {d}), got {V.shape}")
+    t, n_samples = count("t", t), count("n_samples", n_samples)
+    check_size("n_samples, t", n_samples * t * V.shape[0] * (2 * d * d + V.shape[0] * d))
     X = generator(seed).standard_normal((n_samples, t, d))
     J = parametrization_jacobian([(np.eye(d), A.T.copy(), V)], X, kind=kind)
     r, _, gap = numerical_rank(J, block_rows=t * V.shape[0])

@@ -302,6 +302,9 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol, 
             k = xb[sl] @ wkb[sl, None]
         else:
             q, k = xb[sl], kb[sl]
+        if not np.all(np.any(q.reshape(q.shape[0], -1) != 0, axis=-1)):
+            raise ValueError(("q" if kb is not None else "x @ W_Q") + " is zero for every token of a head: "
+                             "its tilts are undefined")
         tau = scale * np.linalg.norm(q, axis=-1)
         tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
         tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)

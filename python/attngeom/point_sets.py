@@ -143,6 +143,9 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     """
     D = operand("directions", directions, "(m, d)", dtype=np.float64)
     m, d = D.shape
+    zero = np.flatnonzero(~np.any(D != 0, axis=1))
+    if zero.size:
+        raise ValueError(f"directions[{zero[0]}] is zero: every projection needs a nonzero direction")
     S, masks = _node_lists("nodes", nodes, m)
     if any(len(x) == 0 for x in S):
         raise ValueError("nodes must hold at least one projection per direction")
@@ -388,11 +391,18 @@ def recover_keys(probe: Callable, directions, tau_grid, *, order: Optional[int] 
     """
     D = operand("directions", directions, "(m, d)", dtype=np.float64)
     t, _, _ = uniform_grid("tau_grid", tau_grid)
-    Z, N = probe(D, t if np.any(t.imag != 0) else t.real)
+    if not callable(probe):
+        raise TypeError(f"probe must be a callable probe(directions, tau) -> (Z, N), got {type(probe).__name__}")
+    try:
+        Z, N = probe(D, t if np.any(t.imag != 0) else t.real)
+    except ValueError as e:
+        raise ValueError(f"probe refused these directions and tau_grid: {e}") from e
     Z, N = np.asarray(Z), np.asarray(N)
     if Z.shape != (D.shape[0], t.size) or N.ndim != 3 or N.shape[:2] != Z.shape:
         raise ValueError(f"probe must return Z (m, T) = {(D.shape[0], t.size)} and N (m, T, d_v), "
                          f"got {Z.shape} and {N.shape}")
+    if not (np.all(np.isfinite(Z)) and np.all(np.isfinite(N))):
+        raise ValueError("probe returned NaN or inf in Z or N for these directions and tau_grid")
     stacked = np.concatenate([Z[..., None], N], axis=-1)  # (m, T, 1 + d_v)
     fits = fit_exponential_sum(t, stacked, order=order, rtol=rtol, vector=True)
     nodes = [fits.nodes[j, : fits.order[j]] for j in range(D.shape[0])]

@@ -493,5 +493,6 @@ def limited_angle(theta, wedge: float, *, center: float = 90.0) -> np.ndarray:
     wedge = scalar("wedge", wedge)
     if not 0 <= wedge < 180:
         raise ValueError(f"wedge must lie in [0, 180) degrees, got {wedge}")
+    center = scalar("center", center)
     d = np.abs((th - center + 90.0) % 180.0 - 90.0)
     return d >= wedge / 2

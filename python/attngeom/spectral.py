@@ -25,8 +25,8 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (batch_operands, broadcast_batch, check_finite, compute_dtype, finite_result, logit_scale,
-                        operand, renamed_arguments, rtol_arg, scalar)
+from ._operands import (batch_operands, broadcast_batch, check_finite, check_size, compute_dtype, count,
+                        finite_result, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
@@ -452,9 +452,8 @@ class TiltCoverage:
     """
 
     def __init__(self, dim: int):
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        self.dim = int(dim)
+        self.dim = count("dim", dim)
+        check_size("dim", 2 * self.dim * self.dim)  # the factor R and the stack it is refreshed from
         self.count = 0
         self._r = np.zeros((0, self.dim))
         self._sum = np.zeros(self.dim)
@@ -470,9 +469,8 @@ class TiltCoverage:
             raise ValueError(f"u must have shape (..., {self.dim}), got {a.shape}")
         check_finite("u", a)
         self._note_dtype(a.dtype == np.float32)
-        rows = a.reshape(-1, self.dim).astype(np.float64)
-        norm = np.linalg.norm(rows, axis=1)
-        rows = rows[norm > 0] / norm[norm > 0, None]
+        rows, nonzero = _unit_rows(a.reshape(-1, self.dim))
+        rows = rows[nonzero]
         if rows.shape[0]:
             self._r = np.linalg.qr(np.vstack([self._r, rows]), mode="r")
             self.count += rows.shape[0]
@@ -497,6 +495,7 @@ class TiltCoverage:
         """sum_j u_j u_j^T (d_k, d_k), from the factor."""
         return self._r.T @ self._r
 
+    @finite_result
     def result(self, *, W_K=None, rtol=None, centered: bool = False) -> TiltCoverageResult:
         """Spectra, effective dimensions and limited-angle nulls of the tilts seen so far.
 
@@ -526,6 +525,18 @@ class TiltCoverage:
             wk = wk[None]
         eps = np.finfo(np.float32 if self._float32 else np.float64).eps
         return _coverage_results(self._r[None], np.array([self.count]), self._sum[None], wk, rtol, eps, centered)[0]
+
+
+def _unit_rows(a: np.ndarray) -> tuple:
+    """(rows of a (..., d) divided by their norms in float64, mask of the nonzero rows); zero
+    rows stay zero. Each row is scaled by its largest entry first, so the norm neither
+    overflows nor underflows (a row of 1e-160 still has a tilt)."""
+    rows = a.astype(np.float64)
+    big = np.max(np.abs(rows), axis=-1, keepdims=True) if rows.shape[-1] else np.zeros(rows.shape[:-1] + (1,))
+    nonzero = big[..., 0] > 0
+    rows = np.divide(rows, big, out=np.zeros_like(rows), where=big > 0)
+    norm = np.linalg.norm(rows, axis=-1, keepdims=True)
+    return np.divide(rows, norm, out=np.zeros_like(rows), where=norm > 0), nonzero
 
 
 def _key_weights(W_K, d: int) -> np.ndarray:
@@ -576,6 +587,7 @@ def _coverage_results(R, count, total, wk, rtol, eps, centered) -> list:
     return out
 
 
+@finite_result
 def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim: int = 0):
     """Angular coverage of the tilts u (..., d_k) of a head on a dataset.
 
@@ -622,15 +634,16 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
         raise ValueError(f"batch_ndim must be an integer in [0, {a.ndim - 1}] for u of shape {a.shape}, "
                          f"got {batch_ndim!r}")
     if batch_ndim == 0:
-        return TiltCoverage(a.shape[-1]).update(a).result(W_K=W_K, rtol=rtol, centered=centered)
+        acc = TiltCoverage(a.shape[-1]).update(a)
+        if acc.count == 0:
+            raise ValueError("u has no nonzero rows: its tilts are undefined")
+        return acc.result(W_K=W_K, rtol=rtol, centered=centered)
     check_finite("u", a)
     rtol = rtol_arg(rtol)
     batch, d = a.shape[:batch_ndim], a.shape[-1]
-    rows = a.reshape((-1, int(np.prod(a.shape[batch_ndim:-1], dtype=np.int64)), d)).astype(np.float64)
-    norm = np.linalg.norm(rows, axis=-1, keepdims=True)
-    rows = np.divide(rows, norm, out=np.zeros_like(rows), where=norm > 0)  # zero rows add nothing to R^T R
-    count = np.count_nonzero(norm[..., 0] > 0, axis=-1)
-    if np.any(count == 0):
+    rows, nonzero = _unit_rows(a.reshape((-1, int(np.prod(a.shape[batch_ndim:-1], dtype=np.int64)), d)))
+    counts = np.count_nonzero(nonzero, axis=-1)  # zero rows add nothing to R^T R
+    if np.any(counts == 0):
         raise ValueError("u has a head with no nonzero rows: its tilts are undefined")
     wk = None
     if W_K is not None:
@@ -642,7 +655,7 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
                 from None
     eps = np.finfo(np.float32 if a.dtype == np.float32 else np.float64).eps
     R = np.linalg.qr(rows, mode="r")
-    results = _coverage_results(R, count, rows.sum(axis=1), wk, rtol, eps, centered)
+    results = _coverage_results(R, counts, rows.sum(axis=1), wk, rtol, eps, centered)
     out = np.empty(len(results), dtype=object)
     out[:] = results
     return out.reshape(batch)
@@ -747,6 +760,7 @@ def gauge_transform(W_Q, W_K, A):
     a = operand("A", A, f"(..., {d_k}, {d_k})")
     if a.shape[-2:] != (d_k, d_k):
         raise ValueError(f"A must have shape (..., {d_k}, {d_k}), got {a.shape}")
+    broadcast_batch([("W_Q", wq, 2), ("W_K", wk, 2), ("A", a, 2)])
     dt = compute_dtype(wq, wk, a)
     wq, wk, a = (x.astype(dt, copy=False) for x in (wq, wk, a))
     s = singular_values(a)

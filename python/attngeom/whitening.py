@@ -313,9 +313,10 @@ def _cholesky_blocks(Lambda0, Lambda1):
                 L = np.linalg.cholesky((schur + schur.T) / 2)
             except np.linalg.LinAlgError:
                 raise ValueError(
-                    f"the block-tridiagonal covariance model is not positive definite: the Schur complement "
-                    f"Lambda_0 - M M^T lost definiteness at block {i}; the lag-1 truncation does not describe "
-                    "this process (its correlation reaches beyond one step too strongly)") from None
+                    f"Lambda0 and Lambda1 give a block-tridiagonal covariance model that is not positive "
+                    f"definite: the Schur complement Lambda0 - M M^T lost definiteness at block {i}; the lag-1 "
+                    "truncation does not describe this process (its correlation reaches beyond one step too "
+                    "strongly)") from None
             yield L, M
 
     return steps()
