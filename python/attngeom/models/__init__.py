@@ -14,6 +14,11 @@
   :mod:`.architecture` reads config.json, :mod:`.decoder` is the GPT-2 / Llama-family
   decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result,
   :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints.
+* The notes' practice agenda on real models: :mod:`.lens` (logit lens), :mod:`.induction`
+  (induction and previous-token scores, K-composition), :mod:`.spectra` (W_OV / W_QK
+  spectra and the spectral-diagnostics figure), :mod:`.latent` (latent rank of the key
+  cache, MLA); :mod:`.prompt` resolves their model and prompt arguments and
+  :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 """
 from .activations import load_activations, text_activations
 from .architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
@@ -37,6 +42,12 @@ from .report import HeadReport, head_report
 from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
 from .safetensors import SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors, write_safetensors
 from .tokenizer import WordPiece, tokenize
+from .prompt import encode_prompt, resolve_model, token_strings
+from .planted import planted_induction_model
+from .lens import LogitLens, logit_lens
+from .induction import InductionScores, induction_scores
+from .spectra import WeightSpectra, weight_spectra
+from .latent import LatentKeyCache, latent_key_cache
 
 __all__ = [
     "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -47,4 +58,6 @@ __all__ = [
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
     "Decoder", "Forward", "Model", "load_model", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
+    "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
+    "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
 ]

@@ -195,6 +195,30 @@ class Decoder:
         """Whether the checkpoint has an lm_head (or ties it to the embedding)."""
         return self.w["unembed"] is not None
 
+    def final_norm(self, h: np.ndarray) -> np.ndarray:
+        """The final norm N_f applied to residual streams h (..., d_model), in h's dtype.
+
+        ``final_norm(h_L) @ W_U^T`` are the logits; on earlier layers it is the logit lens
+        (:func:`attngeom.logit_lens`).
+
+        Parameters
+        ----------
+        h : ndarray, shape (..., d_model)
+            Residual streams (float32 or float64).
+
+        Returns
+        -------
+        ndarray, shape (..., d_model)
+            N_f(h).
+
+        Examples
+        --------
+        >>> x = dec.final_norm(f.hidden_states[1])  # doctest: +SKIP
+        """
+        a, w = self.arch, self.w
+        cast = [None if w[key] is None else np.asarray(w[key]).astype(h.dtype, copy=False) for key in ("norm_w", "norm_b")]
+        return _norm(h, cast[0], cast[1], a.norm_eps, a.norm)
+
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype) -> Forward:
         """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
