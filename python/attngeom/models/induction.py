@@ -106,10 +106,6 @@ def _repeated_random_tokens(vocab_size: int, seq_len: int, n_repeats: int, n_seq
     """(n_sequences, [1 +] n_repeats * seq_len) sequences: seq_len distinct random tokens
     (never ``bos``) repeated n_repeats times, after ``bos`` when given."""
     pool = np.arange(vocab_size) if bos is None else np.delete(np.arange(vocab_size), bos)
-    if pool.size < seq_len:
-        raise ValueError(f"seq_len ({seq_len}) must not exceed the {pool.size} tokens available (vocab_size "
-                         f"{vocab_size}{', less the bos token' if bos is not None else ''}): the tokens of one copy are "
-                         f"distinct")
     seqs = np.stack([rng.choice(pool, seq_len, replace=False) for _ in range(n_sequences)])
     ids = np.tile(seqs, (1, n_repeats))
     if bos is not None:
@@ -161,7 +157,7 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
     >>> from attngeom.models import planted_induction_model
     >>> s = ag.induction_scores(planted_induction_model("planted"), seq_len=20, bos=0)
     >>> bool(s.induction[1, 0] > 0.99), bool(s.previous_token[0, 0] > 0.99)
-    True True
+    (True, True)
     >>> s.previous_token_heads
     [(0, 0)]
     """
@@ -176,6 +172,9 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
         bos = count("bos", bos, 0, V - 1)
     threshold = scalar("threshold", threshold)
     offset = 0 if bos is None else 1
+    if T > V - offset:
+        raise ValueError(f"seq_len ({T}) must not exceed the {V - offset} tokens available (vocab_size {V}"
+                         f"{', less the bos token' if offset else ''}): the tokens of one copy are distinct")
     n = offset + R * T
     limit = m.arch.max_positions
     if limit is not None and n > limit:

@@ -168,7 +168,10 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
                          f"got a {m.arch.model_type} checkpoint without one")
     V = m.arch.vocab_size
     k = count("k", k, 1, V)
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype must be float32 or float64: {exc}") from None
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dt}")
     ids, tokens = encode_prompt(m, prompt)
