@@ -882,6 +882,7 @@ SPECS = {
     "latent_key_cache": lambda g: (
         (g.model(), g.prompt()),
         g.kwargs(rank=lambda: g.integer((1, 2, 3)), rotary=g.flag, rtol=g.real)),
+    "router_statistics": lambda g: ((g.model(), g.prompt()), {}),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "fit_exponential_sum": lambda g: (

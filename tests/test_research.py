@@ -319,3 +319,127 @@ def test_latent_key_cache_bad_arguments_and_plot(planted):
         cache.rank_for(2.0)
     pytest.importorskip("matplotlib")
     assert len(cache.plot().axes[0].lines) == 2
+
+
+# -- mixture of experts (Mixtral) --------------------------------------------------------
+def _mixtral(folder, *, top_k=2, dtype="float32", planted=False):
+    """A random Mixtral checkpoint (4 experts); with ``planted``, layer 0 routes token v to
+    expert v mod 4 alone: embeddings e_(v mod 32), no attention output, router rows e_j."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_decoders import float64_everywhere, randomize
+
+    config = transformers.MixtralConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=top_k, rope_theta=500.0)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
+    torch.manual_seed(0)
+    model = randomize(transformers.MixtralForCausalLM(config), seed=5).eval()
+    if planted:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(torch.eye(32)[torch.arange(97) % 32])
+            layer = model.model.layers[0]
+            layer.self_attn.o_proj.weight.zero_()
+            layer.post_attention_layernorm.weight.fill_(1.0)
+            router = [m for name, m in layer.named_modules() if name.endswith("gate") and hasattr(m, "weight")][0]
+            router.weight.copy_(5.0 * (torch.arange(4)[:, None] == torch.arange(32)[None] % 4).float())
+    if dtype == "float64":
+        model = model.double()
+        with float64_everywhere():
+            for m in model.modules():
+                if hasattr(m, "inv_freq"):
+                    m.__init__(m.config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_mixtral_forward_matches_transformers(tmp_path, precision):
+    import torch
+    from test_decoders import batch, float64_everywhere
+
+    model = _mixtral(tmp_path / "m", dtype=precision)
+    m = load_model(tmp_path / "m")
+    assert m.arch.model_type == "mixtral" and m.arch.n_experts == 4 and m.arch.experts_per_token == 2
+    ids, mask = batch()
+    dt = np.float64 if precision == "float64" else np.float32
+    f = m.forward(ids, attention_mask=mask, dtype=dt)
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    import contextlib
+    ctx = float64_everywhere() if precision == "float64" else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
+                    position_ids=torch.tensor(positions), output_router_logits=True)
+    tol = 1e-10 if precision == "float64" else 1e-4
+    assert np.abs(f.logits - out.logits.numpy())[mask].max() < tol * max(1.0, np.abs(f.logits).max())
+    router = np.stack([r.numpy().reshape(3, 7, 4) for r in out.router_logits])
+    assert np.abs(f.router_logits - router)[:, mask].max() < tol
+    assert f.router_logits.shape == (2, 3, 7, 4)
+    single = m.forward(ids[0], dtype=dt)
+    assert single.router_logits.shape == (2, 7, 4)
+
+
+def test_router_statistics_on_a_random_mixtral(tmp_path):
+    _mixtral(tmp_path / "m")
+    ids = np.random.default_rng(0).integers(0, 97, 20)
+    s = ag.router_statistics(tmp_path / "m", ids)
+    assert s.routing.shape == (2, 20, 4) and s.k == 2 and s.sparsity == 0.5
+    assert (np.count_nonzero(s.routing, axis=-1) == 2).all()
+    np.testing.assert_allclose(s.routing.sum(-1), 1.0)
+    np.testing.assert_array_equal(s.counts.sum(-1), [40, 40])
+    np.testing.assert_allclose(s.routing, ag.topk_routing(s.router_logits, 2))
+    for layer, g in enumerate(s.grams):
+        np.testing.assert_allclose(g.gram, s.routing[layer].T @ s.routing[layer], rtol=1e-12)
+        np.testing.assert_allclose(s.gram_spectrum[layer], np.linalg.eigvalsh(g.gram)[::-1], atol=1e-12)
+    assert ((0.5 <= s.top_k_mass) & (s.top_k_mass <= 1)).all() and (s.entropy <= np.log(4) + 1e-12).all()
+    assert set(s.summary()) >= {"imbalance_L0", "off_diagonal_mass_L1", "sparsity"}
+    pytest.importorskip("matplotlib")
+    assert len(s.plot().axes) >= 2
+
+
+def test_planted_router_gives_the_balanced_lemma(tmp_path):
+    _mixtral(tmp_path / "m", top_k=1, planted=True)
+    s = ag.router_statistics(tmp_path / "m", np.arange(16))  # token v routes to expert v mod 4
+    np.testing.assert_array_equal(s.routing[0].argmax(-1), np.arange(16) % 4)
+    np.testing.assert_array_equal(s.counts[0], [4, 4, 4, 4])
+    # the notes' lemma: disjoint, equal loads make R^T R = (k T / n_experts) I
+    np.testing.assert_allclose(s.grams[0].gram, 4.0 * np.eye(4), atol=1e-12)
+    assert s.grams[0].off_diagonal_mass == 0 and s.grams[0].imbalance == 0
+    np.testing.assert_allclose(s.gram_spectrum[0], 4.0)
+    assert s.top_k_mass[0] > 0.99  # a logit gap of 5 sqrt(32)
+
+
+def test_router_statistics_needs_experts(planted):
+    with pytest.raises(ValueError, match="model: router statistics need a mixture-of-experts model"):
+        ag.router_statistics(planted, [1, 2])
+
+
+def test_mixtral_fused_expert_tensors(tmp_path):
+    """transformers >= 5 keeps experts fused in memory (gate_up_proj, down_proj); such
+    checkpoints load to the same model."""
+    import json
+    import shutil
+
+    _mixtral(tmp_path / "m")
+    from attngeom.models import read_safetensors, write_safetensors
+
+    t = read_safetensors(tmp_path / "m" / "model.safetensors")
+    fused = {}
+    for name, value in t.items():
+        if ".block_sparse_moe." not in name:
+            fused[name] = value
+    for i in range(2):
+        s = f"model.layers.{i}.block_sparse_moe."
+        fused[f"model.layers.{i}.mlp.gate.weight"] = t[s + "gate.weight"]
+        fused[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
+            [np.concatenate([t[f"{s}experts.{e}.w1.weight"], t[f"{s}experts.{e}.w3.weight"]]) for e in range(4)])
+        fused[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([t[f"{s}experts.{e}.w2.weight"] for e in range(4)])
+    (tmp_path / "f").mkdir()
+    write_safetensors(tmp_path / "f" / "model.safetensors", fused)
+    shutil.copy(tmp_path / "m" / "config.json", tmp_path / "f" / "config.json")
+    ids = np.arange(1, 9)
+    a, b = load_model(tmp_path / "m").forward(ids), load_model(tmp_path / "f").forward(ids)
+    np.testing.assert_array_equal(a.logits, b.logits)
+    np.testing.assert_array_equal(a.router_logits, b.router_logits)
+    assert json.load(open(tmp_path / "f" / "config.json"))["model_type"] == "mixtral"

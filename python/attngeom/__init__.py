@@ -141,10 +141,12 @@ from .models import (
     InductionScores,
     LatentKeyCache,
     LogitLens,
+    RouterStatistics,
     WeightSpectra,
     induction_scores,
     latent_key_cache,
     logit_lens,
+    router_statistics,
     weight_spectra,
 )
 
@@ -172,7 +174,7 @@ __all__ = [
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
     "models", "load_heads", "ModelHeads", "load_model", "Model",
     "logit_lens", "LogitLens", "induction_scores", "InductionScores", "weight_spectra", "WeightSpectra",
-    "latent_key_cache", "LatentKeyCache",
+    "latent_key_cache", "LatentKeyCache", "router_statistics", "RouterStatistics",
     "fit_exponential_sum", "ExponentialSum", "invert_laplace_density", "DensityFit", "wasserstein1",
     "reconstruct_points", "PointSet", "recover_keys", "RecoveredHead", "head_probe",
     "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",

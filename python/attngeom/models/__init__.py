@@ -17,7 +17,8 @@
 * The notes' practice agenda on real models: :mod:`.lens` (logit lens), :mod:`.induction`
   (induction and previous-token scores, K-composition), :mod:`.spectra` (W_OV / W_QK
   spectra and the spectral-diagnostics figure), :mod:`.latent` (latent rank of the key
-  cache, MLA); :mod:`.prompt` resolves their model and prompt arguments and
+  cache, MLA), :mod:`.routing` (router statistics of mixture-of-experts models, whose
+  layer is :mod:`.moe`); :mod:`.prompt` resolves their model and prompt arguments and
   :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 """
 from .activations import load_activations, text_activations
@@ -48,6 +49,7 @@ from .lens import LogitLens, logit_lens
 from .induction import InductionScores, induction_scores
 from .spectra import WeightSpectra, weight_spectra
 from .latent import LatentKeyCache, latent_key_cache
+from .routing import RouterStatistics, router_statistics
 
 __all__ = [
     "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -60,4 +62,5 @@ __all__ = [
     "Decoder", "Forward", "Model", "load_model", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
+    "RouterStatistics", "router_statistics",
 ]
