@@ -124,6 +124,13 @@ class Probe:
         return f"Probe(broken={self.broken!r})" if self.broken else f"head_probe({self.k!r}, {self.v!r})"
 
 
+class PlantedModel:
+    """The folder of a small planted-induction GPT-2, written once in the worker."""
+
+    def __repr__(self):
+        return "PlantedModel()"
+
+
 class Opaque:
     """An object of no type any function accepts."""
 
@@ -151,6 +158,13 @@ def _build(x, tmpdir):
                 raise ValueError("probe: refused")
             return probe
         return ag.head_probe(_build(x.k, tmpdir), _build(x.v, tmpdir))
+    if isinstance(x, PlantedModel):
+        import attngeom as ag
+
+        folder = os.path.join(tmpdir, "planted")
+        if not os.path.isdir(folder):
+            ag.models.planted_induction_model(folder, vocab_size=8, n_heads=2, d_head=16, n_positions=12)
+        return folder
     if isinstance(x, list):
         return [_build(e, tmpdir) for e in x]
     if isinstance(x, tuple):
@@ -856,6 +870,19 @@ SPECS = {
                              g.kwargs(backend=lambda: g.choice(["auto", "python"]))),
     # Model objects come from load_model; fuzzed through a forward pass on token ids.
     "Model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(), g.arr("n")), {}),
+    # The research functions take a model (a checkpoint path here, or hostile) and a prompt.
+    "logit_lens": lambda g: ((g.model(), g.prompt()), g.kwargs(k=lambda: g.integer((1, 2, 5)),
+                                                              dtype=lambda: g.choice([np.float32, np.float64]))),
+    "induction_scores": lambda g: (
+        (g.model(),),
+        g.kwargs(seq_len=lambda: g.integer((2, 3, 50)), n_repeats=lambda: g.integer((2, 3)),
+                 n_sequences=lambda: g.integer((1, 2)), bos=lambda: g.integer((0, 1)), threshold=g.real,
+                 seed=lambda: g.integer((0, 1)))),
+    "weight_spectra": lambda g: ((g.model(),), g.kwargs(prompt=g.prompt)),
+    "latent_key_cache": lambda g: (
+        (g.model(), g.prompt()),
+        g.kwargs(rank=lambda: g.integer((1, 2, 3)), rotary=g.flag, rtol=g.real)),
+    "router_statistics": lambda g: ((g.model(), g.prompt()), {}),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "fit_exponential_sum": lambda g: (
@@ -985,7 +1012,20 @@ def _extend_generator(G, st):
         d = max(1, self.size("d"))
         return Probe(self.clean_arr(3, d), self.clean_arr(3, 2))
 
-    for f in (draw_bool, draw_int, draw_from, tau, grid, spd, scaled, widths, network_call, probe):
+    def model(self):
+        """A small working checkpoint, a checkpoint file (usually broken) or a hostile value."""
+        if self.hostile_now():
+            return self.hostile()
+        return PlantedModel() if self.draw(st.integers(0, 2)) else self.safetensors()
+
+    def prompt(self):
+        """Token ids, a text, or a hostile value."""
+        if self.draw(st.integers(0, 4)) == 0:
+            return self.draw(st.sampled_from(["", "the cat", "x" * 3]))
+        ids = self.arr("n", dtype=self.draw(st.sampled_from(["int64", "int64", "float64"])))
+        return ids
+
+    for f in (draw_bool, draw_int, draw_from, tau, grid, spd, scaled, widths, network_call, probe, model, prompt):
         setattr(G, f.__name__, f)
 
 

@@ -138,6 +138,18 @@ from .radon import (
 from . import plotting  # matplotlib itself is imported on first use
 from . import models
 from .models import Model, ModelHeads, load_heads, load_model
+from .models import (
+    InductionScores,
+    LatentKeyCache,
+    LogitLens,
+    RouterStatistics,
+    WeightSpectra,
+    induction_scores,
+    latent_key_cache,
+    logit_lens,
+    router_statistics,
+    weight_spectra,
+)
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
@@ -162,6 +174,8 @@ __all__ = [
     "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
     "models", "load_heads", "ModelHeads", "load_model", "Model",
+    "logit_lens", "LogitLens", "induction_scores", "InductionScores", "weight_spectra", "WeightSpectra",
+    "latent_key_cache", "LatentKeyCache", "router_statistics", "RouterStatistics",
     "fit_exponential_sum", "ExponentialSum", "invert_laplace_density", "DensityFit", "wasserstein1",
     "reconstruct_points", "PointSet", "recover_keys", "RecoveredHead", "head_probe",
     "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",

@@ -467,11 +467,56 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
     return fig
 
 
+def token_ticks(ax, tokens, axis="x", *, max_labels=60):
+    """Label an axis of a heat map with token strings, every k-th one beyond `max_labels`.
+
+    Up to `max_labels` tokens every token gets a tick; beyond, every k-th token with
+    k = ceil(n / max_labels), so the labels stay readable (the notes' attention heat maps
+    with tokens as tick labels).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes of an image whose cells are tokens 0..n-1 along `axis`.
+    tokens : sequence of str
+        The token strings.
+    axis : {"x", "y"}, default "x"
+        Which axis; x labels are rotated by 90 degrees.
+    max_labels : int, default 60
+        The most labels drawn.
+
+    Returns
+    -------
+    ndarray of int
+        The positions that got a label.
+
+    Examples
+    --------
+    >>> fig, ax = ag.plotting.axes_or_new(None)
+    >>> ag.plotting.token_ticks(ax, [f"t{i}" for i in range(130)], max_labels=60)[:4]
+    array([0, 3, 6, 9])
+    """
+    if axis not in ("x", "y"):
+        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    tokens = [str(t) for t in tokens]
+    step = max(1, -(-len(tokens) // max(1, int(max_labels))))
+    where = np.arange(0, len(tokens), step)
+    size = 6 if len(where) > 30 else 8
+    if axis == "x":
+        ax.set_xticks(where)
+        ax.set_xticklabels([tokens[i] for i in where], rotation=90, fontsize=size)
+    else:
+        ax.set_yticks(where)
+        ax.set_yticklabels([tokens[i] for i in where], fontsize=size)
+    return where
+
+
 @renamed_arguments(P="routing")
 def attention_heatmap(routing, tokens=None, title="", ax=None):
     """An attention (routing) matrix P as a heat map, queries as rows.
 
-    Token strings label the axes when given and n <= 48. The old keyword ``P`` is deprecated
+    Token strings label the axes when given (every k-th beyond 60 tokens, :func:`token_ticks`).
+    The old keyword ``P`` is deprecated
     (use ``routing``).
 
     Parameters
@@ -502,11 +547,9 @@ def attention_heatmap(routing, tokens=None, title="", ax=None):
     fig, ax = axes_or_new(ax, figsize=(size + 0.8, size))
     im = ax.imshow(P, cmap="magma", vmin=0, vmax=max(float(P.max()), 1e-12), interpolation="nearest")
     fig.colorbar(im, ax=ax, shrink=0.8, label="weight")
-    if tokens is not None and n <= 48:
-        ax.set_xticks(range(n))
-        ax.set_yticks(range(n))
-        ax.set_xticklabels(tokens, rotation=90, fontsize=6)
-        ax.set_yticklabels(tokens, fontsize=6)
+    if tokens is not None:
+        token_ticks(ax, tokens[:P.shape[1]], "x")
+        token_ticks(ax, tokens[:n], "y")
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     ax.set_title(title, fontsize=9)

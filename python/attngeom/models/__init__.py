@@ -17,6 +17,12 @@
 * :mod:`.adapters`: :func:`from_transformers` and :func:`from_transformer_lens` give the same
   :class:`Model` for a ``transformers`` model or a TransformerLens 4.x bridge in memory
   (torch is only touched through the tensors handed in; nothing is imported here).
+* The notes' practice agenda on real models: :mod:`.lens` (logit lens), :mod:`.induction`
+  (induction and previous-token scores, K-composition), :mod:`.spectra` (W_OV / W_QK
+  spectra and the spectral-diagnostics figure), :mod:`.latent` (latent rank of the key
+  cache, MLA), :mod:`.routing` (router statistics of mixture-of-experts models, whose
+  layer is :mod:`.moe`); :mod:`.prompt` resolves their model and prompt arguments and
+  :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 """
 from .activations import load_activations, text_activations
 from .adapters import from_transformer_lens, from_transformers
@@ -42,6 +48,13 @@ from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
 from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
                           write_safetensors)
 from .tokenizer import WordPiece, tokenize
+from .prompt import encode_prompt, resolve_model, token_strings
+from .planted import planted_induction_model
+from .lens import LogitLens, logit_lens
+from .induction import InductionScores, induction_scores
+from .spectra import WeightSpectra, weight_spectra
+from .latent import LatentKeyCache, latent_key_cache
+from .routing import RouterStatistics, router_statistics
 
 __all__ = [
     "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -51,5 +64,9 @@ __all__ = [
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
-    "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs", "rope_frequencies", "rotary_pairs",
+    "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs",
+    "rope_frequencies", "rotary_pairs",
+    "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
+    "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
+    "RouterStatistics", "router_statistics",
 ]

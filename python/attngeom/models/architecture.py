@@ -12,6 +12,7 @@ llama       llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type 
 mistral     llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
 qwen2       llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
 qwen3       llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
+mixtral     llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
 ==========  ========  =========  ==========  ========  ==========================================
 
 Both config formats are read: transformers >= 5 (``rope_parameters``) and the older
@@ -24,7 +25,7 @@ from typing import Optional, Tuple
 
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
-                           "qwen3": "llama"}
+                           "qwen3": "llama", "mixtral": "llama"}
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
 
@@ -61,6 +62,9 @@ class Architecture:
         GPT-2's scale_attn_by_inverse_layer_idx; ``scale_attn`` its scale_attn_weights.
     config : dict
         The parsed config.json.
+    n_experts, experts_per_token : int
+        Mixture-of-experts MLPs (Mixtral): num_local_experts and num_experts_per_tok (the k
+        of top-k routing); 0 for dense MLPs.
 
     Examples
     --------
@@ -92,6 +96,8 @@ class Architecture:
     scale_attn: bool = True
     scale_by_layer: bool = False
     config: dict = field(default_factory=dict, repr=False, compare=False)
+    n_experts: int = 0
+    experts_per_token: int = 0
 
 
 def _int(cfg, where, *keys, default=None):
@@ -212,6 +218,12 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
                       rope=_rope(config, where), qk_norm=model_type == "qwen3",
                       tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), max_positions=None,
                       sliding_window=window if sliding else None, sliding_layers=sliding)
+    if model_type == "mixtral":
+        n_experts = _int(config, where, "num_local_experts")
+        top_k = _int(config, where, "num_experts_per_tok")
+        if top_k > n_experts:
+            raise ValueError(f"{where}: num_experts_per_tok = {top_k} exceeds num_local_experts = {n_experts}")
+        common.update(n_experts=n_experts, experts_per_token=top_k)
     if act not in ACTIVATIONS:
         raise ValueError(f"{where}: activation {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
     return Architecture(model_type=model_type, family=family, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,

@@ -9,7 +9,7 @@ The network is parametrised by its :class:`Architecture` (no class per family):
     q, k    = q R(m), k R(m)                  rotary models (:mod:`.rotary`)
     a_l     = sum_h softmax(scale q_h k_h^T + causal/padding/window mask) v_h W_O[h] + b_O
     h'_l    = h_l + a_l
-    h_{l+1} = h'_l + MLP(Norm(h'_l))          GELU MLP (GPT-2) or SwiGLU (down(silu(gate) * up))
+    h_{l+1} = h'_l + MLP(Norm(h'_l))          GELU (GPT-2), SwiGLU (down(silu(gate) * up)), or Mixtral's top-k SwiGLU experts
     logits  = Norm_f(h_L) W_U^T               W_U the lm_head or, tied, the embedding
 
 Grouped-query keys and values are repeated for every query head of their group. Every
@@ -31,6 +31,7 @@ from ..attention import softmax_attention
 from .architecture import Architecture
 from .forward import Forward
 from .heads import Checkpoint
+from .moe import moe_mlp, moe_weights
 from .rotary import Rotary, rope_frequencies
 
 
@@ -173,12 +174,23 @@ class Decoder:
             want_ff = a.config.get("intermediate_size")
             for i in range(a.n_layers):
                 s = f"{p}layers.{i}."
-                gate = take(s + "mlp.gate_proj.weight")
-                ff = gate.shape[0]
-                if gate.shape != ((want_ff or ff), d):
-                    raise ValueError(f"tensor {s + 'mlp.gate_proj.weight'!r} in {ck.file_of(s + 'mlp.gate_proj.weight')!r}"
-                                     f" has shape {tuple(gate.shape)}, but config.json (intermediate_size={want_ff}, "
-                                     f"hidden_size={d}) implies {(want_ff or ff, d)}")
+                if a.n_experts:
+                    mlp = moe_weights(take, s, a)
+                else:
+                    gate = take(s + "mlp.gate_proj.weight")
+                    ff = gate.shape[0]
+                    if gate.shape != ((want_ff or ff), d):
+                        raise ValueError(f"tensor {s + 'mlp.gate_proj.weight'!r} in "
+                                         f"{ck.file_of(s + 'mlp.gate_proj.weight')!r} has shape {tuple(gate.shape)}, but "
+                                         f"config.json (intermediate_size={want_ff}, hidden_size={d}) implies "
+                                         f"{(want_ff or ff, d)}")
+                    mlp = {
+                        "gate": gate.T, "up": take(s + "mlp.up_proj.weight", (ff, d)).T,
+                        "down": take(s + "mlp.down_proj.weight", (d, ff)).T,
+                        "b_gate": take(s + "mlp.gate_proj.bias", (ff,), required=False),
+                        "b_up": take(s + "mlp.up_proj.bias", (ff,), required=False),
+                        "b_down": take(s + "mlp.down_proj.bias", (d,), required=False),
+                    }
                 t = s + "self_attn."
                 layer = {
                     "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None,
@@ -188,12 +200,7 @@ class Decoder:
                     "b_k": take(t + "k_proj.bias", (K * dh,), required=False),
                     "b_v": take(t + "v_proj.bias", (K * dh,), required=False),
                     "b_o": take(t + "o_proj.bias", (d,), required=False),
-                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None,
-                    "gate": gate.T, "up": take(s + "mlp.up_proj.weight", (ff, d)).T,
-                    "down": take(s + "mlp.down_proj.weight", (d, ff)).T,
-                    "b_gate": take(s + "mlp.gate_proj.bias", (ff,), required=False),
-                    "b_up": take(s + "mlp.up_proj.bias", (ff,), required=False),
-                    "b_down": take(s + "mlp.down_proj.bias", (d,), required=False),
+                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None, **mlp,
                 }
                 if a.qk_norm:
                     layer["q_norm"] = take(t + "q_norm.weight", (dh,))
@@ -208,6 +215,30 @@ class Decoder:
     def has_unembedding(self) -> bool:
         """Whether the checkpoint has an lm_head (or ties it to the embedding)."""
         return self.w["unembed"] is not None
+
+    def final_norm(self, h: np.ndarray) -> np.ndarray:
+        """The final norm N_f applied to residual streams h (..., d_model), in h's dtype.
+
+        ``final_norm(h_L) @ W_U^T`` are the logits; on earlier layers it is the logit lens
+        (:func:`attngeom.logit_lens`).
+
+        Parameters
+        ----------
+        h : ndarray, shape (..., d_model)
+            Residual streams (float32 or float64).
+
+        Returns
+        -------
+        ndarray, shape (..., d_model)
+            N_f(h).
+
+        Examples
+        --------
+        >>> x = dec.final_norm(f.hidden_states[1])  # doctest: +SKIP
+        """
+        a, w = self.arch, self.w
+        cast = [None if w[key] is None else np.asarray(w[key]).astype(h.dtype, copy=False) for key in ("norm_w", "norm_b")]
+        return _norm(h, cast[0], cast[1], a.norm_eps, a.norm)
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype) -> Forward:
@@ -250,7 +281,7 @@ class Decoder:
         if a.sliding_layers:
             i = np.arange(n)
             window = key_mask & ((i[:, None] - i[None, :]) < a.sliding_window)
-        hidden, inputs, attns = [h], [], []
+        hidden, inputs, attns, routers = [h], [], [], []
         qs, ks, vs, q_pre, k_pre, scales = [], [], [], [], [], []
         for li, L in enumerate(w["layers"]):
             L = {key: cast(value) for key, value in L.items()}
@@ -292,14 +323,17 @@ class Decoder:
                 out = out + L["b_o"]
             h = h + out
             x2 = _norm(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
-            if a.gated:
+            if "router" in L:  # mixture of experts (:mod:`.moe`)
+                mlp, router = moe_mlp(x2, L, a.experts_per_token, act)
+                routers.append(router)
+            elif a.gated:
                 g = x2 @ L["gate"] if L["b_gate"] is None else x2 @ L["gate"] + L["b_gate"]
                 u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
                 mlp = (act(g) * u) @ L["down"]
             else:
                 u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
                 mlp = act(u) @ L["down"]
-            if L["b_down"] is not None:
+            if L.get("b_down") is not None:
                 mlp = mlp + L["b_down"]
             h = h + mlp
             hidden.append(h)
@@ -311,5 +345,7 @@ class Decoder:
         final = _norm(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
         hidden[-1] = final
         logits: Optional[np.ndarray] = None if w["unembed"] is None else _unembed(final, w["unembed"], dt)
-        return Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
-                       np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)
+        out = Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
+                      np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)
+        out.router_logits = np.stack(routers) if routers else None
+        return out

@@ -43,6 +43,8 @@ class Forward:
     attention_mask : ndarray of bool, shape ([batch,] n)
         True for real tokens, False for padding. Rows and columns of padded tokens are
         not meaningful (a padded query row of P may be all zeros).
+    router_logits : ndarray, shape (n_layers, [batch,] n, n_experts) or None
+        The router (gate) logits of mixture-of-experts models (:mod:`.moe`); None otherwise.
 
     Examples
     --------
@@ -65,6 +67,7 @@ class Forward:
     scale: np.ndarray
     positions: np.ndarray
     attention_mask: np.ndarray
+    router_logits: Optional[np.ndarray] = None
 
     @property
     def n_layers(self) -> int:

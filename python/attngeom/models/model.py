@@ -191,6 +191,7 @@ class Model:
                          "k_prerotary"):
                 setattr(out, name, getattr(out, name)[:, 0])
             out.logits = None if out.logits is None else out.logits[0]
+            out.router_logits = None if out.router_logits is None else out.router_logits[:, 0]
             out.positions, out.attention_mask = out.positions[0], out.attention_mask[0]
         return out
 

@@ -1,0 +1,199 @@
+"""Induction heads: the repeated-random-tokens test and K-composition with previous-token heads.
+
+The notes' "induction circuits" (Olsson et al. 2022; Elhage et al. 2021): a previous-token
+head writes "the token before me" into the residual stream, and a later induction head
+matches the current token against it (K-composition), so it attends to the token right
+after an earlier occurrence of the current token and copies it.
+
+Behavioural test: a random sequence s of ``seq_len`` distinct tokens repeated ``n_repeats``
+times (after an optional BOS token). For a query at copy r >= 1, index i (token s_i), the
+*induction score* is its attention mass on the positions right after the earlier
+occurrences of s_i (one per earlier copy: copy r' at index i + 1), averaged over all such
+queries and sequences; with two copies this is TransformerLens's stripe at offset
+seq_len - 1. The *previous-token score* is the mean attention P[t, t - 1] over every
+position t >= 1 of the repeated part. Random heads score about 1 / (position) on both;
+a perfect induction or previous-token head scores 1.
+
+Weights-only evidence: the K-composition scores (:func:`attngeom.composition_scores`,
+mode "K") of every earlier head into every later head. For rotary models these are the
+position-free part of W_Q W_K^T (the usual approximation); LayerNorm is left out, as in
+Elhage et al.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .._operands import count, generator, scalar
+from ..circuits import composition_scores
+from .prompt import resolve_model
+
+
+@dataclass
+class InductionScores:
+    """Per-head induction evidence of one model (module docstring).
+
+    Attributes
+    ----------
+    induction : ndarray, shape (n_layers, n_heads)
+        Mean attention to the tokens after earlier occurrences of the current token.
+    previous_token : ndarray, shape (n_layers, n_heads)
+        Mean attention to the previous position.
+    k_composition : ndarray, shape (n_layers, n_heads, n_layers, n_heads)
+        K-composition scores of head (l1, h1) into head (l2, h2); zero unless l1 < l2.
+    previous_token_heads : list of (int, int)
+        Heads with previous_token >= threshold.
+    k_composition_with_previous : ndarray, shape (n_layers, n_heads)
+        For every head, its largest K-composition score with a previous-token head of an
+        earlier layer (0 when there is none).
+    threshold : float
+        The previous-token threshold used.
+    token_ids : ndarray of int, shape (n_sequences, n)
+        The sequences the scores were measured on.
+    """
+
+    induction: np.ndarray
+    previous_token: np.ndarray
+    k_composition: np.ndarray = field(repr=False)
+    previous_token_heads: List[Tuple[int, int]]
+    k_composition_with_previous: np.ndarray
+    threshold: float
+    token_ids: np.ndarray = field(repr=False)
+
+    def top(self, n: int = 5, *, by: str = "induction") -> List[Tuple[int, int, float]]:
+        """The n highest-scoring heads as (layer, head, score), best first.
+
+        Parameters
+        ----------
+        n : int, default 5
+            How many heads.
+        by : {"induction", "previous_token", "k_composition_with_previous"}, default "induction"
+            Which score ranks them.
+
+        Returns
+        -------
+        list of (int, int, float)
+            (layer, head, score).
+
+        Examples
+        --------
+        >>> from attngeom.models import planted_induction_model
+        >>> s = ag.induction_scores(planted_induction_model("planted"), seq_len=10, bos=0)
+        >>> s.top(1)[0][:2]
+        (1, 0)
+        """
+        if by not in ("induction", "previous_token", "k_composition_with_previous"):
+            raise ValueError(f"by must be 'induction', 'previous_token' or 'k_composition_with_previous', got {by!r}")
+        values = getattr(self, by)
+        order = np.argsort(-values, axis=None, kind="stable")[:count("n", n, 1)]
+        return [(int(i // values.shape[1]), int(i % values.shape[1]), float(values.flat[i])) for i in order]
+
+    def summary(self) -> dict:
+        """Named scalars: the best induction and previous-token heads and their scores, the
+        number of previous-token heads, and the mean scores over all heads."""
+        (li, hi, si), (lp, hp, sp) = self.top(1)[0], self.top(1, by="previous_token")[0]
+        return {"best_induction_head": f"{li}.{hi}", "best_induction_score": si,
+                "best_previous_token_head": f"{lp}.{hp}", "best_previous_token_score": sp,
+                "n_previous_token_heads": len(self.previous_token_heads),
+                "mean_induction_score": float(self.induction.mean()),
+                "mean_previous_token_score": float(self.previous_token.mean())}
+
+
+def _repeated_random_tokens(vocab_size: int, seq_len: int, n_repeats: int, n_sequences: int, rng,
+                           bos: Optional[int] = None) -> np.ndarray:
+    """(n_sequences, [1 +] n_repeats * seq_len) sequences: seq_len distinct random tokens
+    (never ``bos``) repeated n_repeats times, after ``bos`` when given."""
+    pool = np.arange(vocab_size) if bos is None else np.delete(np.arange(vocab_size), bos)
+    seqs = np.stack([rng.choice(pool, seq_len, replace=False) for _ in range(n_sequences)])
+    ids = np.tile(seqs, (1, n_repeats))
+    if bos is not None:
+        ids = np.concatenate([np.full((n_sequences, 1), bos), ids], axis=1)
+    return ids.astype(np.int64)
+
+
+def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequences: int = 4, bos: Optional[int] = None,
+                     threshold: float = 0.4, seed=0) -> InductionScores:
+    """Induction and previous-token scores of every head, and K-composition from weights.
+
+    The repeated-random-tokens test of Olsson et al. (the notes' "induction circuits";
+    definitions in the module docstring), run through the model's own forward pass, plus
+    :func:`attngeom.composition_scores` (mode "K") of the model's heads.
+
+    Parameters
+    ----------
+    model : Model or str or path-like
+        A causal decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3) or its checkpoint.
+    seq_len : int, default 50
+        Length of the random sequence (distinct tokens; at most the vocabulary size).
+    n_repeats : int, default 2
+        Copies of it (>= 2).
+    n_sequences : int, default 4
+        Independent random sequences, run as one batch; scores are averaged over them.
+    bos : int, optional
+        A token id put first (GPT-2 style models attend to it as a sink); it is never
+        drawn in the random sequences. Positions are then shifted by one.
+    threshold : float, default 0.4
+        Previous-token score from which a head counts as a previous-token head.
+    seed : int, default 0
+        Seed of the random sequences.
+
+    Returns
+    -------
+    InductionScores
+        induction and previous_token (n_layers, n_heads), k_composition (n_layers, n_heads,
+        n_layers, n_heads), previous_token_heads, k_composition_with_previous
+        (n_layers, n_heads) and the token ids used.
+
+    Raises
+    ------
+    ValueError
+        For a bidirectional model (BERT), sizes beyond the vocabulary or the position
+        table, and a bad bos or threshold.
+
+    Examples
+    --------
+    >>> from attngeom.models import planted_induction_model
+    >>> s = ag.induction_scores(planted_induction_model("planted"), seq_len=20, bos=0)
+    >>> bool(s.induction[1, 0] > 0.99), bool(s.previous_token[0, 0] > 0.99)
+    (True, True)
+    >>> s.previous_token_heads
+    [(0, 0)]
+    """
+    m = resolve_model(model)
+    if m.decoder is None:
+        raise ValueError(f"model: induction scores need a causal decoder, got a {m.arch.model_type} encoder")
+    V = m.arch.vocab_size
+    T = count("seq_len", seq_len, 2)
+    R = count("n_repeats", n_repeats, 2, 10 ** 6)
+    B = count("n_sequences", n_sequences, 1, 10 ** 6)
+    if bos is not None:
+        bos = count("bos", bos, 0, V - 1)
+    threshold = scalar("threshold", threshold)
+    offset = 0 if bos is None else 1
+    if T > V - offset:
+        raise ValueError(f"seq_len ({T}) must not exceed the {V - offset} tokens available (vocab_size {V}"
+                         f"{', less the bos token' if offset else ''}): the tokens of one copy are distinct")
+    n = offset + R * T
+    limit = m.arch.max_positions
+    if limit is not None and n > limit:
+        raise ValueError(f"seq_len * n_repeats (+ bos) = {n} exceeds the model's {limit} positions")
+    ids = _repeated_random_tokens(V, T, R, B, generator(seed), bos)
+    P = m.forward(ids, dtype=np.float32).attentions.astype(np.float64)  # (L, B, H, n, n)
+    # queries of copy r >= 1, index i: the keys after the earlier occurrences (copy r' < r, index i + 1)
+    mass = np.zeros(P.shape[:3] + ((R - 1) * T,))
+    i = np.arange(T)
+    for r in range(1, R):
+        for earlier in range(r):
+            mass[..., (r - 1) * T + i] += P[..., offset + r * T + i, offset + earlier * T + i + 1]
+    induction = mass.mean(axis=(1, 3))
+    t = np.arange(offset + 1, n)
+    previous = P[..., t, t - 1].mean(axis=(1, 3))
+    H = m.heads
+    comp = composition_scores(H.W_Q, H.W_K, H.W_V, H.W_O, "K")
+    prev_heads = [(int(a), int(b)) for a, b in zip(*np.nonzero(previous >= threshold))]
+    with_prev = np.zeros(previous.shape)
+    for a, b in prev_heads:
+        with_prev = np.maximum(with_prev, comp[a, b])
+    return InductionScores(induction, previous, comp, prev_heads, with_prev, threshold, ids)

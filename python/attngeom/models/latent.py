@@ -1,0 +1,212 @@
+"""Latent rank of a model's key cache and its Eckart-Young reconstruction error (MLA).
+
+The notes' "multi-head latent attention" section reads MLA as a factorisation of the key
+matrix K = U Z through a latent code of width d_latent, and states the **Proposition
+(spectral error bound)**: for the best rank-r approximation K_r of K,
+
+    ||K - K_r||_F^2 = sum_{i > r} sigma_i^2,
+
+the tail energy of K's singular values (Eckart-Young-Mirsky). DeepSeek-V2 learns such a
+factorisation; here it is measured on the key cache of any supported model: for each layer,
+K stacks the keys of every token of a prompt over the key/value heads, K (n, n_kv_heads *
+d_head) (the cache a decoder stores; grouped-query heads counted once). Its singular values
+give the latent rank (numerical rank, and the energy effective rank), the tail energies
+``errors[l, r]`` = ||K - K_r||_F^2 for every r, and, for a chosen rank, the factorisation
+itself from :func:`attngeom.latent_factorization`, whose error is computed from U Z and
+equals the tail (the proposition, checked in the tests).
+
+``rotary=False`` takes the keys before the rotary embedding: the notes' practice-agenda
+challenge compares the latent rank with and without the position rotation (the rotation
+mixes positions into K and raises its rank; DeepSeek-V2 keeps a separate rotary part for
+this reason). Keys include their bias (K = x W_K + b_K), so a rank-r W_K gives rank <= r + 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from .._operands import count, rtol_arg
+from ..circuits import LatentFactorization, latent_factorization
+from ..spectral import effective_rank, singular_values, spectrum_rank
+from .prompt import encode_prompt, resolve_model
+
+
+@dataclass
+class LatentKeyCache:
+    """Spectra and Eckart-Young errors of every layer's key cache (module docstring).
+
+    Attributes
+    ----------
+    keys : ndarray, shape (n_layers, n, n_kv_heads * d_head)
+        The key cache K of every layer.
+    singular_values : ndarray, shape (n_layers, k)
+        Singular values of K, k = min(n, n_kv_heads * d_head).
+    rank : ndarray of int, shape (n_layers,)
+        Numerical rank (singular values > rtol * sigma_max).
+    effective_rank : ndarray, shape (n_layers,)
+        Energy effective rank of the spectrum.
+    errors : ndarray, shape (n_layers, k + 1)
+        errors[l, r] = sum_{i > r} sigma_i^2 = ||K - K_r||_F^2 (r = 0 .. k).
+    relative_errors : ndarray, shape (n_layers, k + 1)
+        errors / ||K||_F^2.
+    factorizations : list of LatentFactorization or None
+        The rank-``latent_rank`` factorisation K ~ U Z of every layer, when a rank was given.
+    latent_rank : int or None
+        That rank.
+    rotary : bool
+        Whether the keys are rotated (the cache of a rotary model) or taken before RoPE.
+    tokens : list of str or None
+        The prompt's token strings.
+    """
+
+    keys: np.ndarray = field(repr=False)
+    singular_values: np.ndarray = field(repr=False)
+    rank: np.ndarray
+    effective_rank: np.ndarray
+    errors: np.ndarray = field(repr=False)
+    relative_errors: np.ndarray = field(repr=False)
+    factorizations: Optional[List[LatentFactorization]] = field(default=None, repr=False)
+    latent_rank: Optional[int] = None
+    rotary: bool = True
+    tokens: Optional[List[str]] = field(default=None, repr=False)
+
+    def rank_for(self, relative_error: float) -> np.ndarray:
+        """The smallest latent rank per layer whose relative error is <= relative_error.
+
+        Parameters
+        ----------
+        relative_error : float
+            Target ||K - K_r||_F^2 / ||K||_F^2, in [0, 1].
+
+        Returns
+        -------
+        ndarray of int, shape (n_layers,)
+            The rank r per layer.
+
+        Examples
+        --------
+        >>> from attngeom.models import planted_induction_model
+        >>> cache = ag.latent_key_cache(planted_induction_model("planted"), np.arange(1, 21))
+        >>> cache.rank_for(0.0).tolist() == cache.rank.tolist()
+        True
+        """
+        if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float, np.floating)) \
+                or not 0 <= relative_error <= 1:
+            raise ValueError(f"relative_error must be a number in [0, 1], got {relative_error!r}")
+        eps = 64 * np.finfo(self.relative_errors.dtype).eps
+        return np.argmax(self.relative_errors <= relative_error + eps, axis=-1)
+
+    def summary(self) -> dict:
+        """Named scalars per layer: rank, effective rank, and the rank for 1% relative error."""
+        out = {"n_layers": int(self.rank.size), "rotary": self.rotary}
+        r1 = self.rank_for(0.01)
+        for layer in range(self.rank.size):
+            out[f"rank_L{layer}"] = int(self.rank[layer])
+            out[f"effective_rank_L{layer}"] = float(self.effective_rank[layer])
+            out[f"rank_1pct_L{layer}"] = int(r1[layer])
+        return out
+
+    def plot(self, ax=None):
+        """Relative reconstruction error ||K - K_r||_F^2 / ||K||_F^2 against r, one curve a layer.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes, optional
+            Axes to draw into.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            The figure.
+
+        Examples
+        --------
+        >>> from attngeom.models import planted_induction_model
+        >>> cache = ag.latent_key_cache(planted_induction_model("planted"), np.arange(1, 21))
+        >>> cache.plot().axes[0].get_yscale()
+        'log'
+        """
+        from .. import plotting
+
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.4))
+        r = np.arange(self.errors.shape[1])
+        for layer, e in enumerate(self.relative_errors):
+            shown, _ = plotting.log_floor(e)
+            ax.semilogy(r, shown, lw=1, label=f"layer {layer}")
+        ax.set_xlabel("latent rank r")
+        ax.set_ylabel(r"$\|K - K_r\|_F^2 / \|K\|_F^2$")
+        ax.set_title("key cache: Eckart-Young error" + ("" if self.rotary else " (before RoPE)"), fontsize=9)
+        if self.errors.shape[0] <= 12:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+
+def latent_key_cache(model, prompt, *, rank: Optional[int] = None, rotary: bool = True, rtol=None) -> LatentKeyCache:
+    """Latent rank and Eckart-Young reconstruction error of every layer's key cache.
+
+    The notes' MLA section and "Proposition (spectral error bound)" (module docstring):
+    ||K - K_r||_F^2 = sum_{i > r} sigma_i^2 for K (n, n_kv_heads * d_head), the keys of
+    the prompt's tokens stacked over key/value heads.
+
+    Parameters
+    ----------
+    model : Model or str or path-like
+        A model (decoder or BERT) or its checkpoint.
+    prompt : str or array_like of int, shape (n,)
+        A text or token ids.
+    rank : int, optional
+        A latent rank r: the rank-r factorisation K ~ U Z of every layer
+        (:func:`attngeom.latent_factorization`) is returned too.
+    rotary : bool, default True
+        Keys after the rotary embedding (the cache); False takes them before it.
+    rtol : float, optional
+        Rank threshold relative to sigma_max (default max(n, width) * eps).
+
+    Returns
+    -------
+    LatentKeyCache
+        keys, singular values, rank, effective rank, errors and relative errors for every
+        r, and the factorisations for ``rank``.
+
+    Raises
+    ------
+    ValueError
+        For a bad prompt, rank outside 1..min(n, width), a bad rtol.
+
+    Examples
+    --------
+    >>> from attngeom.models import planted_induction_model
+    >>> cache = ag.latent_key_cache(planted_induction_model("planted"), np.arange(1, 21), rank=4)
+    >>> cache.keys.shape, cache.singular_values.shape
+    ((2, 20, 256), (2, 20))
+    >>> f = cache.factorizations[1]
+    >>> bool(abs(f.error - cache.errors[1, 4]) <= 1e-9 * cache.errors[1, 0])
+    True
+    """
+    m = resolve_model(model)
+    if not isinstance(rotary, (bool, np.bool_)):
+        raise TypeError(f"rotary must be True or False, got {type(rotary).__name__}")
+    rtol = rtol_arg(rtol)
+    ids, tokens = encode_prompt(m, prompt)
+    f = m.forward(ids, dtype=np.float64)
+    k = f.k if rotary else f.k_prerotary  # (L, H, n, d_head), kv heads repeated per query head
+    a = m.arch
+    group = a.n_heads // a.n_kv_heads
+    k = k[:, ::group]  # one copy per key/value head
+    L, Hk, n, dh = k.shape
+    keys = np.ascontiguousarray(np.transpose(k, (0, 2, 1, 3)).reshape(L, n, Hk * dh))
+    s = singular_values(keys)
+    ranks = spectrum_rank(s, rtol, n, Hk * dh)
+    energy = s * s
+    tail = np.concatenate([np.cumsum(energy[:, ::-1], axis=-1)[:, ::-1], np.zeros((L, 1))], axis=-1)
+    total = tail[:, :1]
+    relative = np.divide(tail, total, out=np.zeros_like(tail), where=total > 0)
+    facts = None
+    if rank is not None:
+        rank = count("rank", rank, 1, min(n, Hk * dh))
+        facts = [latent_factorization(keys[layer], rank) for layer in range(L)]
+    return LatentKeyCache(keys, s, ranks, effective_rank(s, kind="energy", spectrum=True), tail, relative, facts,
+                          rank, bool(rotary), tokens)

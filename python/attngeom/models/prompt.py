@@ -1,0 +1,153 @@
+"""What the research functions run a model on: the model argument and a prompt.
+
+The functions of the notes' practice agenda (:func:`attngeom.logit_lens`,
+:func:`attngeom.induction_scores`, :func:`attngeom.weight_spectra`,
+:func:`attngeom.latent_key_cache`, :func:`attngeom.router_statistics`) take a ``model``
+(a :class:`Model`, or anything :func:`load_model` reads) and, where they run it, a
+``prompt``: a text (tokenized with the checkpoint's tokenizer files) or token ids.
+:func:`resolve_model` and :func:`encode_prompt` turn these into a :class:`Model` and
+(token ids, token strings), with errors that name the argument.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .model import Model, load_model
+
+
+def resolve_model(model) -> Model:
+    """The :class:`Model` a ``model`` argument stands for.
+
+    Parameters
+    ----------
+    model : Model or str or path-like
+        A loaded model, or a checkpoint folder / file / model name for :func:`load_model`.
+
+    Returns
+    -------
+    Model
+        The model (loaded when a path was given).
+
+    Raises
+    ------
+    TypeError
+        For anything else.
+    ValueError
+        When the checkpoint cannot be loaded (the message starts with ``model:``).
+
+    Examples
+    --------
+    >>> from attngeom.models import resolve_model
+    >>> resolve_model(3)
+    Traceback (most recent call last):
+    ...
+    TypeError: model must be an attngeom.models.Model or a checkpoint path, got int
+    """
+    if isinstance(model, Model):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be an attngeom.models.Model or a checkpoint path, got {type(model).__name__}")
+    try:
+        return load_model(model)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"model: cannot load {os.fspath(model)!r}: {exc}") from exc
+
+
+def token_strings(model: Model, ids) -> Optional[List[str]]:
+    """The token strings of token ids, from the checkpoint's tokenizer.json (or vocab.txt).
+
+    Parameters
+    ----------
+    model : Model
+        The model whose tokenizer files decode the ids.
+    ids : array_like of int
+        Token ids (any shape; flattened).
+
+    Returns
+    -------
+    list of str or None
+        One string per id, or None when the checkpoint has no tokenizer files (or the
+        ``tokenizers`` package is missing for tokenizer.json).
+
+    Examples
+    --------
+    >>> from attngeom.models import load_model, packaged_model_path, token_strings
+    >>> token_strings(load_model(packaged_model_path()), [101, 4937])  # needs the models extra
+    ['[CLS]', 'cat']
+    """
+    flat = [int(i) for i in np.asarray(ids).ravel()]
+    folder = model.folder
+    tj, vocab = os.path.join(folder, "tokenizer.json"), os.path.join(folder, "vocab.txt")
+    if os.path.isfile(tj):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            Tokenizer = None
+        if Tokenizer is not None:
+            tok = Tokenizer.from_file(tj)
+            return [tok.id_to_token(i) if tok.id_to_token(i) is not None else f"<{i}>" for i in flat]
+    if os.path.isfile(vocab):
+        with open(vocab, encoding="utf-8") as f:
+            table = [line.rstrip("\n").rstrip("\r") for line in f]
+        return [table[i] if 0 <= i < len(table) else f"<{i}>" for i in flat]
+    return None
+
+
+def encode_prompt(model: Model, prompt, *, max_length: Optional[int] = None) -> Tuple[np.ndarray, Optional[List[str]]]:
+    """Token ids and token strings of a prompt given as text or as token ids.
+
+    Parameters
+    ----------
+    model : Model
+        The model (its tokenizer files tokenize text and decode ids).
+    prompt : str or array_like of int, shape (n,)
+        A text, or token ids in 0..vocab_size-1.
+    max_length : int, optional
+        Keep at most this many tokens.
+
+    Returns
+    -------
+    ids : ndarray of int64, shape (n,)
+        The token ids.
+    tokens : list of str or None
+        Their strings (None without tokenizer files).
+
+    Raises
+    ------
+    ValueError
+        For empty or non-integer token ids, ids outside the vocabulary, and text for a
+        checkpoint without tokenizer files (messages name ``prompt``).
+
+    Examples
+    --------
+    >>> from attngeom.models import encode_prompt, load_model, packaged_model_path
+    >>> encode_prompt(load_model(packaged_model_path()), "The cat")  # needs the models extra
+    (array([ 101, 1996, 4937,  102]), ['[CLS]', 'the', 'cat', '[SEP]'])
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("prompt must be a non-empty text or token ids, got an empty text")
+        try:
+            ids, tokens = model.tokenize(prompt, max_length=max_length)
+        except (ValueError, ImportError) as exc:
+            raise ValueError(f"prompt: cannot tokenize the text: {exc}") from exc
+        return np.asarray(ids, dtype=np.int64), list(tokens)
+    if isinstance(prompt, (bytes, dict)) or prompt is None:
+        raise TypeError(f"prompt must be a text or token ids, got {type(prompt).__name__}")
+    try:
+        ids = np.asarray(prompt)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"prompt must be a text or token ids: {exc}") from exc
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+        raise ValueError(f"prompt must be a text or a non-empty (n,) integer array of token ids, got shape "
+                         f"{ids.shape}, dtype {ids.dtype}")
+    V = model.arch.vocab_size
+    if ids.min() < 0 or ids.max() >= V:
+        raise ValueError(f"prompt: token ids must lie in 0..{V - 1}, got {ids.min()}..{ids.max()}")
+    if max_length is not None:
+        ids = ids[:max_length]
+    ids = ids.astype(np.int64)
+    return ids, token_strings(model, ids)
