@@ -202,3 +202,19 @@ def test_vector_ar1_equals_step_by_step(rng, varying, burn_in):
     x = ag.vector_ar1(Phi, 4, T, seed=5, burn_in=burn_in)
     assert x.shape == (4, T, D)
     assert rel_err(x, ref.vector_ar1_steps(Phi, 4, T, 5, burn_in)) <= 1e-14
+
+
+def test_condition_check_is_a_lower_bound_of_kappa_2(rng):
+    # The filter's singularity check uses kappa_1 / D <= kappa_2: it never refuses an L that
+    # the exact 2-norm check accepts, and it refuses one that is singular to working precision.
+    from attngeom.whitening import _condition
+
+    for D in (2, 7, 64):
+        for scale in (1e-3, 1.0, 1e3):
+            L = np.tril(rng.standard_normal((D, D)) * scale) + np.eye(D)
+            assert _condition(L) <= np.linalg.cond(L, 2) * (1 + 1e-12)
+    L = np.eye(5)
+    L[4, 4] = 1e-9
+    assert _condition(L) >= 1e9 / 5 * (1 - 1e-12)
+    with pytest.raises(ValueError, match="condition number at least"):
+        ag.whiten(rng.standard_normal((2, 5, 5)).astype(np.float32), L, np.zeros((5, 5)))
