@@ -89,7 +89,8 @@ class TrainingConfig:
     markov_chars: int = 200_000  # corpus="markov": characters generated
     timing: bool = True  # measure Table 3 (ms per iteration vs context and d_model)
     timing_iterations: int = 5  # Table 3: timed iterations per (context, d_model) point after 2 warm-up ones
-    threads: int = 1  # torch and attngeom threads (at this size one thread is robust on a shared machine)
+    threads: int = 1  # torch and attngeom threads per run (at this size one thread is robust on a shared machine)
+    workers: int = 2  # runs (arm, seed) trained at once in worker processes; results do not depend on it
     checkpoints: bool = True  # keep each run's final weights for the run folder
     seed: int = 0
 
@@ -923,6 +924,29 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
     return curves, geo, model
 
 
+def _worker_threads(threads: int) -> None:
+    """Initializer of a training worker process: its torch and attngeom thread counts."""
+    import torch
+
+    from .. import set_num_threads
+
+    torch.set_num_threads(threads)
+    set_num_threads(threads)
+
+
+def _parallel_runs(runs: list, config: TrainingConfig):
+    """The results of _train_run for each argument tuple of `runs`, in order, computed by
+    `config.workers` processes (spawned: torch's threads do not survive a fork). Each run is
+    seeded by its arguments alone, so the results equal the serial ones bit for bit; the
+    processes share the machine's cores, which the per-iteration times include."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(config.workers, len(runs)), initializer=_worker_threads,
+                             initargs=(config.threads,), mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from progress(pool.map(_train_run, *zip(*runs)), desc="training runs", total=len(runs))
+
+
 def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_size: int) -> dict:
     """Milliseconds per training iteration (median of timed iterations after two warm-up ones)."""
     import torch
@@ -951,7 +975,7 @@ def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_si
 def _check(config: TrainingConfig) -> List[str]:
     c = config
     check_minimums(c, d_model=2, n_blocks=1, n_heads=1, context=2, batch=2, iterations=1, seeds=1, eval_every=1, geometry_every=1,
-                   eval_windows=1, geometry_batch=2, timing_iterations=1, threads=1, warmup=0, corpus_chars=0,
+                   eval_windows=1, geometry_batch=2, timing_iterations=1, threads=1, workers=1, warmup=0, corpus_chars=0,
                    markov_chars=100, markov_alphabet=2, markov_order=1)
     if c.d_model % (2 * c.n_heads):
         raise ValueError(f"d_model must be a multiple of 2 * n_heads = {2 * c.n_heads} (even head width for RoPE), "
@@ -1019,18 +1043,21 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
         names = ("val_loss", "val_accuracy", "train_loss", "train_time")
         results = {k: {arm: np.empty((c.seeds, len(eval_points))) for arm in arms} for k in names}
         geometry, models = {}, {arm: [] for arm in arms}
-        for s in range(c.seeds):  # seeds outermost: a partial run still compares every arm
-            for arm in arms:
-                curves, geo, model = _train_run(arm, c.seed + s, c, corpus, setup[arm], val_x, val_y, geo_x,
-                                                eval_points)
-                for k in names:
-                    results[k][arm][s] = curves[k]
-                if geo is not None:
-                    g = geometry.setdefault(arm, {k: np.empty((c.seeds,) + v.shape) for k, v in geo.items()})
-                    for k, v in geo.items():
-                        g[k][s] = v
-                if c.checkpoints:
-                    models[arm].append(model)
+        jobs = [(s, arm) for s in range(c.seeds) for arm in arms]  # seeds outermost, as a partial run wants
+        runs = [(arm, c.seed + s, c, corpus, setup[arm], val_x, val_y, geo_x, eval_points) for s, arm in jobs]
+        if c.workers > 1 and len(runs) > 1:
+            outputs = _parallel_runs(runs, c)
+        else:
+            outputs = (_train_run(*run) for run in runs)
+        for (s, arm), (curves, geo, model) in zip(jobs, outputs):
+            for k in names:
+                results[k][arm][s] = curves[k]
+            if geo is not None:
+                g = geometry.setdefault(arm, {k: np.empty((c.seeds,) + v.shape) for k, v in geo.items()})
+                for k, v in geo.items():
+                    g[k][s] = v
+            if c.checkpoints:
+                models[arm].append(model)
         noise = np.random.default_rng(c.seed + 10 ** 6).standard_normal((c.geometry_batch, c.context, c.d_model))
         noise_floor = {"psi": float(whiteness(noise)), "rho": float(stationarity(noise))}
         timing = []
