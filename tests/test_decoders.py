@@ -430,15 +430,20 @@ def _with_tokenizer(folder):
     tok.save(str(folder / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("layout", ["llama", "qwen3"])
-def test_cli_heads_on_decoders(tmp_path, layout, capsys):
+def _cli_heads(tmp_path, layout, text):
+    """`attngeom heads` on a random checkpoint of that layout with ``text`` in a file, into tmp_path / "r"."""
     pytest.importorskip("matplotlib")
     build(layout, tmp_path / "m")
     _with_tokenizer(tmp_path / "m")
-    (tmp_path / "text.txt").write_text("the cat sat on the mat and the dog ran .")
+    (tmp_path / "text.txt").write_text(text)
     from attngeom import cli
     assert cli.main(["heads", str(tmp_path / "m"), "--text", str(tmp_path / "text.txt"), "--heads", "1.2",
                      "--out", str(tmp_path / "r")]) == 0
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen3"])
+def test_cli_heads_on_decoders(tmp_path, layout, capsys):
+    _cli_heads(tmp_path, layout, "the cat sat on the mat and the dog ran .")
     assert "llama model, 2 layers x 4 heads (kv heads 2)" in capsys.readouterr().out
     assert {"heads.json", "attention_L1_H2.png"} <= set(os.listdir(tmp_path / "r"))
     report = json.load(open(tmp_path / "r" / "heads.json"))
@@ -480,3 +485,21 @@ def test_head_diagnostics_with_given_queries_and_keys():
         ag.head_diagnostics(wq, wk, x=x, q=q, k=k)
     with pytest.raises(ValueError, match="q and k must have one shape"):
         ag.head_diagnostics(wq, wk, q=q, k=k[..., :3])
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "qwen3"])
+def test_heads_report_on_decoders(tmp_path, layout, capsys):
+    """The full report (two texts from one paragraph file) on random GPT-2, Llama and Qwen3 checkpoints."""
+    _cli_heads(tmp_path, layout, "the cat sat on the mat .\n\nthe dog ran and the cat sat .\n")
+    assert "2 texts (15 tokens, 7-8 per text" in capsys.readouterr().out
+    assert {"heads.json", "attention.npz", "cross_layer.png", "layer_head_grids.png", "attention_L1_H2.png",
+            "laplace_radon_L1_H2.png", "summary.md", "report.html"} <= set(os.listdir(tmp_path / "r"))
+    data = json.load(open(tmp_path / "r" / "heads.json"))
+    assert data["tokens"][1][:3] == ["the", "dog", "ran"] and len(data["heads"]) == 8
+    with np.load(tmp_path / "r" / "attention.npz") as z:
+        P = z["attention_1"]
+    # the saved attention is the model's own (causal) attention
+    f = load_model(tmp_path / "m").forward(np.array([1, 7, 8, 6, 1, 2, 3, 9]), dtype=np.float64)
+    np.testing.assert_allclose(P, f.attentions, atol=1e-5)
+    row = next(r for r in data["heads"] if (r["layer"], r["head"]) == (1, 2))
+    assert 0 < row["attention_entropy"] < np.log(8) and row["attention_entropy_spread"] >= 0

@@ -8,6 +8,8 @@ import json
 import math
 import os
 import struct
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -570,7 +572,8 @@ def test_report_and_figures(tmp_path, rng):
     with pytest.raises(ValueError, match="metric must be one of"):
         r.grid("nope")
     paths = r.save(tmp_path / "out")
-    assert {os.path.basename(p) for p in paths} >= {"heads.json", "effective_ranks.png"}
+    assert {os.path.basename(p) for p in paths} >= {"heads.json", "layer_head_grids.png", "cross_layer.png",
+                                                    "summary.md", "report.html"}
     assert all(os.path.getsize(p) > 0 for p in paths)
     data = json.load(open(tmp_path / "out" / "heads.json"))
     assert data["summary"]["layout"] == "llama" and len(data["heads"]) == 8
@@ -583,6 +586,91 @@ def test_report_and_figures(tmp_path, rng):
         head_report(folder, chosen=[(2, 0)])
     with pytest.raises(ValueError, match="tokens must have 6"):
         head_report(folder, x, tokens=["a"])
+
+
+
+def test_report_over_several_texts(tmp_path, rng):
+    """Known answers: the data fields of several texts are the mean and spread of the one-text
+    reports; the entropy is that of the saved attention matrices; every file is written."""
+    pytest.importorskip("matplotlib")
+    t = raw_model("gpt2", rng, 2, 2, 8, 4)
+    H = ag.load_heads(write_model(tmp_path / "m", t), n_heads=2)
+    xs = [rng.standard_normal((2, n, 8)) for n in (5, 7, 4)]
+    toks = [[f"w{i}" for i in range(x.shape[1])] for x in xs]
+    r = head_report(H, xs, tokens=toks, chosen=[(1, 0)])
+    singles = [head_report(H, x, tokens=tk, chosen=[(1, 0)]) for x, tk in zip(xs, toks)]
+    assert r.n_texts == 3 and r.summary()["n_tokens"] == 16 and r.summary()["text_lengths"] == [5, 7, 4]
+    for key in ("routing_effective_rank_mean", "tilt_effective_dim", "radius_mean", "attention_entropy"):
+        per_text = np.stack([s.grid(key) for s in singles])
+        np.testing.assert_allclose(r.grid(key), per_text.mean(0), atol=1e-12)
+        np.testing.assert_allclose(r.grid(key + "_spread"), per_text.std(0), atol=1e-12)
+    np.testing.assert_allclose(r.grid("bilinear_effective_rank"), singles[0].grid("bilinear_effective_rank"))
+    # the entropy is that of the attention matrices themselves (causal: row i has i + 1 keys)
+    P = r.attention[1]
+    assert P.shape == (2, 2, 7, 7) and np.allclose(np.triu(P[0, 0], 1), 0) and np.allclose(P.sum(-1), 1, atol=1e-6)
+    ent = -np.sum(np.where(P > 0, P * np.log(np.where(P > 0, P, 1)), 0), -1).mean(-1)
+    np.testing.assert_allclose(singles[1].grid("attention_entropy"), ent, atol=1e-5)
+    # planted uniform rows: identical tokens give equal logits, so causal row i has entropy log(i + 1)
+    same = np.repeat(rng.standard_normal((2, 1, 8)), 6, axis=1)
+    np.testing.assert_allclose(head_report(H, same).grid("attention_entropy"), np.mean(np.log(np.arange(1, 7))),
+                               atol=1e-9)
+    assert r.queries[1, 0].shape == (16, 4)
+    rows = r.layer_means()
+    assert len(rows) == 2 and rows[1]["attention_entropy"] == pytest.approx(r.grid("attention_entropy")[1].mean())
+
+    paths = {os.path.basename(p) for p in r.save(tmp_path / "out")}
+    assert {"heads.json", "attention.npz", "cross_layer.png", "layer_head_grids.png", "spectra_L1_H0.png",
+            "attention_L1_H0.png", "laplace_radon_L1_H0.png", "summary.md", "report.html"} <= paths
+    data = json.load(open(tmp_path / "out" / "heads.json"))
+    assert data["tokens"] == toks and set(data["fields"]) == set(data["heads"][0])
+    assert all(data["fields"].values()) and "standard deviation over the 3 texts" in data["fields"]["radius_mean_spread"]
+    with np.load(tmp_path / "out" / "attention.npz") as z:
+        assert z["tokens_2"].tolist() == toks[2] and z["attention_0"].shape == (2, 2, 5, 5)
+        np.testing.assert_allclose(z["attention_0"][1, 0], r.routing[1, 0], atol=1e-6)
+    md = open(tmp_path / "out" / "summary.md").read()
+    assert "## Per layer: mean over heads" in md and "| layer | bilinear_effective_rank |" in md
+    page = open(tmp_path / "out" / "report.html").read()
+    assert page.count("data:image/png;base64,") == len([p for p in paths if p.endswith(".png")])
+    assert "<script>" in page and "http" not in page and "w6" in page and "<th title=" in page
+
+
+def test_report_inputs_and_dataframe(tmp_path, rng, monkeypatch):
+    t = raw_model("gpt2", rng, 2, 2, 8, 4)
+    H = ag.load_heads(write_model(tmp_path / "m", t), n_heads=2)
+    x4 = rng.standard_normal((2, 3, 5, 8))  # three sequences of one length are three texts
+    r = head_report(H, x4)
+    assert r.n_texts == 3 and r.tokens is None and "attention_entropy_spread" in r.table()[0]
+    one = head_report(H, x4[:, 0])
+    assert one.n_texts == 1 and "attention_entropy_spread" not in one.table()[0]
+    with pytest.raises(ValueError, match="x must have shape"):
+        head_report(H, [x4[:, 0], x4[0]])
+    with pytest.raises(ValueError, match="tokens must have one list per text"):
+        head_report(H, [x4[:, 0], x4[:, 1]], tokens=[list("abcde")])
+    with pytest.raises(TypeError, match="tokens must be a list"):
+        head_report(H, x4[:, 0], tokens="abcde")
+    with pytest.raises(ValueError, match="tokens need activations"):
+        head_report(H, tokens=["a"])
+    with pytest.raises(ValueError, match="x holds non-finite"):
+        head_report(H, np.full((2, 5, 8), np.nan))
+    other = next((l, h) for l in range(2) for h in range(2) if (l, h) not in r.chosen)
+    with pytest.raises(ValueError, match="must be a chosen head"):
+        r.plot_laplace_radon(*other)
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="to_dataframe needs pandas"):
+        r.to_dataframe()
+    fake = types.ModuleType("pandas")
+    fake.DataFrame = lambda rows: rows
+    monkeypatch.setitem(sys.modules, "pandas", fake)
+    assert r.to_dataframe() == r.table()
+
+
+def test_split_texts():
+    from attngeom.models import split_texts
+    assert split_texts("one\ntext\n") == ["one text"]
+    assert split_texts("a\r\n\r\nb\n \t\nc\n\n\n") == ["a", "b", "c"]
+    assert split_texts("\n\n") == []
+    with pytest.raises(TypeError, match="text must be a str"):
+        split_texts(b"bytes")
 
 
 # -- BERT forward pass, tokenizer, activations ---------------------------------------------------
@@ -727,7 +815,8 @@ def test_cli_heads(tmp_path, rng, capsys):
     assert cli.main(["heads", str(tmp_path / "b"), "--text", str(tmp_path / "text.txt"), "--heads", "1.0",
                      "--out", str(tmp_path / "r1")]) == 0
     assert "bert model, 2 layers x 2 heads" in capsys.readouterr().out
-    assert {"heads.json", "effective_ranks.png", "spectra_L1_H0.png", "attention_L1_H0.png"} <= set(
+    assert {"heads.json", "layer_head_grids.png", "spectra_L1_H0.png", "attention_L1_H0.png",
+            "laplace_radon_L1_H0.png", "attention.npz", "report.html"} <= set(
         os.listdir(tmp_path / "r1"))
     rows = json.load(open(tmp_path / "r1" / "heads.json"))["heads"]
     assert len(rows) == 4 and "routing_effective_rank_mean" in rows[0]
@@ -743,6 +832,24 @@ def test_cli_heads(tmp_path, rng, capsys):
     assert cli.main(["heads", g, "--n-heads", "2", "--heads", "x", "--out", str(tmp_path / "r4")]) == 2
     assert "--heads expects layer.head pairs" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r3") and not os.path.exists(tmp_path / "r4")
+
+
+def test_cli_heads_several_texts(tmp_path, rng, capsys):
+    pytest.importorskip("matplotlib")
+    bert_checkpoint(tmp_path / "b", rng)
+    (tmp_path / "a.txt").write_text("The cat sat on the mat.\n\nA cat sat.\n")
+    (tmp_path / "b.txt").write_text("The mat\nsat on a cat.")
+    (tmp_path / "empty.txt").write_text("\n \n")
+    assert cli.main(["heads", str(tmp_path / "b"), "--text", str(tmp_path / "a.txt"), "--text", str(tmp_path / "b.txt"),
+                     "--heads", "1.1", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "3 texts (24 tokens, 6-9 per text" in out and "per layer, mean over heads" in out
+    data = json.load(open(tmp_path / "r" / "heads.json"))
+    assert data["summary"]["text_lengths"] == [9, 6, 9] and data["tokens"][2][:3] == ["[CLS]", "the", "mat"]
+    assert "routing_effective_rank_mean_spread" in data["heads"][0]
+    assert cli.main(["heads", str(tmp_path / "b"), "--text", str(tmp_path / "empty.txt"), "--out",
+                     str(tmp_path / "r2")]) == 2
+    assert "holds no text" in capsys.readouterr().err and not os.path.exists(tmp_path / "r2")
 
 
 def test_cli_heads_hostile_checkpoints(tmp_path, rng, capsys):

@@ -7,10 +7,15 @@
     attngeom report <run folder>  print a run's summary table
     attngeom demo [--out DIR]     the main experiment (tomography) into DIR
     attngeom config               the build configuration
-    attngeom heads <checkpoint> [--n-heads N] [--text FILE | --activations DIR] [--out DIR]
+    attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --activations DIR] [--out DIR]
         every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
-        with activations, radii, tilt coverage and routing ranks) into DIR/heads.json and
-        PNGs; <checkpoint> is a .safetensors file, a folder, or a packaged model name
+        with activations, radii, tilt coverage, routing ranks and attention entropies) into
+        DIR: heads.json (with a glossary of its fields and the tokens), attention.npz,
+        PNGs (per-layer distributions, layer x head grids, chosen heads' spectra, heat maps
+        with tokens and Laplace-Radon panels), summary.md and a self-contained report.html;
+        <checkpoint> is a .safetensors file, a folder, or a packaged model name. --text may
+        be repeated; each FILE holds one text per paragraph (blank lines separate them),
+        and the data statistics are means over all texts with their spread
 
 Every misuse (a bad --set value, an output path that cannot be written, an unreadable
 checkpoint) is one line on stderr and exit status 2, found before any computation starts.
@@ -256,26 +261,47 @@ def _heads_list(spec):
     return out
 
 
-def _heads(args) -> int:
-    from .models import head_report, load_activations, load_heads, text_activations
+def _read_texts(paths):
+    """The texts of every --text FILE: one per blank-line-separated paragraph (models.split_texts)."""
+    from .models import split_texts
 
-    chosen = None if args.heads is None else _heads_list(args.heads)
-    text = None
-    if args.text is not None:
+    texts = []
+    for path in paths or []:
         try:
-            with open(args.text, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, encoding="utf-8") as f:
+                found = split_texts(f.read())
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--text: {exc}") from None
+        if not found:
+            raise ValueError(f"--text: {path!r} holds no text")
+        texts += found
+    return texts
+
+
+def _heads(args) -> int:
+    from .models import BertEncoder, head_report, load_activations, load_heads, load_model, text_activations
+
+    chosen = None if args.heads is None else _heads_list(args.heads)
+    texts = _read_texts(args.text)
     done = {}
 
     def write(staging):
         t0 = time.perf_counter()
         heads = load_heads(args.checkpoint, n_heads=args.n_heads)
         x, tokens, source = None, None, "weights"
-        if text is not None:
-            x, tokens = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads)
-            source = f"text ({len(tokens)} tokens, NumPy forward pass)"
+        if texts:
+            reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
+                     if heads.layout == "bert" else {"model": load_model(args.checkpoint)})
+            x, tokens = [], []
+            for text in texts:
+                xi, ti = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads,
+                                          **reuse)
+                x.append(xi)
+                tokens.append(ti)
+            n = sum(len(t) for t in tokens)
+            source = (f"text ({n} tokens, NumPy forward pass)" if len(texts) == 1 else
+                      f"{len(texts)} texts ({n} tokens, {min(map(len, tokens))}-{max(map(len, tokens))} per text, "
+                      "NumPy forward pass)")
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
@@ -286,13 +312,19 @@ def _heads(args) -> int:
                     analysis=t1 - t0, figures=time.perf_counter() - t1)
 
     _write_folder(args.out, "heads.json", write)
-    m, mean = done["report"].model, done["report"].summary()["mean"]
+    report = done["report"]
+    m, mean = report.model, report.summary()["mean"]
     print(f"{m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads (kv heads {m['n_kv_heads']}), "
           f"d_model {m['d_model']}, d_head {m['d_head']}; source: {done['source']}")
     print(f"mean over heads: bilinear effective rank {mean['bilinear_effective_rank']:.2f} of {m['d_head']}, "
           f"W_OV effective rank {mean['ov_effective_rank']:.2f}, ker B dim {mean['ker_B_dim']:.0f}"
           + (f", routing effective rank {mean['routing_effective_rank_mean']:.2f}, tilt effective dim "
              f"{mean['tilt_effective_dim']:.2f}" if "routing_effective_rank_mean" in mean else ""))
+    layers = report.layer_means()
+    keys = [k for k in layers[0] if k != "layer"]
+    print("per layer, mean over heads:\n  layer " + " ".join(f"{k[:14]:>14}" for k in keys))
+    for row in layers:
+        print(f"  {row['layer']:5d} " + " ".join(f"{row[k]:14.3g}" for k in keys))
     print(f"analysis {done['analysis']:.2f} s, figures {done['figures']:.2f} s; wrote {args.out}/: "
           f"{', '.join(done['names'])}")
     return 0
@@ -321,12 +353,14 @@ def main(argv=None) -> int:
                                       "model name such as all-MiniLM-L6-v2")
     p.add_argument("--n-heads", type=int, default=None, help="number of heads (needed without config.json)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", default=None, metavar="FILE", help="run this text through the NumPy forward pass "
-                                                                  "(BERT layout) for the data diagnostics")
+    src.add_argument("--text", action="append", default=None, metavar="FILE",
+                     help="run the texts of FILE through the NumPy forward pass for the data diagnostics: one text "
+                          "per paragraph (paragraphs are separated by blank lines); repeatable; statistics are "
+                          "averaged over all texts, with their spread")
     src.add_argument("--activations", default=None, metavar="DIR",
                      help="folder with activations.npy or layer_<i>.npy (the input of each layer's attention)")
     p.add_argument("--heads", default=None, metavar="L.H,...", help="heads to draw in detail (default: extremes)")
-    p.add_argument("--max-tokens", type=int, default=None, help="truncate --text to this many tokens")
+    p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
     p.set_defaults(func=_heads)
     p = sub.add_parser("config", help="print the build configuration")

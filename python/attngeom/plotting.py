@@ -647,3 +647,178 @@ def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
     return fig
 
 
+
+
+def radius_vs_chi(tau, d_k, var_q, ax=None, title=None):
+    """Density of the Laplace radii tau against the scaled chi prediction.
+
+    Laplace-Radon eq. 9 and s.13.2 (Fig. 2): for queries with i.i.d. N(0, var_q) entries,
+    tau = ``|q|`` / sqrt(d_k) follows sqrt(var_q / d_k) chi(d_k). On a real head the gap
+    between the histogram and the curve shows how far the queries are from that mean field.
+
+    Parameters
+    ----------
+    tau : array_like, shape (m,)
+        Radii (raveled).
+    d_k : int
+        Query dimension (degrees of freedom of the chi law).
+    var_q : float
+        Variance of the query entries.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+    title : str, optional
+        Title.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> tau = np.linalg.norm(np.random.default_rng(0).standard_normal((500, 8)), axis=-1) / np.sqrt(8)
+    >>> fig = ag.plotting.radius_vs_chi(tau, 8, 1.0)
+    >>> fig.axes[0].get_xlabel()
+    '$\\\\tau$'
+    """
+    from math import lgamma, log
+
+    tau = np.ravel(np.asarray(tau, dtype=float))
+    if tau.size == 0 or not np.all(np.isfinite(tau)):
+        raise ValueError(f"tau must be a non-empty finite array, got {tau.size} values")
+    if int(d_k) < 1 or not float(var_q) > 0:
+        raise ValueError(f"d_k must be >= 1 and var_q > 0, got d_k={d_k!r}, var_q={var_q!r}")
+    d_k = int(d_k)
+    fig, ax = axes_or_new(ax, figsize=(5, 3.2))
+    ax.hist(tau, bins=min(60, max(10, tau.size // 10)), density=True, alpha=0.6, label="empirical")
+    c = np.sqrt(var_q / d_k)
+    t = np.linspace(max(tau.min() * 0.8, 1e-6), tau.max() * 1.2, 400)
+    z = t / c
+    logpdf = (d_k - 1) * np.log(z) - z * z / 2 - (d_k / 2 - 1) * log(2) - lgamma(d_k / 2)
+    ax.plot(t, np.exp(logpdf) / c, "k--", label=r"scaled $\chi_{d_k}$ prediction")
+    ax.set_xlabel(r"$\tau$")
+    ax.set_ylabel("density")
+    ax.legend(frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
+    """A descending spectrum on a log scale, exact zeros drawn at a floor.
+
+    The tilt covariance, token-space and routing spectra of Laplace-Radon Figs. 5-7. With
+    ``n_total``, the values not given are the exact zeros of a rank-deficient matrix, drawn at
+    1e-17 of the largest value (:func:`log_floor`) so the drop to them is visible.
+
+    Parameters
+    ----------
+    values : array_like, shape (k,)
+        The spectrum (sorted descending here).
+    title : str
+        Title.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw into.
+    ylabel : str, default "eigenvalue"
+        What the values are (also names the x axis).
+    n_total : int, optional
+        Size of the full spectrum; ``n_total - k`` exact zeros are appended.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> fig = ag.plotting.eigen_spectrum([3.0, 1.0, 0.5], "Cov(u)", n_total=5)
+    >>> fig.axes[0].get_xlabel()
+    'k (k-th largest eigenvalue)'
+    """
+    fig, ax = axes_or_new(ax, figsize=(5, 3.2))
+    values = np.sort(np.ravel(np.asarray(values, dtype=float)))[::-1]
+    n_zero = 0 if n_total is None else max(int(n_total) - values.size, 0)
+    shown, floor = log_floor(np.concatenate([values, np.zeros(n_zero)]))
+    k = np.arange(1, shown.size + 1)
+    exact = shown > floor
+    ax.semilogy(k[exact], shown[exact], "o-", ms=3, label=f"nonzero ({int(exact.sum())})")
+    if not exact.all():
+        ax.semilogy(k[~exact], shown[~exact], "x", ms=3, color="tab:red",
+                    label=f"exact zeros ({int((~exact).sum())}), drawn at 1e-17 of max")
+        ax.legend(frameon=False, fontsize=8)
+    ax.set_xlabel(f"k (k-th largest {ylabel})")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def layer_distributions(maps, axes=None, *, kind="box"):
+    """Per-layer distributions over heads of per-head quantities: one panel per quantity.
+
+    A box (or violin) per layer summarises that layer's heads, so trends across depth (the
+    routing effective rank falling from the first to the last layer of a model, say) show at
+    a glance; three panels to a row.
+
+    Parameters
+    ----------
+    maps : dict of str to array_like
+        {title: (n_layers, n_heads) array}; NaN entries are left out.
+    axes : sequence of Axes, optional
+        One axes per quantity.
+    kind : {"box", "violin"}, default "box"
+        The summary drawn per layer.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure.
+
+    Examples
+    --------
+    >>> grid = np.arange(12.0).reshape(3, 4)
+    >>> fig = ag.plotting.layer_distributions({"rank B": grid, "radius": grid / 10})
+    >>> [ax.get_xlabel() for ax in fig.axes if ax.get_visible()]
+    ['layer', 'layer']
+    """
+    if kind not in ("box", "violin"):
+        raise ValueError(f"kind must be 'box' or 'violin', got {kind!r}")
+    if not isinstance(maps, dict) or not maps:
+        raise ValueError("maps must be a non-empty dict {title: (n_layers, n_heads) array}")
+    maps = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in maps.items()}
+    shapes = {v.shape for v in maps.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"maps must hold (n_layers, n_heads) arrays of one shape, got {sorted(shapes)}")
+    n_layers = next(iter(shapes))[0]
+    if axes is None:
+        ncols = min(3, len(maps))
+        nrows = -(-len(maps) // ncols)
+        width = max(3.6, 1.4 + 0.32 * n_layers)
+        fig, grid = new_figure(nrows, ncols, figsize=(width * ncols, 2.9 * nrows), squeeze=False)
+        axes = grid.ravel()
+        for ax in axes[len(maps):]:
+            ax.set_visible(False)
+    else:
+        fig = axes[0].figure
+    layers = np.arange(n_layers)
+    for ax, (title, values) in zip(axes, maps.items()):
+        data = [row[np.isfinite(row)] for row in values]
+        keep = [i for i, d in enumerate(data) if d.size]
+        if kind == "box":
+            ax.boxplot([data[i] for i in keep], positions=layers[keep], widths=0.6, showfliers=True,
+                       flierprops={"markersize": 2.5}, medianprops={"color": "tab:red"})
+        elif keep:
+            ax.violinplot([data[i] for i in keep], positions=layers[keep], widths=0.8, showmedians=True)
+        means = [float(np.mean(d)) if d.size else np.nan for d in data]
+        ax.plot(layers, means, "o-", color="tab:blue", ms=3, lw=1, label="mean over heads")
+        step = max(1, -(-n_layers // 16))
+        ax.set_xticks(layers[::step])
+        ax.set_xticklabels([str(i) for i in layers[::step]], fontsize=8)
+        ax.set_xlim(-0.6, n_layers - 0.4)
+        ax.set_xlabel("layer")
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes[0].legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig

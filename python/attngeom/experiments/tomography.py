@@ -124,7 +124,7 @@ class TomographyResult(ExperimentResult):
 
     def plot_radius_density(self, ax=None):
         """Figure 2: density of tau against the scaled chi prediction."""
-        return _radius_vs_chi(self.tau.ravel(), self.config.d_k, self.scalars["var_q"], ax=ax)
+        return plotting.radius_vs_chi(self.tau.ravel(), self.config.d_k, self.scalars["var_q"], ax=ax)
 
     def plot_raw_distributions(self, axes=None):
         """Figure 3: histograms of tau and of row entropies at alpha = 1."""
@@ -136,19 +136,22 @@ class TomographyResult(ExperimentResult):
 
     def plot_tilt_spectrum(self, ax=None):
         """Figure 5: eigenvalues of Cov(u)."""
-        return _eigen_spectrum(self.tilt_eigenvalues, rf"Cov(u): dim$_{{eff}}$ = {self.scalars['dim_eff_span_U']:.2f}", ax=ax)
+        return plotting.eigen_spectrum(self.tilt_eigenvalues,
+                                       rf"Cov(u): dim$_{{eff}}$ = {self.scalars['dim_eff_span_U']:.2f}", ax=ax)
 
     def plot_token_spectrum(self, ax=None):
         """Figure 6: eigenvalues of Cov(n), n = W_K u."""
-        return _eigen_spectrum(self.token_eigenvalues, rf"Cov(n), n = W_K u: dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}",
-                               ax=ax, n_total=self.config.d_model)
+        return plotting.eigen_spectrum(self.token_eigenvalues,
+                                       rf"Cov(n), n = W_K u: dim$_{{eff}}$ = {self.scalars['dim_eff_span_N']:.2f}",
+                                       ax=ax, n_total=self.config.d_model)
 
     def plot_routing_spectrum(self, ax=None):
         """Figure 7: singular values of a representative P (the first example) at alpha = 1."""
-        return _eigen_spectrum(self.routing_singular_values,
-                               f"P of example 0: effective rank {self.scalars['effective_rank_P_representative']:.2f}\n"
-                               f"(mean over examples {self.scalars['effective_rank_P']:.2f})", ax=ax,
-                               ylabel="singular value")
+        return plotting.eigen_spectrum(self.routing_singular_values,
+                                       f"P of example 0: effective rank "
+                                       f"{self.scalars['effective_rank_P_representative']:.2f}\n"
+                                       f"(mean over examples {self.scalars['effective_rank_P']:.2f})", ax=ax,
+                                       ylabel="singular value")
 
     def _sweep_plot(self, key, ylabel, ax):
         return _sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
@@ -234,24 +237,6 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
 
 # -- figures of this driver ---------------------------------------------------------------
-def _radius_vs_chi(tau, d_k, var_q, ax=None):
-    """Density of tau = ``|q|`` / sqrt(d_k) against sqrt(var_q / d_k) chi(d_k)."""
-    from math import lgamma, log
-
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    ax.hist(tau, bins=60, density=True, alpha=0.6, label="empirical")
-    c = np.sqrt(var_q / d_k)
-    t = np.linspace(max(tau.min() * 0.8, 1e-6), tau.max() * 1.2, 400)
-    z = t / c
-    logpdf = (d_k - 1) * np.log(z) - z * z / 2 - (d_k / 2 - 1) * log(2) - lgamma(d_k / 2)
-    ax.plot(t, np.exp(logpdf) / c, "k--", label=r"scaled $\chi_{d_k}$ prediction")
-    ax.set_xlabel(r"$\tau$")
-    ax.set_ylabel("density")
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig
-
-
 def _two_histograms(a, label_a, b, label_b, axes=None):
     """Two histograms side by side."""
     fig, axes = plotting.panel_row(axes, 2, 4.0, 3.0)
@@ -272,28 +257,6 @@ def _logits_vs_gaussian(logits, std, ax=None):
     ax.set_xlabel(r"$\ell = q \cdot k / \sqrt{d_k}$")
     ax.set_ylabel("density")
     ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def _eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
-    """A descending spectrum on a log scale; with ``n_total``, the values not given are the exact
-    zeros of a rank-deficient matrix, drawn at a floor (1e-17 of the largest value) so the drop
-    to them is visible."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    values = np.sort(np.asarray(values, dtype=float))[::-1]
-    n_zero = 0 if n_total is None else max(int(n_total) - values.size, 0)
-    shown, floor = plotting.log_floor(np.concatenate([values, np.zeros(n_zero)]))
-    k = np.arange(1, shown.size + 1)
-    exact = shown > floor
-    ax.semilogy(k[exact], shown[exact], "o-", ms=3, label=f"nonzero ({int(exact.sum())})")
-    if not exact.all():
-        ax.semilogy(k[~exact], shown[~exact], "x", ms=3, color="tab:red",
-                    label=f"exact zeros ({int((~exact).sum())}), drawn at 1e-17 of max")
-        ax.legend(frameon=False, fontsize=8)
-    ax.set_xlabel(f"k (k-th largest {ylabel})")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -24,7 +24,7 @@
   layer is :mod:`.moe`); :mod:`.prompt` resolves their model and prompt arguments and
   :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 """
-from .activations import load_activations, text_activations
+from .activations import load_activations, split_texts, text_activations
 from .adapters import from_transformer_lens, from_transformers
 from .architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .bert import BertEncoder, BertOutput, gelu
@@ -43,7 +43,7 @@ from .jsonfile import read_json_object
 from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
-from .report import HeadReport, head_report
+from .report import CROSS_LAYER, FIELDS, HeadReport, head_report
 from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
 from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
                           write_safetensors)
@@ -57,10 +57,10 @@ from .latent import LatentKeyCache, latent_key_cache
 from .routing import RouterStatistics, router_statistics
 
 __all__ = [
-    "load_activations", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
+    "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
     "read_json_object", "LAYOUTS", "Layout",
     "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
-    "HeadReport", "head_report", "BFloat16Array", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
+    "HeadReport", "head_report", "CROSS_LAYER", "FIELDS", "BFloat16Array", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",

@@ -16,7 +16,7 @@ from .bert import BertEncoder
 from .heads import Checkpoint
 from .jsonfile import read_json_object
 from .layouts import detect_layout
-from .model import load_model
+from .model import Model, load_model
 from .tokenizer import tokenize
 
 
@@ -99,7 +99,8 @@ def _sentence_max_length(folder) -> Optional[int]:
 
 
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
-                     encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None) -> Tuple[np.ndarray, List[str]]:
+                     encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None,
+                     model: Optional[Model] = None) -> Tuple[np.ndarray, List[str]]:
     """Run ``text`` through the library's NumPy forward pass (BERT or a decoder).
 
     The inputs of every layer's attention, for the data diagnostics of Laplace-Radon s.12.1.
@@ -124,6 +125,9 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         A loaded encoder to reuse (BERT only).
     n_heads : int, optional
         Needed without config.json.
+    model : Model, optional
+        A loaded decoder (:func:`load_model` of the same checkpoint) to reuse, so that many
+        texts do not read the weights again (decoders only).
 
     Returns
     -------
@@ -144,7 +148,9 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     if layout.name != "bert":
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        model = load_model(checkpoint)
+        if model is not None and not isinstance(model, Model):
+            raise TypeError(f"model must be a Model from load_model, got {type(model).__name__}")
+        model = model if model is not None else load_model(checkpoint)
         limit = max_length if max_length is not None else model.max_length
         ids, tokens = model.tokenize(text, max_length=limit)
         if not ids:
@@ -159,3 +165,32 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     ids, tokens = tokenize(ck.folder, text, max_length=limit)
     out = enc.forward(np.asarray(ids, dtype=np.int64))
     return out.hidden_states[:-1, None], tokens
+
+
+def split_texts(text: str) -> List[str]:
+    """Split a corpus into texts: one text per paragraph, paragraphs separated by blank lines.
+
+    The rule of ``attngeom heads --text FILE``: a line holding only whitespace ends a
+    paragraph; the lines of a paragraph are joined with single spaces; empty paragraphs
+    are dropped. A file without blank lines is one text.
+
+    Parameters
+    ----------
+    text : str
+        The contents of a text file.
+
+    Returns
+    -------
+    list of str
+        The texts, in order.
+
+    Examples
+    --------
+    >>> from attngeom.models import split_texts
+    >>> split_texts("The cat sat.\nIt purred.\n\n  \nA dog ran.\n")
+    ['The cat sat. It purred.', 'A dog ran.']
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    paragraphs = re.split(r"\n[ \t\r\f\v]*\n", text.replace("\r\n", "\n"))
+    return [" ".join(line.strip() for line in p.splitlines() if line.strip()) for p in paragraphs if p.strip()]

@@ -1,14 +1,20 @@
-"""The per-head report of a model (``attngeom heads``): a JSON table and figures.
+"""The per-head report of a model (``attngeom heads``): tables, figures, an HTML page.
 
 For every head: the spectrum of B = W_Q W_K^T (rank, entropy effective rank, the number of
 singular values holding 90% and 99% of the energy E_k) and its parameter nulls
 (Laplace-Radon s.5.3, s.6.1), the spectrum of W_OV (the notes' r_eff and E_k); with
-activations, the Laplace radii (eq. 9, 16), tilt coverage and limited-angle nulls (s.6.2,
-s.12.1) and routing ranks (s.6.3). Figures: a layer x head grid of effective ranks, the two
-spectra of chosen heads and, with activations, their attention heat maps (as in the notes).
+activations of one or several texts, the Laplace radii (eq. 9, 16), tilt coverage and
+limited-angle nulls (s.6.2, s.12.1), routing ranks (s.6.3) and attention entropies, each a
+mean over the texts with its spread. Figures: per-layer distributions over heads and a
+layer x head grid of the main quantities (:data:`CROSS_LAYER`), and for chosen heads the two
+spectra, the attention heat map labelled with the tokens and the Laplace-Radon diagnostics
+(radii against the chi prediction, the tilt covariance and routing spectra, as in the
+tomography figures). :meth:`HeadReport.save` writes heads.json (with a glossary of its
+fields, :data:`FIELDS`), attention.npz, the PNGs, summary.md and a self-contained report.html.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -29,54 +35,184 @@ def _energy_count(s: np.ndarray, level: float) -> np.ndarray:
     return np.argmax(e >= level - 1e-12, axis=-1) + 1
 
 
+# The per-head quantities of the cross-layer figures and the per-layer table: (table key, label).
+CROSS_LAYER = (
+    ("bilinear_effective_rank", "B effective rank (entropy)"),
+    ("ov_effective_rank", r"$W_{OV}$ effective rank (energy)"),
+    ("radius_mean", r"radius $\tau$ (mean)"),
+    ("tilt_effective_dim", "tilt effective dimension"),
+    ("routing_effective_rank_mean", "routing effective rank of P"),
+    ("attention_entropy", "attention row entropy (nats)"),
+)
+
+# What every field of the table means (heads.json "fields", the HTML glossary).
+FIELDS = {
+    "layer": "layer index, from 0",
+    "head": "head index within the layer, from 0",
+    "bilinear_rank": "rank of B = W_Q W_K^T (Laplace-Radon s.5.3), from the weights",
+    "bilinear_effective_rank": "entropy effective rank exp(H(sigma / sum sigma)) of B's singular values (s.12.1)",
+    "bilinear_sigma_max": "largest singular value of B",
+    "ker_WQ_T_dim": "dimension of ker W_Q^T in token space, a parameter null (eq. 18)",
+    "ker_WK_T_dim": "dimension of ker W_K^T in token space, a parameter null (eq. 18)",
+    "ker_B_dim": "dimension of ker B: token directions no query can see (eq. 18-19)",
+    "ker_BT_dim": "dimension of ker B^T: token directions no key can show (eq. 18-19)",
+    "ov_rank": "rank of W_OV = W_V W_O (row convention x -> x W_V W_O)",
+    "ov_effective_rank": "energy effective rank of W_OV (the notes' r_eff = (sum s^2)^2 / sum s^4)",
+    "ov_sigma_max": "largest singular value of W_OV",
+    "bilinear_k90": "singular values of B holding 90% of the energy (smallest k with E_k >= 0.9)",
+    "bilinear_k99": "singular values of B holding 99% of the energy",
+    "ov_k90": "singular values of W_OV holding 90% of the energy",
+    "ov_k99": "singular values of W_OV holding 99% of the energy",
+    "radius_mean": "mean Laplace radius tau = |q| / sqrt(d_head) over the tokens (eq. 9, 16)",
+    "radius_std": "standard deviation of the radii over the tokens",
+    "tilt_effective_dim": "participation ratio of the eigenvalues of E[u u^T], u = q / |q| the tilts (s.6.2, eq. 58)",
+    "tilt_rank": "dimension of the span of the tilts in key space",
+    "tilt_null_dim": "dimension of the key-space limited-angle null span(U)^perp (eq. 21)",
+    "token_effective_dim": "participation ratio of the token-space normals n = W_K u (eq. 22)",
+    "token_null_dim": "dimension of the token-space limited-angle null span(N)^perp (eq. 23)",
+    "token_space_dim": "dimension of token space with the biases in homogeneous coordinates, d_model + 1",
+    "routing_rank_mean": "rank of the attention matrix P (s.6.3)",
+    "routing_nullity_mean": "n - rank(P): the routing null of the keys (s.6.3)",
+    "routing_effective_rank_mean": "entropy effective rank of P's singular values (s.13.7)",
+    "attention_entropy": "row entropy of P in nats, mean over the queries (log n for uniform rows, 0 for one-hot)",
+}
+_SPREAD = "_spread"
+# Attention matrices of every head are kept (and saved) up to this many bytes in float32.
+_ATTENTION_BYTES = 1 << 28
+
+
 @dataclass
 class HeadReport:
-    """The report of one model. ``table()`` has one row per head (layer, head and the metrics
-    of :meth:`attngeom.HeadDiagnostics.table` plus bilinear_k90/k99, ov_k90/k99: singular
-    values needed for 90% / 99% of the energy); ``summary()`` the model's dimensions and the
-    means over heads; ``chosen`` the (layer, head) pairs drawn in detail; ``routing`` their
-    attention matrices on the first sequence, ``tokens`` its token strings (when known)."""
+    """The report of one model (module docstring).
+
+    Attributes
+    ----------
+    model : dict
+        The model's dimensions and layout (:meth:`ModelHeads.summary`).
+    diagnostics : HeadDiagnostics
+        Every head's diagnostics: the weights and, with activations, the first text.
+    chosen : list of (int, int)
+        The (layer, head) pairs drawn in detail.
+    routing : dict
+        {(layer, head): (n, n) attention matrix of the first text} for the chosen heads.
+    tokens : list of list of str, or None
+        The token strings of every text (None when unknown).
+    source : str
+        Where the activations came from.
+    seconds : dict
+        Timings.
+    text_values : dict
+        {data field: (n_texts, n_layers, n_heads) array}: the data fields of :meth:`table`
+        per text, before the mean and spread over texts.
+    attention : list of ndarray or None
+        Per text, the (n_layers, n_heads, n, n) float32 attention matrices of every head;
+        None when they would exceed 256 MB (then only ``routing`` is kept).
+    queries : dict
+        {(layer, head): (m, d_head) queries} of the chosen heads, pooled over the texts (the
+        Laplace-Radon panels: radii and tilts).
+    """
 
     model: dict
     diagnostics: HeadDiagnostics
     chosen: List[Tuple[int, int]]
     routing: Dict[Tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
-    tokens: Optional[List[str]] = None
+    tokens: Optional[List[List[str]]] = None
     source: str = "weights"
     seconds: dict = field(default_factory=dict)
+    text_values: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    attention: Optional[List[np.ndarray]] = field(default=None, repr=False)
+    queries: Dict[Tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def n_texts(self) -> int:
+        """Number of texts (sequences) the data fields are aggregated over (0 without data)."""
+        return len(next(iter(self.text_values.values()))) if self.text_values else 0
 
     def table(self) -> list:
-        """One dict of named scalars per head, layer-major."""
+        """One dict of named scalars per head, layer-major.
+
+        The fields of :meth:`attngeom.HeadDiagnostics.table` plus bilinear_k90/k99,
+        ov_k90/k99 (singular values needed for 90% / 99% of the energy) and, with data,
+        attention_entropy; each data field is the mean over the texts, and with several
+        texts ``<field>_spread`` is its standard deviation over them (:data:`FIELDS`).
+        """
         d = self.diagnostics
         k = {"bilinear_k90": _energy_count(d.nulls.singular_values, 0.90),
              "bilinear_k99": _energy_count(d.nulls.singular_values, 0.99)}
         if d.ov_singular_values is not None:
             k["ov_k90"] = _energy_count(d.ov_singular_values, 0.90)
             k["ov_k99"] = _energy_count(d.ov_singular_values, 0.99)
+        several = self.n_texts > 1
+        mean = {key: v.mean(0) for key, v in self.text_values.items()}
+        spread = {key: v.std(0) for key, v in self.text_values.items()} if several else {}
         rows = []
         for row in d.table():
             layer, head = row.pop("head")
             out = {"layer": layer, "head": head}
             out.update(row)
             out.update({name: int(v[layer, head]) for name, v in k.items()})
+            for key in self.text_values:
+                if several or key not in out:
+                    out[key] = float(mean[key][layer, head])
+            for key in spread:
+                out[key + _SPREAD] = float(spread[key][layer, head])
             if "token_null_dim" in out and self.model.get("homogeneous"):
                 out["token_space_dim"] = self.model["d_model"] + 1
             rows.append(out)
         return rows
 
+    def fields(self) -> dict:
+        """{field: description} for every field of :meth:`table` (the glossary of heads.json)."""
+        out = {}
+        for key in self.table()[0]:
+            if key.endswith(_SPREAD):
+                out[key] = f"standard deviation over the {self.n_texts} texts of {key[:-len(_SPREAD)]}"
+            else:
+                out[key] = FIELDS.get(key, "")
+        return out
+
     def summary(self) -> dict:
         """The model's dimensions, the source of the activations, and means over heads."""
         rows = self.table()
         means = {key: float(np.mean([r[key] for r in rows])) for key in rows[0] if key not in ("layer", "head")}
-        return {**self.model, "source": self.source, "n_tokens": None if self.tokens is None else len(self.tokens),
+        lengths = None if self.tokens is None else [len(t) for t in self.tokens]
+        return {**self.model, "source": self.source, "n_texts": self.n_texts,
+                "n_tokens": None if lengths is None else int(sum(lengths)), "text_lengths": lengths,
                 "chosen": [list(c) for c in self.chosen], "seconds": self.seconds, "mean": means}
 
+    def layer_means(self) -> list:
+        """Per layer, the mean over its heads of the cross-layer quantities (:data:`CROSS_LAYER`).
+
+        Returns a list of {"layer": l, field: mean, ...}, one dict per layer, with the fields
+        of :data:`CROSS_LAYER` present in :meth:`table` (the data fields need activations).
+        """
+        keys = [k for k, _ in CROSS_LAYER if k in self.table()[0]]
+        grids = {k: self.grid(k) for k in keys}
+        return [{"layer": layer, **{k: float(g[layer].mean()) for k, g in grids.items()}}
+                for layer in range(self.model["n_layers"])]
+
     def to_json(self, path) -> str:
-        """Write {"summary": ..., "heads": [one row per head]} to path; returns the path."""
+        """Write {"summary", "fields", "tokens", "heads"} to path; returns the path."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"summary": self.summary(), "heads": self.table()}, f, indent=2)
+            json.dump({"summary": self.summary(), "fields": self.fields(), "tokens": self.tokens,
+                       "heads": self.table()}, f, indent=2)
         return str(path)
+
+    def to_dataframe(self):
+        """The table as a pandas DataFrame, one row per head (pandas is optional).
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``layer``, ``head`` and the fields of :meth:`table`.
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("HeadReport.to_dataframe needs pandas, which is not installed: pip install pandas "
+                              "(or use HeadReport.table(), a list of dicts)") from None
+        return pd.DataFrame(self.table())
 
     def grid(self, metric: str) -> np.ndarray:
         """(n_layers, n_heads) values of one metric of :meth:`table`."""
@@ -89,36 +225,222 @@ class HeadReport:
             out[r["layer"], r["head"]] = r[metric]
         return out
 
-    def figures(self) -> dict:
-        """{file name: matplotlib figure}: effective_ranks.png, spectra_L<l>_H<h>.png for every
-        chosen head and, with activations, attention_L<l>_H<h>.png."""
+    def _cross_layer_maps(self) -> dict:
+        first = self.table()[0]
+        return {label: self.grid(key) for key, label in CROSS_LAYER if key in first}
+
+    def plot_cross_layer(self, axes=None, *, kind: str = "box"):
+        """Per layer, the distribution over heads of each quantity of :data:`CROSS_LAYER`."""
         from .. import plotting
 
-        maps = {"bilinear effective rank (entropy)": self.grid("bilinear_effective_rank"),
-                r"$W_{OV}$ effective rank (energy)": self.grid("ov_effective_rank")}
-        if self.diagnostics.routing_rank is not None:
-            maps["routing effective rank (mean)"] = self.grid("routing_effective_rank_mean")
-            maps["radius mean"] = self.grid("radius_mean")
-        figs = {"effective_ranks.png": plotting.layer_head_grids(maps)}
+        return plotting.layer_distributions(self._cross_layer_maps(), axes, kind=kind)
+
+    def plot_laplace_radon(self, layer: int, head: int, axes=None):
+        """One chosen head's Laplace-Radon diagnostics, as in the tomography figures.
+
+        Radius histogram against the scaled chi prediction (Fig. 2), the spectrum of the tilt
+        covariance Cov(u) (Fig. 5) over the pooled tokens of every text, and the singular
+        values of the attention matrix P on the first text (Fig. 7).
+        """
+        from .. import plotting
+        from ..spectral import effective_rank, singular_values, tilt_coverage
+
+        if (layer, head) not in self.queries:
+            raise ValueError(f"(layer, head) must be a chosen head with activations {sorted(self.queries)}, "
+                             f"got ({layer}, {head})")
+        q = self.queries[layer, head]
+        d_head = q.shape[-1]
+        tau = np.linalg.norm(q, axis=-1) / np.sqrt(d_head)
+        cov = tilt_coverage(q, centered=True)
+        fig, axes = plotting.panel_row(axes, 3, 4.2, 3.3)
+        plotting.radius_vs_chi(tau, d_head, float(np.mean(q * q)), ax=axes[0],
+                               title=f"L{layer}H{head} radii ({tau.size} tokens)")
+        plotting.eigen_spectrum(cov.eigenvalues, rf"L{layer}H{head} Cov(u): dim$_{{eff}}$ = {cov.effective_dim:.2f}",
+                                ax=axes[1])
+        P = self.routing[layer, head]
+        s = singular_values(P)
+        plotting.eigen_spectrum(s, f"L{layer}H{head} P (text 0): eff. rank "
+                                   f"{float(effective_rank(s, kind='entropy', spectrum=True)):.2f} of {P.shape[0]}",
+                                ax=axes[2], ylabel="singular value")
+        for ax in axes:
+            ax.title.set_fontsize(9)
+        fig.tight_layout()
+        return fig
+
+    def figures(self) -> dict:
+        """{file name: matplotlib figure}.
+
+        layer_head_grids.png (a layer x head grid per quantity), cross_layer.png (box plots
+        over heads per layer), spectra_L<l>_H<h>.png for every chosen head and, with
+        activations, attention_L<l>_H<h>.png (tokens on the axes) and laplace_radon_L<l>_H<h>.png.
+        """
+        from .. import plotting
+
+        maps = self._cross_layer_maps()
+        figs = {"layer_head_grids.png": plotting.layer_head_grids(maps),
+                "cross_layer.png": plotting.layer_distributions(maps)}
         d = self.diagnostics
+        tokens = None if self.tokens is None else self.tokens[0]
         for layer, head in self.chosen:
             ov = None if d.ov_singular_values is None else d.ov_singular_values[layer, head]
             figs[f"spectra_L{layer}_H{head}.png"] = plotting.head_spectrum_pair(
                 d.nulls.singular_values[layer, head], ov, title=f"L{layer}H{head}")
             if (layer, head) in self.routing:
                 figs[f"attention_L{layer}_H{head}.png"] = plotting.attention_heatmap(
-                    self.routing[layer, head], self.tokens, title=f"L{layer}H{head} attention")
+                    self.routing[layer, head], tokens,
+                    title=f"L{layer}H{head} attention" + (" (text 0)" if self.n_texts > 1 else ""))
+            if (layer, head) in self.queries:
+                figs[f"laplace_radon_L{layer}_H{head}.png"] = self.plot_laplace_radon(layer, head)
         return figs
 
+    def markdown(self, figure_names: Sequence[str] = ()) -> str:
+        """summary.md: the model, the per-layer table (:meth:`layer_means`), the chosen heads."""
+        s = self.summary()
+        lines = [f"# Heads report: {os.path.basename(str(self.model.get('path', ''))) or 'model'}", "",
+                 f"{s['layout']} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
+                 f"d_model {s['d_model']}, d_head {s['d_head']}.", "", f"Source: {self.source}."]
+        if self.tokens is not None:
+            lines.append(f"{self.n_texts} text(s), {s['n_tokens']} tokens ({', '.join(map(str, s['text_lengths']))})"
+                         + ("; data fields are means over the texts, *_spread their standard deviations."
+                            if self.n_texts > 1 else "."))
+        lines += ["", "## Per layer: mean over heads", "", _markdown_table(self.layer_means()), ""]
+        rows = {(r["layer"], r["head"]): r for r in self.table()}
+        lines += ["## Heads drawn in detail", ""]
+        for layer, head in self.chosen:
+            r = rows[layer, head]
+            text = ", ".join(f"{k} {r[k]:.4g}" for k, _ in CROSS_LAYER if k in r)
+            lines.append(f"- L{layer}H{head}: {text}")
+        if figure_names:
+            lines += ["", "## Files", "", "heads.json (table, field glossary, tokens), attention.npz (tokens and "
+                      "attention matrices), report.html (everything in one page), "
+                      + ", ".join(figure_names)]
+        return "\n".join(lines) + "\n"
+
+    def html(self, pngs: Optional[Dict[str, bytes]] = None) -> str:
+        """report.html: one self-contained page (figures inlined as base64 PNG, a sortable
+        table of heads, the glossary); ``pngs`` are the rendered figures (rendered here if None)."""
+        if pngs is None:
+            pngs = {name: _png(fig) for name, fig in self.figures().items()}
+        return _html_page(self, pngs)
+
     def save(self, folder) -> list:
-        """Write heads.json and every figure into folder; returns the written paths."""
+        """Write the report into folder; returns the written paths.
+
+        heads.json (summary, field glossary, tokens, one row per head), attention.npz
+        (``tokens_<t>`` and ``attention_<t>``, (n_layers, n_heads, n, n) float32, for every
+        text t; when those exceed 256 MB, ``routing_L<l>_H<h>`` of the chosen heads on the
+        first text instead), every figure as PNG, summary.md and report.html.
+        """
         os.makedirs(folder, exist_ok=True)
         paths = [self.to_json(os.path.join(folder, "heads.json"))]
+        if self.tokens is not None or self.routing:
+            arrays = {}
+            for t, toks in enumerate(self.tokens or []):
+                arrays[f"tokens_{t}"] = np.array(toks, dtype=str)
+            if self.attention is not None:
+                arrays.update({f"attention_{t}": a for t, a in enumerate(self.attention)})
+            else:
+                arrays.update({f"routing_L{l}_H{h}": p.astype(np.float32) for (l, h), p in self.routing.items()})
+            path = os.path.join(folder, "attention.npz")
+            np.savez_compressed(path, **arrays)
+            paths.append(path)
+        pngs = {}
         for name, fig in self.figures().items():
+            pngs[name] = _png(fig)
             path = os.path.join(folder, name)
-            fig.savefig(path, dpi=110)
+            with open(path, "wb") as f:
+                f.write(pngs[name])
+            paths.append(path)
+        for name, text in (("summary.md", self.markdown(list(pngs))), ("report.html", _html_page(self, pngs))):
+            path = os.path.join(folder, name)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
             paths.append(path)
         return paths
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def _fmt(v) -> str:
+    return str(v) if isinstance(v, (int, np.integer)) else f"{v:.4g}"
+
+
+def _markdown_table(rows: list) -> str:
+    keys = list(rows[0])
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    out += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(out)
+
+
+_SORT_JS = """document.querySelectorAll("table.sortable th").forEach(function (th, i) {
+  th.addEventListener("click", function () {
+    var body = th.closest("table").tBodies[0], rows = Array.from(body.rows), up = th.dataset.up !== "1";
+    rows.sort(function (a, b) { return (parseFloat(a.cells[i].dataset.v) - parseFloat(b.cells[i].dataset.v)) * (up ? 1 : -1); });
+    th.closest("tr").querySelectorAll("th").forEach(function (h) { h.dataset.up = ""; });
+    th.dataset.up = up ? "1" : "0";
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});"""
+
+_CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee;cursor:pointer;position:sticky;top:0}
+img{max-width:100%;border:1px solid #eee;margin:4px 0}dt{font-weight:bold}.tokens{font-family:monospace;font-size:12px}"""
+
+
+def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
+    import base64
+    from html import escape
+
+    s = report.summary()
+    rows = report.table()
+    title = f"attngeom heads: {escape(os.path.basename(str(report.model.get('path', ''))) or 'model')}"
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style></head><body>",
+           f"<h1>{title}</h1>",
+           f"<p>{escape(s['layout'])} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
+           f"d_model {s['d_model']}, d_head {s['d_head']}. Source: {escape(report.source)}.</p>"]
+
+    def img(name):
+        if name in pngs:
+            out.append(f"<figure><img alt='{escape(name)}' src='data:image/png;base64,"
+                       f"{base64.b64encode(pngs[name]).decode('ascii')}'><figcaption>{escape(name)}</figcaption></figure>")
+
+    layer_rows = report.layer_means()
+    out.append("<h2>Per layer: mean over heads</h2><table class='sortable'><thead><tr>"
+               + "".join(f"<th title='{escape(FIELDS.get(k, ''))}'>{escape(k)}</th>" for k in layer_rows[0])
+               + "</tr></thead><tbody>")
+    for r in layer_rows:
+        out.append("<tr>" + "".join(f"<td data-v='{r[k]}'>{_fmt(r[k])}</td>" for k in r) + "</tr>")
+    out.append("</tbody></table><h2>Across layers</h2>")
+    img("cross_layer.png")
+    img("layer_head_grids.png")
+    fields = report.fields()
+    keys = [k for k in rows[0] if not k.endswith(_SPREAD)]
+    out.append("<h2>Heads</h2><p>Click a column to sort; hover a column name for its meaning."
+               + (" Data fields: mean &plusmn; standard deviation over the texts." if report.n_texts > 1 else "")
+               + "</p><table class='sortable'><thead><tr>"
+               + "".join(f"<th title='{escape(fields[k])}'>{escape(k)}</th>" for k in keys) + "</tr></thead><tbody>")
+    for r in rows:
+        cells = []
+        for k in keys:
+            text = _fmt(r[k]) + (f" &plusmn; {_fmt(r[k + _SPREAD])}" if k + _SPREAD in r else "")
+            cells.append(f"<td data-v='{float(r[k])}'>{text}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table><h2>Heads drawn in detail</h2>")
+    for layer, head in report.chosen:
+        out.append(f"<h3>L{layer}H{head}</h3>")
+        for prefix in ("spectra", "attention", "laplace_radon"):
+            img(f"{prefix}_L{layer}_H{head}.png")
+    if report.tokens is not None:
+        out.append("<h2>Tokens</h2>")
+        for t, toks in enumerate(report.tokens):
+            out.append(f"<p class='tokens'>text {t} ({len(toks)} tokens): " + " ".join(escape(x) for x in toks) + "</p>")
+    out.append("<h2>Fields</h2><dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in fields.items())
+               + f"</dl><script>{_SORT_JS}</script></body></html>")
+    return "\n".join(out)
 
 
 def _default_chosen(d: HeadDiagnostics) -> List[Tuple[int, int]]:
@@ -135,24 +457,71 @@ def _default_chosen(d: HeadDiagnostics) -> List[Tuple[int, int]]:
     return out
 
 
-def head_report(heads, x=None, *, tokens: Optional[Sequence[str]] = None, chosen=None, bias: bool = True,
+def _texts(x, tokens, heads: ModelHeads):
+    """x and tokens -> a list of (n_layers, n_i, d_model) float64 arrays and a list of token lists."""
+    if x is None:
+        if tokens is not None:
+            raise ValueError("tokens need activations x")
+        return [], None
+    if isinstance(x, (list, tuple)) and x and all(np.ndim(e) >= 3 for e in x):
+        items = [np.asarray(e, dtype=np.float64) for e in x]
+    else:
+        a = np.asarray(x, dtype=np.float64)
+        items = [a] if a.ndim == 3 else ([a[:, i] for i in range(a.shape[1])] if a.ndim == 4 else [a])
+    shape = f"({heads.n_layers}, n, {heads.d_model})"
+    texts = []
+    for i, a in enumerate(items):
+        if a.ndim == 4 and a.shape[1] == 1:
+            a = a[:, 0]
+        if a.ndim != 3 or a.shape[0] != heads.n_layers or a.shape[-1] != heads.d_model or a.shape[1] == 0:
+            raise ValueError(f"x must have shape {shape} or ({heads.n_layers}, n_seq, n, {heads.d_model}), or be "
+                             f"a list of {shape} arrays (one per text); got {a.shape}" + (f" for text {i}" if i else ""))
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"x holds non-finite values" + (f" (text {i})" if len(items) > 1 else ""))
+        texts.append(a)
+    if tokens is None:
+        return texts, None
+    if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"tokens must be a list of str (one text) or a list of such lists, got {type(tokens).__name__}")
+    lists = [list(tokens)] if all(isinstance(t, str) for t in tokens) else [list(t) for t in tokens]
+    if len(lists) != len(texts):
+        raise ValueError(f"tokens must have one list per text ({len(texts)}), got {len(lists)}")
+    for i, (t, a) in enumerate(zip(lists, texts)):
+        if len(t) != a.shape[1]:
+            raise ValueError(f"tokens must have {a.shape[1]} entries (the activations' n), got {len(t)}"
+                             + (f" for text {i}" if len(texts) > 1 else ""))
+    return texts, [[str(w) for w in t] for t in lists]
+
+
+def _row_entropy(P: np.ndarray) -> np.ndarray:
+    """Mean over the query rows of the entropy of each row of P (..., n, n) -> (...)."""
+    logs = np.log(np.where(P > 0, P, 1.0))
+    return -(P * logs).sum(-1).mean(-1)
+
+
+def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                 rtol=None, n_heads: Optional[int] = None, source: Optional[str] = None) -> HeadReport:
-    """Every head's geometry: weights-only, or with activations.
+    """Every head's geometry: weights-only, or with the activations of one or several texts.
 
     The per-head diagnostics of Laplace-Radon s.12.1 (spectra of B = W_Q W_K^T and W_OV,
-    parameter nulls, with activations radii, tilt coverage and routing ranks) behind the
-    ``attngeom heads`` command. Cost: weights only, one factored SVD per head (B and W_OV
-    never formed); about a second for 144 heads of d_model 768.
+    parameter nulls, with activations radii, tilt coverage, routing ranks and attention
+    entropies) behind the ``attngeom heads`` command. With several texts each data field is
+    computed per text, then averaged, with its standard deviation over the texts as
+    ``<field>_spread``. Cost: weights only, one factored SVD per head (B and W_OV never
+    formed), about a second for 144 heads of d_model 768; per text, one attention matrix and
+    its SVD per head.
 
     Parameters
     ----------
     heads : ModelHeads or str
         Heads, or a checkpoint path / packaged-model name for :func:`load_heads`.
-    x : array_like, shape (n_layers, [n_seq,] n, d_model), optional
+    x : array_like or list of array_like, optional
         Activations, the input of each layer's attention (see
-        :mod:`attngeom.models.activations`).
-    tokens : sequence of str, optional
-        The n token strings (for the figures).
+        :mod:`attngeom.models.activations`): shape (n_layers, n, d_model) for one text,
+        (n_layers, n_seq, n, d_model) for n_seq texts of one length, or a list of
+        (n_layers, n_i, d_model) arrays, one per text.
+    tokens : list of str, or list of list of str, optional
+        The token strings of the text (or of every text), for the figures and the saved files.
     chosen : sequence of (layer, head), optional
         Heads drawn in detail; default the heads with the lowest and highest bilinear
         effective rank and the lowest W_OV effective rank.
@@ -168,7 +537,9 @@ def head_report(heads, x=None, *, tokens: Optional[Sequence[str]] = None, chosen
     Returns
     -------
     HeadReport
-        The diagnostics, a table per head, ``save(folder)`` for JSON and figures.
+        The diagnostics, a table per head (``table()``, ``to_dataframe()``), per-layer means
+        (``layer_means()``), figures, and ``save(folder)`` for heads.json, attention.npz,
+        the PNGs, summary.md and report.html.
 
     Examples
     --------
@@ -181,29 +552,46 @@ def head_report(heads, x=None, *, tokens: Optional[Sequence[str]] = None, chosen
     if not isinstance(heads, ModelHeads):
         heads = load_heads(heads, n_heads=n_heads)
     t1 = time.perf_counter()
-    xs = None
-    if x is not None:
-        xs = np.asarray(x, dtype=np.float64)
-        if xs.ndim == 3:
-            xs = xs[:, None]
-    d = heads.diagnostics(xs, bias=bias, rtol=rtol)
-    t2 = time.perf_counter()
+    texts, token_lists = _texts(x, tokens, heads)
+    d = heads.diagnostics(None if not texts else texts[0][:, None], bias=bias, rtol=rtol)
     if chosen is None:
         chosen = _default_chosen(d)
     chosen = [(int(l), int(h)) for l, h in chosen]
     for l, h in chosen:
         if not (0 <= l < heads.n_layers and 0 <= h < heads.n_heads):
             raise ValueError(f"chosen head ({l}, {h}) is outside {heads.n_layers} layers x {heads.n_heads} heads")
-    routing = {}
-    if xs is not None:
-        if tokens is not None and len(tokens) != xs.shape[-2]:
-            raise ValueError(f"tokens must have {xs.shape[-2]} entries (the activations' n), got {len(tokens)}")
-        for l, h in chosen:
-            q, k = heads.queries_keys(xs[l, 0], l, bias=bias)
-            _, P = softmax_attention(q[h], k[h], None, causal=heads.causal, return_weights=True, layout="bhnd")
-            routing[l, h] = P
+    data_keys = ("radius_mean", "radius_std", "tilt_effective_dim", "tilt_rank", "tilt_null_dim",
+                 "token_effective_dim", "token_null_dim", "routing_rank_mean", "routing_nullity_mean",
+                 "routing_effective_rank_mean")
+    shape = (heads.n_layers, heads.n_heads)
+    values = {key: np.zeros((len(texts),) + shape) for key in data_keys + ("attention_entropy",)} if texts else {}
+    keep = 4 * heads.n_layers * heads.n_heads * sum(a.shape[1] ** 2 for a in texts) <= _ATTENTION_BYTES
+    attention = [] if texts and keep else None
+    routing, queries = {}, {c: [] for c in chosen} if texts else {}
+    for t, a in enumerate(texts):
+        dt = d if t == 0 else heads.diagnostics(a[:, None], bias=bias, rtol=rtol)
+        for row in dt.table():
+            layer, head = row["head"]
+            for key in data_keys:
+                values[key][t, layer, head] = row[key]
+        maps = np.empty(shape + (a.shape[1],) * 2, np.float32) if attention is not None else None
+        for layer in range(heads.n_layers):
+            q, k = heads.queries_keys(a[layer], layer, bias=bias)
+            _, P = softmax_attention(q, k, None, causal=heads.causal, return_weights=True, layout="bhnd")
+            values["attention_entropy"][t, layer] = _row_entropy(P)
+            if maps is not None:
+                maps[layer] = P
+            for l, h in chosen:
+                if l == layer:
+                    queries[l, h].append(q[h])
+                    if t == 0:
+                        routing[l, h] = P[h]
+        if attention is not None:
+            attention.append(maps)
+    t2 = time.perf_counter()
     model = heads.summary()
-    model["homogeneous"] = bool(xs is not None and bias and (heads.b_Q is not None or heads.b_K is not None))
-    return HeadReport(model, d, chosen, routing, None if tokens is None else list(tokens),
-                      source or ("weights" if xs is None else "activations"),
-                      {"load": t1 - t0, "diagnostics": t2 - t1})
+    model["homogeneous"] = bool(texts and bias and (heads.b_Q is not None or heads.b_K is not None))
+    return HeadReport(model, d, chosen, routing, token_lists,
+                      source or ("weights" if not texts else "activations"),
+                      {"load": t1 - t0, "diagnostics": t2 - t1}, values, attention,
+                      {c: np.concatenate(qs) for c, qs in queries.items()})
