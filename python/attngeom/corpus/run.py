@@ -417,10 +417,7 @@ def _on_cluster(client, path, ids, bounds, todo, states, protos, batch_tokens, d
     for i in todo:
         a, b = bounds[i]
         futures[client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False)] = i
-    level = [None] * len(bounds)
-    for i, s in enumerate(states):
-        if s is not None:
-            level[i] = client.scatter(s) if len(bounds) > 1 else s
+    level = list(states)  # loaded states go to the merge tasks as arguments
     for fut, i in futures.items():
         level[i] = fut
     if folder.folder is not None or bar is not None:
