@@ -23,7 +23,7 @@ class Histogram:
 
     Examples
     --------
-    >>> h = Histogram((), [0.0, 1.0, 2.0]).update(np.array([0.5, 1.5, 1.7, 3.0]))
+    >>> h = ag.corpus.Histogram((), [0.0, 1.0, 2.0]).update(np.array([0.5, 1.5, 1.7, 3.0]))
     >>> h.counts.tolist(), int(h.overflow)
     ([1, 2], 1)
     """
@@ -54,7 +54,7 @@ class Histogram:
 
         Examples
         --------
-        >>> Histogram((), [0.0, 1.0]).update(np.array([0.2, 0.9])).counts
+        >>> ag.corpus.Histogram((), [0.0, 1.0]).update(np.array([0.2, 0.9])).counts
         array([2])
         """
         x = np.asarray(x, dtype=np.float64)
@@ -87,8 +87,8 @@ class Histogram:
 
         Examples
         --------
-        >>> a = Histogram((), [0.0, 1.0]).update(np.array([0.5]))
-        >>> a.merge(Histogram((), [0.0, 1.0]).update(np.array([0.1]))).counts
+        >>> a = ag.corpus.Histogram((), [0.0, 1.0]).update(np.array([0.5]))
+        >>> a.merge(ag.corpus.Histogram((), [0.0, 1.0]).update(np.array([0.1]))).counts
         array([2])
         """
         if not isinstance(other, Histogram):
@@ -111,7 +111,7 @@ class Histogram:
 
         Examples
         --------
-        >>> Histogram((), [0.0, 0.5, 1.0]).update(np.array([0.1, 0.2, 0.7, 0.8])).density()
+        >>> ag.corpus.Histogram((), [0.0, 0.5, 1.0]).update(np.array([0.1, 0.2, 0.7, 0.8])).density()
         array([1., 1.])
         """
         total = self.counts.sum(-1) + self.underflow + self.overflow

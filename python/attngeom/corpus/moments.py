@@ -32,7 +32,7 @@ class Moments:
 
     Examples
     --------
-    >>> m = Moments((2,), 3).update(np.ones((2, 5, 3)))
+    >>> m = ag.corpus.Moments((2,), 3).update(np.ones((2, 5, 3)))
     >>> m.count.tolist(), m.covariance().shape
     ([5, 5], (2, 3, 3))
     """
@@ -75,7 +75,7 @@ class Moments:
 
         Examples
         --------
-        >>> Moments((), 1).update(np.array([1.0, 2.0, 3.0])).variance()
+        >>> ag.corpus.Moments((), 1).update(np.array([1.0, 2.0, 3.0])).variance(ddof=1)
         array([1.])
         """
         x = np.asarray(x, dtype=np.float64)
@@ -112,8 +112,8 @@ class Moments:
 
         Examples
         --------
-        >>> a = Moments((), 1).update(np.array([1.0, 2.0]))
-        >>> a.merge(Moments((), 1).update(np.array([3.0]))).mean
+        >>> a = ag.corpus.Moments((), 1).update(np.array([1.0, 2.0]))
+        >>> a.merge(ag.corpus.Moments((), 1).update(np.array([3.0]))).mean
         array([2.])
         """
         if not isinstance(other, Moments):
@@ -140,7 +140,7 @@ class Moments:
 
         Examples
         --------
-        >>> Moments((), 2).update(np.array([[0.0, 0.0], [2.0, 2.0]])).covariance()
+        >>> ag.corpus.Moments((), 2).update(np.array([[0.0, 0.0], [2.0, 2.0]])).covariance()
         array([[1., 1.],
                [1., 1.]])
         """
@@ -163,7 +163,7 @@ class Moments:
 
         Examples
         --------
-        >>> Moments((), 1).update(np.array([0.0, 2.0])).variance()
+        >>> ag.corpus.Moments((), 1).update(np.array([0.0, 2.0])).variance()
         array([1.])
         """
         c = self.covariance(ddof)

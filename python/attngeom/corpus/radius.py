@@ -34,7 +34,7 @@ def chi_moments(dof: int) -> tuple:
 
     Examples
     --------
-    >>> [round(v, 4) for v in chi_moments(3)]
+    >>> [round(v, 4) for v in ag.corpus.chi_moments(3)]
     [1.5958, 0.6734]
     """
     mean = math.sqrt(2.0) * math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2))

@@ -82,13 +82,22 @@ def _positive_int(name, x, allow_none=False):
 def _token_ids(model, texts, limit: int) -> List[np.ndarray]:
     """Token ids of every text (str through the model's tokenizer, or integer sequences),
     truncated to `limit`; empty texts dropped."""
-    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
-        raise TypeError(f"texts must be a sequence of strings or token id arrays, got {type(texts).__name__}")
+    try:
+        if isinstance(texts, (str, bytes)):
+            raise TypeError
+        len(texts)
+        texts = list(texts)
+    except TypeError:
+        raise TypeError(f"texts must be a sequence of strings or token id arrays, got {type(texts).__name__}") \
+            from None
     out = []
     V = model.arch.vocab_size
     for i, t in enumerate(texts):
         if isinstance(t, str):
-            ids = np.asarray(model.tokenize(t)[0], dtype=np.int64)
+            try:
+                ids = np.asarray(model.tokenize(t)[0], dtype=np.int64)
+            except ValueError as exc:
+                raise ValueError(f"texts[{i}]: {exc}") from None
         else:
             a = np.asarray(t) if not isinstance(t, bytes) else np.asarray([])
             if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
@@ -112,7 +121,7 @@ def _partition_bounds(lengths: np.ndarray, partitions, batch_tokens: int, worker
     if partitions is not None and not isinstance(partitions, (int, np.integer)):
         try:
             sizes = [int(s) for s in partitions]
-        except TypeError:
+        except (TypeError, ValueError):
             raise TypeError(f"partitions must be an int or a sequence of sizes, got {type(partitions).__name__}") \
                 from None
         if any(s < 1 for s in sizes) or sum(sizes) != n:
@@ -169,7 +178,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
 
     Examples
     --------
-    >>> states = partition_states("model_dir", [np.array([1, 2, 3])], [RadiusStatistic()], 64)  # doctest: +SKIP
+    >>> states = ag.corpus.partition_states("model_dir", [np.array([1, 2, 3])], [ag.corpus.RadiusStatistic()], 64)  # doctest: +SKIP
     """
     m = _worker_model(model) if isinstance(model, str) else model
     states = {s.name: s.empty() for s in statistics}
@@ -203,7 +212,7 @@ def merge_states(a: Dict[str, Statistic], b: Dict[str, Statistic]) -> Dict[str, 
 
     Examples
     --------
-    >>> merge_states({"radius": RadiusStatistic()}, {"radius": RadiusStatistic()})["radius"].state is None
+    >>> ag.corpus.merge_states({"radius": ag.corpus.RadiusStatistic()}, {"radius": ag.corpus.RadiusStatistic()})["radius"].state is None
     True
     """
     out = copy.deepcopy(a)
@@ -354,7 +363,10 @@ def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_toke
     protos = _check_statistics(statistics)
     batch_tokens = _positive_int("batch_tokens", batch_tokens)
     max_length = _positive_int("max_length", max_length, allow_none=True)
-    dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
+    try:
+        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
+    except TypeError:
+        dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if isinstance(model, Model):

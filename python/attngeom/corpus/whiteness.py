@@ -31,7 +31,7 @@ class SequenceMoments:
     Examples
     --------
     >>> x = ag.vector_ma1(0.5 * np.eye(2), B=50, T=3, seed=0)
-    >>> acc = SequenceMoments((), 3, 2).update(x[:20]).merge(SequenceMoments((), 3, 2).update(x[20:]))
+    >>> acc = ag.corpus.SequenceMoments((), 3, 2).update(x[:20]).merge(ag.corpus.SequenceMoments((), 3, 2).update(x[20:]))
     >>> bool(np.isclose(acc.whiteness(), ag.whiteness(x)))
     True
     """
@@ -55,8 +55,8 @@ class SequenceMoments:
 
         Examples
         --------
-        >>> SequenceMoments((), 2, 1).update(np.zeros((3, 2, 1))).moments.count
-        array(3)
+        >>> int(ag.corpus.SequenceMoments((), 2, 1).update(np.zeros((3, 2, 1))).moments.count)
+        3
         """
         x = np.asarray(x, dtype=np.float64)
         if x.shape[-2:] != (self.T, self.D):
@@ -79,7 +79,7 @@ class SequenceMoments:
 
         Examples
         --------
-        >>> a = SequenceMoments((), 2, 1).merge(SequenceMoments((), 2, 1))
+        >>> a = ag.corpus.SequenceMoments((), 2, 1).merge(ag.corpus.SequenceMoments((), 2, 1))
         >>> int(a.moments.count)
         0
         """
@@ -99,7 +99,7 @@ class SequenceMoments:
         Examples
         --------
         >>> x = np.random.default_rng(0).standard_normal((10, 3, 2))
-        >>> sorted(SequenceMoments((), 3, 2).update(x).result())
+        >>> sorted(ag.corpus.SequenceMoments((), 3, 2).update(x).result())
         ['count', 'stationarity', 'whiteness']
         """
         return {"whiteness": self.whiteness(), "stationarity": self.stationarity(), "count": self.moments.count}
@@ -121,7 +121,7 @@ class SequenceMoments:
         Examples
         --------
         >>> x = np.random.default_rng(0).standard_normal((10, 3, 2))
-        >>> bool(np.isclose(SequenceMoments((), 3, 2).update(x).whiteness(), ag.whiteness(x)))
+        >>> bool(np.isclose(ag.corpus.SequenceMoments((), 3, 2).update(x).whiteness(), ag.whiteness(x)))
         True
         """
         lam = np.abs(self._covariance())
@@ -143,7 +143,7 @@ class SequenceMoments:
         Examples
         --------
         >>> x = np.random.default_rng(0).standard_normal((10, 3, 2))
-        >>> bool(np.isclose(SequenceMoments((), 3, 2).update(x).stationarity(), ag.stationarity(x)))
+        >>> bool(np.isclose(ag.corpus.SequenceMoments((), 3, 2).update(x).stationarity(), ag.stationarity(x)))
         True
         """
         if self.T < 2:
