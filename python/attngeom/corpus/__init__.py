@@ -12,7 +12,6 @@
 * :mod:`.run`: :func:`corpus_statistics` (in-process, or partitions as tasks of a
   ``distributed.Client``, states saved per partition for a resume).
 * :mod:`.result`: :class:`CorpusStatistics`.
-* :mod:`.store`: activations persisted to Zarr, chunked by (layer, tokens).
 """
 from .cumulants import CumulantStatistic
 from .histogram import Histogram
