@@ -21,13 +21,15 @@ import numpy as np
 
 
 def build_checkpoint(folder: str, n_layer: int, n_embd: int, n_head: int) -> str:
-    import torch
-    import transformers
+    """A random GPT-2 saved by transformers, in a subprocess: importing torch here would change
+    the OpenMP runtime of the in-process measurement."""
+    import subprocess
 
-    config = transformers.GPT2Config(vocab_size=1000, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                                     n_positions=128, bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
+    code = ("import torch, transformers; torch.manual_seed(0); "
+            f"c = transformers.GPT2Config(vocab_size=1000, n_embd={n_embd}, n_layer={n_layer}, n_head={n_head}, "
+            "n_positions=128, bos_token_id=0, eos_token_id=0); "
+            f"transformers.GPT2LMHeadModel(c).save_pretrained({folder!r}, safe_serialization=True)")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return folder
 
 
