@@ -883,6 +883,11 @@ SPECS = {
         (g.model(), g.prompt()),
         g.kwargs(rank=lambda: g.integer((1, 2, 3)), rotary=g.flag, rtol=g.real)),
     "router_statistics": lambda g: ((g.model(), g.prompt()), {}),
+    "corpus_statistics": lambda g: (
+        (g.model(), [g.prompt() for _ in range(g.draw_int(0, 3))] if not g.hostile_now() else g.hostile()),
+        g.kwargs(statistics=lambda: g.choice([("radius", "tilt"), ("routing", "cumulants"), ("whiteness",), (), ("x",)]),
+                 batch_tokens=lambda: g.integer((1, 4, 64)), partitions=lambda: g.integer((1, 2, 3)),
+                 max_length=lambda: g.integer((1, 3)), dtype=lambda: g.choice([np.float32, np.float64]))),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "fit_exponential_sum": lambda g: (

@@ -151,6 +151,9 @@ from .models import (
     weight_spectra,
 )
 
+from . import corpus
+from .corpus import CorpusStatistics, corpus_statistics
+
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
     "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
@@ -181,4 +184,5 @@ __all__ = [
     "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",
     "limited_angle", "rms_error",
     "virtual_network", "gl_transform", "rescale", "function_discrepancy", "is_critical", "CriticalPoint",
+    "corpus", "corpus_statistics", "CorpusStatistics",
 ]

@@ -16,6 +16,9 @@
         <checkpoint> is a .safetensors file, a folder, or a packaged model name. --text may
         be repeated; each FILE holds one text per paragraph (blank lines separate them),
         and the data statistics are means over all texts with their spread
+    attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
+        corpus statistics of every head (one text per line of FILE), in-process or on a Dask
+        cluster, into DIR (summary.json, heads.csv, layers.png); --state DIR resumes
 
 Every misuse (a bad --set value, an output path that cannot be written, an unreadable
 checkpoint) is one line on stderr and exit status 2, found before any computation starts.
@@ -330,6 +333,78 @@ def _heads(args) -> int:
     return 0
 
 
+def _read_corpus(path) -> list:
+    """The non-empty lines of a UTF-8 text file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            texts = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--corpus: {exc}") from None
+    texts = [t for t in texts if t]
+    if not texts:
+        raise ValueError(f"--corpus {path!r} has no non-empty line (one text per line)")
+    return texts
+
+
+def _dask_client(args):
+    """(client, cluster) for --scheduler / --workers, or (None, None) in-process."""
+    if args.scheduler is None and args.workers is None:
+        return None, None
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ValueError("--scheduler / --workers need dask[distributed] (pip install 'attngeom[corpus]')") from None
+    if args.scheduler is not None:
+        try:
+            return Client(args.scheduler, timeout="10s"), None
+        except (OSError, TimeoutError) as exc:
+            raise ValueError(f"--scheduler {args.scheduler!r}: cannot connect ({exc})") from None
+    cluster = LocalCluster(n_workers=args.workers, processes=True, threads_per_worker=1, dashboard_address=None)
+    return Client(cluster), cluster
+
+
+def _corpus(args) -> int:
+    from .corpus import corpus_statistics
+
+    texts = _read_corpus(args.corpus)
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.batch_tokens < 1:
+        raise ValueError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    done = {}
+
+    def write(staging):
+        client, cluster = _dask_client(args)
+        try:
+            t0 = time.perf_counter()
+            res = corpus_statistics(args.checkpoint, texts, batch_tokens=args.batch_tokens, client=client,
+                                    state_dir=args.state, max_length=args.max_tokens)
+            done.update(res=res, elapsed=time.perf_counter() - t0)
+        finally:
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+        res.write_table(os.path.join(staging, "heads.csv"))
+        fig = res.plot_layers()
+        fig.savefig(os.path.join(staging, "layers.png"), dpi=110)
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        res.to_json(os.path.join(staging, "summary.json"))  # last: the folder's marker
+
+    _write_folder(args.out, "summary.json", write)
+    res, m = done["res"], done["res"].model
+    where = (f"scheduler {args.scheduler}" if args.scheduler else f"{args.workers} local workers" if args.workers
+             else "in-process")
+    print(f"{m['family']} model, {m['n_layers']} layers x {m['n_heads']} heads; {res.n_texts} texts, {res.n_tokens} "
+          f"tokens in {res.n_partitions} partitions ({where}), {done['elapsed']:.1f} s "
+          f"({res.n_tokens / max(done['elapsed'], 1e-9):.0f} tokens/s)")
+    print(f"wrote {args.out}/: summary.json, heads.csv, layers.png")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="attngeom", description="The geometry of attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -363,6 +438,17 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
     p.set_defaults(func=_heads)
+    p = sub.add_parser("corpus", help="corpus statistics of every head, in-process or on a Dask cluster")
+    p.add_argument("checkpoint", help="a checkpoint folder (config.json, *.safetensors, tokenizer.json) or a name")
+    p.add_argument("--corpus", required=True, metavar="FILE", help="UTF-8 text file, one text per line")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler (tcp://host:port)")
+    where.add_argument("--workers", type=int, default=None, metavar="N", help="start a local cluster of N processes")
+    p.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per forward pass (default 1024)")
+    p.add_argument("--max-tokens", type=int, default=None, help="truncate every text to this many tokens")
+    p.add_argument("--state", default=None, metavar="DIR", help="save per-partition states here (resume a run)")
+    p.add_argument("--out", default="corpus_report", help="output folder (default corpus_report)")
+    p.set_defaults(func=_corpus)
     p = sub.add_parser("config", help="print the build configuration")
     p.set_defaults(func=_config)
     args = parser.parse_args(argv)

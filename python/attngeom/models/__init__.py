@@ -20,7 +20,7 @@
 * The notes' practice agenda on real models: :mod:`.lens` (logit lens), :mod:`.induction`
   (induction and previous-token scores, K-composition), :mod:`.spectra` (W_OV / W_QK
   spectra and the spectral-diagnostics figure), :mod:`.latent` (latent rank of the key
-  cache, MLA), :mod:`.routing` (router statistics of mixture-of-experts models, whose
+  cache, MLA), :mod:`attngeom.models.routing` (router statistics of mixture-of-experts models, whose
   layer is :mod:`.moe`); :mod:`.prompt` resolves their model and prompt arguments and
   :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 """

@@ -16,7 +16,7 @@ the lower expert index). Checkpoints store the experts as
 ``mlp.experts.down_proj`` with ``mlp.gate.weight``; both are read.
 
 The router logits of every layer are in :attr:`Forward.router_logits`;
-:func:`attngeom.router_statistics` (:mod:`.routing`) summarises them.
+:func:`attngeom.router_statistics` (:mod:`attngeom.models.routing`) summarises them.
 """
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""Corpus statistics: tokens per second in-process vs a LocalCluster of 2 worker processes, and
+the peak memory of a worker as the corpus grows (1x, 10x, 100x tokens; flat is expected: the
+states are O(d_head^2) per head and never hold tokens).
+
+A random GPT-2 (transformers, offline, float64 forward pass) and random token-id texts. Prints
+the numbers and writes JSON (``--out``). Not part of ``make test``.
+
+    python benchmarks/bench_corpus.py [--base-texts 200] [--out bench_corpus.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def build_checkpoint(folder: str, n_layer: int, n_embd: int, n_head: int) -> str:
+    """A random GPT-2 saved by transformers, in a subprocess: importing torch here would change
+    the OpenMP runtime of the in-process measurement."""
+    import subprocess
+
+    code = ("import torch, transformers; torch.manual_seed(0); "
+            f"c = transformers.GPT2Config(vocab_size=1000, n_embd={n_embd}, n_layer={n_layer}, n_head={n_head}, "
+            "n_positions=128, bos_token_id=0, eos_token_id=0); "
+            f"transformers.GPT2LMHeadModel(c).save_pretrained({folder!r}, safe_serialization=True)")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    return folder
+
+
+def corpus(n_texts: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 1000, size=int(rng.integers(16, 64))) for _ in range(n_texts)]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (ru_maxrss, kB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv=None) -> int:
+    import attngeom as ag
+    from distributed import Client, LocalCluster
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-texts", type=int, default=200)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch-tokens", type=int, default=1024)
+    p.add_argument("--out", default="bench_corpus.json")
+    args = p.parse_args(argv)
+    ag.set_num_threads(1)  # one thread per process, as each worker has (threads_per_worker=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = build_checkpoint(os.path.join(tmp, "gpt2"), args.layers, args.width, args.heads)
+        report = {"model": {"n_layers": args.layers, "d_model": args.width, "n_heads": args.heads},
+                  "batch_tokens": args.batch_tokens, "runs": []}
+        texts = corpus(args.base_texts)
+        ag.corpus_statistics(ckpt, texts[:5])  # warm-up (imports, first forward)
+        t0 = time.perf_counter()
+        ref = ag.corpus_statistics(ckpt, texts, batch_tokens=args.batch_tokens, partitions=4)
+        t_in = time.perf_counter() - t0
+        report["in_process"] = {"tokens": ref.n_tokens, "seconds": t_in, "tokens_per_s": ref.n_tokens / t_in}
+        print(f"in-process: {ref.n_tokens} tokens in {t_in:.2f} s = {ref.n_tokens / t_in:.0f} tokens/s")
+
+        cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                               env={"OMP_NUM_THREADS": "1"})
+        client = Client(cluster)
+        try:
+            client.run(lambda: __import__("attngeom").corpus.run._worker_model(ckpt))  # load once per worker
+            worst = 0.0
+            for factor in (1, 10, 100):
+                big = corpus(args.base_texts * factor, seed=factor)
+                client.run(lambda: __import__("gc").collect())
+                t0 = time.perf_counter()
+                res = ag.corpus_statistics(ckpt, big, batch_tokens=args.batch_tokens, client=client)
+                dt = time.perf_counter() - t0
+                peaks = client.run(peak_rss_mb)
+                row = {"factor": factor, "tokens": res.n_tokens, "partitions": res.n_partitions, "seconds": dt,
+                       "tokens_per_s": res.n_tokens / dt, "peak_rss_mb_per_worker": sorted(peaks.values())}
+                report["runs"].append(row)
+                print(f"cluster x{factor:<3}: {res.n_tokens} tokens in {res.n_partitions} partitions, {dt:.2f} s = "
+                      f"{res.n_tokens / dt:.0f} tokens/s; peak RSS per worker "
+                      f"{', '.join(f'{v:.0f}' for v in sorted(peaks.values()))} MB")
+                if factor == 1:
+                    same = ag.corpus_statistics(ckpt, texts, batch_tokens=args.batch_tokens, client=client,
+                                                partitions=[1] * 7 + [len(texts) - 7])
+                    for name, d in ref.statistics.items():
+                        for key, v in d.items():
+                            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size:
+                                e = np.max(np.abs(same.statistics[name][key] - v)) / max(np.max(np.abs(v)), 1e-300)
+                                worst = max(worst, float(e))
+            report["merge_max_relative_difference"] = worst
+            print(f"cluster (8 uneven partitions) vs in-process (4 partitions): max relative difference {worst:.1e}")
+        finally:
+            client.close()
+            cluster.close()
+        rows = report["runs"]
+        report["cluster_speedup_1x"] = rows[0]["tokens_per_s"] / report["in_process"]["tokens_per_s"]
+        report["cluster_speedup_100x"] = rows[-1]["tokens_per_s"] / report["in_process"]["tokens_per_s"]
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"cluster / in-process throughput: {report['cluster_speedup_1x']:.2f} (1x), "
+          f"{report['cluster_speedup_100x']:.2f} (100x); wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Corpus-scale statistics of attention heads: mergeable states, run in-process or on Dask.
+
+* :mod:`.protocol`: :class:`Batch` (one forward pass over padded texts) and
+  :class:`Statistic` (``update(batch)`` / ``merge(other)`` / ``result()``, lazy state,
+  generic merge); :class:`Mergeable` is the protocol as a type.
+* :mod:`.moments`: :class:`Moments`, Chan-style mergeable means and covariances.
+* :mod:`.histogram`: :class:`Histogram`, fixed-edge histograms (exact merges).
+* The statistics, one per module: :mod:`.radius` (:class:`RadiusStatistic`), :mod:`.tilt`
+  (:class:`TiltStatistic`, built on :class:`attngeom.TiltCoverage`), :mod:`.routing`
+  (:class:`RoutingStatistic`), :mod:`.cumulants` (:class:`CumulantStatistic`),
+  :mod:`.whiteness` (:class:`WhitenessStatistic` and :class:`SequenceMoments`).
+* :mod:`.run`: :func:`corpus_statistics` (in-process, or partitions as tasks of a
+  ``distributed.Client``, states saved per partition for a resume).
+* :mod:`.result`: :class:`CorpusStatistics`.
+"""
+from .cumulants import CumulantStatistic
+from .histogram import Histogram
+from .moments import Moments
+from .protocol import Batch, Mergeable, Statistic
+from .radius import RadiusStatistic, chi_moments
+from .result import CorpusStatistics
+from .routing import RoutingStatistic
+from .run import DEFAULT_STATISTICS, STATISTICS, corpus_statistics, merge_states, partition_states
+from .tilt import TiltStatistic
+from .whiteness import SequenceMoments, WhitenessStatistic
+
+__all__ = [
+    "Batch", "Mergeable", "Statistic", "Moments", "Histogram", "RadiusStatistic", "chi_moments", "TiltStatistic",
+    "RoutingStatistic", "CumulantStatistic", "SequenceMoments", "WhitenessStatistic", "CorpusStatistics",
+    "corpus_statistics", "partition_states", "merge_states", "STATISTICS", "DEFAULT_STATISTICS",
+]

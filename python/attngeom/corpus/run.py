@@ -1,0 +1,446 @@
+"""Running corpus statistics: :func:`corpus_statistics`, in-process or on a Dask cluster.
+
+The texts are tokenized once by the caller's process, cut into partitions of consecutive
+texts, and each partition is run through the model in forward batches of at most
+``batch_tokens`` (padded) tokens, updating a fresh state of every statistic. The partitions'
+states are merged in a fixed binary tree. With a ``distributed.Client`` the partitions are
+tasks on the workers; each worker process loads the model once (weights memory-mapped) and
+keeps it for the next partitions. With ``state_dir`` every finished partition's states are
+pickled there, and a run over the same corpus, model and statistics resumes from them.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import pickle
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .cumulants import CumulantStatistic
+from .protocol import Batch, Statistic
+from .radius import RadiusStatistic
+from .result import CorpusStatistics
+from .routing import RoutingStatistic
+from .tilt import TiltStatistic
+from .whiteness import WhitenessStatistic
+
+STATISTICS = {"radius": RadiusStatistic, "tilt": TiltStatistic, "routing": RoutingStatistic,
+              "cumulants": CumulantStatistic, "whiteness": WhitenessStatistic}
+DEFAULT_STATISTICS = tuple(STATISTICS)
+
+_MODELS: dict = {}  # the models a worker process has loaded, by path
+
+
+def _worker_model(path: str):
+    """The model at `path`, loaded once per process (weights memory-mapped)."""
+    if path not in _MODELS:
+        from ..models import load_model
+
+        _MODELS[path] = load_model(path)
+    return _MODELS[path]
+
+
+def _check_statistics(statistics) -> List[Statistic]:
+    if isinstance(statistics, (str, Statistic)):
+        statistics = (statistics,)
+    try:
+        items = list(statistics)
+    except TypeError:
+        raise TypeError(f"statistics must be a sequence of names {DEFAULT_STATISTICS} or Statistic objects, "
+                        f"got {type(statistics).__name__}") from None
+    if not items:
+        raise ValueError("statistics must name at least one statistic")
+    out = []
+    for s in items:
+        if isinstance(s, str):
+            if s not in STATISTICS:
+                raise ValueError(f"statistics: unknown statistic {s!r}; choose from {DEFAULT_STATISTICS}")
+            out.append(STATISTICS[s]())
+        elif isinstance(s, Statistic):
+            out.append(s.empty())
+        else:
+            raise TypeError(f"statistics must hold names or Statistic objects, got {type(s).__name__}")
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"statistics names a statistic twice: {names}")
+    return out
+
+
+def _positive_int(name, x, allow_none=False):
+    if x is None and allow_none:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive integer, got {type(x).__name__}")
+    if x < 1:
+        raise ValueError(f"{name} must be a positive integer, got {x}")
+    return int(x)
+
+
+def _token_ids(model, texts, limit: int) -> List[np.ndarray]:
+    """Token ids of every text (str through the model's tokenizer, or integer sequences),
+    truncated to `limit`; empty texts dropped."""
+    try:
+        if isinstance(texts, (str, bytes)):
+            raise TypeError
+        len(texts)
+        texts = list(texts)
+    except TypeError:
+        raise TypeError(f"texts must be a sequence of strings or token id arrays, got {type(texts).__name__}") \
+            from None
+    out = []
+    V = model.arch.vocab_size
+    for i, t in enumerate(texts):
+        if isinstance(t, str):
+            try:
+                ids = np.asarray(model.tokenize(t)[0], dtype=np.int64)
+            except ValueError as exc:
+                raise ValueError(f"texts[{i}]: {exc}") from None
+        else:
+            a = np.asarray(t) if not isinstance(t, bytes) else np.asarray([])
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                raise ValueError(f"texts[{i}] must be a string or a 1-D integer array of token ids, got "
+                                 f"shape {a.shape}, dtype {a.dtype}")
+            ids = a.astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= V):
+                raise ValueError(f"texts[{i}]: token ids must lie in 0..{V - 1}, got {ids.min()}..{ids.max()}")
+        if ids.size:
+            out.append(ids[:limit])
+    if not out:
+        raise ValueError("texts: no text has a token")
+    return out
+
+
+def _partition_bounds(lengths: np.ndarray, partitions, batch_tokens: int, workers: int) -> List[tuple]:
+    """[(start, stop)] of consecutive texts: `partitions` sizes in texts, a number of
+    partitions of about equal tokens, or by default about 8 forward batches each (at least 2
+    per worker on a cluster)."""
+    n = len(lengths)
+    if partitions is not None and not isinstance(partitions, (int, np.integer)):
+        try:
+            sizes = [int(s) for s in partitions]
+        except (TypeError, ValueError):
+            raise TypeError(f"partitions must be an int or a sequence of sizes, got {type(partitions).__name__}") \
+                from None
+        if any(s < 1 for s in sizes) or sum(sizes) != n:
+            raise ValueError(f"partitions sizes must be positive and add up to the {n} texts with tokens, got "
+                             f"{sizes}")
+        stops = np.cumsum(sizes)
+        return [(int(a), int(b)) for a, b in zip(np.concatenate([[0], stops[:-1]]), stops)]
+    if partitions is None:
+        count = max(1, -(-int(lengths.sum()) // (8 * batch_tokens)), 2 * workers)
+    else:
+        count = _positive_int("partitions", partitions)
+    count = min(count, n)
+    cum = np.cumsum(lengths)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, count) / count, side="left") + 1
+    cuts = np.unique(np.clip(cuts, 1, n - 1)) if n > 1 else np.array([], int)
+    edges = np.concatenate([[0], cuts, [n]]).astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def _batches(ids: Sequence[np.ndarray], batch_tokens: int):
+    """Forward batches of texts (sorted by length) with at most batch_tokens padded tokens."""
+    order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
+    group: list = []
+    for i in order:
+        if group and (len(group) + 1) * len(ids[i]) > batch_tokens:
+            yield group
+            group = []
+        group.append(i)
+    if group:
+        yield group
+
+
+def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Statistic], batch_tokens: int,
+                     dtype=np.float64) -> Dict[str, Statistic]:
+    """The states of `statistics` (fresh copies) over one partition of token id arrays.
+
+    Parameters
+    ----------
+    model : Model or str
+        The model, or its checkpoint path (loaded once per process).
+    ids : sequence of ndarray of int
+        The partition's texts as token ids.
+    statistics : sequence of Statistic
+        Prototypes (their settings are used, not their data).
+    batch_tokens : int
+        Padded tokens per forward batch.
+    dtype : {np.float64, np.float32}, default np.float64
+        The forward pass's dtype.
+
+    Returns
+    -------
+    dict
+        name -> state.
+
+    Examples
+    --------
+    >>> states = ag.corpus.partition_states("model_dir", [np.array([1, 2, 3])], [ag.corpus.RadiusStatistic()], 64)  # doctest: +SKIP
+    """
+    m = _worker_model(model) if isinstance(model, str) else model
+    states = {s.name: s.empty() for s in statistics}
+    for group in _batches(ids, batch_tokens):
+        lengths = np.array([len(ids[i]) for i in group])
+        n = int(lengths.max())
+        tok = np.zeros((len(group), n), dtype=np.int64)
+        mask = np.zeros((len(group), n), dtype=bool)
+        for r, i in enumerate(group):
+            tok[r, :lengths[r]] = ids[i]
+            mask[r, :lengths[r]] = True
+        f = m.forward(tok, attention_mask=mask, dtype=dtype)
+        batch = Batch(f, lengths)
+        for s in states.values():
+            s.update(batch)
+    return states
+
+
+def merge_states(a: Dict[str, Statistic], b: Dict[str, Statistic]) -> Dict[str, Statistic]:
+    """A new dict of states: a's merged with b's (neither is modified).
+
+    Parameters
+    ----------
+    a, b : dict
+        name -> state, as :func:`partition_states` returns.
+
+    Returns
+    -------
+    dict
+        name -> merged state.
+
+    Examples
+    --------
+    >>> ag.corpus.merge_states({"radius": ag.corpus.RadiusStatistic()}, {"radius": ag.corpus.RadiusStatistic()})["radius"].state is None
+    True
+    """
+    out = copy.deepcopy(a)
+    for k, s in out.items():
+        s.merge(b[k])
+    return out
+
+
+def _tree(states: list):
+    """Merge in a fixed binary tree (the order does not depend on timing)."""
+    while len(states) > 1:
+        states = [merge_states(states[i], states[i + 1]) if i + 1 < len(states) else states[i]
+                  for i in range(0, len(states), 2)]
+    return states[0]
+
+
+def _fingerprint(path: str, ids, protos, bounds, batch_tokens, dtype) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([path, [(s.name, type(s).__qualname__) for s in protos], bounds, batch_tokens,
+                         np.dtype(dtype).name]).encode())
+    for s in protos:
+        h.update(pickle.dumps({k: np.asarray(v).tolist() for k, v in s.config().items()}))
+    for a in ids:
+        h.update(len(a).to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+class _StateFolder:
+    """Per-partition pickled states under a folder, valid for one run's fingerprint."""
+
+    def __init__(self, folder: Optional[str], fingerprint: str):
+        self.folder = None if folder is None else os.fspath(folder)
+        if self.folder is None:
+            return
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise ValueError(f"state_dir {self.folder!r} exists and is not a folder")
+        os.makedirs(self.folder, exist_ok=True)
+        manifest = os.path.join(self.folder, "manifest.json")
+        if os.path.exists(manifest):
+            with open(manifest) as f:
+                if json.load(f).get("fingerprint") != fingerprint:
+                    raise ValueError(f"state_dir {self.folder!r} holds the states of another run (other texts, model, "
+                                     "statistics or partitions); choose a new folder")
+        else:
+            self._atomic(manifest, json.dumps({"fingerprint": fingerprint}).encode())
+
+    @staticmethod
+    def _atomic(path: str, data: bytes) -> None:
+        tmp = f"{path}.{os.getpid()}.partial"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self.folder, f"partition_{i:06d}.pkl")
+
+    def load(self, i: int):
+        if self.folder is None or not os.path.exists(self._path(i)):
+            return None
+        with open(self._path(i), "rb") as f:
+            return pickle.load(f)
+
+    def save(self, i: int, states) -> None:
+        if self.folder is not None:
+            self._atomic(self._path(i), pickle.dumps(states))
+
+
+def _progress_bar(progress, total: int, done: int):
+    if not progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the test and plot extras
+        return None
+    return tqdm(total=total, initial=done, unit="partition", desc="corpus")
+
+
+def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_tokens: int = 1024,
+                      partitions=None, max_length: Optional[int] = None, client=None, state_dir=None,
+                      progress: bool = False, dtype=np.float64) -> CorpusStatistics:
+    """Mergeable statistics of every attention head over a corpus, in-process or on Dask.
+
+    The per-head statistics of Laplace-Radon s.6, s.10, s.13.4 and Whitened self-attention
+    s.6 accumulated over any number of texts in O(d_head^2) memory per head: ``"radius"``
+    (tau = scale ``|q|``: moments, histogram, chi prediction, eq. 62), ``"tilt"`` (tilt
+    coverage, eq. 20-23, and the token covariance of the numerator directions W_K u, eq.
+    22), ``"routing"`` (row entropy, largest weight, effective rank of P), ``"cumulants"``
+    (mean and variance of the projected keys under the Gibbs weights, eq. 51) and
+    ``"whiteness"`` (Psi and rho of each layer's input, eq. 10-14). Partitions of the corpus
+    are merged exactly up to rounding (Chan-style updates, fixed histogram edges), so the
+    result does not depend on the partitioning or the cluster beyond 1e-12 relative.
+
+    Parameters
+    ----------
+    model : Model or str or path-like
+        A loaded :class:`attngeom.models.Model`, or a checkpoint folder / name for
+        :func:`attngeom.load_model` (a cluster needs a checkpoint on disk).
+    texts : sequence of str or of 1-D int arrays
+        The corpus: texts (tokenized with the checkpoint's tokenizer.json) or token ids.
+        Empty texts are skipped.
+    statistics : sequence of str or Statistic, default all five
+        Names from ("radius", "tilt", "routing", "cumulants", "whiteness"), or
+        :class:`attngeom.corpus.Statistic` objects (their settings, e.g. histogram edges).
+    batch_tokens : int, default 1024
+        Padded tokens per forward pass; texts are truncated to this length (and to
+        ``max_length`` and the model's position table).
+    partitions : int or sequence of int, optional
+        The number of partitions (about equal in tokens), or their sizes in texts (adding up
+        to the number of non-empty texts). Default about 8 forward batches per partition,
+        and at least 2 per worker with a client.
+    max_length : int, optional
+        Truncate every text to this many tokens.
+    client : distributed.Client, optional
+        Run the partitions as tasks on this cluster (each worker loads the model once);
+        default in-process.
+    state_dir : str or path-like, optional
+        Save every finished partition's states here; a rerun with the same arguments loads
+        them and only runs the partitions that are missing (resume after an interruption).
+    progress : bool, default False
+        A tqdm progress bar over partitions.
+    dtype : {np.float64, np.float32}, default np.float64
+        The forward pass's dtype (statistics always accumulate in float64).
+
+    Returns
+    -------
+    CorpusStatistics
+        ``statistics[name]`` holds each statistic's arrays, (n_layers, n_heads) per head;
+        ``table()``, ``summary()``, ``to_json()``, ``plot_layers()``.
+
+    Raises
+    ------
+    ValueError
+        For unknown statistics, texts without tokens or with token ids outside the
+        vocabulary, partition sizes that do not add up, a model in memory with a client,
+        and a state_dir holding another run's states.
+
+    Examples
+    --------
+    >>> folder = ag.models.planted_induction_model("m", vocab_size=8, n_heads=2, d_head=16, n_positions=12)
+    >>> texts = [np.array([1, 2, 3, 1, 2, 3]), np.array([4, 5, 6, 4])]
+    >>> res = ag.corpus_statistics(folder, texts, statistics=("radius", "routing"))
+    >>> res.n_tokens, res.statistics["radius"]["mean"].shape
+    (10, (2, 2))
+    """
+    from ..models import Model, load_model
+
+    protos = _check_statistics(statistics)
+    batch_tokens = _positive_int("batch_tokens", batch_tokens)
+    max_length = _positive_int("max_length", max_length, allow_none=True)
+    try:
+        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    if isinstance(model, Model):
+        m = model
+        path = m.path if os.path.exists(m.path) else None
+    elif isinstance(model, (str, os.PathLike)):
+        m = load_model(model)
+        path = m.path
+    else:
+        raise TypeError(f"model must be a Model or a checkpoint path, got {type(model).__name__}")
+    if client is not None and path is None:
+        raise ValueError("model: a model held in memory cannot be sent to cluster workers; pass its checkpoint "
+                         "folder instead")
+    limit = min(v for v in (batch_tokens, max_length, m.max_length) if v is not None)
+    ids = _token_ids(m, texts, limit)
+    lengths = np.array([len(a) for a in ids])
+    workers = 0
+    if client is not None:
+        if not hasattr(client, "map") or not hasattr(client, "submit"):
+            raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
+        workers = len(client.scheduler_info().get("workers", {}))
+    bounds = _partition_bounds(lengths, partitions, batch_tokens, workers)
+    folder = _StateFolder(state_dir, _fingerprint(str(path or m.path), ids, protos, bounds, batch_tokens, dt))
+    states: list = [folder.load(i) for i in range(len(bounds))]
+    todo = [i for i, s in enumerate(states) if s is None]
+    bar = _progress_bar(progress, len(bounds), len(bounds) - len(todo))
+    try:
+        if client is None:
+            for i in todo:
+                a, b = bounds[i]
+                states[i] = partition_states(m, ids[a:b], protos, batch_tokens, dt)
+                folder.save(i, states[i])
+                if bar is not None:
+                    bar.update(1)
+            merged = _tree(states)
+        else:
+            merged = _on_cluster(client, str(path), ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    a = m.arch
+    info = {"path": str(m.path), "family": a.family, "n_layers": a.n_layers, "n_heads": a.n_heads,
+            "d_model": a.d_model, "d_head": a.d_head}
+    results = {}
+    for name, s in merged.items():
+        if name == "radius":
+            results[name] = s.result(d_head=a.d_head)
+        elif name == "tilt":
+            results[name] = s.result(W_K=None if a.family == "llama" else m.heads.W_K)
+        else:
+            results[name] = s.result()
+    return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), results, merged)
+
+
+def _on_cluster(client, path, ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar):
+    """Partitions as tasks; finished ones saved (with a state_dir) and tree-merged on the cluster."""
+    from distributed import as_completed
+
+    futures = {}
+    for i in todo:
+        a, b = bounds[i]
+        futures[client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False)] = i
+    level = list(states)  # loaded states go to the merge tasks as arguments
+    for fut, i in futures.items():
+        level[i] = fut
+    if folder.folder is not None or bar is not None:
+        for fut in as_completed(list(futures)):
+            i = futures[fut]
+            if folder.folder is not None:
+                folder.save(i, fut.result())
+            if bar is not None:
+                bar.update(1)
+    while len(level) > 1:
+        level = [client.submit(merge_states, level[i], level[i + 1], pure=False) if i + 1 < len(level) else level[i]
+                 for i in range(0, len(level), 2)]
+    out = level[0]
+    return out.result() if hasattr(out, "result") else out

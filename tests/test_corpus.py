@@ -1,0 +1,303 @@
+"""Corpus statistics (attngeom.corpus): exact merges of the mergeable states, agreement with the
+batch functions on the concatenated data, partition independence, resume, a real
+distributed.LocalCluster (2 worker processes, one of them killed mid-run) and the CLI.
+
+The model is a random GPT-2 (2 layers x 4 heads, d_model 32) built with transformers offline,
+run in float64; the corpus a few hundred short token-id texts.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom.corpus import (Batch, Histogram, Mergeable, Moments, RadiusStatistic, SequenceMoments, Statistic,
+                             corpus_statistics)
+from attngeom.corpus import run as corpus_run
+
+RTOL = 1e-12
+
+
+def rel(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300)) if a.size else 0.0
+
+
+def splits(n, rng, k):
+    """k random partitions of range(n) into consecutive pieces of random sizes."""
+    out = [[(0, n)], [(i, i + 1) for i in range(n)]]
+    for _ in range(k):
+        cuts = np.sort(rng.choice(np.arange(1, n), size=rng.integers(1, n - 1), replace=False))
+        edges = np.concatenate([[0], cuts, [n]])
+        out.append(list(zip(edges[:-1], edges[1:])))
+    return out
+
+
+# -- the mergeable parts ---------------------------------------------------------------------
+def test_moments_merge_equals_single_pass(rng):
+    x = 3.0 + rng.standard_normal((2, 3, 40, 5)) * rng.uniform(0.1, 10, 5)
+    ref_cov = np.einsum("abni,abnj->abij", x - x.mean(2, keepdims=True), x - x.mean(2, keepdims=True)) / 39
+    for parts in splits(40, rng, 4):
+        acc = Moments((2, 3), 5)
+        for a, b in parts:
+            acc.merge(Moments((2, 3), 5).update(x[:, :, a:b]))
+        assert rel(acc.mean, x.mean(2)) < RTOL
+        assert rel(acc.covariance(ddof=1), ref_cov) < RTOL
+        diag = Moments((2, 3), 5, full=False)
+        for a, b in reversed(parts):  # another merge order
+            diag.merge(Moments((2, 3), 5, full=False).update(x[:, :, a:b]))
+        assert rel(diag.variance(), x.var(2)) < RTOL
+    with pytest.raises(ValueError, match="x must have shape"):
+        Moments((2,), 3).update(np.ones((3, 4, 3)))
+
+
+def test_histogram_merge_is_exact(rng):
+    x = rng.uniform(-1, 5, (3, 200))
+    edges = np.linspace(0, 4, 9)
+    whole = Histogram((3,), edges).update(x)
+    for parts in splits(200, rng, 3):
+        acc = Histogram((3,), edges)
+        for a, b in parts:
+            acc.merge(Histogram((3,), edges).update(x[:, a:b]))
+        np.testing.assert_array_equal(acc.counts, whole.counts)
+        np.testing.assert_array_equal(acc.overflow, whole.overflow)
+    np.testing.assert_array_equal(whole.counts[0], np.histogram(x[0], edges)[0])
+    assert whole.underflow[0] == np.sum(x[0] < 0) and whole.overflow[0] == np.sum(x[0] > 4)
+    with pytest.raises(ValueError, match="edges"):
+        Histogram((), [1.0, 0.0])
+
+
+def test_whiteness_accumulator_equals_the_batch_functions(rng):
+    x = ag.vector_ma1(np.stack([t * np.eye(3) for t in np.linspace(0.2, 0.9, 5)]), B=60, T=5, seed=3)
+    for parts in splits(60, rng, 4):
+        parts = [(a, b) for a, b in parts]
+        acc = SequenceMoments((), 5, 3)
+        for a, b in parts:
+            acc.merge(SequenceMoments((), 5, 3).update(x[a:b]))
+        assert rel(acc.whiteness(), ag.whiteness(x)) < RTOL
+        assert rel(acc.stationarity(), ag.stationarity(x)) < RTOL
+    with pytest.raises(ValueError, match="at least 2 sequences"):
+        SequenceMoments((), 5, 3).update(x[:1]).whiteness()
+
+
+def test_tilt_coverage_fits_the_protocol(rng):
+    assert isinstance(ag.TiltCoverage(3), Mergeable)
+    q = rng.standard_normal((50, 3)) @ np.diag([1.0, 0.1, 0.0])
+    for parts in splits(50, rng, 3):
+        acc = ag.TiltCoverage(3)
+        for a, b in parts:
+            acc.merge(ag.TiltCoverage(3).update(q[a:b]))
+        ref = ag.tilt_coverage(q)
+        r = acc.result()
+        assert rel(r.eigenvalues, ref.eigenvalues) < RTOL and r.rank == ref.rank == 2
+
+
+# -- a model and a corpus --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from test_decoders import _with_tokenizer, build
+
+    folder = tmp_path_factory.mktemp("corpus") / "gpt2"
+    build("gpt2", folder, dtype="float64")
+    _with_tokenizer(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def texts():
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, 97, size=int(rng.integers(1, 16))) for _ in range(240)]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint, texts):
+    return corpus_statistics(checkpoint, texts)
+
+
+def assert_same(res, ref, rtol=RTOL):
+    assert res.n_tokens == ref.n_tokens and res.statistics.keys() == ref.statistics.keys()
+    for name, d in ref.statistics.items():
+        for key, v in d.items():
+            if v is None:
+                assert res.statistics[name][key] is None
+                continue
+            err = rel(res.statistics[name][key], v)
+            assert err < rtol, f"{name}.{key}: {err:.2e}"
+
+
+def test_partition_independence_in_process(checkpoint, texts, reference):
+    n = len(texts)
+    for parts in ([n], [1] * 30 + [n - 30], [100, 3, 137]):
+        assert_same(corpus_statistics(checkpoint, texts, partitions=parts, batch_tokens=48), reference)
+    assert_same(corpus_statistics(checkpoint, texts, partitions=7, batch_tokens=200), reference)
+
+
+def test_statistics_equal_the_batch_functions(checkpoint, texts, reference):
+    model = ag.load_model(checkpoint)
+    fs = [model.forward(t, dtype=np.float64) for t in texts[:60]]
+    res = corpus_statistics(model, texts[:60], statistics=("radius", "tilt", "cumulants", "whiteness", "routing"))
+    S = res.statistics
+    q = np.concatenate([f.q for f in fs], axis=-2)  # (L, H, N, d)
+    tau = fs[0].scale[:, None, None] * np.linalg.norm(q, axis=-1)
+    assert rel(S["radius"]["mean"], tau.mean(-1)) < RTOL and rel(S["radius"]["std"], tau.std(-1)) < RTOL
+    cov = ag.tilt_coverage(q, batch_ndim=2)
+    assert rel(S["tilt"]["eigenvalues"], np.stack([[c.eigenvalues for c in row] for row in cov])) < 1e-11
+    W_K = model.heads.W_K
+    tok = ag.tilt_coverage(q[1, 2], W_K=W_K[1, 2], centered=True)
+    assert rel(S["tilt"]["token_eigenvalues"][1, 2], tok.token_eigenvalues) < 1e-11
+    x = np.stack([f.attention_inputs[:, :4] for f in fs if f.n_tokens >= 4], axis=1)  # (L, B, 4, D)
+    for layer in range(2):
+        assert rel(S["whiteness"]["whiteness"][layer], ag.whiteness(x[layer])) < RTOL
+        assert rel(S["whiteness"]["stationarity"][layer], ag.stationarity(x[layer])) < RTOL
+    # cumulants: ag.projected_cumulants of each query against the keys it sees (causal)
+    kap = []
+    for f in fs[:5]:
+        u, t = ag.tilt_radius(f.q, scale=f.scale[0], layout="bhnd")
+        kap.append(np.stack([ag.projected_cumulants(u[..., j:j + 1, :], t[..., j:j + 1], f.k[..., :j + 1, :], layout="bhnd")[..., 0, :]
+                             for j in range(f.n_tokens)], axis=-2))
+    kap = np.concatenate(kap, axis=-2)
+    sub = corpus_statistics(model, texts[:5], statistics=("cumulants",)).statistics["cumulants"]
+    assert rel(sub["kappa1_mean"], kap[..., 0].mean(-1)) < 1e-10 and rel(sub["kappa2_std"], kap[..., 1].std(-1)) < 1e-10
+    ent = -np.concatenate([np.sum(f.attentions * np.log(np.where(f.attentions > 0, f.attentions, 1)), -1)
+                           for f in fs], axis=-1)
+    assert rel(S["routing"]["entropy_mean"], ent.mean(-1)) < 1e-10
+    assert S["routing"]["texts"][0, 0] == 60 and S["routing"]["rows"][0, 0] == q.shape[-2]
+
+
+def test_resume_after_an_interruption(checkpoint, texts, reference, tmp_path, monkeypatch):
+    calls = []
+    real = corpus_run.partition_states
+
+    def interrupted(*args, **kwargs):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(corpus_run, "partition_states", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        corpus_statistics(checkpoint, texts, partitions=6, state_dir=tmp_path / "s")
+    assert len([f for f in os.listdir(tmp_path / "s") if f.endswith(".pkl")]) == 3
+    calls.clear()
+    monkeypatch.setattr(corpus_run, "partition_states", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    assert_same(corpus_statistics(checkpoint, texts, partitions=6, state_dir=tmp_path / "s"), reference)
+    assert len(calls) == 3  # only the missing partitions ran
+    with pytest.raises(ValueError, match="state_dir .* another run"):
+        corpus_statistics(checkpoint, texts[:10], partitions=6, state_dir=tmp_path / "s")
+
+
+def test_bad_arguments(checkpoint, texts):
+    with pytest.raises(ValueError, match="statistics: unknown"):
+        corpus_statistics(checkpoint, texts, statistics=("nope",))
+    with pytest.raises(ValueError, match="texts: no text"):
+        corpus_statistics(checkpoint, [np.array([], int)])
+    with pytest.raises(ValueError, match=r"texts\[1\]"):
+        corpus_statistics(checkpoint, [np.array([1]), np.array([1000])])
+    with pytest.raises(ValueError, match="partitions sizes"):
+        corpus_statistics(checkpoint, texts[:5], partitions=[2, 2])
+    with pytest.raises(TypeError, match="batch_tokens"):
+        corpus_statistics(checkpoint, texts[:5], batch_tokens=1.5)
+    with pytest.raises(TypeError, match="texts"):
+        corpus_statistics(checkpoint, "a text")
+    with pytest.raises(TypeError, match="model"):
+        corpus_statistics(3, texts[:5])
+
+
+# -- a real cluster ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+class KillOnce(Statistic):
+    """Kills the worker process it runs in, the first time any worker runs it (marker file)."""
+
+    name = "kill_once"
+
+    def __init__(self, marker=""):
+        super().__init__()
+        self.marker = marker
+
+    def config(self):
+        return {"marker": self.marker}
+
+    def _new(self, batch):
+        return {"tokens": 0}
+
+    def _update(self, batch):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        self.state["tokens"] += batch.n_tokens
+
+    def result(self):
+        return {"tokens": self.state["tokens"]}
+
+
+def test_cluster_equals_in_process(checkpoint, texts, reference, client, tmp_path):
+    n = len(texts)
+    for parts in ([1] * 20 + [n - 20], 5):
+        assert_same(corpus_statistics(checkpoint, texts, partitions=parts, batch_tokens=64, client=client), reference)
+    res = corpus_statistics(checkpoint, texts, partitions=4, client=client, state_dir=tmp_path / "s", progress=True)
+    assert_same(res, reference)
+    assert len([f for f in os.listdir(tmp_path / "s") if f.endswith(".pkl")]) == 4
+    # a second run loads every partition and agrees
+    assert_same(corpus_statistics(checkpoint, texts, partitions=4, client=client, state_dir=tmp_path / "s"), reference)
+    with pytest.raises(ValueError, match="model: a model held in memory"):
+        corpus_statistics(ag.models.from_transformers(_tf_model(checkpoint)), texts, client=client)
+
+
+def _tf_model(checkpoint):
+    import transformers
+    return transformers.GPT2LMHeadModel.from_pretrained(checkpoint)
+
+
+def test_worker_killed_mid_run(checkpoint, texts, reference, client, tmp_path):
+    marker = str(tmp_path / "killed")
+    res = corpus_statistics(checkpoint, texts, statistics=ag.corpus.DEFAULT_STATISTICS + (KillOnce(marker),),
+                            partitions=6, client=client)
+    assert os.path.exists(marker)  # a worker did die
+    assert res.statistics["kill_once"]["tokens"] == reference.n_tokens
+    del res.statistics["kill_once"]
+    assert_same(res, reference)
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_cli_corpus(checkpoint, tmp_path, capsys, client):
+    pytest.importorskip("matplotlib")
+    from attngeom import cli
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\n\nthe dog ran .\na cat and a dog sat\n" * 5)
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2 model, 2 layers x 4 heads; 15 texts" in out
+    assert {"summary.json", "heads.csv", "layers.png"} <= set(os.listdir(tmp_path / "r"))
+    summary = json.load(open(tmp_path / "r" / "summary.json"))["summary"]
+    assert summary["n_texts"] == 15 and len(summary["whiteness_per_layer"]) == 2
+    assert len(open(tmp_path / "r" / "heads.csv").read().splitlines()) == 1 + 8
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--scheduler", client.scheduler.address,
+                     "--out", str(tmp_path / "c")]) == 0
+    a = json.load(open(tmp_path / "c" / "summary.json"))["summary"]
+    assert abs(a["mean_radius_mean"] - summary["mean_radius_mean"]) < 1e-12 * summary["mean_radius_mean"]
+    for argv, message in [
+        (["--corpus", str(tmp_path / "missing.txt")], "--corpus: "),
+        (["--corpus", str(tmp_path / "r" / "layers.png")], "--corpus: "),
+        (["--corpus", str(corpus), "--workers", "0"], "--workers must be >= 1"),
+        (["--corpus", str(corpus), "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
+    ]:
+        assert cli.main(["corpus", checkpoint, *argv, "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("attngeom corpus: ") and message in err and err.count("\n") == 1, err
+    (tmp_path / "empty.txt").write_text("\n\n")
+    assert cli.main(["corpus", checkpoint, "--corpus", str(tmp_path / "empty.txt")]) == 2
+    assert "no non-empty line" in capsys.readouterr().err
+    assert cli.main(["corpus", str(tmp_path / "nowhere"), "--corpus", str(corpus), "--out", str(tmp_path / "x")]) == 2
+    assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "x")
