@@ -187,7 +187,7 @@ def split_texts(text: str) -> List[str]:
     Examples
     --------
     >>> from attngeom.models import split_texts
-    >>> split_texts("The cat sat.\nIt purred.\n\n  \nA dog ran.\n")
+    >>> split_texts("The cat sat.\\nIt purred.\\n\\n  \\nA dog ran.\\n")
     ['The cat sat. It purred.', 'A dog ran.']
     """
     if not isinstance(text, str):
