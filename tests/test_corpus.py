@@ -254,6 +254,47 @@ def test_cluster_equals_in_process(checkpoint, texts, reference, client, tmp_pat
         corpus_statistics(ag.models.from_transformers(_tf_model(checkpoint)), texts, client=client)
 
 
+
+# -- activations on disk (Zarr) --------------------------------------------------------------
+def test_store_statistics_equal_the_direct_run(checkpoint, texts, reference, client, tmp_path):
+    pytest.importorskip("zarr")
+    import zarr
+
+    path = ag.write_activations(checkpoint, texts, tmp_path / "acts.zarr", batch_tokens=64, chunk_tokens=50)
+    root = zarr.open_group(path, mode="r")
+    N = reference.n_tokens
+    assert root["q"].shape[2] == N and root["q"].chunks[:3] == (1, 4, 50)
+    assert root["attentions"].chunks[0] == 1 and root["attention_inputs"].chunks[:2] == (1, 50)
+    # the store's per-token rows are the forward pass of each text alone
+    m = ag.load_model(checkpoint)
+    f = m.forward(texts[3][None], dtype=np.float64)
+    o = int(sum(len(t) for t in texts[:3]))
+    n = len(texts[3])
+    assert rel(root["q"][:, :, o:o + n], f.q[:, 0]) < RTOL
+    assert rel(root["attentions"][:, :, o:o + n, :n], f.attentions[:, 0]) < RTOL
+    # analysed many times, any partitioning, in-process or on the cluster: the direct run's results
+    assert_same(corpus_statistics(path), reference)
+    assert_same(corpus_statistics(path, partitions=[1] * 10 + [len(texts) - 10], batch_tokens=16), reference)
+    assert_same(corpus_statistics(path, partitions=5, client=client), reference)
+    res = corpus_statistics(path, statistics=("radius",))
+    assert list(res.statistics) == ["radius"] and res.model["store"] == path
+    with pytest.raises(ValueError, match="exists"):
+        ag.write_activations(checkpoint, texts, path)
+    with pytest.raises(ValueError, match="texts are required"):
+        corpus_statistics(checkpoint)
+    with pytest.raises(ValueError, match="do not apply"):
+        corpus_statistics(path, state_dir=tmp_path / "s")
+
+
+def test_core_import_needs_neither_zarr_nor_dask():
+    import subprocess
+    import sys
+
+    code = "import sys, attngeom; print(sorted(m for m in ('zarr', 'dask', 'distributed') if m in sys.modules))"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ag.__file__)))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env).stdout
+    assert out.strip() == "[]"
+
 def _tf_model(checkpoint):
     import transformers
     return transformers.GPT2LMHeadModel.from_pretrained(checkpoint)

@@ -131,6 +131,13 @@ class PlantedModel:
         return "PlantedModel()"
 
 
+class NewPath:
+    """A path in the worker's temporary folder that does not exist yet (a store to write)."""
+
+    def __repr__(self):
+        return "NewPath()"
+
+
 class Opaque:
     """An object of no type any function accepts."""
 
@@ -165,6 +172,8 @@ def _build(x, tmpdir):
         if not os.path.isdir(folder):
             ag.models.planted_induction_model(folder, vocab_size=8, n_heads=2, d_head=16, n_positions=12)
         return folder
+    if isinstance(x, NewPath):
+        return tempfile.mkdtemp(dir=tmpdir) + "/store"
     if isinstance(x, list):
         return [_build(e, tmpdir) for e in x]
     if isinstance(x, tuple):
@@ -888,6 +897,12 @@ SPECS = {
         g.kwargs(statistics=lambda: g.choice([("radius", "tilt"), ("routing", "cumulants"), ("whiteness",), (), ("x",)]),
                  batch_tokens=lambda: g.integer((1, 4, 64)), partitions=lambda: g.integer((1, 2, 3)),
                  max_length=lambda: g.integer((1, 3)), dtype=lambda: g.choice([np.float32, np.float64]))),
+    "write_activations": lambda g: (
+        (g.model(), [g.prompt() for _ in range(g.draw_int(0, 3))] if not g.hostile_now() else g.hostile(),
+         NewPath() if not g.hostile_now() else g.hostile()),
+        g.kwargs(batch_tokens=lambda: g.integer((1, 4, 64)), max_length=lambda: g.integer((1, 3)),
+                 chunk_tokens=lambda: g.integer((1, 2, 256)), dtype=lambda: g.choice([np.float32, np.float64]),
+                 overwrite=g.flag)),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "fit_exponential_sum": lambda g: (

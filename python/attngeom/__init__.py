@@ -152,7 +152,7 @@ from .models import (
 )
 
 from . import corpus
-from .corpus import CorpusStatistics, corpus_statistics
+from .corpus import CorpusStatistics, corpus_statistics, write_activations
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
@@ -184,5 +184,5 @@ __all__ = [
     "radon", "radon_adjoint", "iradon", "iradon_sart", "fourier_filter", "shepp_logan_phantom", "circle_mask",
     "limited_angle", "rms_error",
     "virtual_network", "gl_transform", "rescale", "function_discrepancy", "is_critical", "CriticalPoint",
-    "corpus", "corpus_statistics", "CorpusStatistics",
+    "corpus", "corpus_statistics", "CorpusStatistics", "write_activations",
 ]

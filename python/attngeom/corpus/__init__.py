@@ -11,6 +11,8 @@
   :mod:`.whiteness` (:class:`WhitenessStatistic` and :class:`SequenceMoments`).
 * :mod:`.run`: :func:`corpus_statistics` (in-process, or partitions as tasks of a
   ``distributed.Client``, states saved per partition for a resume).
+* :mod:`.store`: :func:`write_activations`, a corpus' activations in a Zarr store (chunked by
+  layer and tokens) that :func:`corpus_statistics` reads with dask.array.
 * :mod:`.result`: :class:`CorpusStatistics`.
 """
 from .cumulants import CumulantStatistic
@@ -21,11 +23,12 @@ from .radius import RadiusStatistic, chi_moments
 from .result import CorpusStatistics
 from .routing import RoutingStatistic
 from .run import DEFAULT_STATISTICS, STATISTICS, corpus_statistics, merge_states, partition_states
+from .store import write_activations
 from .tilt import TiltStatistic
 from .whiteness import SequenceMoments, WhitenessStatistic
 
 __all__ = [
     "Batch", "Mergeable", "Statistic", "Moments", "Histogram", "RadiusStatistic", "chi_moments", "TiltStatistic",
     "RoutingStatistic", "CumulantStatistic", "SequenceMoments", "WhitenessStatistic", "CorpusStatistics",
-    "corpus_statistics", "partition_states", "merge_states", "STATISTICS", "DEFAULT_STATISTICS",
+    "corpus_statistics", "write_activations", "partition_states", "merge_states", "STATISTICS", "DEFAULT_STATISTICS",
 ]

@@ -291,7 +291,7 @@ def _progress_bar(progress, total: int, done: int):
     return tqdm(total=total, initial=done, unit="partition", desc="corpus")
 
 
-def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_tokens: int = 1024,
+def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch_tokens: Optional[int] = None,
                       partitions=None, max_length: Optional[int] = None, client=None, state_dir=None,
                       progress: bool = False, dtype=np.float64) -> CorpusStatistics:
     """Mergeable statistics of every attention head over a corpus, in-process or on Dask.
@@ -310,15 +310,19 @@ def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_toke
     ----------
     model : Model or str or path-like
         A loaded :class:`attngeom.models.Model`, or a checkpoint folder / name for
-        :func:`attngeom.load_model` (a cluster needs a checkpoint on disk).
-    texts : sequence of str or of 1-D int arrays
+        :func:`attngeom.load_model` (a cluster needs a checkpoint on disk); or an activation
+        store written by :func:`attngeom.write_activations` (then without texts: the
+        statistics are computed from the store with dask.array, in partitions of whole texts;
+        ``batch_tokens`` defaults to the store's, ``max_length``, ``state_dir`` and ``dtype``
+        do not apply).
+    texts : sequence of str or of 1-D int arrays, optional
         The corpus: texts (tokenized with the checkpoint's tokenizer.json) or token ids.
-        Empty texts are skipped.
+        Empty texts are skipped. Required unless ``model`` is an activation store.
     statistics : sequence of str or Statistic, default all five
         Names from ("radius", "tilt", "routing", "cumulants", "whiteness"), or
         :class:`attngeom.corpus.Statistic` objects (their settings, e.g. histogram edges).
-    batch_tokens : int, default 1024
-        Padded tokens per forward pass; texts are truncated to this length (and to
+    batch_tokens : int, optional
+        Padded tokens per forward pass (default 1024); texts are truncated to this length (and to
         ``max_length`` and the model's position table).
     partitions : int or sequence of int, optional
         The number of partitions (about equal in tokens), or their sizes in texts (adding up
@@ -361,7 +365,16 @@ def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_toke
     from ..models import Model, load_model
 
     protos = _check_statistics(statistics)
-    batch_tokens = _positive_int("batch_tokens", batch_tokens)
+    if texts is None:
+        from .store import is_store, store_statistics
+
+        if not is_store(model):
+            raise ValueError("texts are required unless model is an activation store (ag.write_activations)")
+        if state_dir is not None or max_length is not None:
+            raise ValueError("state_dir and max_length do not apply to an activation store")
+        return CorpusStatistics(*store_statistics(model, protos, batch_tokens=batch_tokens, partitions=partitions,
+                                                  client=client))
+    batch_tokens = _positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
     max_length = _positive_int("max_length", max_length, allow_none=True)
     try:
         dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
@@ -410,37 +423,50 @@ def corpus_statistics(model, texts, *, statistics=DEFAULT_STATISTICS, batch_toke
     a = m.arch
     info = {"path": str(m.path), "family": a.family, "n_layers": a.n_layers, "n_heads": a.n_heads,
             "d_model": a.d_model, "d_head": a.d_head}
+    W_K = None if a.family == "llama" else m.heads.W_K
+    return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), _results(merged, a.d_head, W_K), merged)
+
+
+def _results(merged: dict, d_head: int, W_K) -> dict:
+    """Each merged state's result (the radius needs d_head, the tilt's token part W_K)."""
     results = {}
     for name, s in merged.items():
         if name == "radius":
-            results[name] = s.result(d_head=a.d_head)
+            results[name] = s.result(d_head=d_head)
         elif name == "tilt":
-            results[name] = s.result(W_K=None if a.family == "llama" else m.heads.W_K)
+            results[name] = s.result(W_K=W_K)
         else:
             results[name] = s.result()
-    return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), results, merged)
-
+    return results
 
 def _on_cluster(client, path, ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar):
-    """Partitions as tasks; finished ones saved (with a state_dir) and tree-merged on the cluster."""
+    """Partitions as tasks, tree-merged on the cluster as they finish; finished ones saved (with a
+    state_dir). Only the root of the merge tree is held here, so the cluster releases every
+    partition's state as soon as its merge has run (worker memory does not grow with the corpus)."""
     from distributed import as_completed
 
-    futures = {}
+    level = list(states)  # loaded states go to the merge tasks as arguments
+    leaves = {}
     for i in todo:
         a, b = bounds[i]
-        futures[client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False)] = i
-    level = list(states)  # loaded states go to the merge tasks as arguments
-    for fut, i in futures.items():
+        fut = client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False)
         level[i] = fut
-    if folder.folder is not None or bar is not None:
-        for fut in as_completed(list(futures)):
-            i = futures[fut]
-            if folder.folder is not None:
-                folder.save(i, fut.result())
-            if bar is not None:
-                bar.update(1)
+        if folder.folder is not None or bar is not None:
+            leaves[fut.key] = (i, fut)
     while len(level) > 1:
         level = [client.submit(merge_states, level[i], level[i + 1], pure=False) if i + 1 < len(level) else level[i]
                  for i in range(0, len(level), 2)]
     out = level[0]
+    del level
+    if leaves:
+        done = as_completed([f for _, f in leaves.values()])
+        leaves = {k: i for k, (i, _) in leaves.items()}  # indices only: no reference to the futures left
+        for fut in done:
+            i = leaves.pop(fut.key)
+            if folder.folder is not None:
+                folder.save(i, fut.result())
+            if bar is not None:
+                bar.update(1)
+            fut.release()
+            del fut
     return out.result() if hasattr(out, "result") else out
