@@ -280,6 +280,9 @@ def test_store_statistics_equal_the_direct_run(checkpoint, texts, reference, cli
     assert list(res.statistics) == ["radius"] and res.model["store"] == path
     with pytest.raises(ValueError, match="exists"):
         ag.write_activations(checkpoint, texts, path)
+    with pytest.raises(ValueError, match="not an activation store"):
+        ag.write_activations(checkpoint, texts, checkpoint, overwrite=True)
+    assert os.path.exists(os.path.join(checkpoint, "config.json"))
     with pytest.raises(ValueError, match="texts are required"):
         corpus_statistics(checkpoint)
     with pytest.raises(ValueError, match="do not apply"):

@@ -74,7 +74,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     dtype : {np.float64, np.float32}, default np.float64
         The forward pass's dtype, and the stored one.
     overwrite : bool, default False
-        Replace an existing store at ``store``.
+        Replace an existing activation store at ``store`` (other files are never replaced).
 
     Returns
     -------
@@ -84,8 +84,8 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     Raises
     ------
     ValueError
-        For texts without tokens or token ids outside the vocabulary, a bad dtype, or an
-        existing ``store`` without ``overwrite``.
+        For texts without tokens or token ids outside the vocabulary, a bad dtype, an
+        existing ``store`` without ``overwrite``, or an existing path that is not a store.
 
     Examples
     --------
@@ -111,6 +111,8 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     store = os.fspath(store)
     if os.path.exists(store) and not overwrite:
         raise ValueError(f"store {store!r} exists; pass overwrite=True to replace it")
+    if os.path.exists(store) and not is_store(store):
+        raise ValueError(f"store {store!r} exists and is not an activation store; it is not replaced")
     if isinstance(model, Model):
         m = model
     elif isinstance(model, (str, os.PathLike)):
