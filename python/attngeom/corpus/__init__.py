@@ -9,6 +9,8 @@
   (:class:`TiltStatistic`, built on :class:`attngeom.TiltCoverage`), :mod:`.routing`
   (:class:`RoutingStatistic`), :mod:`.cumulants` (:class:`CumulantStatistic`),
   :mod:`.whiteness` (:class:`WhitenessStatistic` and :class:`SequenceMoments`).
+* :mod:`.partitions`: token ids, partitions of consecutive texts, forward batches, the
+  fixed merge tree (:func:`merge_states`) and the results, shared by the two runs below.
 * :mod:`.run`: :func:`corpus_statistics` (in-process, or partitions as tasks of a
   ``distributed.Client``, states saved per partition for a resume).
 * :mod:`.store`: :func:`write_activations`, a corpus' activations in a Zarr store (chunked by
@@ -22,7 +24,8 @@ from .protocol import Batch, Mergeable, Statistic
 from .radius import RadiusStatistic, chi_moments
 from .result import CorpusStatistics
 from .routing import RoutingStatistic
-from .run import DEFAULT_STATISTICS, STATISTICS, corpus_statistics, merge_states, partition_states
+from .partitions import merge_states
+from .run import DEFAULT_STATISTICS, STATISTICS, corpus_statistics, partition_states
 from .store import write_activations
 from .tilt import TiltStatistic
 from .whiteness import SequenceMoments, WhitenessStatistic

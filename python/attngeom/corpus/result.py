@@ -3,7 +3,6 @@ JSON, cross-layer figures)."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Dict
 

@@ -10,7 +10,6 @@ pickled there, and a run over the same corpus, model and statistics resumes from
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -20,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .cumulants import CumulantStatistic
+from .partitions import batches, merge_states, merge_tree, partition_bounds, positive_int, results, token_ids
 from .protocol import Batch, Statistic
 from .radius import RadiusStatistic
 from .result import CorpusStatistics
@@ -69,91 +69,6 @@ def _check_statistics(statistics) -> List[Statistic]:
     return out
 
 
-def _positive_int(name, x, allow_none=False):
-    if x is None and allow_none:
-        return None
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive integer, got {type(x).__name__}")
-    if x < 1:
-        raise ValueError(f"{name} must be a positive integer, got {x}")
-    return int(x)
-
-
-def _token_ids(model, texts, limit: int) -> List[np.ndarray]:
-    """Token ids of every text (str through the model's tokenizer, or integer sequences),
-    truncated to `limit`; empty texts dropped."""
-    try:
-        if isinstance(texts, (str, bytes)):
-            raise TypeError
-        len(texts)
-        texts = list(texts)
-    except TypeError:
-        raise TypeError(f"texts must be a sequence of strings or token id arrays, got {type(texts).__name__}") \
-            from None
-    out = []
-    V = model.arch.vocab_size
-    for i, t in enumerate(texts):
-        if isinstance(t, str):
-            try:
-                ids = np.asarray(model.tokenize(t)[0], dtype=np.int64)
-            except ValueError as exc:
-                raise ValueError(f"texts[{i}]: {exc}") from None
-        else:
-            a = np.asarray(t) if not isinstance(t, bytes) else np.asarray([])
-            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-                raise ValueError(f"texts[{i}] must be a string or a 1-D integer array of token ids, got "
-                                 f"shape {a.shape}, dtype {a.dtype}")
-            ids = a.astype(np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= V):
-                raise ValueError(f"texts[{i}]: token ids must lie in 0..{V - 1}, got {ids.min()}..{ids.max()}")
-        if ids.size:
-            out.append(ids[:limit])
-    if not out:
-        raise ValueError("texts: no text has a token")
-    return out
-
-
-def _partition_bounds(lengths: np.ndarray, partitions, batch_tokens: int, workers: int) -> List[tuple]:
-    """[(start, stop)] of consecutive texts: `partitions` sizes in texts, a number of
-    partitions of about equal tokens, or by default about 8 forward batches each (at least 2
-    per worker on a cluster)."""
-    n = len(lengths)
-    if partitions is not None and not isinstance(partitions, (int, np.integer)):
-        try:
-            sizes = [int(s) for s in partitions]
-        except (TypeError, ValueError):
-            raise TypeError(f"partitions must be an int or a sequence of sizes, got {type(partitions).__name__}") \
-                from None
-        if any(s < 1 for s in sizes) or sum(sizes) != n:
-            raise ValueError(f"partitions sizes must be positive and add up to the {n} texts with tokens, got "
-                             f"{sizes}")
-        stops = np.cumsum(sizes)
-        return [(int(a), int(b)) for a, b in zip(np.concatenate([[0], stops[:-1]]), stops)]
-    if partitions is None:
-        count = max(1, -(-int(lengths.sum()) // (8 * batch_tokens)), 2 * workers)
-    else:
-        count = _positive_int("partitions", partitions)
-    count = min(count, n)
-    cum = np.cumsum(lengths)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, count) / count, side="left") + 1
-    cuts = np.unique(np.clip(cuts, 1, n - 1)) if n > 1 else np.array([], int)
-    edges = np.concatenate([[0], cuts, [n]]).astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-
-
-def _batches(ids: Sequence[np.ndarray], batch_tokens: int):
-    """Forward batches of texts (sorted by length) with at most batch_tokens padded tokens."""
-    order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
-    group: list = []
-    for i in order:
-        if group and (len(group) + 1) * len(ids[i]) > batch_tokens:
-            yield group
-            group = []
-        group.append(i)
-    if group:
-        yield group
-
-
 def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Statistic], batch_tokens: int,
                      dtype=np.float64) -> Dict[str, Statistic]:
     """The states of `statistics` (fresh copies) over one partition of token id arrays.
@@ -182,7 +97,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
     """
     m = _worker_model(model) if isinstance(model, str) else model
     states = {s.name: s.empty() for s in statistics}
-    for group in _batches(ids, batch_tokens):
+    for group in batches(ids, batch_tokens):
         lengths = np.array([len(ids[i]) for i in group])
         n = int(lengths.max())
         tok = np.zeros((len(group), n), dtype=np.int64)
@@ -195,38 +110,6 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
         for s in states.values():
             s.update(batch)
     return states
-
-
-def merge_states(a: Dict[str, Statistic], b: Dict[str, Statistic]) -> Dict[str, Statistic]:
-    """A new dict of states: a's merged with b's (neither is modified).
-
-    Parameters
-    ----------
-    a, b : dict
-        name -> state, as :func:`partition_states` returns.
-
-    Returns
-    -------
-    dict
-        name -> merged state.
-
-    Examples
-    --------
-    >>> ag.corpus.merge_states({"radius": ag.corpus.RadiusStatistic()}, {"radius": ag.corpus.RadiusStatistic()})["radius"].state is None
-    True
-    """
-    out = copy.deepcopy(a)
-    for k, s in out.items():
-        s.merge(b[k])
-    return out
-
-
-def _tree(states: list):
-    """Merge in a fixed binary tree (the order does not depend on timing)."""
-    while len(states) > 1:
-        states = [merge_states(states[i], states[i + 1]) if i + 1 < len(states) else states[i]
-                  for i in range(0, len(states), 2)]
-    return states[0]
 
 
 def _fingerprint(path: str, ids, protos, bounds, batch_tokens, dtype) -> str:
@@ -374,8 +257,8 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
             raise ValueError("state_dir and max_length do not apply to an activation store")
         return CorpusStatistics(*store_statistics(model, protos, batch_tokens=batch_tokens, partitions=partitions,
                                                   client=client))
-    batch_tokens = _positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
-    max_length = _positive_int("max_length", max_length, allow_none=True)
+    batch_tokens = positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
+    max_length = positive_int("max_length", max_length, allow_none=True)
     try:
         dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
     except TypeError:
@@ -394,14 +277,14 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         raise ValueError("model: a model held in memory cannot be sent to cluster workers; pass its checkpoint "
                          "folder instead")
     limit = min(v for v in (batch_tokens, max_length, m.max_length) if v is not None)
-    ids = _token_ids(m, texts, limit)
+    ids = token_ids(m, texts, limit)
     lengths = np.array([len(a) for a in ids])
     workers = 0
     if client is not None:
         if not hasattr(client, "map") or not hasattr(client, "submit"):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         workers = len(client.scheduler_info().get("workers", {}))
-    bounds = _partition_bounds(lengths, partitions, batch_tokens, workers)
+    bounds = partition_bounds(lengths, partitions, batch_tokens, workers)
     folder = _StateFolder(state_dir, _fingerprint(str(path or m.path), ids, protos, bounds, batch_tokens, dt))
     states: list = [folder.load(i) for i in range(len(bounds))]
     todo = [i for i, s in enumerate(states) if s is None]
@@ -414,7 +297,7 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
                 folder.save(i, states[i])
                 if bar is not None:
                     bar.update(1)
-            merged = _tree(states)
+            merged = merge_tree(states)
         else:
             merged = _on_cluster(client, str(path), ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar)
     finally:
@@ -424,20 +307,8 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     info = {"path": str(m.path), "family": a.family, "n_layers": a.n_layers, "n_heads": a.n_heads,
             "d_model": a.d_model, "d_head": a.d_head}
     W_K = None if a.family == "llama" else m.heads.W_K
-    return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), _results(merged, a.d_head, W_K), merged)
+    return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), results(merged, a.d_head, W_K), merged)
 
-
-def _results(merged: dict, d_head: int, W_K) -> dict:
-    """Each merged state's result (the radius needs d_head, the tilt's token part W_K)."""
-    results = {}
-    for name, s in merged.items():
-        if name == "radius":
-            results[name] = s.result(d_head=d_head)
-        elif name == "tilt":
-            results[name] = s.result(W_K=W_K)
-        else:
-            results[name] = s.result()
-    return results
 
 def _on_cluster(client, path, ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar):
     """Partitions as tasks, tree-merged on the cluster as they finish; finished ones saved (with a

@@ -95,11 +95,11 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     6
     """
     from ..models import Model, load_model
-    from .run import _positive_int, _token_ids
+    from .partitions import positive_int, token_ids
 
-    batch_tokens = _positive_int("batch_tokens", batch_tokens)
-    max_length = _positive_int("max_length", max_length, allow_none=True)
-    chunk_tokens = _positive_int("chunk_tokens", chunk_tokens)
+    batch_tokens = positive_int("batch_tokens", batch_tokens)
+    max_length = positive_int("max_length", max_length, allow_none=True)
+    chunk_tokens = positive_int("chunk_tokens", chunk_tokens)
     try:
         dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
     except TypeError:
@@ -120,7 +120,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     else:
         raise TypeError(f"model must be a Model or a checkpoint path, got {type(model).__name__}")
     limit = min(v for v in (batch_tokens, max_length, m.max_length) if v is not None)
-    ids = _token_ids(m, texts, limit)
+    ids = token_ids(m, texts, limit)
     lengths = np.array([len(a) for a in ids], dtype=np.int64)
     N, n_max = int(lengths.sum()), int(lengths.max())
     a = m.arch
@@ -190,13 +190,13 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
 
 def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos, batch_tokens: int) -> dict:
     """The states of `protos` over one partition of a store: arrays of its tokens (whole texts)."""
-    from .run import _batches
+    from .partitions import batches
 
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     states = {s.name: s.empty() for s in protos}
     L, H, _, d = q.shape
     D = attention_inputs.shape[-1]
-    for group in _batches([range(int(n)) for n in lengths], batch_tokens):
+    for group in batches([range(int(n)) for n in lengths], batch_tokens):
         lens = np.array([int(lengths[i]) for i in group])
         b, n = len(group), int(lens.max())
         f = SimpleNamespace(q=np.zeros((L, b, H, n, d), q.dtype), k=np.zeros((L, b, H, n, d), k.dtype),
@@ -221,12 +221,12 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
     import dask
     import dask.array as da
 
-    from .run import _partition_bounds, _positive_int, _results, merge_states
+    from .partitions import merge_states, partition_bounds, positive_int, results
 
     path = os.fspath(store)
     root = _zarr().open_group(path, mode="r")
     attrs = dict(root.attrs)
-    batch_tokens = _positive_int("batch_tokens", int(attrs["batch_tokens"]) if batch_tokens is None else batch_tokens)
+    batch_tokens = positive_int("batch_tokens", int(attrs["batch_tokens"]) if batch_tokens is None else batch_tokens)
     lengths = np.asarray(root["lengths"][:], np.int64)
     scale = np.asarray(root["scale"][:], np.float64)
     W_K = np.asarray(root["W_K"][:]) if "W_K" in root else None
@@ -237,7 +237,7 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
         workers = len(client.scheduler_info().get("workers", {}))
     if partitions is None:  # about one forward batch of tokens per partition (attention rows are O(n_max))
         partitions = min(len(lengths), max(1, -(-int(lengths.sum()) // batch_tokens), 2 * workers))
-    bounds = _partition_bounds(lengths, partitions, batch_tokens, workers)
+    bounds = partition_bounds(lengths, partitions, batch_tokens, workers)
     arrays = {key: da.from_zarr(path, component=key) for key in _TOKEN_FIELDS}
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     part = dask.delayed(_store_partition, pure=True)
@@ -254,5 +254,5 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
     else:
         merged = client.compute(level[0]).result()
     info = dict(attrs["model"], store=path)
-    results = _results(merged, info["d_head"], W_K)
+    results = results(merged, info["d_head"], W_K)
     return info, len(lengths), int(lengths.sum()), len(bounds), results, merged
