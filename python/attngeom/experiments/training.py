@@ -898,7 +898,9 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
 
     evaluate(0)
     e = 1
-    bar = progress(range(c.iterations), desc=f"{arm} seed {seed}", total=c.iterations)
+    # In a worker process the parent's bar reports the runs (two bars on one terminal garble it).
+    bar = range(c.iterations) if _IN_WORKER else progress(range(c.iterations), desc=f"{arm} seed {seed}",
+                                                          total=c.iterations)
     for it in bar:
         starts = rng.integers(0, len(corpus.train) - c.context - 1, size=batch)
         xy = torch.from_numpy(_windows(corpus.train, starts, c.context + 1))
@@ -924,11 +926,17 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
     return curves, geo, model
 
 
+_IN_WORKER = False  # set in the training worker processes
+
+
 def _worker_threads(threads: int) -> None:
     """Initializer of a training worker process: its torch and attngeom thread counts."""
     import torch
 
     from .. import set_num_threads
+
+    global _IN_WORKER
+    _IN_WORKER = True
 
     torch.set_num_threads(threads)
     set_num_threads(threads)
@@ -944,7 +952,11 @@ def _parallel_runs(runs: list, config: TrainingConfig):
 
     with ProcessPoolExecutor(max_workers=min(config.workers, len(runs)), initializer=_worker_threads,
                              initargs=(config.threads,), mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield from progress(pool.map(_train_run, *zip(*runs)), desc="training runs", total=len(runs))
+        bar = progress(pool.map(_train_run, *zip(*runs)), desc="training runs", total=len(runs))
+        for run, out in zip(runs, bar):
+            if hasattr(bar, "set_postfix_str"):  # the current loss: the finished run's last validation loss
+                bar.set_postfix_str(f"{run[0]} seed {run[1]}: val {out[0]['val_loss'][-1]:.3f}")
+            yield out
 
 
 def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_size: int) -> dict:
