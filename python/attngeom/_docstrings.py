@@ -8,7 +8,9 @@ placeholders are filled; any other ``%`` in a docstring is left as it is, and a 
 that names no fragment raises KeyError when the module is imported.
 
 :data:`FRAGMENTS` holds the text several modules share. A fragment used by one module only is
-defined there and passed to :func:`filler` (``fill_doc = filler(sequences=...)``).
+defined there and passed to :func:`filler` (``_fill_doc = filler(widths=...)`` in
+attngeom.dimension). A fragment named ``*_returns`` or ``*_parameters`` is a whole section,
+header included, for functions whose section is that text and nothing else.
 """
 from __future__ import annotations
 
