@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._operands import float_dtype
 from .protocol import Batch
 
 FORMAT = "attngeom-activations"
@@ -100,12 +101,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     batch_tokens = positive_int("batch_tokens", batch_tokens)
     max_length = positive_int("max_length", max_length, allow_none=True)
     chunk_tokens = positive_int("chunk_tokens", chunk_tokens)
-    try:
-        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    dt = float_dtype("dtype", dtype)
     if not isinstance(store, (str, os.PathLike)):
         raise TypeError(f"store must be a path, got {type(store).__name__}")
     store = os.fspath(store)

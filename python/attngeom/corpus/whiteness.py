@@ -51,7 +51,7 @@ class SequenceMoments:
         Returns
         -------
         SequenceMoments
-            self.
+            self, with x counted.
 
         Examples
         --------
@@ -75,7 +75,7 @@ class SequenceMoments:
         Returns
         -------
         SequenceMoments
-            self.
+            self, with other's sequences added.
 
         Examples
         --------

@@ -27,6 +27,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._docstrings import fill_doc
 from .._operands import count, rtol_arg
 from ..circuits import LatentFactorization, latent_factorization
 from ..spectral import effective_rank, singular_values, spectrum_rank
@@ -108,18 +109,15 @@ class LatentKeyCache:
             out[f"rank_1pct_L{layer}"] = int(r1[layer])
         return out
 
+    @fill_doc
     def plot(self, ax=None):
         """Relative reconstruction error ||K - K_r||_F^2 / ||K||_F^2 against r, one curve a layer.
 
         Parameters
         ----------
-        ax : matplotlib.axes.Axes, optional
-            Axes to draw into.
+        %(ax)s
 
-        Returns
-        -------
-        matplotlib.figure.Figure
-            The figure.
+        %(figure_returns)s
 
         Examples
         --------

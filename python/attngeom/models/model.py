@@ -100,9 +100,9 @@ class Model:
         Returns
         -------
         ids : list of int
-            Token ids.
+            Token ids in the model's vocabulary.
         tokens : list of str
-            Token strings.
+            Token strings, one per id.
 
         Examples
         --------

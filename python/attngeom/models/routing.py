@@ -17,6 +17,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._docstrings import fill_doc
 from ..circuits import RoutingGram, routing_gram, topk_routing
 from .prompt import encode_prompt, resolve_model
 
@@ -76,6 +77,7 @@ class RouterStatistics:
             out[f"entropy_L{layer}"] = float(self.entropy[layer])
         return out
 
+    @fill_doc
     def plot(self, axes=None):
         """Expert load per layer (heat map) and the spectra of R^T R.
 
@@ -84,10 +86,7 @@ class RouterStatistics:
         axes : sequence of two Axes, optional
             Axes to draw into.
 
-        Returns
-        -------
-        matplotlib.figure.Figure
-            The figure.
+        %(figure_returns)s
 
         Examples
         --------
