@@ -13,7 +13,9 @@ W_Q W_K^T only at offset 0.
 
 Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor) and
 ``llama3`` (Llama 3.1: low frequencies divided by factor, high ones kept, a smooth
-interpolation between) rescalings. Angles are computed in float64 (transformers computes
+interpolation between) rescalings. DeepSeek-V2 (:mod:`.mla`) pairs neighbours instead,
+(x[2p], x[2p + 1]) (the complex-number convention, ``Rotary(..., interleaved=True)``);
+the rotation by m theta_p of each pair is the same. Angles are computed in float64 (transformers computes
 them in float32; the difference is below the float32 tolerance).
 """
 from __future__ import annotations
@@ -77,6 +79,8 @@ class Rotary:
     ----------
     inv_freq : ndarray, shape (d_head // 2,)
         theta_p, float64.
+    interleaved : bool, default False
+        Pairs (x[2p], x[2p + 1]) (DeepSeek-V2) instead of rotate_half's (x[p], x[p + d/2]).
 
     Examples
     --------
@@ -85,9 +89,12 @@ class Rotary:
     >>> x = np.array([[1.0, 0.0, 0.0, 0.0]])
     >>> np.round(r.rotate(x, np.array([1])), 4)
     array([[0.5403, 0.    , 0.8415, 0.    ]])
+    >>> np.round(Rotary(np.array([1.0, 0.01]), interleaved=True).rotate(x, np.array([1])), 4)
+    array([[0.5403, 0.8415, 0.    , 0.    ]])
     """
 
     inv_freq: np.ndarray
+    interleaved: bool = False
 
     @property
     def d_head(self) -> int:
@@ -107,7 +114,8 @@ class Rotary:
         Returns
         -------
         cos, sin : ndarray, shape positions.shape + (d_head,)
-            The halves repeated: [cos(m theta), cos(m theta)].
+            The halves repeated: [cos(m theta), cos(m theta)] (interleaved: each angle twice
+            in a row).
 
         Examples
         --------
@@ -117,7 +125,7 @@ class Rotary:
         (2, 2)
         """
         angles = np.asarray(positions, dtype=np.float64)[..., None] * self.inv_freq
-        angles = np.concatenate([angles, angles], axis=-1)
+        angles = np.repeat(angles, 2, axis=-1) if self.interleaved else np.concatenate([angles, angles], axis=-1)
         return np.cos(angles).astype(dtype, copy=False), np.sin(angles).astype(dtype, copy=False)
 
     def rotate(self, x, positions) -> np.ndarray:
@@ -145,8 +153,11 @@ class Rotary:
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x must have shape (..., n, {self.d_head}), got {x.shape}")
         cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64)
-        h = self.d_head // 2
-        rotated_half = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+        if self.interleaved:  # (a, b) -> (-b, a) within each neighbour pair
+            rotated_half = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+        else:
+            h = self.d_head // 2
+            rotated_half = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
         return x * cos + rotated_half * sin
 
     def matrix(self, offset) -> np.ndarray:
@@ -173,10 +184,11 @@ class Rotary:
         h = self.d_head // 2
         R = np.zeros((self.d_head, self.d_head))
         p = np.arange(h)
-        R[p, p] = c
-        R[p + h, p + h] = c
-        R[p, p + h] = s
-        R[p + h, p] = -s
+        a, b = (2 * p, 2 * p + 1) if self.interleaved else (p, p + h)
+        R[a, a] = c
+        R[b, b] = c
+        R[a, b] = s
+        R[b, a] = -s
         return R
 
 
