@@ -56,6 +56,11 @@ def deepseek(folder, dtype="float32", **changes):
 
 VARIANTS = {
     "q_lora": {},
+    # DeepSeek-V2's released configs use YaRN with mscale = mscale_all_dim = 0.707 (attention factor 1,
+    # logit scale mscale^2); here unequal, so both factors matter
+    "yarn": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 8.0, "beta_fast": 4.0,
+                                  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                                  "original_max_position_embeddings": 16}, max_position_embeddings=128),
     "no_q_lora_grouped": dict(q_lora_rank=None, topk_method="group_limited_greedy", n_group=2, topk_group=1,
                               first_k_dense_replace=0, n_shared_experts=2, attention_bias=True),
 }
@@ -68,7 +73,7 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     m = load_model(tmp_path / "m")
     a = m.arch
     assert a.model_type == "deepseek_v2" and a.mla["kv_lora_rank"] == KV_LORA and a.d_head == NOPE + ROPE
-    assert a.moe_layers == ((1,) if variant == "q_lora" else (0, 1)) and not a.router_normalized
+    assert a.moe_layers == ((0, 1) if variant == "no_q_lora_grouped" else (1,)) and not a.router_normalized
     dt = np.float64 if precision == "float64" else np.float32
     tol = 1e-10 if precision == "float64" else 1e-4
     ids, mask = batch()
@@ -77,6 +82,11 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     assert f.q.shape == (2, 3, HEADS, 7, NOPE + ROPE) and f.v.shape == (2, 3, HEADS, 7, V_DIM)
     assert f.kv_latent.shape == (2, 3, 7, KV_LORA) and f.rope_keys.shape == (2, 3, 7, ROPE)
     assert f.hidden_states.dtype == dt
+    if variant == "yarn":  # mscale(s, m) = 0.1 m ln s + 1: logit scale mscale(8, 0.5)^2, rotary factor the ratio
+        assert f.scale[0] == pytest.approx((NOPE + ROPE) ** -0.5 * (0.05 * np.log(8) + 1) ** 2, rel=1e-12)
+        assert m.decoder.rotary.attention_factor == pytest.approx((0.1 * np.log(8) + 1) / (0.05 * np.log(8) + 1))
+        default = m.decoder.rotary.inv_freq / 500.0 ** -(np.arange(ROPE // 2) * 2 / ROPE)
+        assert default[0] == 1 and default[-1] == pytest.approx(1 / 8)  # fast pair kept, slow pair interpolated
     errs = max_errors(f, reference(model, ids, mask, positions, precision == "float64"), mask)
     print(variant, precision, {k: f"{v:.2e}" for k, v in errs.items()})
     assert max(errs.values()) <= tol, errs
@@ -293,10 +303,8 @@ def test_refused_configurations(tmp_path):
     deepseek(tmp_path / "m")
     original = json.load(open(tmp_path / "m" / "config.json"))
     cases = [
-        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 40.0,
-                               "original_max_position_embeddings": 16}), "rope_type 'yarn' is not supported"),
-        (dict(rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
-         "rope_type 'linear' is not supported for deepseek_v2"),
+        (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 500.0, "factor": 40.0}),
+         "rope_type 'longrope' is not supported"),
         (dict(norm_topk_prob=True), "norm_topk_prob"),
         (dict(topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported"),
         (dict(topk_method="group_limited_greedy", n_group=3, topk_group=1), "n_group = 3 must divide"),

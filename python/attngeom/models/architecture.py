@@ -19,13 +19,16 @@ deepseek_v2 llama     RMSNorm    MoE SwiGLU  RoPE      multi-head latent attenti
 
 DeepSeek-V2 is read as transformers implements it: q LoRA optional (``q_lora_rank`` null
 gives a plain ``q_proj``), the rotary part of queries and keys rotated in the interleaved
-(complex-pair) convention, the first ``first_k_dense_replace`` layers dense, the others
-routed experts (``greedy`` or ``group_limited_greedy`` top-k of the softmax, not
-renormalised, times ``routed_scaling_factor``) plus ``n_shared_experts`` shared experts.
-Refused with a ValueError: rope types other than ``default`` (DeepSeek-V2's released
-checkpoints use ``yarn``), ``norm_topk_prob`` true (transformers ignores it, DeepSeek's own
-code renormalises), other ``topk_method`` values, and num_key_value_heads different from
-num_attention_heads (every head has its own expanded key and value).
+(complex-pair) convention (YaRN scaling, which the released checkpoints use, included: its
+attention factor on the rotary part and mscale(factor, mscale_all_dim)^2 on the logit
+scale), the first ``first_k_dense_replace`` layers dense, the others routed experts
+(``greedy`` or ``group_limited_greedy`` top-k of the softmax, not renormalised, times
+``routed_scaling_factor``) plus ``n_shared_experts`` shared experts. Refused with a
+ValueError: ``norm_topk_prob`` true (transformers ignores it, DeepSeek's own code
+renormalises), other ``topk_method`` values (DeepSeek-V3's ``noaux_tc``), and
+num_key_value_heads different from num_attention_heads (every head has its own expanded key
+and value). Rope types: default, linear, llama3 and yarn for every rotary family (dynamic,
+longrope and the others are refused).
 
 Both config formats are read: transformers >= 5 (``rope_parameters``) and the older
 ``rope_theta`` + ``rope_scaling``.
@@ -40,7 +43,7 @@ from typing import Optional, Tuple
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
                            "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
 
 
@@ -174,12 +177,25 @@ def _rope(cfg, where) -> dict:
     params.pop("type", None)
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{where}: partial_rotary_factor {params['partial_rotary_factor']} is not supported")
-    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+             "yarn": ("factor",)}.get(kind, ())
     for key in needs:
-        if not isinstance(params.get(key), (int, float)):
+        if isinstance(params.get(key), bool) or not isinstance(params.get(key), (int, float)):
             raise ValueError(f"{where}: rope_type {kind!r} needs a number {key!r} in rope_parameters, got {params!r}")
-    if kind == "llama3" and params.get("original_max_position_embeddings") is None:
+    if kind == "yarn" and cfg.get("original_max_position_embeddings") is not None:  # transformers' priority
+        params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    if kind in ("llama3", "yarn") and params.get("original_max_position_embeddings") is None:
         params["original_max_position_embeddings"] = cfg.get("max_position_embeddings")
+    if kind in ("llama3", "yarn"):
+        old = params["original_max_position_embeddings"]
+        if isinstance(old, bool) or not isinstance(old, (int, float)) or old <= 0:
+            raise ValueError(f"{where}: rope_type {kind!r} needs a positive original_max_position_embeddings "
+                             f"(or max_position_embeddings), got {old!r}")
+    for key in ("attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
+        value = params.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{where}: rope_parameters {key!r} must be a non-negative number, got {value!r}")
     theta = params.get("rope_theta")
     if not isinstance(theta, (int, float)) or theta <= 1:
         raise ValueError(f"{where}: rope_theta must be a number > 1, got {theta!r}")
@@ -193,11 +209,6 @@ def _deepseek_v2(cfg, where, n_layers) -> dict:
            **{k: _int(cfg, where, k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
     if mla["qk_rope_head_dim"] % 2:
         raise ValueError(f"{where}: qk_rope_head_dim must be even (rotary pairs), got {mla['qk_rope_head_dim']}")
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"{where}: rope_type {kind!r} is not supported for deepseek_v2 (supported: default); "
-                         f"DeepSeek-V2's yarn scaling is not implemented")
     n_experts = _int(cfg, where, "n_routed_experts", "num_local_experts")
     top_k = _int(cfg, where, "num_experts_per_tok")
     if top_k > n_experts:

@@ -13,7 +13,10 @@ W_Q W_K^T only at offset 0.
 
 Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor) and
 ``llama3`` (Llama 3.1: low frequencies divided by factor, high ones kept, a smooth
-interpolation between) rescalings. DeepSeek-V2 (:mod:`.mla`) pairs neighbours instead,
+interpolation between) and ``yarn`` (YaRN, Peng et al.: frequencies below the correction
+range divided by factor, above it kept, a linear ramp between, in rotary-pair index; the
+rotated vectors are multiplied by an attention factor, 0.1 ln(factor) + 1 or the mscale
+ratio DeepSeek-V2 configures, :func:`rope_attention_factor`) rescalings. DeepSeek-V2 (:mod:`.mla`) pairs neighbours instead,
 (x[2p], x[2p + 1]) (the complex-number convention, ``Rotary(..., interleaved=True)``);
 the rotation by m theta_p of each pair is the same. Angles are computed in float64 (transformers computes
 them in float32; the difference is below the float32 tolerance).
@@ -33,9 +36,9 @@ def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
     Parameters
     ----------
     rope : dict
-        {"rope_type": "default" | "linear" | "llama3", "rope_theta": base, and "factor",
-        "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" as the
-        type needs} (as :attr:`Architecture.rope`).
+        {"rope_type": "default" | "linear" | "llama3" | "yarn", "rope_theta": base, and
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+        "beta_fast", "beta_slow", "truncate" as the type needs} (as :attr:`Architecture.rope`).
     d_head : int
         Head width (even).
 
@@ -66,9 +69,91 @@ def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / high) & ~(wavelen > old / low)
         inv = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        factor, old = float(rope["factor"]), float(rope["original_max_position_embeddings"])
+        beta_fast, beta_slow = float(rope.get("beta_fast") or 32), float(rope.get("beta_slow") or 1)
+
+        def correction(rotations):  # the pair index whose wavelength makes `rotations` turns in `old`
+            return d_head * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction(beta_fast), correction(beta_slow)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d_head - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d_head // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        inv = inv / factor * ramp + inv * (1 - ramp)
     elif kind != "default":
-        raise ValueError(f"rope_type must be 'default', 'linear' or 'llama3', got {kind!r}")
+        raise ValueError(f"rope_type must be 'default', 'linear', 'llama3' or 'yarn', got {kind!r}")
     return inv
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(rope: dict) -> float:
+    """The factor YaRN multiplies rotated queries and keys by (1 for the other rope types).
+
+    ``attention_factor`` when the config gives it, else mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim) when both are set (DeepSeek-V2), else mscale(factor) with
+    mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1), as transformers computes it.
+
+    Parameters
+    ----------
+    rope : dict
+        As :attr:`Architecture.rope`.
+
+    Returns
+    -------
+    float
+        The factor.
+
+    Examples
+    --------
+    >>> from attngeom.models import rope_attention_factor
+    >>> round(rope_attention_factor({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), 4)
+    1.1386
+    >>> rope_attention_factor({"rope_type": "default", "rope_theta": 1e4})
+    1.0
+    """
+    if rope.get("rope_type", "default") != "yarn":
+        return 1.0
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    factor, mscale, all_dim = float(rope["factor"]), rope.get("mscale"), rope.get("mscale_all_dim")
+    if mscale and all_dim:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(all_dim))
+    return _yarn_mscale(factor)
+
+
+def yarn_logit_scale(rope: dict) -> float:
+    """DeepSeek-V2's extra softmax scale under YaRN: mscale(factor, mscale_all_dim)^2.
+
+    Multiplies 1 / sqrt(d_qk) when the rope type is not default and ``mscale_all_dim`` is
+    set (transformers' ``yarn_apply_mscale``); 1 otherwise.
+
+    Parameters
+    ----------
+    rope : dict
+        As :attr:`Architecture.rope`.
+
+    Returns
+    -------
+    float
+        The factor.
+
+    Examples
+    --------
+    >>> from attngeom.models import yarn_logit_scale
+    >>> round(yarn_logit_scale({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 0.707}), 4)
+    1.5896
+    """
+    all_dim = rope.get("mscale_all_dim")
+    if rope.get("rope_type", "default") == "default" or not all_dim:
+        return 1.0
+    return _yarn_mscale(float(rope["factor"]), float(all_dim)) ** 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +166,9 @@ class Rotary:
         theta_p, float64.
     interleaved : bool, default False
         Pairs (x[2p], x[2p + 1]) (DeepSeek-V2) instead of rotate_half's (x[p], x[p + d/2]).
+    attention_factor : float, default 1.0
+        Multiplies cos and sin, so rotated vectors are scaled by it (YaRN,
+        :func:`rope_attention_factor`); :meth:`matrix` is the rotation alone.
 
     Examples
     --------
@@ -95,6 +183,7 @@ class Rotary:
 
     inv_freq: np.ndarray
     interleaved: bool = False
+    attention_factor: float = 1.0
 
     @property
     def d_head(self) -> int:
@@ -126,7 +215,9 @@ class Rotary:
         """
         angles = np.asarray(positions, dtype=np.float64)[..., None] * self.inv_freq
         angles = np.repeat(angles, 2, axis=-1) if self.interleaved else np.concatenate([angles, angles], axis=-1)
-        return np.cos(angles).astype(dtype, copy=False), np.sin(angles).astype(dtype, copy=False)
+        a = self.attention_factor
+        cos, sin = (np.cos(angles), np.sin(angles)) if a == 1 else (a * np.cos(angles), a * np.sin(angles))
+        return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
     def rotate(self, x, positions) -> np.ndarray:
         """x R(m): rotate head vectors x (..., n, d_head) at positions (..., n) (broadcasting).
@@ -161,7 +252,8 @@ class Rotary:
         return x * cos + rotated_half * sin
 
     def matrix(self, offset) -> np.ndarray:
-        """R(offset), the (d_head, d_head) orthogonal matrix with rotate(x, m) = x @ R(m).
+        """R(offset), the (d_head, d_head) orthogonal matrix with rotate(x, m) = x @ R(m)
+        (times attention_factor).
 
         Parameters
         ----------
