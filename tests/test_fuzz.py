@@ -957,10 +957,11 @@ SPECS = {
         (g.safetensors() if not g.hostile_now() else g.hostile(),),
         g.kwargs(n_heads=lambda: g.integer((1, 2)), n_kv_heads=lambda: g.integer((1,)),
                  layout=lambda: g.choice(["bert", "gpt2", "llama"]), backend=lambda: g.choice(["auto", "python"]))),
-    "load_model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(),),
+    "load_model": lambda g: ((g.model() if g.draw_bool() else g.safetensors(),),
                              g.kwargs(backend=lambda: g.choice(["auto", "python"]))),
-    # Model objects come from load_model; fuzzed through a forward pass on token ids.
-    "Model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(), g.arr("n")), {}),
+    # Model objects come from load_model; fuzzed through a forward pass on token ids (working
+    # GPT-2, Mixtral and DeepSeek-V2 checkpoints among them).
+    "Model": lambda g: ((g.model() if g.draw_bool() else g.safetensors(), g.arr("n")), {}),
     # The research functions take a model (a checkpoint path here, or hostile) and a prompt.
     "logit_lens": lambda g: ((g.model(), g.prompt()), g.kwargs(k=lambda: g.integer((1, 2, 5)),
                                                               dtype=lambda: g.choice([np.float32, np.float64]))),

@@ -321,10 +321,29 @@ def test_refused_configurations(tmp_path):
     # per-head weights: MLA keys pass through a norm, so there are none to extract
     with pytest.raises(ValueError, match="layout: multi-head latent attention"):
         load_heads(tmp_path / "m")
-    with pytest.raises(ValueError, match="layout: multi-head latent attention"):
+    with pytest.raises(ValueError, match="model: a deepseek_v2 model has multi-head latent attention"):
         load_model(tmp_path / "m").heads
-    with pytest.raises(ValueError, match="layout: multi-head latent attention"):
+    with pytest.raises(ValueError, match="model: a deepseek_v2 model has multi-head latent attention"):
         ag.weight_spectra(tmp_path / "m")
+    with pytest.raises(ValueError, match="token_ids must be .* ragged"):
+        load_model(tmp_path / "m").forward([[1], [2, 3]])
+
+
+def test_induction_scores_from_the_patterns(tmp_path):
+    """The repeated-tokens scores come from the model's own attention; the weights-only
+    K-composition has no per-head W_K to use and is None."""
+    deepseek(tmp_path / "m")
+    m = load_model(tmp_path / "m")
+    s = ag.induction_scores(m, seq_len=10, n_sequences=2, seed=0)
+    P = m.forward(s.token_ids, dtype=np.float32).attentions.astype(np.float64)
+    t = np.arange(1, 20)
+    np.testing.assert_allclose(s.previous_token, P[..., t, t - 1].mean(axis=(1, 3)), rtol=1e-12)
+    i = np.arange(10)
+    np.testing.assert_allclose(s.induction, P[..., 10 + i, i + 1].mean(axis=(1, 3)), rtol=1e-12)
+    assert s.k_composition is None and s.k_composition_with_previous is None
+    assert s.summary()["best_induction_head"] == "{}.{}".format(*s.top(1)[0][:2])
+    with pytest.raises(ValueError, match="by: 'k_composition_with_previous' is not available"):
+        s.top(by="k_composition_with_previous")
 
 
 def test_lens_runs_on_deepseek(tmp_path):

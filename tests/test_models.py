@@ -1021,3 +1021,12 @@ def test_real_model_long_text(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ref = st.SentenceTransformer(folder, device="cpu").encode([long], convert_to_numpy=True)[0]
     assert np.max(np.abs(e - ref)) < 1e-4
+
+
+def test_missing_checkpoint_names_the_argument(tmp_path):
+    """The fuzz campaign's finding: a path that does not exist is named as the argument."""
+    for call in (ag.load_model, ag.load_heads):
+        with pytest.raises(ValueError, match="^path must be a checkpoint: .*'x', which does not exist"):
+            call("x")
+    with pytest.raises(ValueError, match="^model: cannot load .*path must be a checkpoint"):
+        ag.logit_lens(str(tmp_path / "nowhere"), [1, 2])

@@ -3,19 +3,19 @@
 One description covers every supported family, so one decoder implementation
 (:mod:`attngeom.models.decoder`) runs them all:
 
-==========  ========  =========  ==========  ========  ==========================================
-model_type  family    norm       MLP         position  attention extras
-==========  ========  =========  ==========  ========  ==========================================
-bert        bert      LayerNorm  GELU        absolute  bidirectional, post-LN (:mod:`.bert`)
-gpt2        gpt2      LayerNorm  GELU tanh   absolute  fused c_attn (Conv1D), tied lm_head
-llama       llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type llama3 / linear
-mistral     llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
-qwen2       llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
-qwen3       llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
-mixtral     llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
-deepseek_v2 llama     RMSNorm    MoE SwiGLU  RoPE      multi-head latent attention (:mod:`.mla`):
-                                 + shared              compressed KV latent, decoupled RoPE keys
-==========  ========  =========  ==========  ========  ==========================================
+===========  ========  =========  ==========  ========  ==========================================
+model_type   family    norm       MLP         position  attention extras
+===========  ========  =========  ==========  ========  ==========================================
+bert         bert      LayerNorm  GELU        absolute  bidirectional, post-LN (:mod:`.bert`)
+gpt2         gpt2      LayerNorm  GELU tanh   absolute  fused c_attn (Conv1D), tied lm_head
+llama        llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type llama3 / linear / yarn
+mistral      llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
+qwen2        llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
+qwen3        llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
+mixtral      llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
+deepseek_v2  llama     RMSNorm    MoE SwiGLU  RoPE      multi-head latent attention (:mod:`.mla`):
+                                  + shared              compressed KV latent, decoupled RoPE keys
+===========  ========  =========  ==========  ========  ==========================================
 
 DeepSeek-V2 is read as transformers implements it: q LoRA optional (``q_lora_rank`` null
 gives a plain ``q_proj``), the rotary part of queries and keys rotated in the interleaved

@@ -65,6 +65,10 @@ class Model:
         """The per-head weights (:class:`ModelHeads`, float64), loaded on first use (or given
         by the adapter that built the Model)."""
         if self._heads is None:
+            if self.arch.mla:
+                raise ValueError(f"model: a {self.arch.model_type} model has multi-head latent attention, whose keys "
+                                 f"pass through the latent's RMSNorm: it has no per-head W_Q, W_K, W_V (use the "
+                                 f"forward pass's q, k, v)")
             self._heads = heads_from_checkpoint(self._checkpoint)
         return self._heads
 
@@ -153,7 +157,11 @@ class Model:
         dt = np.dtype(dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {dt}")
-        ids = np.asarray(token_ids)
+        try:
+            ids = np.asarray(token_ids)
+        except ValueError:  # ragged nested sequences
+            raise ValueError("token_ids must be a non-empty (n,) or (batch, n) integer array, got a ragged "
+                             "sequence") from None
         if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"token_ids must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
                              f"dtype {ids.dtype}")
