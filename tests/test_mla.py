@@ -360,9 +360,8 @@ def test_lens_runs_on_deepseek(tmp_path):
 def test_fused_expert_tensors(tmp_path):
     """Experts stored fused (mlp.experts.gate_up_proj, down_proj: transformers' in-memory
     format) load to the same model as one tensor per expert."""
-    import shutil
-
-    from attngeom.models import read_safetensors, write_safetensors
+    from attngeom.models import read_safetensors
+    from test_research import assert_same_model
 
     deepseek(tmp_path / "m")
     t = read_safetensors(tmp_path / "m" / "model.safetensors")
@@ -371,10 +370,4 @@ def test_fused_expert_tensors(tmp_path):
     fused[s + "gate_up_proj"] = np.stack([np.concatenate([t[f"{s}{e}.gate_proj.weight"], t[f"{s}{e}.up_proj.weight"]])
                                           for e in range(4)])
     fused[s + "down_proj"] = np.stack([t[f"{s}{e}.down_proj.weight"] for e in range(4)])
-    (tmp_path / "f").mkdir()
-    write_safetensors(tmp_path / "f" / "model.safetensors", fused)
-    shutil.copy(tmp_path / "m" / "config.json", tmp_path / "f" / "config.json")
-    ids = np.arange(1, 9)
-    a, b = load_model(tmp_path / "m").forward(ids), load_model(tmp_path / "f").forward(ids)
-    np.testing.assert_array_equal(a.logits, b.logits)
-    np.testing.assert_array_equal(a.router_logits, b.router_logits)
+    assert_same_model(tmp_path / "m", tmp_path / "f", fused)

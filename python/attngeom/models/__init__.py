@@ -45,7 +45,7 @@ from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import CROSS_LAYER, FIELDS, HeadReport, head_report
-from .rotary import Rotary, RotaryPairs, rope_attention_factor, rope_frequencies, rotary_pairs, yarn_logit_scale
+from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs, yarn_factors
 from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
                           write_safetensors)
 from .tokenizer import WordPiece, tokenize
@@ -66,7 +66,7 @@ __all__ = [
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
     "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs",
-    "rope_frequencies", "rotary_pairs", "rope_attention_factor", "yarn_logit_scale",
+    "rope_frequencies", "rotary_pairs", "yarn_factors",
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
     "RouterStatistics", "router_statistics",

@@ -37,7 +37,7 @@ from .heads import Checkpoint
 from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
 from .norm import normalize
-from .rotary import Rotary, rope_attention_factor, rope_frequencies, yarn_logit_scale
+from .rotary import Rotary, rope_frequencies, yarn_factors
 
 
 def _gelu_tanh(x):
@@ -92,7 +92,7 @@ class Decoder:
         self.w = weights
         self.rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, arch.rotary_dim),
                                                              interleaved=arch.mla is not None,
-                                                             attention_factor=rope_attention_factor(arch.rope))
+                                                             attention_factor=yarn_factors(arch.rope)[0])
 
     # -- loading -----------------------------------------------------------------------
     @classmethod
@@ -304,7 +304,7 @@ class Decoder:
                 q, k, v = self._attention_inputs(x, L, cos_sin, q_pre, k_pre)
             scale = 1.0 / math.sqrt(dh) if a.scale_attn else 1.0
             if a.mla:
-                scale *= yarn_logit_scale(a.rope)
+                scale *= yarn_factors(a.rope)[1]
             if a.scale_by_layer:
                 scale /= li + 1
             m = window if li in a.sliding_layers else key_mask

@@ -30,8 +30,9 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str) -> np.ndarray:
 
     Returns
     -------
-    ndarray, shape (..., d)
-        The normalised vectors.
+    ndarray
+        LayerNorm(x) or RMSNorm(x), x's shape and dtype (no argument checks: the decoder's
+        operands are checked when the checkpoint is read).
 
     Examples
     --------

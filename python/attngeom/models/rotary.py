@@ -11,21 +11,22 @@ rotated, so the logit of query position i and key position j is q_i R(i - j) k_j
 bilinear form of a rotary head depends on the offset i - j and equals the position-free
 W_Q W_K^T only at offset 0.
 
-Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor) and
+Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor),
 ``llama3`` (Llama 3.1: low frequencies divided by factor, high ones kept, a smooth
 interpolation between) and ``yarn`` (YaRN, Peng et al.: frequencies below the correction
 range divided by factor, above it kept, a linear ramp between, in rotary-pair index; the
 rotated vectors are multiplied by an attention factor, 0.1 ln(factor) + 1 or the mscale
-ratio DeepSeek-V2 configures, :func:`rope_attention_factor`) rescalings. DeepSeek-V2 (:mod:`.mla`) pairs neighbours instead,
-(x[2p], x[2p + 1]) (the complex-number convention, ``Rotary(..., interleaved=True)``);
-the rotation by m theta_p of each pair is the same. Angles are computed in float64 (transformers computes
+ratio DeepSeek-V2 configures, :func:`yarn_factors`) rescalings. DeepSeek-V2 (:mod:`.mla`)
+pairs neighbours instead, (x[2p], x[2p + 1]) (the complex-number convention,
+``Rotary(..., interleaved=True)``); the rotation by m theta_p of each pair is the same.
+Angles are computed in float64 (transformers computes
 them in float32; the difference is below the float32 tolerance).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -93,12 +94,16 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def rope_attention_factor(rope: dict) -> float:
-    """The factor YaRN multiplies rotated queries and keys by (1 for the other rope types).
+def yarn_factors(rope: dict) -> Tuple[float, float]:
+    """YaRN's two scalars: the factor rotated queries and keys are multiplied by, and
+    DeepSeek-V2's extra logit scale (both 1 for the other rope types).
 
-    ``attention_factor`` when the config gives it, else mscale(factor, mscale) /
-    mscale(factor, mscale_all_dim) when both are set (DeepSeek-V2), else mscale(factor) with
-    mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1), as transformers computes it.
+    The attention factor is ``attention_factor`` when the config gives it, else
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set (DeepSeek-V2),
+    else mscale(factor), with mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1). The logit scale
+    mscale(factor, mscale_all_dim)^2 multiplies 1 / sqrt(d_qk) of multi-head latent
+    attention when ``mscale_all_dim`` is set (transformers' ``yarn_apply_mscale``; the other
+    families do not use it). As transformers computes them.
 
     Parameters
     ----------
@@ -107,53 +112,29 @@ def rope_attention_factor(rope: dict) -> float:
 
     Returns
     -------
-    float
-        The factor.
+    attention_factor, logit_scale : float
+        The two factors.
 
     Examples
     --------
-    >>> from attngeom.models import rope_attention_factor
-    >>> round(rope_attention_factor({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), 4)
-    1.1386
-    >>> rope_attention_factor({"rope_type": "default", "rope_theta": 1e4})
-    1.0
+    >>> from attngeom.models import yarn_factors
+    >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})]
+    [1.1386, 1.0]
+    >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
+    ...                                     "mscale_all_dim": 0.707})]
+    [1.0, 1.5896]
+    >>> yarn_factors({"rope_type": "default", "rope_theta": 1e4})
+    (1.0, 1.0)
     """
     if rope.get("rope_type", "default") != "yarn":
-        return 1.0
-    if rope.get("attention_factor") is not None:
-        return float(rope["attention_factor"])
+        return 1.0, 1.0
     factor, mscale, all_dim = float(rope["factor"]), rope.get("mscale"), rope.get("mscale_all_dim")
+    logit_scale = _yarn_mscale(factor, float(all_dim)) ** 2 if all_dim else 1.0
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"]), logit_scale
     if mscale and all_dim:
-        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(all_dim))
-    return _yarn_mscale(factor)
-
-
-def yarn_logit_scale(rope: dict) -> float:
-    """DeepSeek-V2's extra softmax scale under YaRN: mscale(factor, mscale_all_dim)^2.
-
-    Multiplies 1 / sqrt(d_qk) when the rope type is not default and ``mscale_all_dim`` is
-    set (transformers' ``yarn_apply_mscale``); 1 otherwise.
-
-    Parameters
-    ----------
-    rope : dict
-        As :attr:`Architecture.rope`.
-
-    Returns
-    -------
-    float
-        The factor.
-
-    Examples
-    --------
-    >>> from attngeom.models import yarn_logit_scale
-    >>> round(yarn_logit_scale({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 0.707}), 4)
-    1.5896
-    """
-    all_dim = rope.get("mscale_all_dim")
-    if rope.get("rope_type", "default") == "default" or not all_dim:
-        return 1.0
-    return _yarn_mscale(float(rope["factor"]), float(all_dim)) ** 2
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(all_dim)), logit_scale
+    return _yarn_mscale(factor), logit_scale
 
 
 @dataclass(frozen=True)
@@ -168,7 +149,7 @@ class Rotary:
         Pairs (x[2p], x[2p + 1]) (DeepSeek-V2) instead of rotate_half's (x[p], x[p + d/2]).
     attention_factor : float, default 1.0
         Multiplies cos and sin, so rotated vectors are scaled by it (YaRN,
-        :func:`rope_attention_factor`); :meth:`matrix` is the rotation alone.
+        :func:`yarn_factors`); :meth:`matrix` is the rotation alone.
 
     Examples
     --------
