@@ -371,3 +371,13 @@ def test_fused_expert_tensors(tmp_path):
                                           for e in range(4)])
     fused[s + "down_proj"] = np.stack([t[f"{s}{e}.down_proj.weight"] for e in range(4)])
     assert_same_model(tmp_path / "m", tmp_path / "f", fused)
+
+
+def test_from_transformers(tmp_path):
+    """The adapter builds the same Model from the transformers model in memory (experts fused there)."""
+    model = deepseek(tmp_path / "m")
+    ids = np.arange(1, 9)
+    a = ag.models.from_transformers(model).forward(ids, dtype=np.float64)
+    b = load_model(tmp_path / "m").forward(ids, dtype=np.float64)
+    np.testing.assert_array_equal(a.logits, b.logits)
+    np.testing.assert_array_equal(a.kv_latent, b.kv_latent)
