@@ -58,29 +58,14 @@ def _filter(x, L, M, lname="L"):
         raise ValueError(f"M must have {lname}'s shape {La.shape}, got {Ma.shape}")
     check_finite(lname, La)
     check_finite("M", Ma)
-    cond = _condition(La)
+    lower = bool(np.all(np.triu(La, 1) == 0))
+    L = np.ascontiguousarray(La, dtype=x.dtype)
+    cond = _core.condition_bound(L, lower)
     if not np.isfinite(cond) or cond * np.finfo(x.dtype).eps > 0.1:
         raise ValueError(f"{lname} is singular to working precision (condition number at least {cond:.3g})")
-    lower = bool(np.all(np.triu(La, 1) == 0))
     flat = np.ascontiguousarray(x.reshape((-1,) + x.shape[-2:]))
-    L = np.ascontiguousarray(La, dtype=x.dtype)
     M = np.ascontiguousarray(Ma, dtype=x.dtype)
     return x.shape, flat, L, M, lower, La.ndim == 3
-
-
-def _condition(L: np.ndarray) -> float:
-    """A lower bound of the largest 2-norm condition number of L (D, D) or (T, D, D), inf
-    when one is singular: kappa_1 / D with kappa_1 = ||L||_1 ||L^{-1}||_1 (kappa_2 >= kappa_1 / D).
-    An inverse costs a fraction of an SVD, and the filter's check runs on every call of a
-    training step; a bound below kappa_2 never refuses an L that the exact check accepts."""
-    L64 = L.astype(np.float64)
-    with np.errstate(all="ignore"):
-        try:
-            inv = np.linalg.inv(L64)
-        except np.linalg.LinAlgError:
-            return math.inf
-        cond = np.abs(L64).sum(axis=-2).max(axis=-1) * np.abs(inv).sum(axis=-2).max(axis=-1) / L.shape[-1]
-    return float(np.max(np.where(np.isfinite(cond), cond, np.inf)))
 
 
 def _finite(w: np.ndarray, L: np.ndarray, M: np.ndarray) -> np.ndarray:
