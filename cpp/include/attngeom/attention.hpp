@@ -29,17 +29,18 @@ struct Blocking {
 };
 
 // The tiling a kernel runs with: the caller's where given, otherwise large tiles (192 queries
-// x 384 keys) without a causal limit and 64 x 256 under one. Eigen packs both operands of every
-// block product, so larger tiles pack K and V fewer times (measured in one run, float32,
-// AVX-512, d 64-128, one thread: 192 x 384 gave 5-15% more throughput than 64 x 256 forward
-// and backward); under a causal limit the tiles that straddle the diagonal waste up to half
-// their work, which cancels that gain. `units(bq, bk)` is the number of parallel units a
-// tiling gives: large tiles are taken only when each processor still gets four. The choice
-// depends on the processor count, not on the thread count, so results stay bitwise the
-// same whatever set_num_threads says.
+// x 384 keys) without a causal limit and 64 x 256 under one (64 x 128 for at most 512 keys).
+// Eigen packs both operands of every block product, so larger tiles pack K and V fewer times
+// (measured in one run, float32, AVX-512, d 64-128, one thread: 192 x 384 gave 3-6% more
+// throughput than 64 x 256 forward and backward at n >= 1024). Under a causal limit the
+// tiles that straddle the diagonal waste up to half their work, which cancels that gain, and
+// at n_k = 256 128-key tiles make the backward 20% faster than 256-key ones. `units(bq, bk)`
+// is the number of parallel units a tiling gives: large tiles are taken only when each
+// processor still gets four. The choice depends on the processor count, not on the thread
+// count, so results stay bitwise the same whatever set_num_threads says.
 template <class Units>
-Blocking tiled(Blocking b, Causal causal, Units&& units) {
-  const Blocking small{64, 256}, large{192, 384};
+Blocking tiled(Blocking b, Causal causal, int64_t n_k, Units&& units) {
+  const Blocking small{64, n_k <= 512 ? 128 : 256}, large{192, 384};
   const bool big = causal == Causal::None && units(large.query, large.key) >= 4 * int64_t(processors());
   if (b.query <= 0) b.query = big ? large.query : small.query;
   if (b.key <= 0) b.key = big ? large.key : small.key;
@@ -186,7 +187,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
   using CMap = Eigen::Map<const Mat>;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
-  blocking = tiled(blocking, causal, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
+  blocking = tiled(blocking, causal, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
   const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;

@@ -103,7 +103,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   using Map = Eigen::Map<Mat>;
   using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
-  blocking = tiled(blocking, causal, [&](int64_t, int64_t bk_) { return batch * ((n_k + bk_ - 1) / bk_); });
+  blocking = tiled(blocking, causal, n_k, [&](int64_t, int64_t bk_) { return batch * ((n_k + bk_ - 1) / bk_); });
   const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t q_blocks = (n_q + bq - 1) / bq, k_blocks = (n_k + bk - 1) / bk;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
