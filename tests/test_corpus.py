@@ -265,13 +265,18 @@ def test_store_statistics_equal_the_direct_run(checkpoint, texts, reference, cli
     N = reference.n_tokens
     assert root["q"].shape[2] == N and root["q"].chunks[:3] == (1, 4, 50)
     assert root["attentions"].chunks[0] == 1 and root["attention_inputs"].chunks[:2] == (1, 50)
+    # attentions are ragged: each text's n x n block, no padding to the longest text
+    lengths = np.array([len(t) for t in texts])
+    assert root["attentions"].shape == (2, 4, int(np.sum(lengths ** 2)))
+    np.testing.assert_array_equal(root["attention_offsets"][:], np.concatenate([[0], np.cumsum(lengths ** 2)]))
     # the store's per-token rows are the forward pass of each text alone
     m = ag.load_model(checkpoint)
     f = m.forward(texts[3][None], dtype=np.float64)
     o = int(sum(len(t) for t in texts[:3]))
     n = len(texts[3])
+    a = int(np.sum(lengths[:3] ** 2))
     assert rel(root["q"][:, :, o:o + n], f.q[:, 0]) < RTOL
-    assert rel(root["attentions"][:, :, o:o + n, :n], f.attentions[:, 0]) < RTOL
+    assert rel(root["attentions"][:, :, a:a + n * n].reshape(2, 4, n, n), f.attentions[:, 0]) < RTOL
     # analysed many times, any partitioning, in-process or on the cluster: the direct run's results
     assert_same(corpus_statistics(path), reference)
     assert_same(corpus_statistics(path, partitions=[1] * 10 + [len(texts) - 10], batch_tokens=16), reference)
