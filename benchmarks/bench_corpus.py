@@ -47,8 +47,26 @@ def corpus(n_texts: int, seed: int = 0) -> list:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (ru_maxrss, kB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory since it started or since :func:`reset_peak_rss`:
+    VmHWM of /proc/self/status on Linux. Not ru_maxrss: a worker process is forked from the
+    parent and then exec'd, and ru_maxrss keeps the forked copy's peak, i.e. the parent's
+    memory at the time the worker was started."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak of :func:`peak_rss_mb` to the current resident memory (Linux
+    /proc/self/clear_refs); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def folder_mb(path: str) -> float:
@@ -116,14 +134,13 @@ def main(argv=None) -> int:
         client = Client(cluster)
         try:
             client.run(lambda: __import__("attngeom").corpus.run._worker_model(ckpt))  # load once per worker
-            on_cluster, t_cl = timed(ag.corpus_statistics, store, client=client)
-            report["store"]["cluster_read_seconds"] = t_cl
-            report["store"]["cluster_read_tokens_per_s"] = ref.n_tokens / t_cl
-            print(f"store: statistics from it on the cluster in {t_cl:.2f} s ({ref.n_tokens / t_cl:.0f} tokens/s), "
-                  f"max relative difference {max_relative_difference(on_cluster, ref):.1e}")
+            report["peak_rss_mb_per_worker_model_loaded"] = sorted(client.run(peak_rss_mb).values())
+            print(f"cluster: peak RSS per worker with the model loaded "
+                  f"{', '.join(f'{v:.0f}' for v in report['peak_rss_mb_per_worker_model_loaded'])} MB")
             for factor in (1, 10, 100):
                 big = corpus(args.base_texts * factor, seed=factor)
                 client.run(lambda: __import__("gc").collect())
+                client.run(reset_peak_rss)  # each row's own peak
                 res, dt = timed(ag.corpus_statistics, ckpt, big, batch_tokens=args.batch_tokens, client=client)
                 peaks = client.run(peak_rss_mb)
                 row = {"factor": factor, "tokens": res.n_tokens, "partitions": res.n_partitions, "seconds": dt,
@@ -138,6 +155,12 @@ def main(argv=None) -> int:
                     report["merge_max_relative_difference"] = max_relative_difference(same, ref)
             print(f"cluster (8 uneven partitions) vs in-process (4 partitions): max relative difference "
                   f"{report['merge_max_relative_difference']:.1e}")
+            # after the memory rows: the peaks are per process
+            on_cluster, t_cl = timed(ag.corpus_statistics, store, client=client)
+            report["store"]["cluster_read_seconds"] = t_cl
+            report["store"]["cluster_read_tokens_per_s"] = ref.n_tokens / t_cl
+            print(f"store: statistics from it on the cluster in {t_cl:.2f} s ({ref.n_tokens / t_cl:.0f} tokens/s), "
+                  f"max relative difference {max_relative_difference(on_cluster, ref):.1e}")
         finally:
             client.close()
             cluster.close()

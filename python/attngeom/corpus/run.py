@@ -14,8 +14,8 @@ corpus, model and statistics resumes from them.
 
 An in-process run limits NumPy's BLAS to ``blas_threads`` threads (default 1, as Dask's
 workers run): the forward passes and the statistics are many small matrix products, which a
-BLAS thread pool slows down rather than speeds up (its threads wait for each other and for
-the cores).
+BLAS thread pool does not speed up; its threads spin between the products, and on cores
+shared with other work they make a run several times slower.
 """
 from __future__ import annotations
 
@@ -228,7 +228,10 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         Truncate every text to this many tokens.
     client : distributed.Client, optional
         Run the partitions as tasks on this cluster (each worker loads the model once);
-        default in-process.
+        default in-process. At most two partitions per worker run ahead of the fold. Dask's
+        statistical profiler keeps about 1000 s of call stacks in every worker, which grows
+        the workers' memory during a long run; ``attngeom corpus --workers`` starts its
+        workers without it (config ``distributed.worker.profile.enabled: False``).
     state_dir : str or path-like, optional
         Save every finished partition's states here; a rerun with the same arguments loads
         them and only runs the partitions that are missing (resume after an interruption).
