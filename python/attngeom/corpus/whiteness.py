@@ -7,15 +7,15 @@ and :meth:`~SequenceMoments.stationarity` equal :func:`attngeom.whiteness` and
 :class:`WhitenessStatistic` applies it to the input of every layer's attention.
 
 Why the state is (T D)^2 and not O(D^2) per head: Psi (eq. 12) sums the magnitudes
-``|Lambda_ij|`` of every entry of the TD x TD covariance of the stacked sequences, and the
-magnitude is taken of the pooled covariance, after all the sequences are in. ``|a + b|`` is
-not a function of ``|a|`` and ``|b|``, so no summary smaller than the entries themselves
-gives Psi exactly: two corpora that differ in one entry Lambda_ij (by its sign after a
-merge, say) have different Psi, and every entry's co-moment has to be kept and merged. The
-exact state is the symmetric co-moment, T (T + 1) / 2 blocks of D x D (the upper triangle
-is kept: about half of the full TD x TD matrix). It is per layer, not per head, because the
-paper's sequences are the layer's D = d_model-wide inputs. rho (eq. 13-14) reads only the
-lag-1 blocks.
+``|Lambda_ij|`` of every entry of the TD x TD covariance of the stacked sequences, taken of
+the pooled covariance after all the sequences are in. Changing one entry Lambda_ij (and
+Lambda_ji) and no other changes Psi, so whatever is kept must determine every entry; and
+the entries of two partitions combine before the magnitude is taken (``|a + b|`` is not a
+function of ``|a|`` and ``|b|``), so each partition must carry every entry's co-moment. The
+exact state is the symmetric co-moment, T (T + 1) / 2 blocks of D x D (the upper block
+triangle is kept, a bit over half of the full TD x TD matrix). It is per layer, not per
+head, because the paper's sequences are the layer's D = d_model-wide inputs. rho (eq.
+13-14) reads only the lag-1 blocks.
 
 ``max_lag`` bounds the state to the band of blocks Lambda_{t,t+l} with l <= max_lag
 ((max_lag + 1) T D^2 numbers at most; max_lag = 1 is the block-tridiagonal band of the
