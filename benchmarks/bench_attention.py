@@ -25,19 +25,18 @@ level, compiled levels) so a table always names what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom import _core
+from harness import write
 
 SHAPES = [(2, 8, 1024, 64), (1, 4, 4096, 64), (8, 12, 256, 64), (1, 8, 2048, 128)]
 DTYPES = [np.float32, np.float64]
@@ -227,11 +226,7 @@ def main(argv=None):
                     print_row(row, args.blocks)
                     rows.append(row)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "bench_attention.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_attention", meta=meta, rows=rows)
     bad = [r for r in rows if not r["correct"]]
     if bad:
         print(f"{len(bad)} configuration(s) gave outputs that do not match the anchors", file=sys.stderr)

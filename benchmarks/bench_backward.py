@@ -21,18 +21,14 @@ timing; a mismatch makes the exit status 1. Never absolute-time assertions.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom.experiments.timing import median_time
 from bench_attention import time_interleaved  # contenders timed round by round (load drifts on shared machines)
+from harness import machine, parser, write
 
 try:
     import torch
@@ -135,9 +131,7 @@ def block_row(repeats, B, n, d_model, heads):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--repeats", type=int, default=5)
+    p = parser(__doc__, repeats=5)
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     args, _ = p.parse_known_args(argv)
     if torch is None:
@@ -151,14 +145,9 @@ def main(argv=None):
     targets = {"attention_fwd_bwd_at_least_as_fast_as_torch": all(r["o/torch"] <= 1.0 for r in attention),
                "whitened_block_at_most_1.5x_standard": block["whitened/standard"] <= 1.5}
     print("targets:", ", ".join(f"{k} {'holds' if v else 'missed'}" for k, v in targets.items()))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": ag.get_num_threads(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numpy": np.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    path = out / "bench_backward.json"
-    path.write_text(json.dumps({"meta": meta, "attention": attention, "whitening": whitening, "blocks": block,
-                                "targets": targets}, indent=2) + "\n")
-    print(f"wrote {path}")
+    meta = machine(torch_threads=torch.get_num_threads(), torch=torch.__version__)
+    write(args.out, "bench_backward", meta=meta, attention=attention, whitening=whitening, blocks=block,
+          targets=targets)
     return 0 if all(r["correct"] for r in attention) and whitening["correct"] else 1
 
 

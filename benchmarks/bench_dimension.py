@@ -12,17 +12,13 @@ finishes within --budget seconds.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
+from harness import machine, parse, parser, write
 
 try:
     import torch
@@ -72,11 +68,10 @@ def timed(f):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
+    p = parser(__doc__, repeats=None)
     p.add_argument("--draws", type=int, default=3)
     p.add_argument("--budget", type=float, default=60.0)
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if torch is None:
         print("torch is not importable: the autograd columns are skipped (install the 'bench' extra)")
     else:
@@ -129,13 +124,8 @@ def main(argv=None):
               f" gap ratio {r.gap_ratios[0]:.1e}" + ("" if r.reliable else " (unreliable: no clear gap)"), flush=True)
         if not ok:
             break
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": ag.get_num_threads(), "torch": torch.__version__ if torch else None,
-            "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    path = out / "bench_dimension.json"
-    path.write_text(json.dumps({"meta": meta, "figure4": rows, "sizes": sizes}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_dimension", meta=machine(torch=torch.__version__ if torch else None), figure4=rows,
+          sizes=sizes)
     wrong = [r for r in rows if any(x != r["expected"] for x in r["ranks_ours"])]
     return 1 if wrong else 0
 

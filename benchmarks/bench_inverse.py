@@ -10,18 +10,16 @@ scikit-image on the Shepp-Logan phantom.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom.experiments.timing import median_time
+from harness import parse, parser, write
 
 
 
@@ -126,10 +124,7 @@ def tomography_rows(repeats):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
+    args = parse(parser(__doc__), argv)
     rng = np.random.default_rng(0)
     print(f"inverse Laplace (matrix pencil), imaginary tau, 128 samples, {ag.get_num_threads()} threads")
     pencil = pencil_rows(rng, args.repeats)
@@ -137,12 +132,8 @@ def main(argv=None):
     noise = noise_rows(rng)
     print("inverse Radon on the Shepp-Logan phantom (angles = size)")
     tomo = tomography_rows(args.repeats)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": platform.machine(), "threads": ag.get_num_threads(), "cpus": os.cpu_count(),
-               "pencil": pencil, "noise": noise, "tomography": tomo}
-    (out / "bench_inverse.json").write_text(json.dumps(payload, indent=2))
-    print(f"wrote {out / 'bench_inverse.json'}")
+    write(args.out, "bench_inverse", machine=platform.machine(), threads=ag.get_num_threads(), cpus=os.cpu_count(),
+          pencil=pencil, noise=noise, tomography=tomo)
     return 0
 
 

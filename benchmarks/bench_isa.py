@@ -12,18 +12,16 @@ with a native one in the same run.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom import _core
 from bench_attention import time_interleaved  # contenders timed round by round
+from harness import parse, parser, write
 
 
 def cases(rng):
@@ -63,13 +61,7 @@ def at_level(level, f):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args(argv)
-    if args.threads:
-        ag.set_num_threads(args.threads)
+    args = parse(parser(__doc__, repeats=5, threads=True), argv)
     chosen = _core.LEVEL
     levels = list(_core.SUPPORTED)
     print(f"levels compiled: {' '.join(_core.COMPILED)}; supported here: {' '.join(levels)}; chosen: {chosen}; "
@@ -83,14 +75,10 @@ def main(argv=None):
         rows.append(row)
         print(f"{name:>24}  {med[chosen] * 1e3:>12.2f}  " + "  ".join(f"{row['ratio'][lv]:>9.2f}" for lv in levels),
               flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"chosen": chosen, "levels": levels, "threads": ag.get_num_threads(), "repeats": args.repeats,
             "python": platform.python_version(), "cpu_count": os.cpu_count(),
             "attngeom": ag.show_config(file=open(os.devnull, "w"))}
-    path = out / "bench_isa.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_isa", meta=meta, rows=rows)
     return 0
 
 

@@ -9,17 +9,13 @@ for linear cost, 64 for quadratic), and the speed-up over the quadratic form
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom.experiments.timing import median_time
+from harness import attention_inputs, machine, parse, parser, write
 
 NS = [1024, 2048, 4096, 8192]
 
@@ -33,44 +29,29 @@ def quadratic(q, k, v, causal):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p = parser(__doc__, threads=True)
     p.add_argument("--heads", type=int, default=8)
-    args = p.parse_args(argv)
-    if args.threads is not None:
-        ag.set_num_threads(args.threads)
+    args = parse(p, argv)
     rng = np.random.default_rng(0)
     rows, bad = [], 0
     print(f"lightning attention, {args.heads} heads, d = 64, {ag.get_num_threads()} threads; "
           "quad/ours = time of the NumPy quadratic form over ours")
     print("  dtype  causal      n   ours [ms]  t(n)/t(1024)  quad/ours  maxrel")
-    for dtype in (np.float32, np.float64):
-        for causal in (False, True):
-            base = None
-            for n in NS:
-                q, k, v = (rng.standard_normal((args.heads, n, 64)).astype(dtype) for _ in range(3))
-                t = median_time(lambda: ag.lightning_attention(q, k, v, causal=causal), args.repeats)
-                t_quad = median_time(lambda: quadratic(q, k, v, causal), 1)
-                y, yq = ag.lightning_attention(q, k, v, causal=causal), quadratic(q, k, v, causal)
-                err = float(np.max(np.abs(y - yq)) / np.max(np.abs(yq)))
-                ok = err <= (1e-4 if dtype == np.float32 else 1e-11)
-                bad += not ok
-                base = base or t
-                row = {"dtype": np.dtype(dtype).name, "causal": causal, "n": n, "t_ours": t, "t_quadratic": t_quad,
-                       "scaling_vs_1024": t / base, "speedup_over_quadratic": t_quad / t, "max_rel_error": err,
-                       "correct": ok}
-                rows.append(row)
-                print(f"{row['dtype']:>7}  {str(causal):>6}  {n:>5}  {t * 1e3:>10.2f}  {t / base:>12.2f}"
-                      f"  {t_quad / t:>9.1f}  {err:.1e}" + ("" if ok else "  MISMATCH"), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": ag.get_num_threads(), "heads": args.heads, "d": 64, "numpy": np.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    path = out / "bench_lightning.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {path}")
+    for dtype, causal, n, (q, k, v) in attention_inputs(rng, args.heads, 64, NS):
+        t = median_time(lambda: ag.lightning_attention(q, k, v, causal=causal), args.repeats)
+        t_quad = median_time(lambda: quadratic(q, k, v, causal), 1)
+        y, yq = ag.lightning_attention(q, k, v, causal=causal), quadratic(q, k, v, causal)
+        err = float(np.max(np.abs(y - yq)) / np.max(np.abs(yq)))
+        ok = err <= (1e-4 if dtype == "float32" else 1e-11)
+        bad += not ok
+        base = t if n == NS[0] else base
+        row = {"dtype": dtype, "causal": causal, "n": n, "t_ours": t, "t_quadratic": t_quad,
+               "scaling_vs_1024": t / base, "speedup_over_quadratic": t_quad / t, "max_rel_error": err,
+               "correct": ok}
+        rows.append(row)
+        print(f"{dtype:>7}  {str(causal):>6}  {n:>5}  {t * 1e3:>10.2f}  {t / base:>12.2f}"
+              f"  {t_quad / t:>9.1f}  {err:.1e}" + ("" if ok else "  MISMATCH"), flush=True)
+    write(args.out, "bench_lightning", meta=machine(heads=args.heads, d=64), rows=rows)
     return 1 if bad else 0
 
 

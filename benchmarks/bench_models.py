@@ -17,20 +17,18 @@ Ratios (ours / anchor, lower = attngeom faster) are what to read.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 import attngeom as ag
 from attngeom import cli
 from attngeom.models import write_safetensors
+from harness import machine, parse, parser, write
 
 
 def timed(f):
@@ -64,19 +62,14 @@ def numpy_head(wq, wk, wv, wo):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--threads", type=int, default=None)
+    p = parser(__doc__, repeats=None, threads=True)
     p.add_argument("--dtype", default="F32", choices=["F32", "F16", "BF16"], help="storage dtype of the checkpoint")
     p.add_argument("--numpy-heads", type=int, default=12, help="heads the NumPy loop is timed on")
     p.add_argument("--quick", action="store_true", help="a 4-layer, 4-head, d_model 256 model")
-    args = p.parse_args(argv)
-    if args.threads is not None:
-        ag.set_num_threads(args.threads)
+    args = parse(p, argv)
     n_layers, n_heads, d_model = (4, 4, 256) if args.quick else (12, 12, 768)
     rng = np.random.default_rng(0)
-    meta = {"threads": ag.get_num_threads(), "numpy": np.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "dtype": args.dtype}
+    meta = machine(dtype=args.dtype)
     res = {"n_layers": n_layers, "n_heads": n_heads, "d_model": d_model, "d_head": d_model // n_heads}
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "model")
@@ -111,11 +104,7 @@ def main(argv=None):
         print(f"  attngeom heads (read, analyse, heads.json and PNGs): {res['t_command']:.2f} s "
               f"({'under' if res['under_10_s'] else 'OVER'} the 10 s target)", flush=True)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "bench_models.json"
-    path.write_text(json.dumps({"meta": meta, "models": res}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_models", meta=meta, models=res)
     return 0 if res["command_ok"] and agree else 1
 
 

@@ -15,21 +15,17 @@ ratios (ours / anchor, lower = attngeom faster) are what to read, not the absolu
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sl
 
 import attngeom as ag
 from attngeom import _core
+from harness import machine, parse, parser, write
 
 
 def timed(f, repeats=1):
@@ -106,18 +102,12 @@ def bench_head_diagnostics(n_layers, n_heads, d_model, d_head, n_seq, n, numpy_h
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p = parser(__doc__, threads=True)
     p.add_argument("--numpy-heads", type=int, default=12, help="heads the NumPy loop is timed on")
     p.add_argument("--quick", action="store_true", help="smaller problems (d_model 1024, 3 x 4 heads)")
-    args = p.parse_args(argv)
-    if args.threads is not None:
-        ag.set_num_threads(args.threads)
+    args = parse(p, argv)
     rng = np.random.default_rng(0)
-    meta = {"threads": ag.get_num_threads(), "numpy": np.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "attngeom": dict(_core.build_config())}
+    meta = machine(attngeom=dict(_core.build_config()))
 
     d_model, d_k = (1024, 64) if args.quick else (4096, 128)
     print(f"parameter_nulls, d_model {d_model}, d_k {d_k}: attngeom (factored) vs scipy.linalg.null_space on B",
@@ -136,11 +126,7 @@ def main(argv=None):
           f"/head); NumPy loop {hd['per_head_numpy'] * 1e3:.1f} ms/head (timed on {hd['t_numpy_heads_timed']} heads):"
           f" ours/numpy = {hd['ours/numpy']:.3f}", flush=True)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "bench_spectral.json"
-    path.write_text(json.dumps({"meta": meta, "parameter_nulls": pn, "head_diagnostics": hd}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_spectral", meta=meta, parameter_nulls=pn, head_diagnostics=hd)
     if not pn["correct"]:
         print("parameter_nulls disagrees with scipy", file=sys.stderr)
         return 1

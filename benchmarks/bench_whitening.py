@@ -12,12 +12,7 @@ For T in {1024, 4096}, D in {16, 64, 256}, batch in {1, 32} (float64):
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
-from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sl
@@ -25,6 +20,7 @@ import scipy.linalg as sl
 import attngeom as ag
 from attngeom.experiments.timing import median_time
 from attngeom import _core
+from harness import machine, parse, parser, write
 
 
 
@@ -58,10 +54,7 @@ def ar1_report(rng):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
+    args = parse(parser(__doc__), argv)
     rng = np.random.default_rng(0)
     rows = []
     print(f"whitening recursion, float64, {ag.get_num_threads()} threads")
@@ -96,13 +89,7 @@ def main(argv=None):
     for r in ar:
         after = f"{r['psi_w']:.4f}" if r["psi_w"] is not None else r["error"]
         print(f"  phi {r['phi']:.2f}: Psi_X {r['psi_x']:.4f}  Psi_W {after}  (white noise {r['psi_white_noise']:.4f})")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": ag.get_num_threads(), "numpy": np.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count()}
-    path = out / "bench_whitening.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows, "ar1": ar}, indent=2) + "\n")
-    print(f"wrote {path}")
+    write(args.out, "bench_whitening", meta=machine(), rows=rows, ar1=ar)
     return 0 if all(r["correct"] for r in rows) else 1
 
 

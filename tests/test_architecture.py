@@ -1,6 +1,7 @@
 """The package's import structure (DESIGN "Layout"): no module imports another module's private
-names. Private infrastructure modules exist to be imported: the operand layer, the compiled
-core, its configuration, and the experiment drivers' shared result and progress helpers.
+names. Private infrastructure modules exist to be imported: the operand layer, the docstring
+fragments, the compiled core, its configuration, and the experiment drivers' shared result and
+progress helpers.
 Benchmarks use the public API (and the core for their GEMM ceiling), never private helpers."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ PACKAGE = ROOT / "python" / "attngeom"
 
 INFRASTRUCTURE = {
     "attngeom._operands",
+    "attngeom._docstrings",
     "attngeom._core",
     "attngeom._config",
     "attngeom.experiments._result",

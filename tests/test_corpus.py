@@ -460,14 +460,16 @@ def test_cli_corpus(checkpoint, tmp_path, capsys, client):
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat\n\nthe dog ran .\na cat and a dog sat\n" * 5)
-    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--out", str(tmp_path / "r")]) == 0
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line",
+                     "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "gpt2 model, 2 layers x 4 heads; 15 texts" in out
     assert {"summary.json", "heads.csv", "layers.png"} <= set(os.listdir(tmp_path / "r"))
     summary = json.load(open(tmp_path / "r" / "summary.json"))["summary"]
     assert summary["n_texts"] == 15 and len(summary["whiteness_per_layer"]) == 2
     assert len(open(tmp_path / "r" / "heads.csv").read().splitlines()) == 1 + 8
-    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--scheduler", client.scheduler.address,
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line",
+                     "--scheduler", client.scheduler.address,
                      "--out", str(tmp_path / "c")]) == 0
     a = json.load(open(tmp_path / "c" / "summary.json"))["summary"]
     assert abs(a["mean_radius_mean"] - summary["mean_radius_mean"]) < 1e-12 * summary["mean_radius_mean"]
@@ -498,12 +500,13 @@ def test_cli_corpus_store(checkpoint, texts, tmp_path, capsys, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat\nthe dog ran .\na cat and a dog sat\n" * 5)
     store = str(tmp_path / "acts.zarr")
-    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--write-store", store,
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line", "--write-store", store,
                      "--out", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
     assert "from the activation store" in out and f"wrote the activation store {store}" in out
     assert ag.corpus.store.is_store(store)
-    direct = ag.corpus_statistics(checkpoint, cli._read_corpus(str(corpus)))
+    direct = ag.corpus_statistics(checkpoint, ag.models.split_texts(corpus.read_text(), by="line"))
+    assert direct.n_texts == 15
     # the statistics of a store, read again on a local cluster whose workers run without Dask's profiler
     profiling = []
     real = distributed.LocalCluster

@@ -1,4 +1,4 @@
-"""Forward passes of GPT-2, Llama (with Llama 3 rope scaling), Mistral, Qwen2, Qwen3 and BERT
+"""Forward passes of GPT-2, Llama (with Llama 3 and YaRN rope scaling), Mistral, Qwen2, Qwen3 and BERT
 through ``ag.load_model``, compared with ``transformers`` on tiny random-init checkpoints built
 from config classes and saved with save_pretrained (nothing is downloaded).
 
@@ -37,6 +37,10 @@ def _configs():
                                                         "high_freq_factor": 4.0,
                                                         "original_max_position_embeddings": 16},
                                           max_position_embeddings=64), tf.LlamaForCausalLM),
+        "llama_yarn": lambda: (tf.LlamaConfig(**small, num_key_value_heads=2,
+                                              rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0,
+                                                            "original_max_position_embeddings": 16},
+                                              max_position_embeddings=64), tf.LlamaForCausalLM),
         "mistral": lambda: (tf.MistralConfig(**small, num_key_value_heads=2, sliding_window=4), tf.MistralForCausalLM),
         "qwen2": lambda: (tf.Qwen2Config(**small, num_key_value_heads=2, tie_word_embeddings=True), tf.Qwen2ForCausalLM),
         "qwen3": lambda: (tf.Qwen3Config(**small, num_key_value_heads=2, head_dim=16), tf.Qwen3ForCausalLM),
@@ -253,8 +257,16 @@ def test_bad_checkpoints(tmp_path):
     _edit_config(tmp_path / "m", intermediate_size=48, num_hidden_layers=3)
     with pytest.raises(ValueError, match="num_hidden_layers is 3, but the checkpoint has 2 layers"):
         load_model(tmp_path / "m")
-    _edit_config(tmp_path / "m", num_hidden_layers=2, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
-    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+    _edit_config(tmp_path / "m", num_hidden_layers=2, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
+                                                                       "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported .*default, linear, llama3, yarn"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope_type 'yarn' needs a number 'factor'"):
+        load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                                  "mscale": "big"})
+    with pytest.raises(ValueError, match="rope_parameters 'mscale' must be a non-negative number"):
         load_model(tmp_path / "m")
     os.remove(tmp_path / "m" / "config.json")
     with pytest.raises(ValueError, match="config.json is needed"):
@@ -353,7 +365,7 @@ def test_weights_are_memory_mapped(tmp_path, stored):
 
 
 # -- RoPE-correct geometry ---------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["llama3", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("layout", ["llama3", "llama_yarn", "qwen2", "qwen3", "gpt2"])
 def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
     """queries_keys + softmax_attention reproduce the model's own attention (the issue's report:
     un-rotated queries and keys gave patterns off by 0.2-0.5 on a random Llama)."""

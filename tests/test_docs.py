@@ -8,12 +8,15 @@
 * Every docstring example in the package runs as a doctest and its printed output is
   compared.
 * The API reference (``make docs``) builds with Sphinx without a warning.
+* Docstring text shared through ``attngeom._docstrings`` is filled in everywhere: no
+  ``%(name)s`` placeholder is left in a docstring.
 """
 import doctest
 import importlib
 import inspect
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 
@@ -125,3 +128,49 @@ def test_api_reference_builds_without_warnings(tmp_path):
                            os.path.join(ROOT, "docs"), str(tmp_path / "html")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert (tmp_path / "html" / "api.html").exists()
+
+
+PLACEHOLDER = re.compile(r"^\s*%\(\w+\)s\s*$", re.MULTILINE)
+
+
+def _documented(module):
+    """(qualified name, docstring) of the module and of every function, class and method it defines."""
+    yield module.__name__, module.__doc__
+    for name, obj in vars(module).items():
+        if getattr(obj, "__module__", None) != module.__name__ or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        yield f"{module.__name__}.{name}", obj.__doc__
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                member = member.fget if isinstance(member, property) else member
+                if inspect.isfunction(member):
+                    yield f"{module.__name__}.{name}.{attr}", member.__doc__
+
+
+@pytest.mark.parametrize("module", package_modules())
+def test_docstring_fragments_are_filled(module):
+    """A shared fragment (``%(name)s`` on a line of its own) left in a docstring means its
+    function lacks the filling decorator: numpydoc would read the placeholder as a parameter."""
+    mod = importlib.import_module(module)
+    unfilled = [name for name, doc in _documented(mod) if doc and PLACEHOLDER.search(doc)]
+    assert not unfilled, unfilled
+
+
+def test_docstring_fragment_filling():
+    from attngeom._docstrings import filler
+
+    @filler(answer="x : int\n    The answer.")
+    def f(x):
+        """Summary.
+
+        Parameters
+        ----------
+        %(answer)s
+
+        Returns 100%% of %(answer)s inline, untouched.
+        """
+
+    assert "        x : int\n            The answer.\n" in f.__doc__
+    assert "100%% of %(answer)s inline" in f.__doc__
+    with pytest.raises(KeyError, match="missing"):
+        filler()(type("C", (), {"__doc__": "A.\n\n    %(missing)s\n"}))

@@ -25,6 +25,29 @@ from attngeom.experiments._progress import progress
 EPS = np.finfo(np.float64).eps
 
 
+@pytest.fixture
+def pyplot():
+    """matplotlib.pyplot (the test is skipped without it); every figure is closed afterwards."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    yield plt
+    plt.close("all")
+
+
+def figure_axes(result, *methods):
+    """({file name: number of axes}, figures) of ``result.figures()``; checks on the way that
+    each plot method in `methods`, called alone, draws a figure with axes."""
+    figs = result.figures()
+    for method in methods:
+        assert method().axes, method.__name__
+    return {k: len(f.axes) for k, f in figs.items()}, figs
+
+
+def saved(result, tmp_path):
+    """The JSON that ``result.to_json`` writes, read back."""
+    with open(result.to_json(tmp_path / "s.json")) as f:
+        return json.load(f)
+
+
 # -- projection ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def projection():
@@ -63,18 +86,11 @@ def test_projection_flattening(projection):
     assert s["off_plane_after_1"] < s["off_plane_before"] and s["off_plane_after_last"] < s["off_plane_after_1"]
 
 
-def test_projection_figures(projection):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
+def test_projection_figures(projection, pyplot):
     r = projection
-    expected = {"identity.png": 1, "sigma_sweep.png": 3, "flattening.png": 3, "cloud.png": 3}
-    figs = r.figures()
-    assert {k: len(f.axes) for k, f in figs.items()} == expected
+    axes, figs = figure_axes(r, r.plot_identity, r.plot_sigma_sweep, r.plot_flattening, r.plot_cloud)
+    assert axes == {"identity.png": 1, "sigma_sweep.png": 3, "flattening.png": 3, "cloud.png": 3}
     assert figs["sigma_sweep.png"].axes[0].get_xscale() == "log"
-    for method in (r.plot_identity, r.plot_sigma_sweep, r.plot_flattening, r.plot_cloud):
-        assert method().axes
-    plt.close("all")
 
 
 # -- whitening -----------------------------------------------------------------------------
@@ -108,24 +124,17 @@ def test_whitening_effects(whitening):
 
 
 def test_whitening_summary_json(whitening, tmp_path):
-    data = json.load(open(whitening.to_json(tmp_path / "s.json")))
+    data = saved(whitening, tmp_path)
     sweep = data["summary"]["sweep"]
     assert len(sweep["phi"]) == 7 and None in sweep["psi_w_stationary"]  # NaN saved as null
     assert data["config"]["seed"] == 2
 
 
-def test_whitening_figures(whitening):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
+def test_whitening_figures(whitening, pyplot):
     r = whitening
-    figs = r.figures()
-    assert {k: len(f.axes) for k, f in figs.items()} == {"whiteness.png": 2, "stationarity.png": 1,
-                                                          "scan_timing.png": 1}
+    axes, figs = figure_axes(r, r.plot_whiteness, r.plot_stationarity, r.plot_timing)
+    assert axes == {"whiteness.png": 2, "stationarity.png": 1, "scan_timing.png": 1}
     assert figs["whiteness.png"].axes[0].get_yscale() == "log"
-    for method in (r.plot_whiteness, r.plot_stationarity, r.plot_timing):
-        assert method().axes
-    plt.close("all")
 
 
 # -- random features and importance sampling ----------------------------------------------
@@ -159,18 +168,12 @@ def test_sampling_variance_grows_with_tau(random_features):
     assert r.sampling_mse["uniform"][0] == pytest.approx(r.uniform_exact[0], rel=0.1)
 
 
-def test_random_features_figures(random_features):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
+def test_random_features_figures(random_features, pyplot):
     r = random_features
-    figs = r.figures()
-    assert {k: len(f.axes) for k, f in figs.items()} == {"feature_error.png": 2, "sampling_variance.png": 1}
+    axes, figs = figure_axes(r, r.plot_feature_error, r.plot_sampling_variance)
+    assert axes == {"feature_error.png": 2, "sampling_variance.png": 1}
     ax = figs["feature_error.png"].axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-    for method in (r.plot_feature_error, r.plot_sampling_variance):
-        assert method().axes
-    plt.close("all")
 
 
 # -- inverse pipeline -----------------------------------------------------------------------
@@ -247,30 +250,23 @@ def test_inverse_bad_config():
 
 
 def test_inverse_summary_json(inverse, tmp_path):
-    data = json.load(open(inverse.to_json(tmp_path / "s.json")))
+    data = saved(inverse, tmp_path)
     sweep = data["summary"]["sweep"]
     assert len(sweep["n_nodes"]) == len(sweep["node_error_real"]) == 12 and len(sweep["sart2_rms_error"]) == 4
     assert data["config"]["seed"] == 4
 
 
-def test_inverse_figures(inverse):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
+def test_inverse_figures(inverse, pyplot):
     r = inverse
-    figs = r.figures()
-    assert {k: len(f.axes) for k, f in figs.items()} == {"node_recovery.png": 2, "node_noise.png": 2,
-                                                          "densities.png": 2, "points.png": 2,
-                                                          "missing_wedge.png": 10, "wedge_errors.png": 1}
+    axes, figs = figure_axes(r, r.plot_node_recovery, r.plot_noise, r.plot_densities, r.plot_points,
+                             r.plot_missing_wedge, r.plot_wedge_errors)
+    assert axes == {"node_recovery.png": 2, "node_noise.png": 2, "densities.png": 2, "points.png": 2,
+                    "missing_wedge.png": 10, "wedge_errors.png": 1}
     ax = figs["node_recovery.png"].axes[0]
     assert ax.get_yscale() == "log" and len(ax.get_lines()) == 2
     noise = figs["node_noise.png"].axes[0]
     assert noise.get_xscale() == "log" and noise.get_yscale() == "log"
     assert len(figs["missing_wedge.png"].axes[0].get_images()) == 1
-    for method in (r.plot_node_recovery, r.plot_noise, r.plot_densities, r.plot_points, r.plot_missing_wedge,
-                   r.plot_wedge_errors):
-        assert method().axes
-    plt.close("all")
 
 
 # -- the CLI writes a run folder for each driver -------------------------------------------

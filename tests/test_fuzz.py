@@ -38,6 +38,7 @@ import dataclasses
 import faulthandler
 import inspect
 import io
+import json
 import math
 import os
 import pickle
@@ -131,6 +132,82 @@ class PlantedModel:
         return "PlantedModel()"
 
 
+class TinyModel:
+    """The folder of a tiny random checkpoint of a mixture-of-experts or multi-head latent
+    attention layout ("mixtral", "deepseek_v2"), written once in the worker with NumPy."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __repr__(self):
+        return f"TinyModel({self.kind!r})"
+
+
+# config.json of the TinyModel checkpoints: vocabulary 8, d_model 8, 2 layers, 2 heads.
+TINY_CONFIGS = {
+    "mixtral": dict(model_type="mixtral", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, num_local_experts=3, num_experts_per_tok=2,
+                    rope_theta=100.0),
+    "deepseek_v2": dict(model_type="deepseek_v2", vocab_size=8, hidden_size=8, intermediate_size=8,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=4,
+                        kv_lora_rank=3, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2, n_routed_experts=4,
+                        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=4, first_k_dense_replace=1,
+                        routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=2, topk_group=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 100.0}),
+}
+
+
+def _tiny_tensors(cfg):
+    """Tensor shapes (out, in) of a TinyModel checkpoint, by name."""
+    d, V, H, ff = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"], cfg["intermediate_size"]
+    t = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,), "lm_head.weight": (V, d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = (d,)
+        a = p + "self_attn."
+        if cfg["model_type"] == "mixtral":
+            dh, K, E = d // H, cfg["num_key_value_heads"], cfg["num_local_experts"]
+            t.update({a + "q_proj.weight": (H * dh, d), a + "k_proj.weight": (K * dh, d),
+                      a + "v_proj.weight": (K * dh, d), a + "o_proj.weight": (d, H * dh),
+                      p + "block_sparse_moe.gate.weight": (E, d)})
+            for e in range(E):
+                x = f"{p}block_sparse_moe.experts.{e}."
+                t.update({x + "w1.weight": (ff, d), x + "w3.weight": (ff, d), x + "w2.weight": (d, ff)})
+            continue
+        rq, rc, nope, rope, dv = (cfg[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                    "qk_rope_head_dim", "v_head_dim"))
+        t.update({a + "q_a_proj.weight": (rq, d), a + "q_a_layernorm.weight": (rq,),
+                  a + "q_b_proj.weight": (H * (nope + rope), rq), a + "kv_a_proj_with_mqa.weight": (rc + rope, d),
+                  a + "kv_a_layernorm.weight": (rc,), a + "kv_b_proj.weight": (H * (nope + dv), rc),
+                  a + "o_proj.weight": (d, H * dv)})
+        if i < cfg["first_k_dense_replace"]:
+            t.update({p + "mlp.gate_proj.weight": (ff, d), p + "mlp.up_proj.weight": (ff, d),
+                      p + "mlp.down_proj.weight": (d, ff)})
+            continue
+        f, E, fs = cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        t[p + "mlp.gate.weight"] = (E, d)
+        for e in range(E):
+            x = f"{p}mlp.experts.{e}."
+            t.update({x + "gate_proj.weight": (f, d), x + "up_proj.weight": (f, d), x + "down_proj.weight": (d, f)})
+        x = p + "mlp.shared_experts."
+        t.update({x + "gate_proj.weight": (fs, d), x + "up_proj.weight": (fs, d), x + "down_proj.weight": (d, fs)})
+    return t
+
+
+def _write_tiny(folder, kind):
+    import attngeom as ag
+
+    cfg = TINY_CONFIGS[kind]
+    rng = np.random.default_rng(0)
+    tensors = {name: (np.ones(shape) + 0.1 * rng.standard_normal(shape) if len(shape) == 1
+                      else 0.5 * rng.standard_normal(shape)).astype(np.float32)
+               for name, shape in _tiny_tensors(cfg).items()}
+    os.makedirs(folder)
+    ag.models.write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
 class NewPath:
     """A path in the worker's temporary folder that does not exist yet (a store to write)."""
 
@@ -171,6 +248,11 @@ def _build(x, tmpdir):
         folder = os.path.join(tmpdir, "planted")
         if not os.path.isdir(folder):
             ag.models.planted_induction_model(folder, vocab_size=8, n_heads=2, d_head=16, n_positions=12)
+        return folder
+    if isinstance(x, TinyModel):
+        folder = os.path.join(tmpdir, x.kind)
+        if not os.path.isdir(folder):
+            _write_tiny(folder, x.kind)
         return folder
     if isinstance(x, NewPath):
         return tempfile.mkdtemp(dir=tmpdir) + "/store"
@@ -307,8 +389,8 @@ def _call_target(name):
         return globals()[name]
     if name == "show_config":
         return lambda *a, **k: ag.show_config(*a, **k)
-    if name == "models.read_safetensors":
-        return ag.models.read_safetensors
+    if name.startswith("models."):
+        return getattr(ag.models, name[len("models."):])
     return getattr(ag, name)
 
 
@@ -875,10 +957,11 @@ SPECS = {
         (g.safetensors() if not g.hostile_now() else g.hostile(),),
         g.kwargs(n_heads=lambda: g.integer((1, 2)), n_kv_heads=lambda: g.integer((1,)),
                  layout=lambda: g.choice(["bert", "gpt2", "llama"]), backend=lambda: g.choice(["auto", "python"]))),
-    "load_model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(),),
+    "load_model": lambda g: ((g.model() if g.draw_bool() else g.safetensors(),),
                              g.kwargs(backend=lambda: g.choice(["auto", "python"]))),
-    # Model objects come from load_model; fuzzed through a forward pass on token ids.
-    "Model": lambda g: ((g.safetensors() if not g.hostile_now() else g.hostile(), g.arr("n")), {}),
+    # Model objects come from load_model; fuzzed through a forward pass on token ids (working
+    # GPT-2, Mixtral and DeepSeek-V2 checkpoints among them).
+    "Model": lambda g: ((g.model() if g.draw_bool() else g.safetensors(), g.arr("n")), {}),
     # The research functions take a model (a checkpoint path here, or hostile) and a prompt.
     "logit_lens": lambda g: ((g.model(), g.prompt()), g.kwargs(k=lambda: g.integer((1, 2, 5)),
                                                               dtype=lambda: g.choice([np.float32, np.float64]))),
@@ -906,6 +989,10 @@ SPECS = {
                  overwrite=g.flag, blas_threads=lambda: g.integer((1, 2)))),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
+    "models.split_texts": lambda g: (
+        (g.choice(["", "a\n\nb", "one\r\ntwo\n \n", "\x00\n\t\n", "x" * 3]) if not g.hostile_now()
+         else g.hostile(),),
+        g.kwargs(by=lambda: g.choice(["paragraph", "line", "word", None]))),
     "fit_exponential_sum": lambda g: (
         (g.grid("N"), g.arr("B", "N")),
         g.kwargs(order=lambda: g.integer((1, 2)), rtol=g.real, pencil=lambda: g.integer((1, 2, 3)), vector=g.flag)),
@@ -1034,10 +1121,14 @@ def _extend_generator(G, st):
         return Probe(self.clean_arr(3, d), self.clean_arr(3, 2))
 
     def model(self):
-        """A small working checkpoint, a checkpoint file (usually broken) or a hostile value."""
+        """A small working checkpoint (GPT-2 with a planted circuit, a Mixtral or DeepSeek-V2
+        with experts and latent attention), a checkpoint file (usually broken) or a hostile value."""
         if self.hostile_now():
             return self.hostile()
-        return PlantedModel() if self.draw(st.integers(0, 2)) else self.safetensors()
+        kind = self.draw(st.integers(0, 5))
+        if kind == 0:
+            return self.safetensors()
+        return PlantedModel() if kind <= 2 else TinyModel("mixtral" if kind == 3 else "deepseek_v2")
 
     def prompt(self):
         """Token ids, a text, or a hostile value."""
@@ -1092,8 +1183,9 @@ def public_targets():
             if dataclasses.is_dataclass(obj) or issubclass(obj, tuple) or not own:
                 continue
         names.append(name)
-    # attngeom.models is public through load_heads; its reader is fuzzed directly as well.
-    names.append("models.read_safetensors")
+    # attngeom.models is public through load_heads; its reader and the text splitter of the
+    # commands are fuzzed directly as well.
+    names += ["models.read_safetensors", "models.split_texts"]
     return sorted(names)
 
 

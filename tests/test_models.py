@@ -671,6 +671,49 @@ def test_split_texts():
     assert split_texts("\n\n") == []
     with pytest.raises(TypeError, match="text must be a str"):
         split_texts(b"bytes")
+    # one text per line: the other unit, same stripping and dropping of empty lines
+    assert split_texts("one\ntext\n", by="line") == ["one", "text"]
+    assert split_texts("a\r\n\r\n b \n \t\nc\n\n\n", by="line") == ["a", "b", "c"]
+    assert split_texts("\n \n", by="line") == []
+    with pytest.raises(ValueError, match="by must be 'paragraph' or 'line'"):
+        split_texts("a", by="sentence")
+
+
+def test_heads_and_corpus_read_files_by_one_rule(tmp_path, capsys, monkeypatch):
+    """Both commands cut their files with one function, one rule and one --split option."""
+    wrapped = tmp_path / "wrapped.txt"
+    wrapped.write_text("The cat sat\non the mat.\n\nA dog\nran.\n")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("first document\nsecond document\nthird document\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    for option in ("--text", "--corpus"):
+        assert cli._read_texts([str(wrapped)], "paragraph", option) == ["The cat sat on the mat.", "A dog ran."]
+        assert cli._read_texts([str(wrapped)], "line", option) == ["The cat sat", "on the mat.", "A dog", "ran."]
+        assert capsys.readouterr().err == ""
+        # several lines and no blank line are one text by paragraph: said on stderr
+        assert cli._read_texts([str(lines)], "paragraph", option) == ["first document second document third document"]
+        err = capsys.readouterr().err
+        assert f"note: {option}" in err and "3 lines are one text" in err and "--split line" in err
+        assert cli._read_texts([str(lines)], "line", option) == ["first document", "second document", "third document"]
+        with pytest.raises(ValueError, match=f"{option}: .*empty.txt' holds no text"):
+            cli._read_texts([str(empty)], "line", option)
+    # both commands pass --split through, paragraph by default
+    seen = []
+
+    def spy(paths, split, option):
+        seen.append((option, split))
+        raise ValueError("stop")
+
+    monkeypatch.setattr(cli, "_read_texts", spy)
+    for argv in (["heads", "x", "--text", "f"], ["corpus", "x", "--corpus", "f"]):
+        assert cli.main(argv) == 2 and cli.main(argv + ["--split", "line"]) == 2
+    assert seen == [("--text", "paragraph"), ("--text", "line"), ("--corpus", "paragraph"), ("--corpus", "line")]
+    capsys.readouterr()
+    for argv in (["heads", "x", "--split", "sentence"], ["corpus", "x", "--corpus", "f", "--split", "sentence"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert "invalid choice: 'sentence'" in capsys.readouterr().err
 
 
 # -- BERT forward pass, tokenizer, activations ---------------------------------------------------
@@ -842,8 +885,9 @@ def test_cli_heads_several_texts(tmp_path, rng, capsys):
     (tmp_path / "empty.txt").write_text("\n \n")
     assert cli.main(["heads", str(tmp_path / "b"), "--text", str(tmp_path / "a.txt"), "--text", str(tmp_path / "b.txt"),
                      "--heads", "1.1", "--out", str(tmp_path / "r")]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "3 texts (24 tokens, 6-9 per text" in out and "per layer, mean over heads" in out
+    assert "b.txt' has no blank line, so its 2 lines are one text" in err
     data = json.load(open(tmp_path / "r" / "heads.json"))
     assert data["summary"]["text_lengths"] == [9, 6, 9] and data["tokens"][2][:3] == ["[CLS]", "the", "mat"]
     assert "routing_effective_rank_mean_spread" in data["heads"][0]
@@ -977,3 +1021,12 @@ def test_real_model_long_text(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ref = st.SentenceTransformer(folder, device="cpu").encode([long], convert_to_numpy=True)[0]
     assert np.max(np.abs(e - ref)) < 1e-4
+
+
+def test_missing_checkpoint_names_the_argument(tmp_path):
+    """The fuzz campaign's finding: a path that does not exist is named as the argument."""
+    for call in (ag.load_model, ag.load_heads):
+        with pytest.raises(ValueError, match="^path must be a checkpoint: .*'x', which does not exist"):
+            call("x")
+    with pytest.raises(ValueError, match="^model: cannot load .*path must be a checkpoint"):
+        ag.logit_lens(str(tmp_path / "nowhere"), [1, 2])

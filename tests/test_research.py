@@ -4,6 +4,8 @@ circuit (:func:`attngeom.models.planted_induction_model`) and from identities (t
 layer's lens is the model's logits; Eckart-Young); every function also runs on random GPT-2,
 Llama and Qwen3 checkpoints built as in test_decoders (nothing is downloaded).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -419,10 +421,9 @@ def test_mixtral_fused_expert_tensors(tmp_path):
     """transformers >= 5 keeps experts fused in memory (gate_up_proj, down_proj); such
     checkpoints load to the same model."""
     import json
-    import shutil
 
     _mixtral(tmp_path / "m")
-    from attngeom.models import read_safetensors, write_safetensors
+    from attngeom.models import read_safetensors
 
     t = read_safetensors(tmp_path / "m" / "model.safetensors")
     fused = {}
@@ -435,11 +436,21 @@ def test_mixtral_fused_expert_tensors(tmp_path):
         fused[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
             [np.concatenate([t[f"{s}experts.{e}.w1.weight"], t[f"{s}experts.{e}.w3.weight"]]) for e in range(4)])
         fused[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([t[f"{s}experts.{e}.w2.weight"] for e in range(4)])
-    (tmp_path / "f").mkdir()
-    write_safetensors(tmp_path / "f" / "model.safetensors", fused)
-    shutil.copy(tmp_path / "m" / "config.json", tmp_path / "f" / "config.json")
+    assert_same_model(tmp_path / "m", tmp_path / "f", fused)
+    assert json.load(open(tmp_path / "f" / "config.json"))["model_type"] == "mixtral"
+
+
+def assert_same_model(folder, other, tensors):
+    """Write ``tensors`` with folder's config.json into ``other``: its forward pass (logits and
+    router logits) equals folder's bit for bit."""
+    import shutil
+
+    from attngeom.models import write_safetensors
+
+    os.makedirs(other)
+    write_safetensors(os.path.join(other, "model.safetensors"), tensors)
+    shutil.copy(os.path.join(folder, "config.json"), os.path.join(other, "config.json"))
     ids = np.arange(1, 9)
-    a, b = load_model(tmp_path / "m").forward(ids), load_model(tmp_path / "f").forward(ids)
+    a, b = load_model(folder).forward(ids), load_model(other).forward(ids)
     np.testing.assert_array_equal(a.logits, b.logits)
     np.testing.assert_array_equal(a.router_logits, b.router_logits)
-    assert json.load(open(tmp_path / "f" / "config.json"))["model_type"] == "mixtral"

@@ -205,16 +205,32 @@ def test_vector_ar1_equals_step_by_step(rng, varying, burn_in):
 
 
 def test_condition_check_is_a_lower_bound_of_kappa_2(rng):
-    # The filter's singularity check uses kappa_1 / D <= kappa_2: it never refuses an L that
-    # the exact 2-norm check accepts, and it refuses one that is singular to working precision.
-    from attngeom.whitening import _condition
+    # The filter's singularity check uses kappa_1 / D <= kappa_2 (the core's condition_bound,
+    # in double precision on the calling thread): it never refuses an L that the exact 2-norm
+    # check accepts, and it refuses one that is singular to working precision.
+    from attngeom import _core
+
+    def kappa1(L):
+        return max(np.abs(a).sum(0).max() * np.abs(np.linalg.inv(a)).sum(0).max() / a.shape[-1]
+                   for a in L.reshape(-1, *L.shape[-2:]))
 
     for D in (2, 7, 64):
         for scale in (1e-3, 1.0, 1e3):
             L = np.tril(rng.standard_normal((D, D)) * scale) + np.eye(D)
-            assert _condition(L) <= np.linalg.cond(L, 2) * (1 + 1e-12)
+            full = L + np.triu(rng.standard_normal((D, D)) * scale, 1)
+            for a, lower in ((L, True), (full, False), (np.stack([L, 2 * L, L.T @ L]), False)):
+                bound, exact = _core.condition_bound(np.ascontiguousarray(a), lower), kappa1(a)
+                # two inverses of a matrix with condition kappa agree to about kappa * eps
+                assert abs(bound - exact) <= (1e-12 + 1e3 * exact * np.finfo(float).eps) * exact
+                assert bound <= max(np.linalg.cond(m, 2) for m in a.reshape(-1, D, D)) * (1 + 1e-12)
+            L32 = L.astype(np.float32)  # its bound: that of the float32 entries, in double precision
+            exact = kappa1(L32.astype(np.float64))
+            assert abs(_core.condition_bound(L32, True) - exact) <= (1e-12 + 1e3 * exact * np.finfo(float).eps) * exact
     L = np.eye(5)
     L[4, 4] = 1e-9
-    assert _condition(L) >= 1e9 / 5 * (1 - 1e-12)
+    assert _core.condition_bound(L, True) >= 1e9 / 5 * (1 - 1e-12)
+    L0 = L.copy()
+    L0[4, 4] = 0.0
+    assert _core.condition_bound(L0, True) == np.inf and _core.condition_bound(L0, False) == np.inf
     with pytest.raises(ValueError, match="condition number at least"):
         ag.whiten(rng.standard_normal((2, 5, 5)).astype(np.float32), L, np.zeros((5, 5)))

@@ -57,7 +57,7 @@ void def_attention(py::module_& m) {
       py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
       py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
       py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"),
-      py::arg("block_q") = 64, py::arg("block_k") = 256);
+      py::arg("block_q") = 0, py::arg("block_k") = 0);
 
   m.def(
       "ridge_attention",
@@ -140,7 +140,7 @@ void def_attention_backward(py::module_& m) {
       py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
       py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("y").noconvert(),
       py::arg("log_partition").noconvert(), py::arg("dy").noconvert(), py::arg("want_dkey_bias"),
-      py::arg("block_q") = 64, py::arg("block_k") = 256,
+      py::arg("block_q") = 0, py::arg("block_k") = 0,
       "Returns (dq, dk, dv, None, dkey_bias or None), each over the flat batch.");
 
   m.def(

@@ -33,6 +33,15 @@ void def_whitening(py::module_& m) {
       py::arg("block") = 0, py::arg("varying") = false, "block = 0: sequential recursion; block > 0: blocked scan with that block length.");
 
   m.def(
+      "condition_bound",
+      [](const CArray<T>& L, bool lower) {
+        const int64_t D = L.shape(L.ndim() - 1), count = L.ndim() == 3 ? L.shape(0) : 1;
+        py::gil_scoped_release release;
+        return condition_bound<T>(count, D, L.data(), lower);
+      },
+      py::arg("L").noconvert(), py::arg("lower"), "kappa_1 / D of L (D, D) or (T, D, D), a lower bound of kappa_2.");
+
+  m.def(
       "whiten_backward",
       [](const CArray<T>& L, const CArray<T>& M, bool lower, const CArray<T>& w, const CArray<T>& dw) {
         const int64_t B = w.shape(0), Tn = w.shape(1), D = w.shape(2);

@@ -18,6 +18,14 @@ int get_num_threads() {
 #endif
 }
 
+int processors() {
+#ifdef _OPENMP
+  return std::max(1, omp_get_num_procs());
+#else
+  return 1;
+#endif
+}
+
 int max_threads() {
 #ifdef _OPENMP
   return std::max(1, std::min(omp_get_thread_limit(), 16 * std::max(1, omp_get_num_procs())));

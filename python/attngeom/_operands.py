@@ -211,6 +211,17 @@ def generator(seed, name: str = "seed") -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
+def float_dtype(name: str, dtype) -> np.dtype:
+    """A dtype argument naming float32 or float64 (a type, a np.dtype or its name)."""
+    try:
+        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"{name} must be float32 or float64, got {dtype!r}")
+    return dt
+
+
 def rtol_arg(rtol) -> Optional[float]:
     """The rank tolerance of every rank decision: None (the matrix_rank rule) or a float >= 0."""
     if rtol is None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, attention_kinds, finite_result, from_bhnd, logit_scale, operand,
                         reduce_to_shape, scalar, to_bhnd)
 from .kernels import kernel_params
@@ -239,6 +240,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
 
 
 @finite_result
+@fill_doc
 def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=None, scale=None, y=None,
                               log_partition=None, layout=None, **params) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`kernel_attention` for the output cotangent dy.
@@ -263,8 +265,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     ----------
     q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
         As given to :func:`kernel_attention`.
-    dy : array_like, shape (..., n_q, d_v)
-        Cotangent of the output, in the forward output's (broadcast) shape.
+    %(dy)s
     kernel, causal, mask, scale
         As given to :func:`kernel_attention`.
     y, log_partition : array_like, optional
@@ -275,12 +276,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     **params
         The kernel's parameters (sigma, gamma, alpha, c), as given to the forward.
 
-    Returns
-    -------
-    AttentionGrads
-        (dq, dk, dv) with the shapes of q, k, v, broadcast axes summed, in the forward's
-        dtype; wrong or non-finite cotangents raise ValueError, as for
-        :func:`softmax_attention_backward`.
+    %(grads_returns)s
 
     Examples
     --------

@@ -14,15 +14,20 @@
         PNGs (per-layer distributions, layer x head grids, chosen heads' spectra, heat maps
         with tokens and Laplace-Radon panels), summary.md and a self-contained report.html;
         <checkpoint> is a .safetensors file, a folder, or a packaged model name. --text may
-        be repeated; each FILE holds one text per paragraph (blank lines separate them),
-        and the data statistics are means over all texts with their spread
+        be repeated, and the data statistics are means over all texts with their spread
     attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
-        corpus statistics of every head (one text per line of FILE), in-process or on a Dask
-        cluster, into DIR (summary.json, heads.csv, layers.png); --state DIR resumes;
-        --write-store STORE runs the corpus through the model once into an activation store
-        (Zarr) and computes the statistics from it
+        corpus statistics of every head, in-process or on a Dask cluster, into DIR
+        (summary.json, heads.csv, layers.png); --state DIR resumes; --write-store STORE runs
+        the corpus through the model once into an activation store (Zarr) and computes the
+        statistics from it
     attngeom corpus <store> [--scheduler ADDRESS | --workers N] [--out DIR]
         the same statistics from an activation store, without the model
+
+Both commands read their text files by one rule (``models.split_texts``): one text per
+paragraph, paragraphs separated by blank lines, the lines of a paragraph joined, so wrapped
+prose stays whole. ``--split line`` reads one text per non-empty line instead (files with one
+document a line; the rule ``corpus`` used before). A file of several lines without a blank
+line is one text by the paragraph rule; the command says so on stderr and names --split line.
 
 Every misuse (a bad --set value, an output path that cannot be written, an unreadable
 checkpoint) is one line on stderr and exit status 2, found before any computation starts.
@@ -268,19 +273,25 @@ def _heads_list(spec):
     return out
 
 
-def _read_texts(paths):
-    """The texts of every --text FILE: one per blank-line-separated paragraph (models.split_texts)."""
+def _read_texts(paths, split, option):
+    """The texts of the files given to ``option`` (--text or --corpus), split by ``split``
+    ("paragraph" or "line", models.split_texts)."""
     from .models import split_texts
 
     texts = []
     for path in paths or []:
         try:
             with open(path, encoding="utf-8") as f:
-                found = split_texts(f.read())
+                content = f.read()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--text: {exc}") from None
+            raise ValueError(f"{option}: {exc}") from None
+        found = split_texts(content, by=split)
         if not found:
-            raise ValueError(f"--text: {path!r} holds no text")
+            raise ValueError(f"{option}: {path!r} holds no text (no non-empty line)")
+        lines = sum(1 for line in content.splitlines() if line.strip())
+        if split == "paragraph" and len(found) == 1 and lines > 1:
+            print(f"note: {option} {path!r} has no blank line, so its {lines} lines are one text "
+                  f"(--split line reads one text per line)", file=sys.stderr)
         texts += found
     return texts
 
@@ -289,7 +300,7 @@ def _heads(args) -> int:
     from .models import BertEncoder, head_report, load_activations, load_heads, load_model, text_activations
 
     chosen = None if args.heads is None else _heads_list(args.heads)
-    texts = _read_texts(args.text)
+    texts = _read_texts(args.text, args.split, "--text")
     done = {}
 
     def write(staging):
@@ -337,19 +348,6 @@ def _heads(args) -> int:
     return 0
 
 
-def _read_corpus(path) -> list:
-    """The non-empty lines of a UTF-8 text file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            texts = [line.strip() for line in f]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--corpus: {exc}") from None
-    texts = [t for t in texts if t]
-    if not texts:
-        raise ValueError(f"--corpus {path!r} has no non-empty line (one text per line)")
-    return texts
-
-
 def _dask_client(args):
     """(client, cluster) for --scheduler / --workers, or (None, None) in-process."""
     if args.scheduler is None and args.workers is None:
@@ -390,7 +388,7 @@ def _corpus_source(args):
             raise ValueError("--state does not apply with --write-store (the statistics are read from the store)")
         if os.path.lexists(args.write_store):
             raise ValueError(f"--write-store {args.write_store!r} exists; choose a new folder")
-    return _read_corpus(args.corpus), False
+    return _read_texts([args.corpus], args.split, "--corpus"), False
 
 
 def _corpus(args) -> int:
@@ -447,6 +445,12 @@ def _corpus(args) -> int:
     return 0
 
 
+# --split of the commands that read text files: one rule for both (module docstring).
+_SPLIT = dict(choices=("paragraph", "line"), default="paragraph",
+              help="how a file is cut into texts: 'paragraph' (default; blank lines separate texts, the lines "
+                   "of a paragraph are joined) or 'line' (one text per non-empty line)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="attngeom", description="The geometry of attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -471,11 +475,12 @@ def main(argv=None) -> int:
     p.add_argument("--n-heads", type=int, default=None, help="number of heads (needed without config.json)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", default=None, metavar="FILE",
-                     help="run the texts of FILE through the NumPy forward pass for the data diagnostics: one text "
-                          "per paragraph (paragraphs are separated by blank lines); repeatable; statistics are "
-                          "averaged over all texts, with their spread")
+                     help="run the texts of FILE through the NumPy forward pass for the data diagnostics (one "
+                          "text per paragraph, see --split); repeatable; statistics are averaged over all texts, "
+                          "with their spread")
     src.add_argument("--activations", default=None, metavar="DIR",
                      help="folder with activations.npy or layer_<i>.npy (the input of each layer's attention)")
+    p.add_argument("--split", **_SPLIT)
     p.add_argument("--heads", default=None, metavar="L.H,...", help="heads to draw in detail (default: extremes)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
@@ -483,7 +488,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("corpus", help="corpus statistics of every head, in-process or on a Dask cluster")
     p.add_argument("checkpoint", help="a checkpoint folder (config.json, *.safetensors, tokenizer.json) or a name; "
                                       "or an activation store (then without --corpus)")
-    p.add_argument("--corpus", default=None, metavar="FILE", help="UTF-8 text file, one text per line")
+    p.add_argument("--corpus", default=None, metavar="FILE", help="UTF-8 text file (one text per paragraph, see "
+                                                                 "--split)")
+    p.add_argument("--split", **_SPLIT)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler (tcp://host:port)")
     where.add_argument("--workers", type=int, default=None, metavar="N", help="start a local cluster of N processes")

@@ -22,8 +22,17 @@ from typing import List, NamedTuple, Tuple
 import numpy as np
 
 from . import _core
+from ._docstrings import filler
 from ._operands import check_size, count, finite_result, generator, operand, scalar, sequence
 from .lightning import deep_lightning, network_kind
+
+# The layer widths of a deep network, as most functions here take them.
+_fill_doc = filler(widths="""\
+    d : sequence of int, length l + 1
+        Widths (d_0, ..., d_l): d_0 the input token width, d_i the output width of layer i.
+    a : sequence of int, length l
+        Query/key dimensions (a_1, ..., a_l), one head per layer: the paper's a, the rank bound
+        of A_i = K_i^T Q_i.""")
 
 Weights = List[Tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -41,6 +50,7 @@ def _dims(d, a) -> Tuple[List[int], List[int]]:
     return d, a
 
 
+@_fill_doc
 def parameter_count(d, a) -> int:
     """Number of weights P = sum_i (2 a_i d_{i-1} + d_i d_{i-1}) of a deep attention network.
 
@@ -49,10 +59,7 @@ def parameter_count(d, a) -> int:
 
     Parameters
     ----------
-    d : sequence of int, length l + 1
-        Widths (d_0, ..., d_l): d_0 the input token width, d_l the output width.
-    a : sequence of int, length l
-        Query/key dimensions (a_1, ..., a_l) of the layers (the paper's a; one head per layer).
+    %(widths)s
 
     Returns
     -------
@@ -68,6 +75,7 @@ def parameter_count(d, a) -> int:
     return sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a)))
 
 
+@_fill_doc
 def random_weights(d, a, *, seed=0) -> Weights:
     """Gaussian weights [(Q_i, K_i, V_i)] with entries N(0, 1 / d_{i-1}).
 
@@ -75,10 +83,7 @@ def random_weights(d, a, *, seed=0) -> Weights:
 
     Parameters
     ----------
-    d : sequence of int, length l + 1
-        Widths (d_0, ..., d_l).
-    a : sequence of int, length l
-        Query/key dimensions (a_1, ..., a_l).
+    %(widths)s
     seed : int, default 0
         Seed of the NumPy generator.
 
@@ -134,6 +139,7 @@ def _samples(X, d0) -> np.ndarray:
 
 
 @finite_result
+@_fill_doc
 def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
     """phi_W(X) for N samples X (N, t, d_0) -> (N, t, d_l) (Definition 2; eq. 1 or eq. 16).
 
@@ -148,10 +154,7 @@ def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndar
         Q_i, K_i of shape (a_i, d_{i-1}), V_i of shape (d_i, d_{i-1}).
     X : array_like, shape (N, t, d_0) or (t, d_0)
         N samples of t tokens.
-    kind : {"lightning", "softmax"}, default "lightning"
-        Unnormalised (lightning) or softmax-normalised layers.
-    temperature : float, default 1.0
-        Softmax temperature (kind "softmax" only).
+    %(network_kind)s
 
     Returns
     -------
@@ -172,6 +175,7 @@ def network_forward(weights, X, *, kind="lightning", temperature=1.0) -> np.ndar
 
 
 @finite_result
+@_fill_doc
 def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -> np.ndarray:
     """Exact Jacobian of W -> phi_W(X) on N samples, float64, shape (N * t * d_l, P).
 
@@ -186,10 +190,7 @@ def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -
         As in :func:`network_forward`.
     X : array_like, shape (N, t, d_0) or (t, d_0)
         Samples at which phi_W is restricted.
-    kind : {"lightning", "softmax"}, default "lightning"
-        Network kind.
-    temperature : float, default 1.0
-        Softmax temperature.
+    %(network_kind)s
 
     Returns
     -------
@@ -210,6 +211,7 @@ def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -
     return jac.reshape(-1, jac.shape[-1])
 
 
+@_fill_doc
 def expected_dimension(d, a, kind="lightning") -> int:
     """Closed-form dimension of the neuromanifold (Henry, Marchetti & Kohn s.3).
 
@@ -225,10 +227,7 @@ def expected_dimension(d, a, kind="lightning") -> int:
 
     Parameters
     ----------
-    d : sequence of int, length l + 1
-        Widths (d_0, ..., d_l).
-    a : sequence of int, length l
-        Query/key dimensions (a_1, ..., a_l).
+    %(widths)s
     kind : {"lightning", "softmax"}, default "lightning"
         Network kind.
 
@@ -398,6 +397,7 @@ class DimensionResult:
         return fig
 
 
+@_fill_doc
 def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_draws=5, seed=0,
                             temperature=1.0) -> DimensionResult:
     """Estimate the neuromanifold dimension of a deep attention network as a Jacobian rank.
@@ -412,10 +412,7 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
 
     Parameters
     ----------
-    d : sequence of int, length l + 1
-        Widths (d_0, ..., d_l): token width of the input and of each layer's output.
-    a : sequence of int, length l
-        Query/key dimension a_i of each layer (the rank bound of A_i = K_i^T Q_i).
+    %(widths)s
     kind : {"lightning", "softmax"}, default "lightning"
         Unnormalised (lightning, eq. 1) or softmax-normalised layers (eq. 16).
     t : int, default 3
@@ -683,6 +680,7 @@ def rescale(As, Vs, lambdas):
 
 
 @finite_result
+@_fill_doc
 def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0) -> float:
     """Relative distance max ``|phi_W(X) - phi_W'(X)|`` / max ``|phi_W(X)|`` of two networks.
 
@@ -694,10 +692,7 @@ def function_discrepancy(first, second, X, *, kind="lightning", temperature=1.0)
         The two networks, as sequences of A_i and V_i.
     X : array_like, shape (N, t, d_0)
         Samples, tokens as rows.
-    kind : {"lightning", "softmax"}, default "lightning"
-        Network kind.
-    temperature : float, default 1.0
-        Softmax temperature.
+    %(network_kind)s
 
     Returns
     -------

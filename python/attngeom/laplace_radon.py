@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
+from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, attention_kinds, check_bound, check_finite, check_shared_width,
                         compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .kernels import kernel_params
@@ -325,6 +326,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **para
     return from_bhnd(layout, pr.shaped(out, pr.n_q, int(order)), "v")
 
 
+@fill_doc
 def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
     """Gradient (and Hessian) of log Z(q) = log sum_i exp(scale q.k_i) in q (eq. 48-49).
 
@@ -333,10 +335,7 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
 
     Parameters
     ----------
-    q : array_like, shape (..., n_q, d_k)
-        Queries.
-    k : array_like, shape (..., n_k, d_k)
-        Keys.
+    %(q_k)s
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
     hessian : bool, default False

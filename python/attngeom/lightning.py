@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
+from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, check_bound, compute_dtype, finite_result, from_bhnd, max_row_norm, operand,
                         scalar, to_bhnd)
 from .attention import AttentionGrads, softmax_attention
@@ -47,6 +48,7 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
 
 
 @finite_result
+@fill_doc
 def lightning_attention(q, k, v, *, causal=False, layout=None):
     """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).
 
@@ -57,12 +59,7 @@ def lightning_attention(q, k, v, *, causal=False, layout=None):
 
     Parameters
     ----------
-    q : array_like, shape (..., n_q, d_k)
-        Queries.
-    k : array_like, shape (..., n_k, d_k)
-        Keys.
-    v : array_like, shape (..., n_k, d_v)
-        Values; leading axes broadcast.
+    %(q_k_v)s
     causal : {False, True, "top_left", "bottom_right"}, default False
         As in :func:`attngeom.softmax_attention` (top-left: key j <= query i; bottom-right:
         j <= i + n_k - n_q).
@@ -89,6 +86,7 @@ def lightning_attention(q, k, v, *, causal=False, layout=None):
 
 
 @finite_result
+@fill_doc
 def lightning_attention_backward(q, k, v, dy, *, causal=False, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`lightning_attention` for the output cotangent dy.
 
@@ -104,19 +102,12 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False, layout=None) -> A
     ----------
     q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
         As given to :func:`lightning_attention`.
-    dy : array_like, shape (..., n_q, d_v)
-        Cotangent of the output, in the forward output's (broadcast) shape.
+    %(dy)s
     causal : bool or str, default False
         As given to the forward.
-    layout : {None, "bhnd", "bnhd"}, optional
-        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
+    %(backward_layout)s
 
-    Returns
-    -------
-    AttentionGrads
-        (dq, dk, dv) with the shapes of q, k, v, broadcast axes summed, in the forward's
-        dtype; wrong or non-finite cotangents raise ValueError, as for
-        :func:`softmax_attention_backward`.
+    %(grads_returns)s
 
     Examples
     --------
@@ -206,6 +197,7 @@ def lightning_layer(x, A, V, *, kind="lightning", temperature=1.0, causal=False,
 
 
 @finite_result
+@fill_doc
 def deep_lightning(x, As: Sequence, Vs: Sequence, *, kind="lightning", temperature=1.0, causal=False,
                    normalize=None):
     """A deep self-attention network phi_W = phi_{W_l} o ... o phi_{W_1} (Definition 2).
@@ -224,10 +216,7 @@ def deep_lightning(x, As: Sequence, Vs: Sequence, *, kind="lightning", temperatu
         A_1 .. A_l.
     Vs : sequence of array_like
         V_1 .. V_l.
-    kind : {"lightning", "softmax"}, default "lightning"
-        Network kind.
-    temperature : float, default 1.0
-        Softmax temperature.
+    %(network_kind)s
     causal : bool, default False
         Causal layers.
     normalize : bool, optional

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._docstrings import fill_doc
 from ._operands import renamed_arguments
 
 
@@ -160,7 +161,7 @@ def finish_curves(ax, xlabel, ylabel, xscale, yscale, n_curves):
         ax.legend(frameon=False, fontsize=8)
 
 
-def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False):
+def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False, title_size=None):
     """Axis labels, title and (when asked) legend of a one-panel figure; tight layout.
 
     Parameters
@@ -175,6 +176,8 @@ def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False):
         Title.
     legend : bool, default False
         Add a legend.
+    title_size : float, optional
+        Font size of the title (matplotlib's default when None).
 
     Returns
     -------
@@ -190,7 +193,7 @@ def finish(fig, ax, xlabel, ylabel, title=None, *, legend=False):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title is not None:
-        ax.set_title(title)
+        ax.set_title(title, **({} if title_size is None else {"fontsize": title_size}))
     if legend:
         ax.legend(frameon=False)
     fig.tight_layout()
@@ -252,6 +255,7 @@ def log_floor(values):
     return np.maximum(values, floor), floor
 
 
+@fill_doc
 def head_spectra(spectra, title="", ax=None):
     """Singular values of many heads, one line each, log scale.
 
@@ -263,13 +267,9 @@ def head_spectra(spectra, title="", ax=None):
         Singular values, one row per head.
     title : str, default ""
         What the spectra are of (e.g. "B").
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -291,6 +291,7 @@ def head_spectra(spectra, title="", ax=None):
     return fig
 
 
+@fill_doc
 def head_map(values, metric, ax=None):
     """A (layer, head) heat map of one per-head quantity.
 
@@ -300,13 +301,9 @@ def head_map(values, metric, ax=None):
         The quantity per head.
     metric : str
         Its name (colour bar label and title).
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -326,6 +323,7 @@ def head_map(values, metric, ax=None):
     return fig
 
 
+@fill_doc
 def spectrum_with_energy(s, ax=None, label=""):
     """Eigenvalue or singular-value spectrum (log scale) with its cumulative energy E_k.
 
@@ -336,15 +334,11 @@ def spectrum_with_energy(s, ax=None, label=""):
     ----------
     s : array_like, shape (k,)
         The spectrum (sorted descending here).
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
     label : str, default ""
         Legend label of the spectrum.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -370,6 +364,7 @@ def spectrum_with_energy(s, ax=None, label=""):
     return fig
 
 
+@fill_doc
 def layer_head_grids(maps, axes=None):
     """(layer, head) grids of per-head metrics, two to a row, each cell annotated with its value.
 
@@ -380,10 +375,7 @@ def layer_head_grids(maps, axes=None):
     axes : sequence of Axes, optional
         One axes per map.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -421,6 +413,7 @@ def layer_head_grids(maps, axes=None):
     return fig
 
 
+@fill_doc
 def head_spectrum_pair(bilinear, ov, title="", axes=None):
     """One head's singular values of B = W_Q W_K^T and of W_OV, each with its cumulative energy.
 
@@ -437,10 +430,7 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
     axes : sequence of Axes, optional
         One or two axes to draw into.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -512,6 +502,7 @@ def token_ticks(ax, tokens, axis="x", *, max_labels=60):
 
 
 @renamed_arguments(P="routing")
+@fill_doc
 def attention_heatmap(routing, tokens=None, title="", ax=None):
     """An attention (routing) matrix P as a heat map, queries as rows.
 
@@ -527,13 +518,9 @@ def attention_heatmap(routing, tokens=None, title="", ax=None):
         Token strings.
     title : str, default ""
         Title.
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -550,13 +537,10 @@ def attention_heatmap(routing, tokens=None, title="", ax=None):
     if tokens is not None:
         token_ticks(ax, tokens[:P.shape[1]], "x")
         token_ticks(ax, tokens[:n], "y")
-    ax.set_xlabel("key")
-    ax.set_ylabel("query")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax, "key", "query", title, title_size=9)
 
 
+@fill_doc
 def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
     """Side-by-side panels of curves against one parameter x.
 
@@ -578,10 +562,7 @@ def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
     title : str, optional
         Figure title.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -603,6 +584,7 @@ def curve_panels(x, panels, xlabel, *, xscale="log", axes=None, title=None):
     return fig
 
 
+@fill_doc
 def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
     """Two computations of the same quantity against each other, with the diagonal.
 
@@ -617,13 +599,9 @@ def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
         The relative error shown in the title.
     xlabel, ylabel : str
         What a and b are.
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -649,6 +627,7 @@ def identity_scatter(a, b, rel_error, xlabel, ylabel, ax=None):
 
 
 
+@fill_doc
 def radius_vs_chi(tau, d_k, var_q, ax=None, title=None):
     """Density of the Laplace radii tau against the scaled chi prediction.
 
@@ -664,15 +643,11 @@ def radius_vs_chi(tau, d_k, var_q, ax=None, title=None):
         Query dimension (degrees of freedom of the chi law).
     var_q : float
         Variance of the query entries.
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
     title : str, optional
         Title.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -705,6 +680,7 @@ def radius_vs_chi(tau, d_k, var_q, ax=None, title=None):
     return fig
 
 
+@fill_doc
 def eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
     """A descending spectrum on a log scale, exact zeros drawn at a floor.
 
@@ -718,17 +694,13 @@ def eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
         The spectrum (sorted descending here).
     title : str
         Title.
-    ax : matplotlib.axes.Axes, optional
-        Axes to draw into.
+    %(ax)s
     ylabel : str, default "eigenvalue"
         What the values are (also names the x axis).
     n_total : int, optional
         Size of the full spectrum; ``n_total - k`` exact zeros are appended.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------
@@ -754,6 +726,7 @@ def eigen_spectrum(values, title, ax=None, ylabel="eigenvalue", n_total=None):
     return fig
 
 
+@fill_doc
 def layer_distributions(maps, axes=None, *, kind="box"):
     """Per-layer distributions over heads of per-head quantities: one panel per quantity.
 
@@ -770,10 +743,7 @@ def layer_distributions(maps, axes=None, *, kind="box"):
     kind : {"box", "violin"}, default "box"
         The summary drawn per layer.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure.
+    %(figure_returns)s
 
     Examples
     --------

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._docstrings import fill_doc
 from ._operands import (attention_kinds, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
                         max_row_norm, operand, query_key_value, real_array, reduce_to_shape, scalar, to_bhnd)
 from .attention import AttentionGrads, attention_backward, softmax_attention
@@ -106,6 +107,7 @@ def _centered(q, k, v, sigma, mask):
 
 
 @finite_result
+@fill_doc
 def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=None,
                                   layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`projection_attention` for the output cotangent dy (sigma fixed).
@@ -127,12 +129,10 @@ def projection_attention_backward(q, k, v, dy, *, sigma=1.0, causal=False, mask=
         As given to :func:`projection_attention`.
     v : array_like, shape (..., n_k, d_v), or None
         As given to the forward (None: the keys are the values).
-    dy : array_like, shape (..., n_q, d_v)
-        Cotangent of the output, in the forward output's (broadcast) shape.
+    %(dy)s
     sigma, causal, mask
         As given to :func:`projection_attention` (sigma gets no gradient).
-    layout : {None, "bhnd", "bnhd"}, optional
-        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
+    %(backward_layout)s
 
     Returns
     -------

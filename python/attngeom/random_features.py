@@ -23,6 +23,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
+from ._docstrings import fill_doc
 from ._operands import (causal_code, check_size, compute_dtype, cotangent, count, finite_result, from_bhnd, generator,
                         logit_scale, operand, query_key_value, scalar, to_bhnd)
 from .attention import AttentionGrads
@@ -128,6 +129,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
 
 
 @finite_result
+@fill_doc
 def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
                              scale: Optional[float] = None, return_log_partition: bool = False, layout=None):
     """FAVOR+ estimate of softmax attention, linear in the sequence length.
@@ -138,12 +140,7 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
 
     Parameters
     ----------
-    q : array_like, shape (..., n_q, d_k)
-        Queries.
-    k : array_like, shape (..., n_k, d_k)
-        Keys.
-    v : array_like, shape (..., n_k, d_v)
-        Values; leading axes broadcast.
+    %(q_k_v)s
     num_features : int, default 256
         Number m >= 1 of features.
     orthogonal : bool, default True
@@ -216,6 +213,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
 
 
 @finite_result
+@fill_doc
 def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, orthogonal: bool = True, seed=0,
                                       causal=False, scale: Optional[float] = None, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.
@@ -234,19 +232,12 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     ----------
     q, k, v : array_like, shapes (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v)
         As given to :func:`random_feature_attention`.
-    dy : array_like, shape (..., n_q, d_v)
-        Cotangent of the output, in the forward output's (broadcast) shape.
+    %(dy)s
     num_features, orthogonal, seed, causal, scale
         As given to the forward: they fix the same feature matrix W.
-    layout : {None, "bhnd", "bnhd"}, optional
-        As given to the forward: with "bnhd", q, k, v, dy and dq, dk, dv are (..., n, heads, d).
+    %(backward_layout)s
 
-    Returns
-    -------
-    AttentionGrads
-        (dq, dk, dv) with the shapes of q, k, v, broadcast axes summed, in the forward's
-        dtype; wrong or non-finite cotangents raise ValueError, as for
-        :func:`softmax_attention_backward`.
+    %(grads_returns)s
 
     Examples
     --------

@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ._docstrings import fill_doc
 from ._operands import (check_bound, count, from_bhnd, generator, logit_scale, max_row_norm, query_key_value, scalar,
                         to_bhnd)
 
@@ -63,6 +64,7 @@ def _log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
+@fill_doc
 def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", seed=0,
                       scale: Optional[float] = None, sketch_rank: Optional[int] = None,
                       layout=None) -> SampledAttention:
@@ -73,10 +75,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
 
     Parameters
     ----------
-    q : array_like, shape (..., n_q, d_k)
-        Queries.
-    k : array_like, shape (..., n_k, d_k)
-        Keys.
+    %(q_k)s
     v : array_like, shape (..., n_k, d_v)
         Values; the leading axes of q, k, v must be equal (one head or a batch of heads).
     num_samples : int

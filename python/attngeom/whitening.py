@@ -23,8 +23,27 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._docstrings import filler
 from ._operands import check_finite, check_size, cotangent, count, finite_result, generator, operand, real_array, scalar
 from .attention import softmax_attention
+
+# Docstring sections shared in this module: the batch of sequences the statistics take, the
+# arguments and the result of the generators.
+_fill_doc = filler(batch_parameters="""\
+    Parameters
+    ----------
+    x : array_like, shape (B, T, D)
+        B sequences of T vectors.""", process_sizes="""\
+    B : int
+        Number of sequences.
+    T : int
+        Sequence length.
+    seed : int, default 0
+        Seed of the NumPy generator.""", sequences_returns="""\
+    Returns
+    -------
+    ndarray, shape (B, T, D)
+        The sequences.""")
 
 
 def _filter(x, L, M, lname="L"):
@@ -39,29 +58,14 @@ def _filter(x, L, M, lname="L"):
         raise ValueError(f"M must have {lname}'s shape {La.shape}, got {Ma.shape}")
     check_finite(lname, La)
     check_finite("M", Ma)
-    cond = _condition(La)
+    lower = bool(np.all(np.triu(La, 1) == 0))
+    L = np.ascontiguousarray(La, dtype=x.dtype)
+    cond = _core.condition_bound(L, lower)
     if not np.isfinite(cond) or cond * np.finfo(x.dtype).eps > 0.1:
         raise ValueError(f"{lname} is singular to working precision (condition number at least {cond:.3g})")
-    lower = bool(np.all(np.triu(La, 1) == 0))
     flat = np.ascontiguousarray(x.reshape((-1,) + x.shape[-2:]))
-    L = np.ascontiguousarray(La, dtype=x.dtype)
     M = np.ascontiguousarray(Ma, dtype=x.dtype)
     return x.shape, flat, L, M, lower, La.ndim == 3
-
-
-def _condition(L: np.ndarray) -> float:
-    """A lower bound of the largest 2-norm condition number of L (D, D) or (T, D, D), inf
-    when one is singular: kappa_1 / D with kappa_1 = ||L||_1 ||L^{-1}||_1 (kappa_2 >= kappa_1 / D).
-    An inverse costs a fraction of an SVD, and the filter's check runs on every call of a
-    training step; a bound below kappa_2 never refuses an L that the exact check accepts."""
-    L64 = L.astype(np.float64)
-    with np.errstate(all="ignore"):
-        try:
-            inv = np.linalg.inv(L64)
-        except np.linalg.LinAlgError:
-            return math.inf
-        cond = np.abs(L64).sum(axis=-2).max(axis=-1) * np.abs(inv).sum(axis=-2).max(axis=-1) / L.shape[-1]
-    return float(np.max(np.where(np.isfinite(cond), cond, np.inf)))
 
 
 def _finite(w: np.ndarray, L: np.ndarray, M: np.ndarray) -> np.ndarray:
@@ -249,6 +253,7 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
 
 # -- covariance models ---------------------------------------------------------------------
 @finite_result
+@_fill_doc
 def block_covariances(x):
     """Stationary lag-0 and lag-1 block covariances of x (B, T, D) (s.4, eq. 5-6).
 
@@ -256,10 +261,7 @@ def block_covariances(x):
     positions, and Lambda_1 = mean of (x_t - mu)(x_{t-1} - mu)^T over t >= 1 (the subdiagonal
     block Cov(x_i, x_{i-1})); mu is the mean over sequences and positions.
 
-    Parameters
-    ----------
-    x : array_like, shape (B, T, D)
-        B sequences of T vectors.
+    %(batch_parameters)s
 
     Returns
     -------
@@ -454,6 +456,7 @@ def block_diagonal_factor(Lambda0):
         raise ValueError("Lambda0 is not positive definite") from None
 
 
+@_fill_doc
 def full_whitening(x) -> np.ndarray:
     """The exact whitening W = Lambda_X^{-1/2} (X - mu) for small T * D (eq. 3, 10), the reference.
 
@@ -462,10 +465,7 @@ def full_whitening(x) -> np.ndarray:
     applied to every centred sequence, so the output's sample covariance is exactly the
     identity. Needs B > T D.
 
-    Parameters
-    ----------
-    x : array_like, shape (B, T, D)
-        B sequences of T vectors.
+    %(batch_parameters)s
 
     Returns
     -------
@@ -562,6 +562,7 @@ def _batch_covariance(x):
 
 
 @finite_result
+@_fill_doc
 def whiteness(x) -> float:
     """The paper's whiteness Psi (eq. 10-12) of a batch of sequences.
 
@@ -571,15 +572,12 @@ def whiteness(x) -> float:
     magnitude over the mean diagonal magnitude: 0 for white sequences. Sampling noise keeps it
     above 0 for finite B (about sqrt(2 / (pi B)) for white noise).
 
-    Parameters
-    ----------
-    x : array_like, shape (B, T, D)
-        B sequences of T vectors.
+    %(batch_parameters)s
 
     Returns
     -------
     float
-        Psi.
+        Psi >= 0, 0 for white sequences.
 
     Examples
     --------
@@ -599,6 +597,7 @@ def whiteness(x) -> float:
 
 
 @finite_result
+@_fill_doc
 def stationarity(x) -> float:
     """First-order stationarity rho (eq. 13-14) of a batch of sequences.
 
@@ -607,15 +606,12 @@ def stationarity(x) -> float:
     ``rho = sum_t |Lambda_{t,t+1} - mean|_F``: 0 for a stationary process (up to sampling
     noise), larger when the lag-1 structure drifts.
 
-    Parameters
-    ----------
-    x : array_like, shape (B, T, D)
-        B sequences of T vectors.
+    %(batch_parameters)s
 
     Returns
     -------
     float
-        rho.
+        rho >= 0, 0 for a stationary process (up to sampling noise).
 
     Examples
     --------
@@ -635,16 +631,19 @@ def stationarity(x) -> float:
 
 
 # -- synthetic processes -------------------------------------------------------------------
-def _transition(name, m, T):
-    """A fixed (D, D) or per-step (T, D, D) transition matrix of the generators, float64."""
+def _process(name, m, B, T):
+    """The checked arguments of a generator: B, T, its fixed (D, D) or per-step (T, D, D)
+    transition matrix (float64) and D."""
+    B, T = count("B", B), count("T", T)
     a = operand(name, m, "(D, D) or (T, D, D)", min_ndim=2, dtype=np.float64)
     D = a.shape[-1]
     if a.shape not in ((D, D), (T, D, D)):
         raise ValueError(f"{name} must have shape ({D}, {D}) or ({T}, {D}, {D}), got {a.shape}")
-    return a
+    return B, T, a, D
 
 
 @finite_result
+@_fill_doc
 def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     """Vector MA(1) sequences x_i = e_i + Theta_i e_{i-1} with e_i ~ N(0, I).
 
@@ -655,26 +654,16 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
     ----------
     Theta : array_like, shape (D, D) or (T, D, D)
         Fixed, or one matrix per step (a non-stationary process).
-    B : int
-        Number of sequences.
-    T : int
-        Sequence length.
-    seed : int, default 0
-        Seed of the NumPy generator.
+    %(process_sizes)s
 
-    Returns
-    -------
-    ndarray, shape (B, T, D)
-        The sequences.
+    %(sequences_returns)s
 
     Examples
     --------
     >>> ag.vector_ma1(0.5 * np.eye(3), B=4, T=5).shape
     (4, 5, 3)
     """
-    B, T = count("B", B), count("T", T)
-    th = _transition("Theta", Theta, T)
-    D = th.shape[-1]
+    B, T, th, D = _process("Theta", Theta, B, T)
     check_size("B, T", B * (T + 1) * D * 3)
     th = np.broadcast_to(th, (T, D, D))
     e = generator(seed).standard_normal((B, T + 1, D))
@@ -682,6 +671,7 @@ def vector_ma1(Theta, B: int, T: int, *, seed=0) -> np.ndarray:
 
 
 @finite_result
+@_fill_doc
 def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray:
     """Vector AR(1) sequences x_i = Phi_i x_{i-1} + e_i, started in steady state by a burn-in.
 
@@ -694,28 +684,19 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
     ----------
     Phi : array_like, shape (D, D) or (T, D, D)
         Transition with spectral radius < 1, fixed or one per step.
-    B : int
-        Number of sequences.
-    T : int
-        Sequence length.
-    seed : int, default 0
-        Seed of the NumPy generator.
+    %(process_sizes)s
     burn_in : int, default 200
         Steps discarded before the first returned vector.
 
-    Returns
-    -------
-    ndarray, shape (B, T, D)
-        The sequences.
+    %(sequences_returns)s
 
     Examples
     --------
-    >>> ag.vector_ar1(0.5 * np.eye(2), B=4, T=5).shape
-    (4, 5, 2)
+    >>> x = ag.vector_ar1(0.5 * np.eye(2), B=4000, T=3)
+    >>> x.shape, bool(np.allclose(x[:, 0].var(0), 1 / (1 - 0.5 ** 2), atol=0.1))  # steady from the start
+    ((4000, 3, 2), True)
     """
-    B, T = count("B", B), count("T", T)
-    ph = _transition("Phi", Phi, T)
-    D = ph.shape[-1]
+    B, T, ph, D = _process("Phi", Phi, B, T)
     if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
         raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
     check_size("B, T, burn_in", (burn_in + T) * B * D * 3)

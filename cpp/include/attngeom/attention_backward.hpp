@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "attngeom/attention.hpp"
@@ -102,7 +103,8 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   using Map = Eigen::Map<Mat>;
   using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
-  const int64_t bq = std::max<int64_t>(1, blocking.query), bk = std::max<int64_t>(1, blocking.key);
+  blocking = tiled(blocking, causal, [&](int64_t, int64_t bk_) { return batch * ((n_k + bk_ - 1) / bk_); });
+  const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t q_blocks = (n_q + bq - 1) / bq, k_blocks = (n_k + bk - 1) / bk;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
@@ -118,16 +120,23 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
     const CMap Y(y + b * n_q * d_v, n_q, d_v), dY(dy + b * n_q * d_v, n_q, d_v);
     Eigen::Map<Vec>(Drow.data() + b * n_q, n_q) = (Y.array() * dY.array()).rowwise().sum();
   }
-  // Per key block contributions to dq (and dtau); a single key block writes dq directly.
+  // Per key block contributions to dq (and dtau); a single key block writes dq directly. A
+  // key block's unit writes every row of the query blocks it visits, from the block holding
+  // its first visible row (`first_block`) on; the sum below reads only those, so the partial
+  // buffers need no zeroing. dtau is accumulated into, so it is zeroed.
   const bool direct = k_blocks == 1;
-  std::vector<T> dq_part(direct ? 0 : size_t(batch * k_blocks * n_q * d_k), T(0));
+  std::unique_ptr<T[]> dq_part(direct ? nullptr : new T[size_t(batch * k_blocks * n_q * d_k)]);
   std::vector<T> dtau_part(ridge ? size_t(batch * k_blocks * n_q) : 0, T(0));
   if (direct) std::fill(grad.dq, grad.dq + batch * n_q * d_k, T(0));
+  auto first_block = [&](int64_t j0) {
+    const int64_t first_row = causal == Causal::None ? 0 : std::clamp<int64_t>(j0 - offset, 0, n_q);
+    return (first_row / bq) * bq;
+  };
 
 #pragma omp parallel if (par)
   {
     Mat Qs(bq, d_k), S(bq, bk), Raw(ridge ? bq : 0, ridge ? bk : 0), dP(bq, bk), dK(bk, d_k), dV(bk, d_v);
-    Vec colsum(bk), shift(bq);
+    Vec colsum(bk);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < batch * k_blocks; ++unit) {
       const int64_t b = unit / k_blocks, jb = unit % k_blocks;
@@ -138,12 +147,10 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
       dKa.setZero();
       dVa.setZero();
       colsum.head(cols).setZero();
-      T* dq_out = direct ? grad.dq + b * n_q * d_k : dq_part.data() + (b * k_blocks + jb) * n_q * d_k;
+      T* dq_out = direct ? grad.dq + b * n_q * d_k : dq_part.get() + (b * k_blocks + jb) * n_q * d_k;
       T* dtau_out = ridge ? dtau_part.data() + (b * k_blocks + jb) * n_q : nullptr;
       // Under the causal mask, query i sees key j0 only when i >= j0 - offset.
-      int64_t first_row = 0;
-      if (causal != Causal::None) first_row = std::clamp<int64_t>(j0 - offset, 0, n_q);
-      for (int64_t i0 = (first_row / bq) * bq; i0 < n_q; i0 += bq) {
+      for (int64_t i0 = first_block(j0); i0 < n_q; i0 += bq) {
         const int64_t rows = std::min(bq, n_q - i0);
         const T* tau_rows = ridge ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
         const T* lz = log_z + b * n_q + i0;
@@ -155,18 +162,12 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
         if (ridge) Raw.topLeftCorner(rows, cols) = L;
         kernel.log_psi(L, tau_rows);
         hide(L, mask, causal, b, i0, j0, offset);
-        // P = exp(l - log Z) in one pass; rows with no visible key (log Z = -inf) are shifted
-        // by +inf and become zero. Hidden entries (mask, causal, empty rows) are -inf, which
-        // Eigen's vectorised exp maps to the smallest normal number: flush them as the forward
-        // does. Without mask, causal limit or empty row no entry is hidden.
-        bool hidden = mask.active() || causal != Causal::None;
-        for (int64_t r = 0; r < rows; ++r) {
-          const bool empty = !std::isfinite(lz[r]);
-          shift[r] = empty ? std::numeric_limits<T>::infinity() : lz[r];
-          hidden = hidden || empty;
-        }
-        L.array() = (L.array().colwise() - shift.head(rows)).exp();
-        if (hidden) L.array() = (L.array() < tiny).select(T(0), L.array());
+        // P = exp(l - log Z), flushed below min/epsilon as the forward does, so hidden (-inf)
+        // entries are exactly zero; rows with no visible key (log Z = -inf) are shifted by
+        // +inf and become zero.
+        for (int64_t r = 0; r < rows; ++r)
+          exp_shift_row(S.data() + r * S.cols(), cols, std::isfinite(lz[r]) ? lz[r] : std::numeric_limits<T>::infinity(),
+                        tiny);
         const CMap dY(dy + (b * n_q + i0) * d_v, rows, d_v);
         dVa.noalias() += L.transpose() * dY;
         auto dPa = dP.topLeftCorner(rows, cols);
@@ -195,8 +196,11 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
     const int64_t b = unit / q_blocks, i0 = (unit % q_blocks) * bq, rows = std::min(bq, n_q - i0);
     Map dQ(grad.dq + (b * n_q + i0) * d_k, rows, d_k);
     if (!direct) {
-      dQ = CMap(dq_part.data() + (b * k_blocks) * n_q * d_k + i0 * d_k, rows, d_k);
-      for (int64_t jb = 1; jb < k_blocks; ++jb) dQ += CMap(dq_part.data() + (b * k_blocks + jb) * n_q * d_k + i0 * d_k, rows, d_k);
+      // Key blocks in order; those whose first visited query block lies past this one (under
+      // the causal limit) contribute nothing and are skipped.
+      dQ.setZero();
+      for (int64_t jb = 0; jb < k_blocks && first_block(jb * bk) <= i0; ++jb)
+        dQ += CMap(dq_part.get() + (b * k_blocks + jb) * n_q * d_k + i0 * d_k, rows, d_k);
     }
     if (query_scale != T(1)) dQ *= query_scale;
     if (ridge && grad.dtau) {
@@ -216,7 +220,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
 template <class T>
 void softmax_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v,
                                 const Mask<T>& mask, Causal causal, T scale, const T* y, const T* log_z, const T* dy,
-                                const AttentionGradients<T>& grad, Blocking blocking = {64, 256}) {
+                                const AttentionGradients<T>& grad, Blocking blocking = {}) {
   detail::attend_backward(batch, q, static_cast<const T*>(nullptr), nullptr, k, v, mask, causal, scale,
                           detail::DotScores<T>{}, y, log_z, dy, grad, blocking);
 }
@@ -226,7 +230,7 @@ template <class T, class Kernel>
 void ridge_attention_backward(int64_t batch, const Stack<T>& u, const T* tau, const int64_t* tau_index,
                               const Stack<T>& k, const Stack<T>& v, const Mask<T>& mask, Causal causal,
                               const Kernel& kernel, const T* y, const T* log_z, const T* dy,
-                              const AttentionGradients<T>& grad, Blocking blocking = {64, 256}) {
+                              const AttentionGradients<T>& grad, Blocking blocking = {}) {
   detail::attend_backward(batch, u, tau, tau_index, k, v, mask, causal, T(1), kernel, y, log_z, dy, grad, blocking);
 }
 

@@ -37,6 +37,18 @@ struct ExpKernel {
   }
 };
 
+// The range check of a kernel of the scaled distance z = (tau - s) / width (Gaussian, Cauchy):
+// |tau - s| must be finite and z^2 too, or the log-weights `log_weights` overflow.
+template <class T>
+void check_scaled_distance(double tau_max, double key_max, const std::string& width_name, double width,
+                           const std::string& log_weights) {
+  const double limit = std::numeric_limits<T>::max();
+  check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
+  check_bound((tau_max + key_max) / width, std::sqrt(limit),
+              "|tau - s| / " + width_name + " (" + width_name + " = " + number(width) + ")",
+              width_name + " is too small for these inputs, its log-weights " + log_weights + " overflow");
+}
+
 // psi(tau, s) = exp(-(tau - s)^2 / (2 sigma^2)) (eq. 54).
 // Computed as -((s - tau) / sigma)^2 / 2, which holds for any sigma whose inverse is finite.
 template <class T>
@@ -46,11 +58,7 @@ struct GaussianKernel {
   T inv_sigma;
   explicit GaussianKernel(double sigma_) : sigma(sigma_), inv_sigma(T(1.0 / sigma_)) {}
   void check_range(double tau_max, double key_max) const {
-    const double limit = std::numeric_limits<T>::max();
-    check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
-    check_bound((tau_max + key_max) / sigma, std::sqrt(limit),
-                "|tau - s| / sigma (sigma = " + number(sigma) + ")",
-                "sigma is too small for these inputs, its log-weights -(|tau - s| / sigma)^2 / 2 overflow");
+    check_scaled_distance<T>(tau_max, key_max, "sigma", sigma, "-(|tau - s| / sigma)^2 / 2");
   }
   template <class M>
   void log_psi(M&& S, const T* tau) const {
@@ -66,11 +74,7 @@ struct CauchyKernel {
   double gamma;
   explicit CauchyKernel(double gamma_) : inv_gamma(T(1.0 / gamma_)), gamma(gamma_) {}
   void check_range(double tau_max, double key_max) const {
-    const double limit = std::numeric_limits<T>::max();
-    check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
-    check_bound((tau_max + key_max) / gamma, std::sqrt(limit),
-                "|tau - s| / gamma (gamma = " + number(gamma) + ")",
-                "gamma is too small for these inputs, its log-weights -log(1 + (|tau - s| / gamma)^2) overflow");
+    check_scaled_distance<T>(tau_max, key_max, "gamma", gamma, "-log(1 + (|tau - s| / gamma)^2)");
   }
   template <class M>
   void log_psi(M&& S, const T* tau) const {

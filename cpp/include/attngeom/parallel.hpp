@@ -16,6 +16,10 @@ void set_num_threads(int n);
 // 16 threads per processor (beyond that a team only costs memory and creation time, and
 // tens of thousands of threads fail to start).
 int max_threads();
+// Processors available to the process (OpenMP's count; 1 without OpenMP). Unlike the thread
+// count it does not change with set_num_threads, so choices made from it (tilings) keep
+// results independent of the thread count.
+int processors();
 // True when the core was compiled with OpenMP.
 bool has_openmp();
 // Whether a kernel of about `work` multiply-adds is worth a parallel region: waking the

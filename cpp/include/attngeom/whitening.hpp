@@ -16,7 +16,9 @@
 #include <Eigen/Core>
 #include <Eigen/LU>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "attngeom/types.hpp"
@@ -128,6 +130,34 @@ void whiten(int64_t B, int64_t Tn, int64_t D, const T* x, const T* L, const T* M
       detail::Strided<T>(w + (b0 * Tn + i) * D, nb, D, stride) = R;
     }
   });
+}
+
+// A lower bound of the largest 2-norm condition number over `count` (D, D) row-major blocks
+// L: kappa_1 / D with kappa_1 = ||L||_1 ||L^{-1}||_1 (kappa_2 >= kappa_1 / D), in double
+// precision; +inf when a block is singular or its inverse overflows. The filter's check
+// runs on every call of a training step: one LU (a triangular inverse when L is lower
+// triangular) per block costs a fraction of an SVD, single-threaded on the calling thread.
+template <class T>
+double condition_bound(int64_t count, int64_t D, const T* L, bool lower_triangular) {
+  const double inf = std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (int64_t f = 0; f < count; ++f) {
+    const detail::ColMat<double> A = Eigen::Map<const RowMatrix<T>>(L + f * D * D, D, D).template cast<double>();
+    detail::ColMat<double> inv;
+    if (lower_triangular) {
+      if ((A.diagonal().array() == 0.0).any()) return inf;
+      inv = detail::ColMat<double>::Identity(D, D);
+      A.template triangularView<Eigen::Lower>().solveInPlace(inv);
+    } else {
+      Eigen::PartialPivLU<detail::ColMat<double>> lu(A);
+      if ((lu.matrixLU().diagonal().array() == 0.0).any()) return inf;
+      inv = lu.inverse();
+    }
+    const double kappa = A.cwiseAbs().colwise().sum().maxCoeff() * inv.cwiseAbs().colwise().sum().maxCoeff() / double(D);
+    if (!std::isfinite(kappa)) return inf;
+    worst = std::max(worst, kappa);
+  }
+  return worst;
 }
 
 template <class T>

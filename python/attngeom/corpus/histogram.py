@@ -50,7 +50,7 @@ class Histogram:
         Returns
         -------
         Histogram
-            self.
+            self, with x counted.
 
         Examples
         --------
@@ -83,7 +83,7 @@ class Histogram:
         Returns
         -------
         Histogram
-            self.
+            self, with other's counts added.
 
         Examples
         --------

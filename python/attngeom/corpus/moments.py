@@ -71,7 +71,7 @@ class Moments:
         Returns
         -------
         Moments
-            self.
+            self, with the rows of x counted.
 
         Examples
         --------
@@ -108,7 +108,7 @@ class Moments:
         Returns
         -------
         Moments
-            self.
+            self, with other's data added.
 
         Examples
         --------
@@ -154,7 +154,7 @@ class Moments:
         Parameters
         ----------
         ddof : int, default 0
-            Delta degrees of freedom.
+            As for :meth:`covariance`.
 
         Returns
         -------

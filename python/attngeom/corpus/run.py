@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .._operands import float_dtype
 from .cumulants import CumulantStatistic
 from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
 from .protocol import Batch, Statistic
@@ -281,12 +282,7 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     batch_tokens = positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
     blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
     max_length = positive_int("max_length", max_length, allow_none=True)
-    try:
-        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    dt = float_dtype("dtype", dtype)
     if isinstance(model, Model):
         m = model
         path = m.path if os.path.exists(m.path) else None

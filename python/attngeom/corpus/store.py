@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._operands import float_dtype
 from .protocol import Batch
 
 FORMAT = "attngeom-activations"
@@ -134,12 +135,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
     max_length = positive_int("max_length", max_length, allow_none=True)
     chunk_tokens = positive_int("chunk_tokens", chunk_tokens)
-    try:
-        dt = np.dtype(dtype) if isinstance(dtype, (type, np.dtype, str)) else None
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    dt = float_dtype("dtype", dtype)
     if not isinstance(store, (str, os.PathLike)):
         raise TypeError(f"store must be a path, got {type(store).__name__}")
     store = os.fspath(store)

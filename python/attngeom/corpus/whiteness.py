@@ -107,7 +107,7 @@ class SequenceMoments:
         Returns
         -------
         SequenceMoments
-            self.
+            self, with x counted.
 
         Examples
         --------
@@ -138,7 +138,7 @@ class SequenceMoments:
         Returns
         -------
         SequenceMoments
-            self.
+            self, with other's sequences added.
 
         Examples
         --------

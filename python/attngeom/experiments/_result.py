@@ -48,18 +48,30 @@ class ExperimentResult:
         return str(path)
 
 
-def check_config(config) -> None:
-    """Raise ValueError naming the first field of an experiment config whose value is out of range.
+@dataclasses.dataclass
+class ExperimentConfig:
+    """Base of the drivers' config dataclasses: the field every experiment has.
+
+    ``seed`` (keyword-only) seeds the driver's random draws: a run is deterministic given its
+    config (timings aside).
+    """
+    seed: int = dataclasses.field(default=0, kw_only=True)
+
+
+def check_config(config, **minimums):
+    """`config`, checked: raise ValueError naming the first field whose value is out of range.
 
     One rule for every driver's config dataclass, read off each field's default (every field
     has one): a boolean field takes True or False; an integer field takes an integer (not a
     boolean), ``seed`` one >= 0 (NumPy's generators refuse negative seeds), a field whose
     default is positive (a count or a size) one >= 1, any other one >= 0; a float field takes
     a finite real number, >= 0 when its default is >= 0 (scales, noise levels, sweep bounds).
-    Checks that depend on the experiment (a bound above another, a fraction below 1) stay in
-    its driver.
+    `minimums` raise the lower bound of integer fields (``n_sigma=2``: a sweep of two points at
+    least), checked after the rule. Other checks that depend on the experiment (a bound above
+    another, a fraction below 1) stay in its driver.
 
-    Example: ``check_config(IdentityConfig(n_heads=-3))`` raises "n_heads must be an integer >= 1, got -3"
+    Example: ``c = check_config(config, n_layers=1, n_sigma=2)``;
+    ``check_config(IdentityConfig(n_heads=-3))`` raises "n_heads must be an integer >= 1, got -3"
     """
     for f in dataclasses.fields(config):
         name, default, value = f.name, f.default, getattr(config, f.name)
@@ -77,17 +89,11 @@ def check_config(config) -> None:
                 raise ValueError(f"{name} must be finite, got {value!r}")
             if default >= 0 and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
-
-
-def check_minimums(config, **minimums) -> None:
-    """Raise ValueError naming the first config field that is not an integer >= its minimum.
-
-    Example: ``check_minimums(c, n_layers=1, n_sigma=2)``
-    """
     for name, minimum in minimums.items():
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return config
 
 
 def _strict(value):

@@ -13,19 +13,18 @@ from typing import Dict, List
 from .. import plotting
 from ..dimension import DimensionResult, neuromanifold_dimension
 from ._progress import progress
-from ._result import ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 PAPER_FIGURE_4 = {"softmax": [37, 52, 61, 64], "lightning": [34, 49, 58, 61]}
 
 
 @dataclass
-class DimensionConfig:
+class DimensionConfig(ExperimentConfig):
     layers: int = 3
     width: int = 4
     t: int = 3
     n_samples: int = 100
     n_draws: int = 5
-    seed: int = 0
 
 
 @dataclass
@@ -81,8 +80,7 @@ class DimensionSweepResult(ExperimentResult):
 
 def run_dimension(config: DimensionConfig = DimensionConfig()) -> DimensionSweepResult:
     """Estimate the dimensions of Figure 4. Example: ``print(run_dimension().table())``"""
-    check_config(config)
-    c = config
+    c = check_config(config)
     d = (c.width,) * (c.layers + 1)
     results = {kind: [neuromanifold_dimension(d, (a,) * c.layers, kind=kind, t=c.t, n_samples=c.n_samples,
                                               n_draws=c.n_draws, seed=c.seed + a)

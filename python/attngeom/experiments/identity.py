@@ -14,11 +14,11 @@ import numpy as np
 from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, laplace_radon_transform, radon_project, tilt_radius
-from ._result import ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 
 @dataclass
-class IdentityConfig:
+class IdentityConfig(ExperimentConfig):
     n_heads: int = 8
     d_model: int = 96
     d_k: int = 32
@@ -26,7 +26,6 @@ class IdentityConfig:
     n_tokens: int = 64
     n_examples: int = 64
     causal: bool = False
-    seed: int = 0
 
 
 @dataclass
@@ -85,8 +84,7 @@ def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
 
     Example: ``res = run_identity(IdentityConfig(seed=1)); res.summary()``
     """
-    check_config(config)
-    c = config
+    c = check_config(config)
     rng = np.random.default_rng(c.seed)
     x = rng.standard_normal((c.n_examples, c.n_tokens, c.d_model))
     s = 1 / np.sqrt(c.d_model)

@@ -32,7 +32,7 @@ from ..laplace_radon import head_probe
 from ..point_sets import reconstruct_points, recover_keys
 from ..radon import iradon, iradon_sart, limited_angle, radon, rms_error, shepp_logan_phantom
 from ._progress import progress
-from ._result import ExperimentResult, check_config, check_minimums
+from ._result import ExperimentConfig, ExperimentResult, check_config
 from .timing import timed
 
 
@@ -45,7 +45,7 @@ SUMMARY_NODE_COUNTS = (4, 6, 8, 16, 24, 32)
 
 
 @dataclass
-class InverseConfig:
+class InverseConfig(ExperimentConfig):
     max_nodes: int = 32  # node counts n = 1..max_nodes
     node_draws: int = 5  # random node sets per n
     node_gap: float = 0.3  # smallest node spacing, as a fraction of the mean spacing 2 / n
@@ -76,7 +76,6 @@ class InverseConfig:
     n_wedges: int = 4
     sart_iterations: int = 2
     timing_repeats: int = 3
-    seed: int = 0
 
 
 def _spaced_nodes(rng, n, gap_fraction):
@@ -398,9 +397,7 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
 
     Example: ``res = run_inverse(InverseConfig(max_nodes=12, phantom_size=64, n_angles=64)); res.table()``
     """
-    check_config(config)
-    c = config
-    check_minimums(c, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
+    c = check_config(config, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
     if not 0 < c.node_gap < 1:
         raise ValueError(f"node_gap must lie in (0, 1) (a fraction of the mean spacing), got {c.node_gap}")
     if not 0 <= c.max_wedge < 180:

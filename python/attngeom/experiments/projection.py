@@ -20,11 +20,11 @@ from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentResult, check_config, check_minimums
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 
 @dataclass
-class ProjectionConfig:
+class ProjectionConfig(ExperimentConfig):
     n_tokens: int = 64  # tokens per sequence (identity and sigma sweep)
     d: int = 16  # token dimension (unit-norm tokens on the sphere S^{d-1})
     n_examples: int = 32  # sequences
@@ -39,7 +39,6 @@ class ProjectionConfig:
     flatten_sigma: float = 0.5  # sigma of the flattening layers
     n_layers: int = 5
     n_neighbors: int = 15
-    seed: int = 0
 
 
 def _unit(rng, shape):
@@ -162,9 +161,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
 
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
-    check_config(config)
-    c = config
-    check_minimums(c, n_layers=1, n_sigma=2)
+    c = check_config(config, n_layers=1, n_sigma=2)
     rng = np.random.default_rng(c.seed)
     # (1) the identity on unit-norm queries and keys (cross-attention, separate values)
     q = _unit(rng, (c.n_examples, c.n_tokens, c.d))

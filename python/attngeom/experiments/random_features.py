@@ -25,14 +25,14 @@ from ..laplace_radon import tilt_radius
 from ..random_features import random_feature_attention
 from ..sampling import sampled_attention
 from ._progress import progress
-from ._result import ExperimentResult, check_config, check_minimums
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 FEATURE_KINDS = ("iid", "orthogonal")
 PROPOSALS = ("uniform", "tilted")
 
 
 @dataclass
-class RandomFeaturesConfig:
+class RandomFeaturesConfig(ExperimentConfig):
     d_model: int = 64
     d_k: int = 16
     d_v: int = 16
@@ -46,7 +46,6 @@ class RandomFeaturesConfig:
     n_tau: int = 9  # log-spaced mean radii
     num_samples: int = 16  # S keys per query
     sampling_draws: int = 100
-    seed: int = 0
 
 
 def _slope(x, y):
@@ -136,9 +135,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
 
     Example: ``res = run_random_features(RandomFeaturesConfig(feature_draws=10)); res.table()``
     """
-    check_config(config)
-    c = config
-    check_minimums(c, min_features=1, max_features=c.min_features, n_tau=2)
+    c = check_config(config, min_features=1, max_features=config.min_features, n_tau=2)
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))

@@ -19,7 +19,7 @@ from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
 from ._progress import progress
-from ._result import ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 
 # Table 1 of the paper (run_20251217_190709), for the side-by-side comparison.
@@ -35,7 +35,7 @@ PAPER_SWEEP = {"entropy_alpha_0.1": 4.15, "entropy_alpha_10": 0.48, "max_prob_al
 
 
 @dataclass
-class TomographyConfig:
+class TomographyConfig(ExperimentConfig):
     d_model: int = 96
     d_k: int = 32
     d_v: int = 48
@@ -43,7 +43,6 @@ class TomographyConfig:
     n_examples: int = 256
     n_alpha: int = 25  # temperature sweep points, log-spaced on [0.1, 10]
     baseline_draws: int = 64  # Monte Carlo examples per alpha for each mean-field baseline
-    seed: int = 0
 
 
 def _chi_mean(k: int) -> float:
@@ -184,8 +183,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
     Example: ``res = run_tomography(TomographyConfig(n_examples=64)); print(res.table())``
     """
-    check_config(config)
-    c = config
+    c = check_config(config)
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))

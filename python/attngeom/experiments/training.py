@@ -39,7 +39,7 @@ import numpy as np
 from .. import plotting
 from ..whitening import stationarity, whiteness
 from ._progress import progress
-from ._result import ExperimentResult, check_config, check_minimums
+from ._result import ExperimentConfig, ExperimentResult, check_config
 
 # Table 1 and 2 of seed 004 (s.5): arm -> (parameters, final MCE loss, perplexity, minutes)
 PAPER_TABLE_1 = {"standard": (1.62e6, 1.39, 4.00, 57.0), "whitened": (1.88e6, 1.16, 3.18, 457.0),
@@ -57,7 +57,7 @@ ARM_SUFFIXES = ("_equal", "_half")
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(ExperimentConfig):
     variants: str = "standard,whitened,standard_equal,whitened_half,projection"  # arms, comma-separated
     corpus: str = "stdlib"  # "stdlib" | "markov" | a path to a UTF-8 text file
     corpus_chars: int = 0  # use at most this many characters of the corpus (0: all)
@@ -92,7 +92,6 @@ class TrainingConfig:
     threads: int = 1  # torch and attngeom threads per run (at this size one thread is robust on a shared machine)
     workers: int = 2  # runs (arm, seed) trained at once in worker processes; results do not depend on it
     checkpoints: bool = True  # keep each run's final weights for the run folder
-    seed: int = 0
 
 
 # -- corpora ------------------------------------------------------------------------------------------
@@ -985,10 +984,9 @@ def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_si
 
 
 def _check(config: TrainingConfig) -> List[str]:
-    c = config
-    check_minimums(c, d_model=2, n_blocks=1, n_heads=1, context=2, batch=2, iterations=1, seeds=1, eval_every=1, geometry_every=1,
-                   eval_windows=1, geometry_batch=2, timing_iterations=1, threads=1, workers=1, warmup=0, corpus_chars=0,
-                   markov_chars=100, markov_alphabet=2, markov_order=1)
+    c = check_config(config, d_model=2, n_blocks=1, n_heads=1, context=2, batch=2, iterations=1, seeds=1, eval_every=1, geometry_every=1,
+                     eval_windows=1, geometry_batch=2, timing_iterations=1, threads=1, workers=1, warmup=0, corpus_chars=0,
+                     markov_chars=100, markov_alphabet=2, markov_order=1)
     if c.d_model % (2 * c.n_heads):
         raise ValueError(f"d_model must be a multiple of 2 * n_heads = {2 * c.n_heads} (even head width for RoPE), "
                          f"got {c.d_model}")
@@ -1018,9 +1016,8 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
 
     Example: ``res = run_training(TrainingConfig(corpus="markov", iterations=200, seeds=1))``
     """
-    check_config(config)
+    arms = _check(config)
     c = config
-    arms = _check(c)
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - exercised only without torch

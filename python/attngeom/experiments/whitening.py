@@ -32,7 +32,7 @@ from ..whitening import (
     whiteness,
 )
 from ._progress import progress
-from ._result import ExperimentResult, check_config, check_minimums
+from ._result import ExperimentConfig, ExperimentResult, check_config
 from .timing import median_time
 
 
@@ -40,7 +40,7 @@ KINDS = ("stationary", "drifting")
 
 
 @dataclass
-class WhiteningConfig:
+class WhiteningConfig(ExperimentConfig):
     batch: int = 2000  # B sequences (Psi and rho are statistics over the batch)
     T: int = 16
     D: int = 4
@@ -53,7 +53,6 @@ class WhiteningConfig:
     timing_batch: int = 32  # the "many sequences" case (the other is one sequence)
     timing_block: int = 64
     timing_repeats: int = 5
-    seed: int = 0
 
 
 @dataclass
@@ -156,9 +155,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
 
     Example: ``res = run_whitening(WhiteningConfig(batch=500)); res.summary()["relative_whiteness_stationary"]``
     """
-    check_config(config)
-    c = config
-    check_minimums(c, n_phi=2, T=2)
+    c = check_config(config, n_phi=2, T=2)
     rng = np.random.default_rng(c.seed)
     Q = np.linalg.qr(rng.standard_normal((c.D, c.D)))[0]
     phi = np.linspace(0.0, c.phi_max, c.n_phi)

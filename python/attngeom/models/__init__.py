@@ -13,7 +13,8 @@
 * :func:`load_model` -> :class:`Model` runs a checkpoint's forward pass (:mod:`.model`):
   :mod:`.architecture` reads config.json, :mod:`.decoder` is the GPT-2 / Llama-family
   decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result,
-  :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints.
+  :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints, :mod:`.norm` the
+  LayerNorm / RMSNorm, :mod:`.mla` DeepSeek-V2's multi-head latent attention.
 * :mod:`.adapters`: :func:`from_transformers` and :func:`from_transformer_lens` give the same
   :class:`Model` for a ``transformers`` model or a TransformerLens 4.x bridge in memory
   (torch is only touched through the tensors handed in; nothing is imported here).
@@ -44,7 +45,7 @@ from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .model import Model, load_model
 from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
 from .report import CROSS_LAYER, FIELDS, HeadReport, head_report
-from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs
+from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs, yarn_factors
 from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
                           write_safetensors)
 from .tokenizer import WordPiece, tokenize
@@ -65,7 +66,7 @@ __all__ = [
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
     "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
     "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs",
-    "rope_frequencies", "rotary_pairs",
+    "rope_frequencies", "rotary_pairs", "yarn_factors",
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
     "RouterStatistics", "router_statistics",

@@ -167,17 +167,22 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     return out.hidden_states[:-1, None], tokens
 
 
-def split_texts(text: str) -> List[str]:
-    """Split a corpus into texts: one text per paragraph, paragraphs separated by blank lines.
+def split_texts(text: str, *, by: str = "paragraph") -> List[str]:
+    """Split a corpus into texts: one text per paragraph (paragraphs separated by blank lines),
+    or one per line.
 
-    The rule of ``attngeom heads --text FILE``: a line holding only whitespace ends a
-    paragraph; the lines of a paragraph are joined with single spaces; empty paragraphs
-    are dropped. A file without blank lines is one text.
+    The rule of ``attngeom heads --text FILE`` and ``attngeom corpus --corpus FILE`` (their
+    ``--split`` option). ``by="paragraph"``: a line holding only whitespace ends a
+    paragraph; the lines of a paragraph are joined with single spaces (wrapped prose stays
+    one text); empty paragraphs are dropped; a file without blank lines is one text.
+    ``by="line"``: every non-empty line, stripped, is a text (one document a line).
 
     Parameters
     ----------
     text : str
         The contents of a text file.
+    by : {"paragraph", "line"}, default "paragraph"
+        The unit of a text.
 
     Returns
     -------
@@ -189,8 +194,15 @@ def split_texts(text: str) -> List[str]:
     >>> from attngeom.models import split_texts
     >>> split_texts("The cat sat.\\nIt purred.\\n\\n  \\nA dog ran.\\n")
     ['The cat sat. It purred.', 'A dog ran.']
+    >>> split_texts("The cat sat.\\nIt purred.\\n\\n  \\nA dog ran.\\n", by="line")
+    ['The cat sat.', 'It purred.', 'A dog ran.']
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    paragraphs = re.split(r"\n[ \t\r\f\v]*\n", text.replace("\r\n", "\n"))
+    if by not in ("paragraph", "line"):
+        raise ValueError(f"by must be 'paragraph' or 'line', got {by!r}")
+    text = text.replace("\r\n", "\n")
+    if by == "line":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    paragraphs = re.split(r"\n[ \t\r\f\v]*\n", text)
     return [" ".join(line.strip() for line in p.splitlines() if line.strip()) for p in paragraphs if p.strip()]

@@ -1,6 +1,6 @@
 """Models already in memory: a ``transformers`` PreTrainedModel or a TransformerLens bridge.
 
-* :func:`from_transformers` wraps a Hugging Face model (GPT-2, Llama, Mistral, Qwen2, Qwen3,
+* :func:`from_transformers` wraps a Hugging Face model (GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral, DeepSeek-V2,
   BERT) as a :class:`Model`: its state dict and ``config.to_dict()`` go through the same
   path as a checkpoint folder (:func:`load_model`), the tensors viewed, not copied
   (bfloat16 kept as its bits and widened one layer at a time, as for a memory-mapped file).

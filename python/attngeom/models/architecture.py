@@ -3,30 +3,47 @@
 One description covers every supported family, so one decoder implementation
 (:mod:`attngeom.models.decoder`) runs them all:
 
-==========  ========  =========  ==========  ========  ==========================================
-model_type  family    norm       MLP         position  attention extras
-==========  ========  =========  ==========  ========  ==========================================
-bert        bert      LayerNorm  GELU        absolute  bidirectional, post-LN (:mod:`.bert`)
-gpt2        gpt2      LayerNorm  GELU tanh   absolute  fused c_attn (Conv1D), tied lm_head
-llama       llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type llama3 / linear
-mistral     llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
-qwen2       llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
-qwen3       llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
-mixtral     llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
-==========  ========  =========  ==========  ========  ==========================================
+===========  ========  =========  ==========  ========  ==========================================
+model_type   family    norm       MLP         position  attention extras
+===========  ========  =========  ==========  ========  ==========================================
+bert         bert      LayerNorm  GELU        absolute  bidirectional, post-LN (:mod:`.bert`)
+gpt2         gpt2      LayerNorm  GELU tanh   absolute  fused c_attn (Conv1D), tied lm_head
+llama        llama     RMSNorm    SwiGLU      RoPE      grouped-query; rope_type llama3 / linear / yarn
+mistral      llama     RMSNorm    SwiGLU      RoPE      grouped-query, sliding window
+qwen2        llama     RMSNorm    SwiGLU      RoPE      q/k/v biases, sliding window per layer
+qwen3        llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm over d_head)
+mixtral      llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
+deepseek_v2  llama     RMSNorm    MoE SwiGLU  RoPE      multi-head latent attention (:mod:`.mla`):
+                                  + shared              compressed KV latent, decoupled RoPE keys
+===========  ========  =========  ==========  ========  ==========================================
+
+DeepSeek-V2 is read as transformers implements it: q LoRA optional (``q_lora_rank`` null
+gives a plain ``q_proj``), the rotary part of queries and keys rotated in the interleaved
+(complex-pair) convention (YaRN scaling, which the released checkpoints use, included: its
+attention factor on the rotary part and mscale(factor, mscale_all_dim)^2 on the logit
+scale), the first ``first_k_dense_replace`` layers dense, the others routed experts
+(``greedy`` or ``group_limited_greedy`` top-k of the softmax, not renormalised, times
+``routed_scaling_factor``) plus ``n_shared_experts`` shared experts. Refused with a
+ValueError: ``norm_topk_prob`` true (transformers ignores it, DeepSeek's own code
+renormalises), other ``topk_method`` values (DeepSeek-V3's ``noaux_tc``), and
+num_key_value_heads different from num_attention_heads (every head has its own expanded key
+and value). Rope types: default, linear, llama3 and yarn for every rotary family (dynamic,
+longrope and the others are refused).
 
 Both config formats are read: transformers >= 5 (``rope_parameters``) and the older
 ``rope_theta`` + ``rope_scaling``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
-                           "qwen3": "llama", "mixtral": "llama"}
-ROPE_TYPES = ("default", "linear", "llama3")
+                           "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama"}
+TOPK_METHODS = ("greedy", "group_limited_greedy")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
 
 
@@ -37,11 +54,13 @@ class Architecture:
     Attributes
     ----------
     model_type : str
-        config.json's model_type ("gpt2", "llama", "mistral", "qwen2", "qwen3", "bert").
+        config.json's model_type ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral",
+        "deepseek_v2", "bert").
     family : {"gpt2", "llama", "bert"}
         The code path: the tensor-name layout of :data:`attngeom.models.LAYOUTS`.
     n_layers, n_heads, n_kv_heads, d_model, d_head, vocab_size : int
-        Dimensions (n_kv_heads = n_heads without grouped-query attention).
+        Dimensions (n_kv_heads = n_heads without grouped-query attention). For multi-head
+        latent attention d_head is the query/key width qk_nope_head_dim + qk_rope_head_dim.
     norm : {"layernorm", "rmsnorm"}
         The normalisation; ``norm_eps`` its epsilon.
     activation : str
@@ -63,8 +82,23 @@ class Architecture:
     config : dict
         The parsed config.json.
     n_experts, experts_per_token : int
-        Mixture-of-experts MLPs (Mixtral): num_local_experts and num_experts_per_tok (the k
-        of top-k routing); 0 for dense MLPs.
+        Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): num_local_experts (n_routed_experts)
+        and num_experts_per_tok (the k of top-k routing); 0 for dense MLPs.
+    mla : dict or None
+        Multi-head latent attention (DeepSeek-V2, :mod:`.mla`): {"q_lora_rank" (None for a
+        plain q_proj), "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}.
+    dense_layers : tuple of int
+        The layers of a mixture-of-experts model with a dense MLP (DeepSeek-V2's first
+        first_k_dense_replace layers).
+    shared_experts : int
+        Shared experts every token passes through (DeepSeek-V2's n_shared_experts).
+    router_normalized : bool
+        Whether the top-k weights are renormalised to sum to 1 (Mixtral) or kept as softmax
+        probabilities (DeepSeek-V2).
+    routed_scaling_factor : float
+        Factor of the routed experts' weights (DeepSeek-V2).
+    expert_groups : tuple of two int or None
+        (n_group, topk_group) of DeepSeek-V2's group-limited greedy routing.
 
     Examples
     --------
@@ -98,6 +132,22 @@ class Architecture:
     config: dict = field(default_factory=dict, repr=False, compare=False)
     n_experts: int = 0
     experts_per_token: int = 0
+    mla: Optional[dict] = None
+    dense_layers: Tuple[int, ...] = ()
+    shared_experts: int = 0
+    router_normalized: bool = True
+    routed_scaling_factor: float = 1.0
+    expert_groups: Optional[Tuple[int, int]] = None
+
+    @property
+    def moe_layers(self) -> Tuple[int, ...]:
+        """The layers with routed experts (empty for dense models)."""
+        return tuple(i for i in range(self.n_layers) if i not in self.dense_layers) if self.n_experts else ()
+
+    @property
+    def rotary_dim(self) -> int:
+        """The width the rotary embedding rotates: d_head, or qk_rope_head_dim under MLA."""
+        return self.mla["qk_rope_head_dim"] if self.mla else self.d_head
 
 
 def _int(cfg, where, *keys, default=None):
@@ -127,16 +177,68 @@ def _rope(cfg, where) -> dict:
     params.pop("type", None)
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{where}: partial_rotary_factor {params['partial_rotary_factor']} is not supported")
-    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+             "yarn": ("factor",)}.get(kind, ())
     for key in needs:
-        if not isinstance(params.get(key), (int, float)):
+        if isinstance(params.get(key), bool) or not isinstance(params.get(key), (int, float)):
             raise ValueError(f"{where}: rope_type {kind!r} needs a number {key!r} in rope_parameters, got {params!r}")
-    if kind == "llama3" and params.get("original_max_position_embeddings") is None:
+    if kind == "yarn" and cfg.get("original_max_position_embeddings") is not None:  # transformers' priority
+        params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    if kind in ("llama3", "yarn") and params.get("original_max_position_embeddings") is None:
         params["original_max_position_embeddings"] = cfg.get("max_position_embeddings")
+    if kind in ("llama3", "yarn"):
+        old = params["original_max_position_embeddings"]
+        if isinstance(old, bool) or not isinstance(old, (int, float)) or old <= 0:
+            raise ValueError(f"{where}: rope_type {kind!r} needs a positive original_max_position_embeddings "
+                             f"(or max_position_embeddings), got {old!r}")
+    for key in ("attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
+        value = params.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{where}: rope_parameters {key!r} must be a non-negative number, got {value!r}")
     theta = params.get("rope_theta")
     if not isinstance(theta, (int, float)) or theta <= 1:
         raise ValueError(f"{where}: rope_theta must be a number > 1, got {theta!r}")
     return params
+
+
+def _deepseek_v2(cfg, where, n_layers) -> dict:
+    """The MLA and routed-expert fields of a DeepSeek-V2 config (module docstring)."""
+    q_lora = cfg.get("q_lora_rank")
+    mla = {"q_lora_rank": None if q_lora is None else _int(cfg, where, "q_lora_rank"),
+           **{k: _int(cfg, where, k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
+    if mla["qk_rope_head_dim"] % 2:
+        raise ValueError(f"{where}: qk_rope_head_dim must be even (rotary pairs), got {mla['qk_rope_head_dim']}")
+    n_experts = _int(cfg, where, "n_routed_experts", "num_local_experts")
+    top_k = _int(cfg, where, "num_experts_per_tok")
+    if top_k > n_experts:
+        raise ValueError(f"{where}: num_experts_per_tok = {top_k} exceeds n_routed_experts = {n_experts}")
+    if cfg.get("norm_topk_prob"):
+        raise ValueError(f"{where}: norm_topk_prob = true is not supported for deepseek_v2 (transformers ignores "
+                         f"it, DeepSeek's reference code renormalises the top-k weights)")
+    method = cfg.get("topk_method", "greedy")
+    if method not in TOPK_METHODS:
+        raise ValueError(f"{where}: topk_method {method!r} is not supported (supported: {', '.join(TOPK_METHODS)})")
+    groups = None
+    if method == "group_limited_greedy":
+        groups = (_int(cfg, where, "n_group"), _int(cfg, where, "topk_group"))
+        if n_experts % groups[0] or groups[1] > groups[0] or top_k > groups[1] * (n_experts // groups[0]):
+            raise ValueError(f"{where}: n_group = {groups[0]} must divide n_routed_experts = {n_experts}, "
+                             f"topk_group = {groups[1]} must be <= n_group, and the kept groups must hold "
+                             f"num_experts_per_tok = {top_k} experts")
+    first_dense = cfg.get("first_k_dense_replace", 0)
+    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
+        raise ValueError(f"{where}: field 'first_k_dense_replace' must be a non-negative integer, got {first_dense!r}")
+    shared = cfg.get("n_shared_experts") or 0
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise ValueError(f"{where}: field 'n_shared_experts' must be a non-negative integer, got {shared!r}")
+    scale = cfg.get("routed_scaling_factor", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{where}: field 'routed_scaling_factor' must be a finite number, got {scale!r}")
+    _int(cfg, where, "moe_intermediate_size")
+    return dict(mla=mla, n_experts=n_experts, experts_per_token=top_k,
+                dense_layers=tuple(range(min(first_dense, n_layers))), shared_experts=shared,
+                router_normalized=False, routed_scaling_factor=float(scale), expert_groups=groups)
 
 
 def architecture_from_config(config: dict, *, where: str = "config.json") -> Architecture:
@@ -224,6 +326,12 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
         if top_k > n_experts:
             raise ValueError(f"{where}: num_experts_per_tok = {top_k} exceeds num_local_experts = {n_experts}")
         common.update(n_experts=n_experts, experts_per_token=top_k)
+    if model_type == "deepseek_v2":
+        if n_kv != n_heads:
+            raise ValueError(f"{where}: num_key_value_heads = {n_kv} must equal num_attention_heads = {n_heads} "
+                             f"under multi-head latent attention (every head expands its own key and value)")
+        common.update(_deepseek_v2(config, where, n_layers))
+        d_head = common["mla"]["qk_nope_head_dim"] + common["mla"]["qk_rope_head_dim"]
     if act not in ACTIVATIONS:
         raise ValueError(f"{where}: activation {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
     return Architecture(model_type=model_type, family=family, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,

@@ -12,6 +12,9 @@ The network is parametrised by its :class:`Architecture` (no class per family):
     h_{l+1} = h'_l + MLP(Norm(h'_l))          GELU (GPT-2), SwiGLU (down(silu(gate) * up)), or Mixtral's top-k SwiGLU experts
     logits  = Norm_f(h_L) W_U^T               W_U the lm_head or, tied, the embedding
 
+DeepSeek-V2's multi-head latent attention replaces the q, k, v line (:mod:`.mla`: keys and
+values expanded from a normed latent c_KV, a decoupled rotary key shared by the heads), and
+its MLP is dense in the first layers and routed plus shared experts after (:mod:`.moe`).
 Grouped-query keys and values are repeated for every query head of their group. Every
 attention is one call of :func:`attngeom.softmax_attention` (causal, with a boolean key mask
 for padding and a band for sliding-window layers). Weights stay as stored, memory-mapped
@@ -31,8 +34,10 @@ from ..attention import softmax_attention
 from .architecture import Architecture
 from .forward import Forward
 from .heads import Checkpoint
+from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
-from .rotary import Rotary, rope_frequencies
+from .norm import normalize
+from .rotary import Rotary, rope_frequencies, yarn_factors
 
 
 def _gelu_tanh(x):
@@ -62,13 +67,6 @@ def _unembed(final, W, dt):
     return logits
 
 
-def _norm(x, w, b, eps, kind):
-    if kind == "rmsnorm":
-        return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
-    c = x - x.mean(axis=-1, keepdims=True)
-    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
-
-
 class Decoder:
     """The weights of a GPT-2 or Llama-family checkpoint and its forward pass (module docstring).
 
@@ -92,7 +90,9 @@ class Decoder:
     def __init__(self, arch: Architecture, weights: dict):
         self.arch = arch
         self.w = weights
-        self.rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, arch.d_head))
+        self.rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, arch.rotary_dim),
+                                                             interleaved=arch.mla is not None,
+                                                             attention_factor=yarn_factors(arch.rope)[0])
 
     # -- loading -----------------------------------------------------------------------
     @classmethod
@@ -174,7 +174,7 @@ class Decoder:
             want_ff = a.config.get("intermediate_size")
             for i in range(a.n_layers):
                 s = f"{p}layers.{i}."
-                if a.n_experts:
+                if i in a.moe_layers:
                     mlp = moe_weights(take, s, a)
                 else:
                     gate = take(s + "mlp.gate_proj.weight")
@@ -192,14 +192,19 @@ class Decoder:
                         "b_down": take(s + "mlp.down_proj.bias", (d,), required=False),
                     }
                 t = s + "self_attn."
+                if a.mla:  # multi-head latent attention (:mod:`.mla`)
+                    attn = mla_weights(take, s, a)
+                else:
+                    attn = {
+                        "q": take(t + "q_proj.weight", (H * dh, d)).T, "k": take(t + "k_proj.weight", (K * dh, d)).T,
+                        "v": take(t + "v_proj.weight", (K * dh, d)).T, "o": take(t + "o_proj.weight", (d, H * dh)).T,
+                        "b_q": take(t + "q_proj.bias", (H * dh,), required=False),
+                        "b_k": take(t + "k_proj.bias", (K * dh,), required=False),
+                        "b_v": take(t + "v_proj.bias", (K * dh,), required=False),
+                        "b_o": take(t + "o_proj.bias", (d,), required=False),
+                    }
                 layer = {
-                    "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None,
-                    "q": take(t + "q_proj.weight", (H * dh, d)).T, "k": take(t + "k_proj.weight", (K * dh, d)).T,
-                    "v": take(t + "v_proj.weight", (K * dh, d)).T, "o": take(t + "o_proj.weight", (d, H * dh)).T,
-                    "b_q": take(t + "q_proj.bias", (H * dh,), required=False),
-                    "b_k": take(t + "k_proj.bias", (K * dh,), required=False),
-                    "b_v": take(t + "v_proj.bias", (K * dh,), required=False),
-                    "b_o": take(t + "o_proj.bias", (d,), required=False),
+                    "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None, **attn,
                     "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None, **mlp,
                 }
                 if a.qk_norm:
@@ -238,7 +243,7 @@ class Decoder:
         """
         a, w = self.arch, self.w
         cast = [None if w[key] is None else np.asarray(w[key]).astype(h.dtype, copy=False) for key in ("norm_w", "norm_b")]
-        return _norm(h, cast[0], cast[1], a.norm_eps, a.norm)
+        return normalize(h, cast[0], cast[1], a.norm_eps, a.norm)
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype) -> Forward:
@@ -266,7 +271,7 @@ class Decoder:
         """
         a, w, dt = self.arch, self.w, np.dtype(dtype)
         b, n = ids.shape
-        H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
+        dh = a.d_head
 
         def cast(x):
             return None if x is None else x.astype(dt, copy=False)
@@ -275,56 +280,43 @@ class Decoder:
         h = cast(w["embed"][ids])
         if a.family == "gpt2":
             h = h + cast(w["pos"][positions])
-        cos_sin = None if self.rotary is None else self.rotary.cos_sin(positions[:, None], dt)  # (b, 1, n, dh)
+        # (b, 1, n, d_head); MLA rotates its own rotary columns (:mod:`.mla`)
+        cos_sin = None if self.rotary is None or a.mla else self.rotary.cos_sin(positions[:, None], dt)
         key_mask = mask[:, None, None, :]
         window = None
         if a.sliding_layers:
             i = np.arange(n)
             window = key_mask & ((i[:, None] - i[None, :]) < a.sliding_window)
         hidden, inputs, attns, routers = [h], [], [], []
-        qs, ks, vs, q_pre, k_pre, scales = [], [], [], [], [], []
+        qs, ks, vs, q_pre, k_pre, scales, latents, rope_keys = [], [], [], [], [], [], [], []
         for li, L in enumerate(w["layers"]):
             L = {key: cast(value) for key, value in L.items()}
-            x = _norm(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+            x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
             inputs.append(x)
-            if a.family == "gpt2":
-                qkv = x @ L["qkv"]
-                if L["b_qkv"] is not None:
-                    qkv = qkv + L["b_qkv"]
-                q, k, v = np.split(qkv, 3, axis=-1)
+            if a.mla:  # multi-head latent attention (:mod:`.mla`)
+                parts = mla_attention_inputs(x, L, a, self.rotary, positions)
+                q, k, v = parts["q"], parts["k"], parts["v"]
+                q_pre.append(parts["q_prerotary"])
+                k_pre.append(parts["k_prerotary"])
+                latents.append(parts["latent"])
+                rope_keys.append(parts["rope_keys"])
             else:
-                q, k, v = x @ L["q"], x @ L["k"], x @ L["v"]
-                q = q if L["b_q"] is None else q + L["b_q"]
-                k = k if L["b_k"] is None else k + L["b_k"]
-                v = v if L["b_v"] is None else v + L["b_v"]
-            q = q.reshape(b, n, H, dh).transpose(0, 2, 1, 3)
-            k = k.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
-            v = v.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
-            if a.qk_norm:
-                q = _norm(q, L["q_norm"], None, a.norm_eps, "rmsnorm")
-                k = _norm(k, L["k_norm"], None, a.norm_eps, "rmsnorm")
-            if H != K:
-                k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
-            q_pre.append(q)
-            k_pre.append(k)
-            if cos_sin is not None:
-                c, s = cos_sin
-                half = dh // 2
-                q = q * c + np.concatenate([-q[..., half:], q[..., :half]], axis=-1) * s
-                k = k * c + np.concatenate([-k[..., half:], k[..., :half]], axis=-1) * s
+                q, k, v = self._attention_inputs(x, L, cos_sin, q_pre, k_pre)
             scale = 1.0 / math.sqrt(dh) if a.scale_attn else 1.0
+            if a.mla:
+                scale *= yarn_factors(a.rope)[1]
             if a.scale_by_layer:
                 scale /= li + 1
             m = window if li in a.sliding_layers else key_mask
             y, P = softmax_attention(q, k, v, mask=m, causal=True, scale=scale, return_weights=True,
                                          layout="bhnd")
-            out = y.transpose(0, 2, 1, 3).reshape(b, n, H * dh) @ L["o"]
+            out = y.transpose(0, 2, 1, 3).reshape(b, n, -1) @ L["o"]
             if L["b_o"] is not None:
                 out = out + L["b_o"]
             h = h + out
-            x2 = _norm(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
+            x2 = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
             if "router" in L:  # mixture of experts (:mod:`.moe`)
-                mlp, router = moe_mlp(x2, L, a.experts_per_token, act)
+                mlp, router = moe_mlp(x2, L, a, act)
                 routers.append(router)
             elif a.gated:
                 g = x2 @ L["gate"] if L["b_gate"] is None else x2 @ L["gate"] + L["b_gate"]
@@ -342,10 +334,45 @@ class Decoder:
             ks.append(k)
             vs.append(v)
             scales.append(scale)
-        final = _norm(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
+        final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
         hidden[-1] = final
         logits: Optional[np.ndarray] = None if w["unembed"] is None else _unembed(final, w["unembed"], dt)
         out = Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
                       np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)
         out.router_logits = np.stack(routers) if routers else None
+        if latents:
+            out.kv_latent, out.rope_keys = np.stack(latents), np.stack(rope_keys)
         return out
+
+    def _attention_inputs(self, x, L, cos_sin, q_pre, k_pre):
+        """q, k, v (b, H, n, d_head) of a GPT-2 / Llama-family layer (module docstring); the
+        pre-rotary q and k are appended to q_pre and k_pre."""
+        a = self.arch
+        b, n, _ = x.shape
+        H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
+        if a.family == "gpt2":
+            qkv = x @ L["qkv"]
+            if L["b_qkv"] is not None:
+                qkv = qkv + L["b_qkv"]
+            q, k, v = np.split(qkv, 3, axis=-1)
+        else:
+            q, k, v = x @ L["q"], x @ L["k"], x @ L["v"]
+            q = q if L["b_q"] is None else q + L["b_q"]
+            k = k if L["b_k"] is None else k + L["b_k"]
+            v = v if L["b_v"] is None else v + L["b_v"]
+        q = q.reshape(b, n, H, dh).transpose(0, 2, 1, 3)
+        k = k.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
+        v = v.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
+        if a.qk_norm:
+            q = normalize(q, L["q_norm"], None, a.norm_eps, "rmsnorm")
+            k = normalize(k, L["k_norm"], None, a.norm_eps, "rmsnorm")
+        if H != K:
+            k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
+        q_pre.append(q)
+        k_pre.append(k)
+        if cos_sin is not None:
+            c, s = cos_sin
+            half = dh // 2
+            q = q * c + np.concatenate([-q[..., half:], q[..., :half]], axis=-1) * s
+            k = k * c + np.concatenate([-k[..., half:], k[..., :half]], axis=-1) * s
+        return q, k, v

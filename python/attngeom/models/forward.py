@@ -33,7 +33,9 @@ class Forward:
         Queries, keys and values as the attention uses them: after q_norm / k_norm and the
         rotary embedding, biases included, keys and values repeated for every query head
         of a grouped-query model, so ``softmax_attention(q[l], k[l], v[l], causal=True,
-        mask=...)`` reproduces layer l (with ``scale``).
+        mask=...)`` reproduces layer l (with ``scale``). Under multi-head latent attention
+        (DeepSeek-V2) q and k have width qk_nope_head_dim + qk_rope_head_dim, the rotary
+        columns last, and v has width v_head_dim.
     q_prerotary, k_prerotary : ndarray, shape (n_layers, [batch,] n_heads, n, d_head)
         The same before the rotary embedding (equal to q, k for models without one).
     scale : ndarray, shape (n_layers,)
@@ -43,8 +45,15 @@ class Forward:
     attention_mask : ndarray of bool, shape ([batch,] n)
         True for real tokens, False for padding. Rows and columns of padded tokens are
         not meaningful (a padded query row of P may be all zeros).
-    router_logits : ndarray, shape (n_layers, [batch,] n, n_experts) or None
-        The router (gate) logits of mixture-of-experts models (:mod:`.moe`); None otherwise.
+    router_logits : ndarray, shape (n_moe_layers, [batch,] n, n_experts) or None
+        The router (gate) logits of mixture-of-experts models (:mod:`.moe`), for the layers
+        ``arch.moe_layers`` (all layers of Mixtral; DeepSeek-V2's first layers are dense);
+        None otherwise.
+    kv_latent : ndarray, shape (n_layers, [batch,] n, kv_lora_rank) or None
+        Multi-head latent attention (:mod:`.mla`): the latent c_KV every layer caches, after
+        its kv_a_layernorm; None for other models.
+    rope_keys : ndarray, shape (n_layers, [batch,] n, qk_rope_head_dim) or None
+        MLA's decoupled rotary key k_R (before the rotation), shared by every head.
 
     Examples
     --------
@@ -68,6 +77,8 @@ class Forward:
     positions: np.ndarray
     attention_mask: np.ndarray
     router_logits: Optional[np.ndarray] = None
+    kv_latent: Optional[np.ndarray] = None
+    rope_keys: Optional[np.ndarray] = None
 
     @property
     def n_layers(self) -> int:

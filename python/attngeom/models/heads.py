@@ -45,7 +45,7 @@ from .checkpoint import INDEX, read_index, weight_files
 from .jsonfile import read_json_object
 from .layouts import LAYOUTS, detect_layout, split_layer
 from .packaged import resolve_checkpoint
-from .rotary import Rotary, rope_frequencies, rotary_pairs
+from .rotary import Rotary, rope_frequencies, rotary_pairs, yarn_factors
 from .safetensors import SafetensorsFile
 
 _CONFIG_KEYS = {
@@ -549,7 +549,8 @@ def heads_from_checkpoint(ck: Checkpoint, *, n_heads: Optional[int] = None, n_kv
     rotary, q_norm, k_norm, eps = None, None, None, 1e-6
     if lay.name == "llama" and SUPPORTED_ARCHITECTURES.get(ck.config.get("model_type")) == "llama":
         arch = architecture_from_config(ck.config, where=os.path.join(ck.folder, "config.json"))
-        rotary = Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]))
+        rotary = Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]),
+                        attention_factor=yarn_factors(arch.rope)[0])
         eps = arch.norm_eps
         names = [f"{prefix}layers.{i}.self_attn.{which}_norm.weight" for which in ("q", "k") for i in layers]
         if arch.qk_norm:

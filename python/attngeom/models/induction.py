@@ -41,13 +41,15 @@ class InductionScores:
         Mean attention to the tokens after earlier occurrences of the current token.
     previous_token : ndarray, shape (n_layers, n_heads)
         Mean attention to the previous position.
-    k_composition : ndarray, shape (n_layers, n_heads, n_layers, n_heads)
+    k_composition : ndarray, shape (n_layers, n_heads, n_layers, n_heads) or None
         K-composition scores of head (l1, h1) into head (l2, h2); zero unless l1 < l2.
+        None for multi-head latent attention (DeepSeek-V2), whose keys pass through a norm
+        and have no linear per-head W_K.
     previous_token_heads : list of (int, int)
         Heads with previous_token >= threshold.
-    k_composition_with_previous : ndarray, shape (n_layers, n_heads)
+    k_composition_with_previous : ndarray, shape (n_layers, n_heads) or None
         For every head, its largest K-composition score with a previous-token head of an
-        earlier layer (0 when there is none).
+        earlier layer (0 when there is none); None with k_composition.
     threshold : float
         The previous-token threshold used.
     token_ids : ndarray of int, shape (n_sequences, n)
@@ -56,9 +58,9 @@ class InductionScores:
 
     induction: np.ndarray
     previous_token: np.ndarray
-    k_composition: np.ndarray = field(repr=False)
+    k_composition: Optional[np.ndarray] = field(repr=False)
     previous_token_heads: List[Tuple[int, int]]
-    k_composition_with_previous: np.ndarray
+    k_composition_with_previous: Optional[np.ndarray]
     threshold: float
     token_ids: np.ndarray = field(repr=False)
 
@@ -87,6 +89,9 @@ class InductionScores:
         if by not in ("induction", "previous_token", "k_composition_with_previous"):
             raise ValueError(f"by must be 'induction', 'previous_token' or 'k_composition_with_previous', got {by!r}")
         values = getattr(self, by)
+        if values is None:
+            raise ValueError(f"by: {by!r} is not available for this model (multi-head latent attention has no "
+                             f"per-head W_K to compose)")
         order = np.argsort(-values, axis=None, kind="stable")[:count("n", n, 1)]
         return [(int(i // values.shape[1]), int(i % values.shape[1]), float(values.flat[i])) for i in order]
 
@@ -190,10 +195,12 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
     induction = mass.mean(axis=(1, 3))
     t = np.arange(offset + 1, n)
     previous = P[..., t, t - 1].mean(axis=(1, 3))
-    H = m.heads
-    comp = composition_scores(H.W_Q, H.W_K, H.W_V, H.W_O, "K")
     prev_heads = [(int(a), int(b)) for a, b in zip(*np.nonzero(previous >= threshold))]
-    with_prev = np.zeros(previous.shape)
-    for a, b in prev_heads:
-        with_prev = np.maximum(with_prev, comp[a, b])
+    comp = with_prev = None
+    if not m.arch.mla:  # MLA keys pass through a norm: no per-head W_K (:mod:`.mla`)
+        H = m.heads
+        comp = composition_scores(H.W_Q, H.W_K, H.W_V, H.W_O, "K")
+        with_prev = np.zeros(previous.shape)
+        for a, b in prev_heads:
+            with_prev = np.maximum(with_prev, comp[a, b])
     return InductionScores(induction, previous, comp, prev_heads, with_prev, threshold, ids)

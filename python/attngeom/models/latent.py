@@ -15,6 +15,18 @@ give the latent rank (numerical rank, and the energy effective rank), the tail e
 itself from :func:`attngeom.latent_factorization`, whose error is computed from U Z and
 equals the tail (the proposition, checked in the tests).
 
+**Multi-head latent attention** (DeepSeek-V2, :mod:`.mla`): the model's cache is the
+latent c_KV (n, d_c) itself, and the expanded key cache is K = [c_KV W_UK,h | k_R]_h (the
+content keys of every head, and the shared rotary key). The result then also holds c_KV,
+its singular values, numerical and effective rank, and ``latent_errors[l, r]`` =
+||K - K^_r||_F^2, the error of the key cache rebuilt from the best rank-r latent c_r
+(K^_r = [c_r W_UK,h | k_R]_h). With c = sum_i s_i u_i v_i^T it is
+sum_{i > r} s_i^2 ||v_i^T W_UK||^2, so it is 0 for r >= rank(c_KV), at most
+||W_UK||_2^2 sum_{i > r} s_i^2, and, K^_r having rank <= r + qk_rope_head_dim, at least
+the Eckart-Young error ``errors[l, r + qk_rope_head_dim]`` (all three checked in the tests).
+rank(K) <= rank(c_KV) + qk_rope_head_dim, with or without the rotation: the decoupled RoPE
+keeps the cache's latent rank.
+
 ``rotary=False`` takes the keys before the rotary embedding: the notes' practice-agenda
 challenge compares the latent rank with and without the position rotation (the rotation
 mixes positions into K and raises its rank; DeepSeek-V2 keeps a separate rotary part for
@@ -27,6 +39,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._docstrings import fill_doc
 from .._operands import count, rtol_arg
 from ..circuits import LatentFactorization, latent_factorization
 from ..spectral import effective_rank, singular_values, spectrum_rank
@@ -59,6 +72,17 @@ class LatentKeyCache:
         Whether the keys are rotated (the cache of a rotary model) or taken before RoPE.
     tokens : list of str or None
         The prompt's token strings.
+    kv_latent : ndarray, shape (n_layers, n, kv_lora_rank) or None
+        MLA models: the latent c_KV each layer caches (None for other models).
+    kv_latent_singular_values : ndarray, shape (n_layers, min(n, kv_lora_rank)) or None
+        Its singular values.
+    kv_latent_rank : ndarray of int, shape (n_layers,) or None
+        Its numerical rank (same rtol rule as ``rank``).
+    kv_latent_effective_rank : ndarray, shape (n_layers,) or None
+        Its energy effective rank.
+    latent_errors : ndarray, shape (n_layers, min(n, kv_lora_rank) + 1) or None
+        latent_errors[l, r] = ||K - K^_r||_F^2, the key cache rebuilt from the rank-r
+        truncation of c_KV (module docstring).
     """
 
     keys: np.ndarray = field(repr=False)
@@ -71,6 +95,11 @@ class LatentKeyCache:
     latent_rank: Optional[int] = None
     rotary: bool = True
     tokens: Optional[List[str]] = field(default=None, repr=False)
+    kv_latent: Optional[np.ndarray] = field(default=None, repr=False)
+    kv_latent_singular_values: Optional[np.ndarray] = field(default=None, repr=False)
+    kv_latent_rank: Optional[np.ndarray] = None
+    kv_latent_effective_rank: Optional[np.ndarray] = None
+    latent_errors: Optional[np.ndarray] = field(default=None, repr=False)
 
     def rank_for(self, relative_error: float) -> np.ndarray:
         """The smallest latent rank per layer whose relative error is <= relative_error.
@@ -106,20 +135,20 @@ class LatentKeyCache:
             out[f"rank_L{layer}"] = int(self.rank[layer])
             out[f"effective_rank_L{layer}"] = float(self.effective_rank[layer])
             out[f"rank_1pct_L{layer}"] = int(r1[layer])
+            if self.kv_latent_rank is not None:
+                out[f"kv_latent_rank_L{layer}"] = int(self.kv_latent_rank[layer])
+                out[f"kv_latent_effective_rank_L{layer}"] = float(self.kv_latent_effective_rank[layer])
         return out
 
+    @fill_doc
     def plot(self, ax=None):
         """Relative reconstruction error ||K - K_r||_F^2 / ||K||_F^2 against r, one curve a layer.
 
         Parameters
         ----------
-        ax : matplotlib.axes.Axes, optional
-            Axes to draw into.
+        %(ax)s
 
-        Returns
-        -------
-        matplotlib.figure.Figure
-            The figure.
+        %(figure_returns)s
 
         Examples
         --------
@@ -149,7 +178,9 @@ def latent_key_cache(model, prompt, *, rank: Optional[int] = None, rotary: bool 
 
     The notes' MLA section and "Proposition (spectral error bound)" (module docstring):
     ||K - K_r||_F^2 = sum_{i > r} sigma_i^2 for K (n, n_kv_heads * d_head), the keys of
-    the prompt's tokens stacked over key/value heads.
+    the prompt's tokens stacked over key/value heads. For multi-head latent attention
+    (DeepSeek-V2) also the latent rank of the cached c_KV and the error of the key cache
+    rebuilt from its truncations (``latent_errors``).
 
     Parameters
     ----------
@@ -169,7 +200,8 @@ def latent_key_cache(model, prompt, *, rank: Optional[int] = None, rotary: bool 
     -------
     LatentKeyCache
         keys, singular values, rank, effective rank, errors and relative errors for every
-        r, and the factorisations for ``rank``.
+        r, and the factorisations for ``rank``; for MLA models c_KV, its spectrum and ranks,
+        and latent_errors.
 
     Raises
     ------
@@ -208,5 +240,27 @@ def latent_key_cache(model, prompt, *, rank: Optional[int] = None, rotary: bool 
     if rank is not None:
         rank = count("rank", rank, 1, min(n, Hk * dh))
         facts = [latent_factorization(keys[layer], rank) for layer in range(L)]
-    return LatentKeyCache(keys, s, ranks, effective_rank(s, kind="energy", spectrum=True), tail, relative, facts,
-                          rank, bool(rotary), tokens)
+    out = LatentKeyCache(keys, s, ranks, effective_rank(s, kind="energy", spectrum=True), tail, relative, facts,
+                         rank, bool(rotary), tokens)
+    if a.mla:
+        _latent_analysis(out, f.kv_latent, m, rtol)
+    return out
+
+
+def _latent_analysis(out: LatentKeyCache, latent: np.ndarray, model, rtol) -> None:
+    """Fill the MLA fields of ``out`` from the cached latents c_KV (n_layers, n, d_c)."""
+    m = model.arch.mla
+    nope, dv, H = m["qk_nope_head_dim"], m["v_head_dim"], model.arch.n_heads
+    L, n, dc = latent.shape
+    _, s, vh = np.linalg.svd(latent, full_matrices=False)  # c = U diag(s) Vh
+    energy = np.empty((L, s.shape[-1]))
+    for layer in range(L):
+        kv_b = np.asarray(model.decoder.w["layers"][layer]["kv_b"], dtype=np.float64)  # (d_c, H (nope + dv))
+        W_UK = kv_b.reshape(dc, H, nope + dv)[:, :, :nope].reshape(dc, H * nope)
+        energy[layer] = np.sum((vh[layer] @ W_UK) ** 2, axis=-1)  # ||v_i^T W_UK||^2
+    weighted = s * s * energy
+    out.latent_errors = np.concatenate([np.cumsum(weighted[:, ::-1], axis=-1)[:, ::-1], np.zeros((L, 1))], axis=-1)
+    out.kv_latent = latent
+    out.kv_latent_singular_values = s
+    out.kv_latent_rank = spectrum_rank(s, rtol, n, dc)
+    out.kv_latent_effective_rank = effective_rank(s, kind="energy", spectrum=True)

@@ -21,6 +21,12 @@ Layouts (``prefix`` is whatever precedes the names below, e.g. ``bert.``, ``tran
   embedding is not a weight: B = W_Q W_K^T here is the position-free part of the bilinear
   form (at relative offset m it is W_Q R_m W_K^T). Hugging Face's per-head row permutation
   for rotate_half acts identically on q and k and leaves B unchanged.
+* ``mla`` (DeepSeek-V2 multi-head latent attention): ``layers.N.self_attn.kv_a_proj_with_mqa.
+  weight`` and the other tensors of :mod:`attngeom.models.mla`. Recognised so that the
+  forward pass finds its layers; it has no per-head weights in this layout, because every
+  key passes through the latent's RMSNorm (kv_a_layernorm), which is not linear in x:
+  :func:`split_layer` refuses it with a ValueError, and the forward pass's q and k
+  (:class:`attngeom.models.Forward`) are the per-head quantities of such a model.
 """
 from __future__ import annotations
 
@@ -65,10 +71,18 @@ def _llama_names(p, i):
             "bq": a + "q_proj.bias", "bk": a + "k_proj.bias", "bv": a + "v_proj.bias", "bo": a + "o_proj.bias"}
 
 
+def _mla_names(p, i):
+    a = f"{p}layers.{i}.self_attn."
+    return {"kv_a": a + "kv_a_proj_with_mqa.weight", "kv_b": a + "kv_b_proj.weight", "o": a + "o_proj.weight"}
+
+
 LAYOUTS: Dict[str, Layout] = {
     "bert": Layout("bert", False, re.compile(r"^(.*?)encoder\.layer\.(\d+)\.attention\.self\.query\.weight$"),
                    _bert_names),
     "gpt2": Layout("gpt2", True, re.compile(r"^(.*?)h\.(\d+)\.attn\.c_attn\.weight$"), _gpt2_names, fused=True),
+    # before llama: an MLA model without q LoRA also has q_proj
+    "mla": Layout("mla", True, re.compile(r"^(.*?)layers\.(\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$"),
+                  _mla_names),
     "llama": Layout("llama", True, re.compile(r"^(.*?)layers\.(\d+)\.self_attn\.q_proj\.weight$"), _llama_names),
 }
 
@@ -89,8 +103,9 @@ def detect_layout(names, layout: Optional[str] = None) -> Tuple[Layout, str, Lis
     ----------
     names : iterable of str
         The checkpoint's tensor names.
-    layout : {"bert", "gpt2", "llama"}, optional
-        Force one of LAYOUTS; default: the one whose query-weight pattern matches.
+    layout : {"bert", "gpt2", "mla", "llama"}, optional
+        Force one of LAYOUTS; default: the one whose query-weight pattern matches (MLA's
+        pattern is its kv_a_proj_with_mqa weight).
 
     Returns
     -------
@@ -172,6 +187,10 @@ def split_layer(layout: Layout, get: Callable[[str], Optional[np.ndarray]], pref
     >>> w["W_Q"].shape, w["W_O"].shape, w["b_Q"]
     ((2, 8, 4), (2, 4, 8), None)
     """
+    if layout.name == "mla":
+        raise ValueError("layout: multi-head latent attention (DeepSeek-V2) has no per-head W_Q, W_K, W_V: its keys "
+                         "pass through the latent's RMSNorm (kv_a_layernorm); use the forward pass "
+                         "(attngeom.load_model(...).forward) for its queries, keys and values")
     names = layout.names(prefix, layer)
 
     def need(role):

@@ -1,7 +1,7 @@
 """A checkpoint ready to run: ``load_model(path_or_name)`` -> :class:`Model`.
 
 One API for every supported architecture (:data:`SUPPORTED_ARCHITECTURES`): the decoders
-(GPT-2, Llama, Mistral, Qwen2, Qwen3) run :class:`attngeom.models.Decoder`, BERT runs
+(GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral, DeepSeek-V2) run :class:`attngeom.models.Decoder`, BERT runs
 :class:`attngeom.models.BertEncoder`. ``Model.forward(token_ids)`` returns a
 :class:`Forward` with logits, hidden states, attentions and the per-layer q, k, v the
 attention uses. NumPy and the library's attention kernel only: no PyTorch. Decoder weights are memory-mapped
@@ -65,6 +65,10 @@ class Model:
         """The per-head weights (:class:`ModelHeads`, float64), loaded on first use (or given
         by the adapter that built the Model)."""
         if self._heads is None:
+            if self.arch.mla:
+                raise ValueError(f"model: a {self.arch.model_type} model has multi-head latent attention, whose keys "
+                                 f"pass through the latent's RMSNorm: it has no per-head W_Q, W_K, W_V (use the "
+                                 f"forward pass's q, k, v)")
             self._heads = heads_from_checkpoint(self._checkpoint)
         return self._heads
 
@@ -100,9 +104,9 @@ class Model:
         Returns
         -------
         ids : list of int
-            Token ids.
+            Token ids in the model's vocabulary.
         tokens : list of str
-            Token strings.
+            Token strings, one per id.
 
         Examples
         --------
@@ -153,7 +157,11 @@ class Model:
         dt = np.dtype(dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {dt}")
-        ids = np.asarray(token_ids)
+        try:
+            ids = np.asarray(token_ids)
+        except ValueError:  # ragged nested sequences
+            raise ValueError("token_ids must be a non-empty (n,) or (batch, n) integer array, got a ragged "
+                             "sequence") from None
         if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"token_ids must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
                              f"dtype {ids.dtype}")
@@ -191,7 +199,9 @@ class Model:
                          "k_prerotary"):
                 setattr(out, name, getattr(out, name)[:, 0])
             out.logits = None if out.logits is None else out.logits[0]
-            out.router_logits = None if out.router_logits is None else out.router_logits[:, 0]
+            for name in ("router_logits", "kv_latent", "rope_keys"):
+                value = getattr(out, name)
+                setattr(out, name, None if value is None else value[:, 0])
             out.positions, out.attention_mask = out.positions[0], out.attention_mask[0]
         return out
 
@@ -277,7 +287,7 @@ def model_from_checkpoint(ck: Checkpoint, *, where: str, heads: Optional[ModelHe
     >>> model = model_from_checkpoint(Checkpoint("model_dir"), where="model_dir/config.json")  # doctest: +SKIP
     """
     arch = architecture_from_config(ck.config, where=where)
-    layout, prefix, layers = detect_layout(ck.names, arch.family)
+    layout, prefix, layers = detect_layout(ck.names, "mla" if arch.mla else arch.family)
     if len(layers) != arch.n_layers:
         raise ValueError(f"{where}: num_hidden_layers is {arch.n_layers}, but the checkpoint has {len(layers)} layers")
     return Model(ck, arch, prefix, heads)

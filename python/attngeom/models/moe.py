@@ -1,4 +1,4 @@
-"""Mixture-of-experts MLPs (Mixtral): the sparse MoE block of the decoder and its weights.
+"""Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): the sparse MoE block of the decoder and its weights.
 
 The notes' "mixture-of-experts feed-forward layers": the MLP G_l is replaced by
 sum_e pi_e(x) G_e(x), with top-k routing. Mixtral's sparse MoE block (as transformers
@@ -10,10 +10,19 @@ computes it) is, for the normed residual x of one token::
     MLP(x)  = sum_{e in top-k} R_e  down_e(silu(gate_e x) * up_e x)
 
 so R is exactly the notes' "top-k routing matrix" (:func:`attngeom.topk_routing`, ties to
-the lower expert index). Checkpoints store the experts as
-``block_sparse_moe.experts.E.{w1,w3,w2}`` (gate, up, down) with the router
-``block_sparse_moe.gate.weight``, or fused as ``mlp.experts.gate_up_proj`` /
-``mlp.experts.down_proj`` with ``mlp.gate.weight``; both are read.
+the lower expert index). DeepSeek-V2 (DeepSeekMoE) routes differently (:func:`route`): the
+top-k of the full softmax p = softmax(g), not renormalised, times routed_scaling_factor,
+optionally group-limited (only experts of the topk_group groups with the largest max_e p_e
+compete), and adds shared experts that every token passes through with weight 1::
+
+    R_e     = s p_e  for e in top-k (of the kept groups), 0 otherwise
+    MLP(x)  = sum_e R_e down_e(silu(gate_e x) * up_e x) + down_s(silu(gate_s x) * up_s x)
+
+Checkpoints store the experts as ``block_sparse_moe.experts.E.{w1,w3,w2}`` (gate, up, down)
+with the router ``block_sparse_moe.gate.weight`` (Mixtral), as
+``mlp.experts.E.{gate,up,down}_proj`` with ``mlp.gate.weight`` (DeepSeek), or fused as
+``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj`` with ``mlp.gate.weight``; all are
+read. DeepSeek's shared experts are ``mlp.shared_experts.{gate,up,down}_proj``.
 
 The router logits of every layer are in :attr:`Forward.router_logits`;
 :func:`attngeom.router_statistics` (:mod:`attngeom.models.routing`) summarises them.
@@ -43,14 +52,15 @@ def moe_weights(take: Callable, prefix: str, arch) -> dict:
     -------
     dict
         "router" (d_model, n_experts), "experts_gate" and "experts_up" (n_experts, d_model,
-        d_ff), "experts_down" (n_experts, d_ff, d_model).
+        d_ff), "experts_down" (n_experts, d_ff, d_model); with shared experts also
+        "shared_gate", "shared_up" (d_model, d_shared) and "shared_down" (d_shared, d_model).
 
     Examples
     --------
     >>> w = moe_weights(take, "model.layers.0.", arch)  # doctest: +SKIP
     """
     d, E = arch.d_model, arch.n_experts
-    ff = arch.config.get("intermediate_size")
+    ff = arch.config.get("moe_intermediate_size", arch.config.get("intermediate_size"))
     fused = take(prefix + "mlp.experts.gate_up_proj", required=False)
     if fused is not None:
         router = take(prefix + "mlp.gate.weight", (E, d))
@@ -62,17 +72,79 @@ def moe_weights(take: Callable, prefix: str, arch) -> dict:
         gate, up = np.swapaxes(fused[:, :half], 1, 2), np.swapaxes(fused[:, half:], 1, 2)
         down = np.swapaxes(np.asarray(take(prefix + "mlp.experts.down_proj", (E, d, half))), 1, 2)
     else:
-        s = prefix + "block_sparse_moe."
+        if take(prefix + "mlp.gate.weight", required=False) is not None:  # DeepSeek: one tensor per expert
+            s, names = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
+        else:  # Mixtral
+            s, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
         router = take(s + "gate.weight", (E, d))
-        w1 = [np.asarray(take(f"{s}experts.{e}.w1.weight", (ff, d) if ff else None)) for e in range(E)]
+        w1 = [np.asarray(take(f"{s}experts.{e}.{names[0]}.weight", (ff, d) if ff else None)) for e in range(E)]
         f = w1[0].shape[0]
         gate = np.stack([w.T for w in w1])
-        up = np.stack([np.asarray(take(f"{s}experts.{e}.w3.weight", (f, d))).T for e in range(E)])
-        down = np.stack([np.asarray(take(f"{s}experts.{e}.w2.weight", (d, f))).T for e in range(E)])
-    return {"router": np.asarray(router).T, "experts_gate": gate, "experts_up": up, "experts_down": down}
+        up = np.stack([np.asarray(take(f"{s}experts.{e}.{names[1]}.weight", (f, d))).T for e in range(E)])
+        down = np.stack([np.asarray(take(f"{s}experts.{e}.{names[2]}.weight", (d, f))).T for e in range(E)])
+    out = {"router": np.asarray(router).T, "experts_gate": gate, "experts_up": up, "experts_down": down}
+    if arch.shared_experts:
+        s, fs = prefix + "mlp.shared_experts.", arch.shared_experts * gate.shape[2]
+        out["shared_gate"] = take(s + "gate_proj.weight", (fs, d)).T
+        out["shared_up"] = take(s + "up_proj.weight", (fs, d)).T
+        out["shared_down"] = take(s + "down_proj.weight", (d, fs)).T
+    return out
 
 
-def moe_mlp(x: np.ndarray, layer: dict, k: int, act: Callable):
+def route(logits, arch) -> np.ndarray:
+    """The routing matrix R of a mixture-of-experts model from its router logits (module docstring).
+
+    Mixtral: :func:`attngeom.topk_routing` (softmax of the k largest logits). DeepSeek-V2:
+    the top-k entries of softmax(g) (of the topk_group best groups under group-limited
+    routing), not renormalised, times routed_scaling_factor. Ties go to the lower expert
+    (group) index.
+
+    Parameters
+    ----------
+    logits : ndarray, shape (..., n, n_experts)
+        Router logits g.
+    arch : Architecture
+        With n_experts > 0 (experts_per_token, router_normalized, routed_scaling_factor,
+        expert_groups).
+
+    Returns
+    -------
+    ndarray, shape (..., n, n_experts)
+        R, k non-zeros a row.
+
+    Examples
+    --------
+    >>> from attngeom.models import architecture_from_config
+    >>> from attngeom.models.moe import route
+    >>> a = architecture_from_config({"model_type": "mixtral", "hidden_size": 8, "num_attention_heads": 2,
+    ...                               "num_hidden_layers": 1, "vocab_size": 10, "num_local_experts": 4,
+    ...                               "num_experts_per_tok": 2})
+    >>> route(np.array([[0.0, 2.0, 2.0, -1.0]]), a)
+    array([[0. , 0.5, 0.5, 0. ]])
+    """
+    k = arch.experts_per_token
+    if arch.router_normalized and arch.expert_groups is None:
+        return arch.routed_scaling_factor * topk_routing(logits, k)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    candidates = p
+    if arch.expert_groups is not None:
+        n_group, keep = arch.expert_groups
+        grouped = p.reshape(p.shape[:-1] + (n_group, -1))
+        best = np.argsort(-grouped.max(-1), axis=-1, kind="stable")[..., :keep]
+        allowed = np.zeros(grouped.shape[:-1], dtype=bool)
+        np.put_along_axis(allowed, best, True, -1)
+        candidates = np.where(np.repeat(allowed, grouped.shape[-1], axis=-1), p, 0.0)
+    idx = np.argsort(-candidates, axis=-1, kind="stable")[..., :k]
+    top = np.take_along_axis(candidates, idx, -1)
+    if arch.router_normalized:
+        top = top / top.sum(-1, keepdims=True)
+    R = np.zeros_like(p)
+    np.put_along_axis(R, idx, arch.routed_scaling_factor * top, -1)
+    return R
+
+
+def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
     """The sparse MoE block on normed residuals x (..., n, d_model) (module docstring).
 
     Parameters
@@ -81,8 +153,8 @@ def moe_mlp(x: np.ndarray, layer: dict, k: int, act: Callable):
         The post-attention normed residual stream.
     layer : dict
         The weights of :func:`moe_weights`, cast to x's dtype.
-    k : int
-        Experts per token.
+    arch : Architecture
+        The routing rule (:func:`route`).
     act : callable
         The gate nonlinearity (silu).
 
@@ -95,10 +167,10 @@ def moe_mlp(x: np.ndarray, layer: dict, k: int, act: Callable):
 
     Examples
     --------
-    >>> out, logits = moe_mlp(x, weights, 2, silu)  # doctest: +SKIP
+    >>> out, logits = moe_mlp(x, weights, arch, silu)  # doctest: +SKIP
     """
     logits = x @ layer["router"]
-    R = topk_routing(logits, k).astype(x.dtype, copy=False)
+    R = route(logits, arch).astype(x.dtype, copy=False)
     flat_x, flat_r = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     out = np.zeros_like(flat_x)
     for e in range(flat_r.shape[1]):
@@ -108,4 +180,6 @@ def moe_mlp(x: np.ndarray, layer: dict, k: int, act: Callable):
         xe = flat_x[rows]
         h = act(xe @ layer["experts_gate"][e]) * (xe @ layer["experts_up"][e])
         out[rows] += flat_r[rows, e, None] * (h @ layer["experts_down"][e])
+    if "shared_gate" in layer:  # DeepSeek's shared experts: every token, weight 1
+        out += (act(flat_x @ layer["shared_gate"]) * (flat_x @ layer["shared_up"])) @ layer["shared_down"]
     return out.reshape(x.shape), logits

@@ -104,5 +104,5 @@ def resolve_checkpoint(spec) -> str:
         if found is None:
             raise ValueError(hub_not_found_message(path))
         return found
-    raise ValueError(f"checkpoint must be a safetensors file, a folder holding one, or one of the packaged "
+    raise ValueError(f"path must be a checkpoint: a safetensors file, a folder holding one, or one of the packaged "
                      f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist")

@@ -11,16 +11,22 @@ rotated, so the logit of query position i and key position j is q_i R(i - j) k_j
 bilinear form of a rotary head depends on the offset i - j and equals the position-free
 W_Q W_K^T only at offset 0.
 
-Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor) and
+Frequencies theta_p = rope_theta^(-2p / d_head), with the ``linear`` (divide by factor),
 ``llama3`` (Llama 3.1: low frequencies divided by factor, high ones kept, a smooth
-interpolation between) rescalings. Angles are computed in float64 (transformers computes
+interpolation between) and ``yarn`` (YaRN, Peng et al.: frequencies below the correction
+range divided by factor, above it kept, a linear ramp between, in rotary-pair index; the
+rotated vectors are multiplied by an attention factor, 0.1 ln(factor) + 1 or the mscale
+ratio DeepSeek-V2 configures, :func:`yarn_factors`) rescalings. DeepSeek-V2 (:mod:`.mla`)
+pairs neighbours instead, (x[2p], x[2p + 1]) (the complex-number convention,
+``Rotary(..., interleaved=True)``); the rotation by m theta_p of each pair is the same.
+Angles are computed in float64 (transformers computes
 them in float32; the difference is below the float32 tolerance).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -31,9 +37,9 @@ def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
     Parameters
     ----------
     rope : dict
-        {"rope_type": "default" | "linear" | "llama3", "rope_theta": base, and "factor",
-        "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" as the
-        type needs} (as :attr:`Architecture.rope`).
+        {"rope_type": "default" | "linear" | "llama3" | "yarn", "rope_theta": base, and
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+        "beta_fast", "beta_slow", "truncate" as the type needs} (as :attr:`Architecture.rope`).
     d_head : int
         Head width (even).
 
@@ -64,9 +70,71 @@ def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / high) & ~(wavelen > old / low)
         inv = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        factor, old = float(rope["factor"]), float(rope["original_max_position_embeddings"])
+        beta_fast, beta_slow = float(rope.get("beta_fast") or 32), float(rope.get("beta_slow") or 1)
+
+        def correction(rotations):  # the pair index whose wavelength makes `rotations` turns in `old`
+            return d_head * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction(beta_fast), correction(beta_slow)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d_head - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d_head // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        inv = inv / factor * ramp + inv * (1 - ramp)
     elif kind != "default":
-        raise ValueError(f"rope_type must be 'default', 'linear' or 'llama3', got {kind!r}")
+        raise ValueError(f"rope_type must be 'default', 'linear', 'llama3' or 'yarn', got {kind!r}")
     return inv
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_factors(rope: dict) -> Tuple[float, float]:
+    """YaRN's two scalars: the factor rotated queries and keys are multiplied by, and
+    DeepSeek-V2's extra logit scale (both 1 for the other rope types).
+
+    The attention factor is ``attention_factor`` when the config gives it, else
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set (DeepSeek-V2),
+    else mscale(factor), with mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1). The logit scale
+    mscale(factor, mscale_all_dim)^2 multiplies 1 / sqrt(d_qk) of multi-head latent
+    attention when ``mscale_all_dim`` is set (transformers' ``yarn_apply_mscale``; the other
+    families do not use it). As transformers computes them.
+
+    Parameters
+    ----------
+    rope : dict
+        As :attr:`Architecture.rope`.
+
+    Returns
+    -------
+    attention_factor, logit_scale : float
+        The two factors.
+
+    Examples
+    --------
+    >>> from attngeom.models import yarn_factors
+    >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})]
+    [1.1386, 1.0]
+    >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
+    ...                                     "mscale_all_dim": 0.707})]
+    [1.0, 1.5896]
+    >>> yarn_factors({"rope_type": "default", "rope_theta": 1e4})
+    (1.0, 1.0)
+    """
+    if rope.get("rope_type", "default") != "yarn":
+        return 1.0, 1.0
+    factor, mscale, all_dim = float(rope["factor"]), rope.get("mscale"), rope.get("mscale_all_dim")
+    logit_scale = _yarn_mscale(factor, float(all_dim)) ** 2 if all_dim else 1.0
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"]), logit_scale
+    if mscale and all_dim:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(all_dim)), logit_scale
+    return _yarn_mscale(factor), logit_scale
 
 
 @dataclass(frozen=True)
@@ -77,6 +145,11 @@ class Rotary:
     ----------
     inv_freq : ndarray, shape (d_head // 2,)
         theta_p, float64.
+    interleaved : bool, default False
+        Pairs (x[2p], x[2p + 1]) (DeepSeek-V2) instead of rotate_half's (x[p], x[p + d/2]).
+    attention_factor : float, default 1.0
+        Multiplies cos and sin, so rotated vectors are scaled by it (YaRN,
+        :func:`yarn_factors`); :meth:`matrix` is the rotation alone.
 
     Examples
     --------
@@ -85,9 +158,13 @@ class Rotary:
     >>> x = np.array([[1.0, 0.0, 0.0, 0.0]])
     >>> np.round(r.rotate(x, np.array([1])), 4)
     array([[0.5403, 0.    , 0.8415, 0.    ]])
+    >>> np.round(Rotary(np.array([1.0, 0.01]), interleaved=True).rotate(x, np.array([1])), 4)
+    array([[0.5403, 0.8415, 0.    , 0.    ]])
     """
 
     inv_freq: np.ndarray
+    interleaved: bool = False
+    attention_factor: float = 1.0
 
     @property
     def d_head(self) -> int:
@@ -107,7 +184,8 @@ class Rotary:
         Returns
         -------
         cos, sin : ndarray, shape positions.shape + (d_head,)
-            The halves repeated: [cos(m theta), cos(m theta)].
+            The halves repeated: [cos(m theta), cos(m theta)] (interleaved: each angle twice
+            in a row).
 
         Examples
         --------
@@ -117,8 +195,10 @@ class Rotary:
         (2, 2)
         """
         angles = np.asarray(positions, dtype=np.float64)[..., None] * self.inv_freq
-        angles = np.concatenate([angles, angles], axis=-1)
-        return np.cos(angles).astype(dtype, copy=False), np.sin(angles).astype(dtype, copy=False)
+        angles = np.repeat(angles, 2, axis=-1) if self.interleaved else np.concatenate([angles, angles], axis=-1)
+        a = self.attention_factor
+        cos, sin = (np.cos(angles), np.sin(angles)) if a == 1 else (a * np.cos(angles), a * np.sin(angles))
+        return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
     def rotate(self, x, positions) -> np.ndarray:
         """x R(m): rotate head vectors x (..., n, d_head) at positions (..., n) (broadcasting).
@@ -145,12 +225,16 @@ class Rotary:
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x must have shape (..., n, {self.d_head}), got {x.shape}")
         cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64)
-        h = self.d_head // 2
-        rotated_half = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+        if self.interleaved:  # (a, b) -> (-b, a) within each neighbour pair
+            rotated_half = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+        else:
+            h = self.d_head // 2
+            rotated_half = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
         return x * cos + rotated_half * sin
 
     def matrix(self, offset) -> np.ndarray:
-        """R(offset), the (d_head, d_head) orthogonal matrix with rotate(x, m) = x @ R(m).
+        """R(offset), the (d_head, d_head) orthogonal matrix with rotate(x, m) = x @ R(m)
+        (times attention_factor).
 
         Parameters
         ----------
@@ -173,10 +257,11 @@ class Rotary:
         h = self.d_head // 2
         R = np.zeros((self.d_head, self.d_head))
         p = np.arange(h)
-        R[p, p] = c
-        R[p + h, p + h] = c
-        R[p, p + h] = s
-        R[p + h, p] = -s
+        a, b = (2 * p, 2 * p + 1) if self.interleaved else (p, p + h)
+        R[a, a] = c
+        R[b, b] = c
+        R[a, b] = s
+        R[b, a] = -s
         return R
 
 

@@ -2,10 +2,11 @@
 
 The notes' "mixture-of-experts feed-forward layers": "the router multiplies token states by
 a gating matrix R with sparse rows ... Inspecting R^T R diagnoses load imbalance and expert
-redundancy". :func:`router_statistics` runs a prompt through a MoE model (Mixtral layout,
-:mod:`.moe`), takes every layer's router logits g and its top-k routing matrix
-R = topk_routing(g, k) (the notes' "Definition (top-k routing matrix)", exactly what the
-model uses), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the routing
+redundancy". :func:`router_statistics` runs a prompt through a MoE model (Mixtral or
+DeepSeek-V2 layout, :mod:`.moe`), takes every MoE layer's router logits g and its top-k
+routing matrix R (the notes' "Definition (top-k routing matrix)", exactly what the model
+uses: topk_routing(g, k) for Mixtral, the unrenormalised, scaled top-k of softmax(g) for
+DeepSeek-V2, :func:`attngeom.models.moe.route`), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the routing
 Gram matrix R^T R and its spectrum (:func:`attngeom.routing_gram`; the notes' "Lemma
 (balanced expert utilization)": with disjoint, equal loads R^T R is diagonal with entries
 kT / n_experts), router entropy and the softmax mass the top k keep before renormalising.
@@ -17,7 +18,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..circuits import RoutingGram, routing_gram, topk_routing
+from .._docstrings import fill_doc
+from ..circuits import RoutingGram, routing_gram
+from .moe import route
 from .prompt import encode_prompt, resolve_model
 
 
@@ -28,9 +31,10 @@ class RouterStatistics:
     Attributes
     ----------
     router_logits : ndarray, shape (n_layers, n, n_experts)
-        Gate logits g.
+        Gate logits g (n_layers counts the MoE layers, listed in ``layers``).
     routing : ndarray, shape (n_layers, n, n_experts)
-        The top-k routing matrices R (k non-zeros a row, rows sum to 1).
+        The top-k routing matrices R (k non-zeros a row; rows sum to 1 for Mixtral, to the
+        top-k softmax mass times routed_scaling_factor for DeepSeek-V2).
     counts : ndarray of int, shape (n_layers, n_experts)
         Tokens routed to each expert.
     load_fraction : ndarray, shape (n_layers, n_experts)
@@ -50,6 +54,9 @@ class RouterStatistics:
         Experts per token.
     tokens : list of str or None
         The prompt's token strings.
+    layers : list of int or None
+        The model's layer index of each entry (its MoE layers; DeepSeek-V2's first
+        first_k_dense_replace layers are dense and absent).
     """
 
     router_logits: np.ndarray = field(repr=False)
@@ -63,19 +70,23 @@ class RouterStatistics:
     entropy: np.ndarray
     k: int
     tokens: Optional[List[str]] = field(default=None, repr=False)
+    layers: Optional[List[int]] = None
 
     def summary(self) -> dict:
-        """Named scalars per layer: imbalance (coefficient of variation of the loads), the
-        off-diagonal mass of R^T R, the top-k mass and entropy; and the sparsity."""
+        """Named scalars per MoE layer (keys carry the model's layer index): imbalance
+        (coefficient of variation of the loads), the off-diagonal mass of R^T R, the top-k
+        mass and entropy; and the sparsity."""
         out = {"n_layers": len(self.grams), "n_experts": int(self.counts.shape[1]), "k": self.k,
                "sparsity": self.sparsity}
-        for layer, g in enumerate(self.grams):
+        names = self.layers if self.layers is not None else range(len(self.grams))
+        for i, (layer, g) in enumerate(zip(names, self.grams)):
             out[f"imbalance_L{layer}"] = g.imbalance
             out[f"off_diagonal_mass_L{layer}"] = g.off_diagonal_mass
-            out[f"top_k_mass_L{layer}"] = float(self.top_k_mass[layer])
-            out[f"entropy_L{layer}"] = float(self.entropy[layer])
+            out[f"top_k_mass_L{layer}"] = float(self.top_k_mass[i])
+            out[f"entropy_L{layer}"] = float(self.entropy[i])
         return out
 
+    @fill_doc
     def plot(self, axes=None):
         """Expert load per layer (heat map) and the spectra of R^T R.
 
@@ -84,10 +95,7 @@ class RouterStatistics:
         axes : sequence of two Axes, optional
             Axes to draw into.
 
-        Returns
-        -------
-        matplotlib.figure.Figure
-            The figure.
+        %(figure_returns)s
 
         Examples
         --------
@@ -98,10 +106,12 @@ class RouterStatistics:
         fig, axes = plotting.panel_row(axes, 2, 4.6)
         im = axes[0].imshow(self.load_fraction, aspect="auto", cmap="viridis", interpolation="nearest")
         fig.colorbar(im, ax=axes[0], label="share of routed slots")
+        names = list(self.layers) if self.layers is not None else list(range(len(self.gram_spectrum)))
+        axes[0].set_yticks(range(len(names)), [str(layer) for layer in names])
         axes[0].set_xlabel("expert")
         axes[0].set_ylabel("layer")
         axes[0].set_title("expert load", fontsize=9)
-        for layer, s in enumerate(self.gram_spectrum):
+        for layer, s in zip(names, self.gram_spectrum):
             shown, _ = plotting.log_floor(np.maximum(s, 0))
             axes[1].semilogy(np.arange(1, s.size + 1), shown, "o-", ms=2.5, lw=1, label=f"layer {layer}")
         axes[1].set_xlabel("i")
@@ -123,7 +133,7 @@ def router_statistics(model, prompt) -> RouterStatistics:
     Parameters
     ----------
     model : Model or str or path-like
-        A mixture-of-experts decoder (Mixtral layout) or its checkpoint.
+        A mixture-of-experts decoder (Mixtral or DeepSeek-V2) or its checkpoint.
     prompt : str or array_like of int, shape (n,)
         A text or token ids.
 
@@ -152,7 +162,7 @@ def router_statistics(model, prompt) -> RouterStatistics:
     f = m.forward(ids, dtype=np.float64)
     logits = f.router_logits  # (L, n, E)
     k, E = m.arch.experts_per_token, m.arch.n_experts
-    R = topk_routing(logits, k)
+    R = route(logits, m.arch)
     counts = np.count_nonzero(R, axis=1)
     grams = [routing_gram(r) for r in R]
     spectrum = np.stack([np.linalg.eigvalsh(g.gram)[::-1] for g in grams])
@@ -162,4 +172,4 @@ def router_statistics(model, prompt) -> RouterStatistics:
     top = np.sort(p, axis=-1)[..., ::-1][..., :k].sum(-1)
     entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)
     return RouterStatistics(logits, R, counts, counts / (k * ids.size), grams, spectrum, 1.0 - k / E,
-                            top.mean(-1), entropy.mean(-1), k, tokens)
+                            top.mean(-1), entropy.mean(-1), k, tokens, list(m.arch.moe_layers))

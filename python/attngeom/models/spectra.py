@@ -21,6 +21,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._docstrings import fill_doc
 from .._operands import count, scalar
 from ..spectral import cumulative_energy, effective_rank, factored_svd
 from .heads import ModelHeads
@@ -96,6 +97,7 @@ class WeightSpectra:
             out.update({f"{name}_mean": float(v.mean()), f"{name}_min": float(v.min()), f"{name}_max": float(v.max())})
         return out
 
+    @fill_doc
     def plot(self, layer: int, head: int, *, axes=None):
         """The notes' spectral-diagnostics figure for one head.
 
@@ -109,10 +111,7 @@ class WeightSpectra:
         axes : sequence of Axes, optional
             Two axes (three with a prompt) to draw into.
 
-        Returns
-        -------
-        matplotlib.figure.Figure
-            The figure.
+        %(figure_returns)s
 
         Examples
         --------

@@ -21,8 +21,8 @@ Attention variants (all causal, heads of width d_head = d_model / n_heads):
   a lower-triangular L0 (``tril`` of the parameter) initialised to I and M initialised to 0,
   so training starts from the unwhitened block. Head outputs are d_model wide (the w_j) and
   W_O maps the n_heads * d_model concatenation back to d_model, as
-  :class:`attngeom.torch.nn.MultiheadSelfAttention` with ``variant="whitened"`` (same
-  parameter names: ``qk``, ``out``, ``L0``, ``M``).
+  :class:`attngeom.torch.nn.MultiheadSelfAttention` with ``variant="whitened"`` (both are
+  :class:`attngeom.torch.nn.HeadProjections`: parameters ``qk``, ``out``, ``L0``, ``M``).
 * ``projection`` Sanger's projection SDPA (eq. 14 with the squared distance): weights
   exp(-|q_i - k_j|^2 / (2 sigma^2)) on the raw (RoPE-rotated) queries and keys, values v as
   in standard attention (the paper's y = z k is the case W_V = W_K; its s.2 notes a linear
@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .nn import HeadProjections
 from .rope import rotary_embedding
 
 VARIANTS = ("standard", "whitened", "projection", "cauchy", "stable", "lightning")
@@ -79,7 +80,7 @@ def count_parameters(module: nn.Module) -> int:
     return int(sum(p.numel() for p in module.parameters() if p.requires_grad))
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(HeadProjections):
     """The attention sub-layer of a block: ``forward(a)`` -> (residual base, W_O attn).
 
     Parameters
@@ -110,7 +111,6 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, variant: str = "standard", **params):
-        super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not (d_model >= 2 and n_heads >= 1 and d_model % (2 * n_heads) == 0):
@@ -121,53 +121,15 @@ class CausalSelfAttention(nn.Module):
         if unknown:
             raise ValueError(f"variant {variant!r} takes parameters {sorted(wanted) or 'none'}, "
                              f"got unexpected {sorted(unknown)}")
+        super().__init__(d_model, n_heads, whitened=variant == "whitened")
         self.params = {**wanted, **{k: float(v) for k, v in params.items()}}
-        self.d_model, self.n_heads, self.d_head, self.variant = d_model, n_heads, d_model // n_heads, variant
-        if variant == "whitened":
-            self.qk = nn.Linear(d_model, 2 * d_model, bias=False)
-            self.out = nn.Linear(n_heads * d_model, d_model, bias=False)
-            self.L0 = nn.Parameter(torch.eye(d_model))  # the identity filter at initialisation
-            self.M = nn.Parameter(torch.zeros(d_model, d_model))
-        else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-            self.out = nn.Linear(d_model, d_model, bias=False)
-
-    def _heads(self, t: Tensor) -> Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, self.n_heads, -1).transpose(1, 2)  # (batch, heads, n, width)
-
-    def whitened(self, a: Tensor) -> Tensor:
-        """The whitening recursion of a (batch, n, d_model) with this layer's (tril L0, M) (seed eq. 9).
-
-        Parameters
-        ----------
-        a : Tensor, shape (batch, n, d_model)
-            The layer-normed input.
-
-        Returns
-        -------
-        Tensor, shape (batch, n, d_model)
-            w_0 = L0^{-1} a_0, w_i = L0^{-1}(a_i - M w_{i-1}).
-
-        Examples
-        --------
-        >>> import torch; from attngeom.torch.gpt import *
-        >>> att = CausalSelfAttention(4, 1, variant="whitened")
-        >>> bool(torch.equal(att.whitened(torch.ones(1, 3, 4)), torch.ones(1, 3, 4)))  # L0 = I, M = 0
-        True
-        """
-        return F.whiten(a, torch.tril(self.L0), self.M)
+        self.variant = variant
 
     def forward(self, a: Tensor):
         """(base, delta) for the layer-normed stream a (batch, n, d_model); see the class docstring."""
-        b, n, _ = a.shape
-        if self.variant == "whitened":
-            base = self.whitened(a)
-            q, k = (self._heads(t) for t in self.qk(base).chunk(2, dim=-1))
-            v = base[:, None]  # every head's values are the whitened tokens (seed eq. 4: no W_V)
-        else:
-            base = None
-            q, k, v = (self._heads(t) for t in self.qkv(a).chunk(3, dim=-1))
+        n = a.shape[1]
+        stream, q, k, v = self.heads(a)  # whitened: v is the whitened stream (seed eq. 4: no W_V)
+        base = stream if self.variant == "whitened" else None
         q, k = rotary_embedding(q), rotary_embedding(k)
         p = self.params
         if self.variant in ("standard", "whitened"):
@@ -182,7 +144,7 @@ class CausalSelfAttention(nn.Module):
             y = F.lightning_attention(q, k, v, causal=True)
             count = torch.arange(1, n + 1, dtype=y.dtype)[:, None] * math.sqrt(self.d_head)
             y = y / count
-        return base, self.out(y.transpose(1, 2).reshape(b, n, -1))
+        return base, self.merge(y)
 
 
 class Block(nn.Module):

@@ -19,7 +19,130 @@ from .rope import rotary_embedding
 VARIANTS = ("softmax", "kernel", "projection", "lightning", "whitened")
 
 
-class MultiheadSelfAttention(nn.Module):
+class HeadProjections(nn.Module):
+    """The projections of a multi-head self-attention layer, shared by its variants.
+
+    Standard: ``qkv`` (d_model -> 3 d_model: the heads' queries, keys and values) and ``out``
+    (W_O, d_model -> d_model). Whitened ("Whitened Self-Attention", seed 004 eq. 4 and 9): a
+    learned steady-state pair ``L0`` (its lower triangle is used) and ``M``, starting as the
+    identity filter L0 = I, M = 0; ``qk`` (d_model -> 2 d_model) and no W_V (the values are
+    the whitened tokens), and ``out`` maps the n_heads concatenated d_model-wide head outputs
+    back to d_model. The parameter names are those of the checkpoints.
+
+    Parameters
+    ----------
+    d_model : int
+        Model width.
+    n_heads : int
+        Heads; queries and keys have width d_head = d_model / n_heads.
+    whitened : bool, default False
+        The whitened layer's parameters instead of the standard ones.
+
+    Examples
+    --------
+    >>> import torch; from attngeom.torch.nn import HeadProjections
+    >>> w, q, k, v = HeadProjections(8, 2, whitened=True).heads(torch.ones(3, 5, 8))
+    >>> tuple(q.shape), tuple(v.shape)  # values: the whitened tokens, for every head
+    ((3, 2, 5, 4), (3, 1, 5, 8))
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, whitened: bool = False):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        if whitened:
+            self.qk = nn.Linear(d_model, 2 * d_model, bias=False)
+            self.out = nn.Linear(n_heads * d_model, d_model, bias=False)
+            self.L0 = nn.Parameter(torch.eye(d_model))  # the identity filter at initialisation
+            self.M = nn.Parameter(torch.zeros(d_model, d_model))
+        else:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+            self.out = nn.Linear(d_model, d_model, bias=False)
+
+    @property
+    def is_whitened(self) -> bool:
+        """Whether the layer whitens its input (it has ``L0`` and ``M``)."""
+        return hasattr(self, "L0")
+
+    def whitened(self, a: Tensor) -> Tensor:
+        """The whitening recursion of a (batch, n, d_model) with this layer's (tril L0, M) (seed eq. 9).
+
+        Parameters
+        ----------
+        a : Tensor, shape (batch, n, d_model)
+            The layer's input.
+
+        Returns
+        -------
+        Tensor, shape (batch, n, d_model)
+            w_0 = L0^{-1} a_0, w_i = L0^{-1}(a_i - M w_{i-1}).
+
+        Examples
+        --------
+        >>> import torch; from attngeom.torch.nn import HeadProjections
+        >>> layer = HeadProjections(4, 1, whitened=True)
+        >>> bool(torch.equal(layer.whitened(torch.ones(1, 3, 4)), torch.ones(1, 3, 4)))  # L0 = I, M = 0
+        True
+        """
+        return F.whiten(a, torch.tril(self.L0), self.M)
+
+    def heads(self, x: Tensor):
+        """(stream, q, k, v) for x (batch, n, d_model): per-head tensors (batch, heads, n, width).
+
+        The stream is what the heads read: x, or its whitening for the whitened layer, whose
+        values are the whitened tokens themselves (v of shape (batch, 1, n, d_model)).
+
+        Parameters
+        ----------
+        x : Tensor, shape (batch, n, d_model)
+            The layer's input.
+
+        Returns
+        -------
+        tuple of Tensor
+            The stream (batch, n, d_model), then q, k (batch, heads, n, d_head) and v.
+
+        Examples
+        --------
+        >>> import torch; from attngeom.torch.nn import HeadProjections
+        >>> x, q, k, v = HeadProjections(8, 2).heads(torch.ones(3, 5, 8))
+        >>> tuple(q.shape), tuple(v.shape)
+        ((3, 2, 5, 4), (3, 2, 5, 4))
+        """
+        if self.is_whitened:
+            w = self.whitened(x)
+            q, k = (self._split(t) for t in self.qk(w).chunk(2, dim=-1))
+            return w, q, k, w[:, None]
+        q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))
+        return x, q, k, v
+
+    def merge(self, y: Tensor) -> Tensor:
+        """W_O applied to the concatenated head outputs y (batch, heads, n, width) -> (batch, n, d_model).
+
+        Parameters
+        ----------
+        y : Tensor, shape (batch, heads, n, width)
+            The heads' outputs.
+
+        Returns
+        -------
+        Tensor, shape (batch, n, d_model)
+            ``out`` of the heads concatenated along the width.
+
+        Examples
+        --------
+        >>> import torch; from attngeom.torch.nn import HeadProjections
+        >>> tuple(HeadProjections(8, 2).merge(torch.ones(3, 2, 5, 4)).shape)
+        (3, 5, 8)
+        """
+        b, _, n, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, n, -1))
+
+    def _split(self, t: Tensor) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_heads, -1).transpose(1, 2)  # (batch, heads, n, width)
+
+
+class MultiheadSelfAttention(HeadProjections):
     """Multi-head self-attention sub-block x (batch, n, d_model) -> residual + attention.
 
     Parameters
@@ -44,50 +167,33 @@ class MultiheadSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, variant: str = "softmax", rope: bool = True,
                  causal: bool = True, **params):
-        super().__init__()
         if not (isinstance(d_model, int) and isinstance(n_heads, int) and n_heads >= 1 and d_model >= 1
                 and d_model % n_heads == 0):
             raise ValueError(f"d_model must be a positive multiple of n_heads, got d_model={d_model!r}, "
                              f"n_heads={n_heads!r}")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        kernel = sigma = None
         if variant == "kernel":
-            kernel = params.pop("kernel", "exp")
-            self.kernel, self.kernel_params = kernel_params(kernel, params)
+            kernel = kernel_params(params.pop("kernel", "exp"), params)
         elif variant == "projection":
             unknown = set(params) - {"sigma"}
             if unknown:
                 raise ValueError(f"variant 'projection' takes parameter sigma, got unexpected {sorted(unknown)}")
-            self.sigma = float(params.get("sigma", 1.0))
+            sigma = float(params.get("sigma", 1.0))
         elif params:
             raise ValueError(f"variant {variant!r} takes no parameters, got {sorted(params)}")
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        super().__init__(d_model, n_heads, whitened=variant == "whitened")
+        if kernel is not None:
+            self.kernel, self.kernel_params = kernel
+        if sigma is not None:
+            self.sigma = sigma
         self.variant, self.rope, self.causal = variant, rope, causal
-        if variant == "whitened":
-            self.qk = nn.Linear(d_model, 2 * d_model, bias=False)
-            self.out = nn.Linear(n_heads * d_model, d_model, bias=False)
-            # whitening starts as the identity filter: L0 = I, M = 0
-            self.L0 = nn.Parameter(torch.eye(d_model))
-            self.M = nn.Parameter(torch.zeros(d_model, d_model))
-        else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-            self.out = nn.Linear(d_model, d_model, bias=False)
-
-    def _heads(self, t: Tensor) -> Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, self.n_heads, -1).transpose(1, 2)  # (batch, heads, n, d)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, n, {self.d_model}), got {tuple(x.shape)}")
-        b, n, _ = x.shape
-        if self.variant == "whitened":
-            resid = F.whiten(x, torch.tril(self.L0), self.M)
-            q, k = (self._heads(t) for t in self.qk(resid).chunk(2, dim=-1))
-            v = resid[:, None]  # every head's values are the whitened tokens (no W_V)
-        else:
-            resid = x
-            q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        resid, q, k, v = self.heads(x)
         if self.rope:
             q, k = rotary_embedding(q), rotary_embedding(k)
         if self.variant in ("softmax", "whitened"):
@@ -98,4 +204,4 @@ class MultiheadSelfAttention(nn.Module):
             y = F.projection_attention(q, k, v, sigma=self.sigma, causal=self.causal)
         else:
             y = F.lightning_attention(q, k, v, causal=self.causal)
-        return resid + self.out(y.transpose(1, 2).reshape(b, n, -1))
+        return resid + self.merge(y)

@@ -1,0 +1,46 @@
+"""The normalisations of the decoders: LayerNorm and RMSNorm over the last axis, in NumPy.
+
+    LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * w + b
+    RMSNorm(x)   = w * x / sqrt(mean(x^2) + eps)
+
+as transformers computes them (RMSNorm: the weight multiplies after the normalisation).
+Used by the decoder (:mod:`.decoder`) for its residual-stream norms and by multi-head latent
+attention (:mod:`.mla`) for the norms of its compressed latents.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def normalize(x: np.ndarray, w, b, eps: float, kind: str) -> np.ndarray:
+    """LayerNorm or RMSNorm of x over its last axis (module docstring), in x's dtype.
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., d)
+        The vectors to normalise (float32 or float64).
+    w : ndarray, shape (d,)
+        The weight (gain), x's dtype.
+    b : ndarray, shape (d,) or None
+        The LayerNorm bias (unused by RMSNorm).
+    eps : float
+        Added to the variance (mean square) before the square root.
+    kind : {"layernorm", "rmsnorm"}
+        Which normalisation.
+
+    Returns
+    -------
+    ndarray
+        LayerNorm(x) or RMSNorm(x), x's shape and dtype (no argument checks: the decoder's
+        operands are checked when the checkpoint is read).
+
+    Examples
+    --------
+    >>> from attngeom.models.norm import normalize
+    >>> normalize(np.array([[3.0, 4.0]]), np.ones(2), None, 0.0, "rmsnorm").round(4)
+    array([[0.8485, 1.1314]])
+    """
+    if kind == "rmsnorm":
+        return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+    c = x - x.mean(axis=-1, keepdims=True)
+    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
