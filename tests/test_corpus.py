@@ -518,6 +518,7 @@ def test_cli_corpus_store(checkpoint, texts, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(distributed, "LocalCluster", cluster)
     assert cli.main(["corpus", store, "--workers", "1", "--out", str(tmp_path / "r")]) == 0
     assert profiling == [False]
+    capsys.readouterr()  # the local cluster's own warnings (a dashboard port already taken)
     for folder in ("w", "r"):
         summary = json.load(open(tmp_path / folder / "summary.json"))["summary"]
         assert summary["n_tokens"] == direct.n_tokens
