@@ -17,6 +17,7 @@ from attngeom.corpus import (Batch, Histogram, Mergeable, Moments, RadiusStatist
 from attngeom.corpus import run as corpus_run
 
 RTOL = 1e-12
+DEFAULT = ag.corpus.DEFAULT_STATISTICS
 
 
 def rel(a, b):
@@ -79,6 +80,39 @@ def test_whiteness_accumulator_equals_the_batch_functions(rng):
         assert rel(acc.stationarity(), ag.stationarity(x)) < RTOL
     with pytest.raises(ValueError, match="at least 2 sequences"):
         SequenceMoments((), 5, 3).update(x[:1]).whiteness()
+
+
+def banded_whiteness(x, max_lag):
+    """Plain-NumPy reference: the full TD x TD covariance, entries outside the band |s - t| <= max_lag
+    of position blocks dropped, mean off-diagonal magnitude over mean diagonal magnitude."""
+    B, T, D = x.shape
+    lam = np.abs(np.cov(x.reshape(B, T * D), rowvar=False))
+    pos = np.repeat(np.arange(T), D)
+    band = np.abs(pos[:, None] - pos[None, :]) <= max_lag
+    off = band & ~np.eye(T * D, dtype=bool)
+    return lam[off].mean() / np.diag(lam).mean()
+
+
+def test_whiteness_band_bounds_the_state(rng):
+    x = ag.vector_ma1(np.stack([t * np.eye(3) for t in np.linspace(0.2, 0.9, 5)]), B=60, T=5, seed=4)
+    full = SequenceMoments((), 5, 3).update(x)
+    assert rel(banded_whiteness(x, 4), ag.whiteness(x)) < RTOL  # the reference's full band is eq. 12
+    for max_lag in (1, 2, 4):
+        acc = SequenceMoments((), 5, 3, max_lag=max_lag)
+        for a, b in splits(60, rng, 2)[2]:
+            acc.merge(SequenceMoments((), 5, 3, max_lag=max_lag).update(x[a:b]))
+        assert rel(acc.whiteness(), banded_whiteness(x, max_lag)) < RTOL
+        assert rel(acc.stationarity(), ag.stationarity(x)) < RTOL  # rho reads lag 1 only: exact in any band
+        # count, mean (T, D) and the blocks of lags 0..max_lag: (T - l) D x D each, never (T D)^2
+        assert acc.nbytes == 8 * (1 + 5 * 3 + 9 * sum(5 - lag for lag in range(max_lag + 1)))
+    assert full.nbytes < 8 * (5 * 3) ** 2  # the upper block triangle, not the whole covariance
+    for bad in (0, 5, 1.5, True):
+        with pytest.raises(ValueError, match="max_lag"):
+            SequenceMoments((), 5, 3, max_lag=bad)
+    with pytest.raises(ValueError, match="other has"):
+        full.merge(SequenceMoments((), 5, 3, max_lag=1))
+    with pytest.raises(ValueError, match="max_lag"):
+        ag.corpus.WhitenessStatistic(window=3, max_lag=3)
 
 
 def test_tilt_coverage_fits_the_protocol(rng):
@@ -166,6 +200,56 @@ def test_statistics_equal_the_batch_functions(checkpoint, texts, reference):
     assert S["routing"]["texts"][0, 0] == 60 and S["routing"]["rows"][0, 0] == q.shape[-2]
 
 
+def test_whiteness_band_through_the_run(checkpoint, texts, reference):
+    res = corpus_statistics(checkpoint, texts, statistics=[ag.corpus.WhitenessStatistic(max_lag=1)], partitions=3)
+    w, ref = res.statistics["whiteness"], reference.statistics["whiteness"]
+    assert w["max_lag"] == 1 and ref["max_lag"] == 3 and w["texts"] == ref["texts"]
+    assert rel(w["stationarity"], ref["stationarity"]) < RTOL
+    assert not np.allclose(w["whiteness"], ref["whiteness"])  # the band's Psi, another quantity
+
+
+class BlasThreads(Statistic):
+    """Records the BLAS thread count while the forward batches are processed."""
+
+    name = "blas_threads"
+
+    def _new(self, batch):
+        return {"seen": set()}
+
+    def _update(self, batch):
+        from threadpoolctl import threadpool_info
+
+        self.state["seen"] |= {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    def result(self):
+        return {"seen": sorted(self.state["seen"])}
+
+
+def test_in_process_runs_limit_blas_threads(checkpoint, texts, reference, tmp_path):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas():
+        return {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        if blas() != {2}:
+            pytest.skip("NumPy's BLAS has no thread pool to limit")
+        res = corpus_statistics(checkpoint, texts, statistics=DEFAULT + (BlasThreads(),))
+        assert res.statistics.pop("blas_threads")["seen"] == [1] and blas() == {2}  # limited, then restored
+        assert_same(res, reference)
+        res = corpus_statistics(checkpoint, texts[:20], statistics=(BlasThreads(),), blas_threads=None)
+        assert res.statistics["blas_threads"]["seen"] == [2]
+        model, seen = ag.load_model(checkpoint), set()
+        forward = model.forward
+        model.forward = lambda *a, **k: (seen.update(blas()), forward(*a, **k))[1]
+        store = ag.write_activations(model, texts[:20], tmp_path / "a.zarr")
+        assert seen == {1} and blas() == {2}
+        res = corpus_statistics(store, statistics=(BlasThreads(),))
+        assert res.statistics["blas_threads"]["seen"] == [1] and blas() == {2}
+    with pytest.raises(ValueError, match="blas_threads"):
+        corpus_statistics(checkpoint, texts, blas_threads=0)
+
+
 def test_resume_after_an_interruption(checkpoint, texts, reference, tmp_path, monkeypatch):
     calls = []
     real = corpus_run.partition_states
@@ -216,10 +300,8 @@ def client():
     cluster.close()
 
 
-class KillOnce(Statistic):
-    """Kills the worker process it runs in, the first time any worker runs it (marker file)."""
-
-    name = "kill_once"
+class Once(Statistic):
+    """A statistic that does something special the first time any process updates it (marker file)."""
 
     def __init__(self, marker=""):
         super().__init__()
@@ -228,17 +310,70 @@ class KillOnce(Statistic):
     def config(self):
         return {"marker": self.marker}
 
+    def first_time(self):
+        if os.path.exists(self.marker):
+            return False
+        open(self.marker, "w").close()
+        return True
+
+
+class KillOnce(Once):
+    """Kills the worker process it runs in, the first time any worker runs it."""
+
+    name = "kill_once"
+
     def _new(self, batch):
         return {"tokens": 0}
 
     def _update(self, batch):
-        if not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+        if self.first_time():
             os._exit(1)
         self.state["tokens"] += batch.n_tokens
 
     def result(self):
         return {"tokens": self.state["tokens"]}
+
+
+class Largest:
+    """A mergeable maximum."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def merge(self, other):
+        self.value = max(self.value, other.value)
+        return self
+
+
+class HeldStates(Once):
+    """The most task results a worker held while a partition ran there; the first partition to
+    run anywhere is slow (a straggler)."""
+
+    name = "held_states"
+
+    def _new(self, batch):
+        return {"held": Largest(0)}
+
+    def _update(self, batch):
+        import time
+
+        from distributed import get_worker
+
+        if self.first_time():
+            time.sleep(3)
+        self.state["held"].merge(Largest(len(get_worker().state.data)))
+
+    def result(self):
+        return {"held": self.state["held"].value}
+
+
+def test_cluster_holds_a_few_states_whatever_the_corpus(checkpoint, texts, reference, client, tmp_path):
+    # 40 partitions, the first one slow: the fold waits for it, and at most 2 per worker run ahead
+    res = corpus_statistics(checkpoint, texts, statistics=DEFAULT + (HeldStates(str(tmp_path / "slow")),),
+                            partitions=[1] * 39 + [len(texts) - 39], client=client)
+    assert os.path.exists(tmp_path / "slow")
+    assert res.statistics.pop("held_states")["held"] <= 2 * 2 + 2  # the window, the running state, one in transfer
+    assert_same(res, reference)
 
 
 def test_cluster_equals_in_process(checkpoint, texts, reference, client, tmp_path):
@@ -265,13 +400,18 @@ def test_store_statistics_equal_the_direct_run(checkpoint, texts, reference, cli
     N = reference.n_tokens
     assert root["q"].shape[2] == N and root["q"].chunks[:3] == (1, 4, 50)
     assert root["attentions"].chunks[0] == 1 and root["attention_inputs"].chunks[:2] == (1, 50)
+    # attentions are ragged: each text's n x n block, no padding to the longest text
+    lengths = np.array([len(t) for t in texts])
+    assert root["attentions"].shape == (2, 4, int(np.sum(lengths ** 2)))
+    np.testing.assert_array_equal(root["attention_offsets"][:], np.concatenate([[0], np.cumsum(lengths ** 2)]))
     # the store's per-token rows are the forward pass of each text alone
     m = ag.load_model(checkpoint)
     f = m.forward(texts[3][None], dtype=np.float64)
     o = int(sum(len(t) for t in texts[:3]))
     n = len(texts[3])
+    a = int(np.sum(lengths[:3] ** 2))
     assert rel(root["q"][:, :, o:o + n], f.q[:, 0]) < RTOL
-    assert rel(root["attentions"][:, :, o:o + n, :n], f.attentions[:, 0]) < RTOL
+    assert rel(root["attentions"][:, :, a:a + n * n].reshape(2, 4, n, n), f.attentions[:, 0]) < RTOL
     # analysed many times, any partitioning, in-process or on the cluster: the direct run's results
     assert_same(corpus_statistics(path), reference)
     assert_same(corpus_statistics(path, partitions=[1] * 10 + [len(texts) - 10], batch_tokens=16), reference)
@@ -347,3 +487,53 @@ def test_cli_corpus(checkpoint, tmp_path, capsys, client):
     assert "no non-empty line" in capsys.readouterr().err
     assert cli.main(["corpus", str(tmp_path / "nowhere"), "--corpus", str(corpus), "--out", str(tmp_path / "x")]) == 2
     assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "x")
+
+
+def test_cli_corpus_store(checkpoint, texts, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("zarr")
+    import dask
+    import distributed
+
+    from attngeom import cli
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog ran .\na cat and a dog sat\n" * 5)
+    store = str(tmp_path / "acts.zarr")
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line", "--write-store", store,
+                     "--out", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    assert "from the activation store" in out and f"wrote the activation store {store}" in out
+    assert ag.corpus.store.is_store(store)
+    direct = ag.corpus_statistics(checkpoint, ag.models.split_texts(corpus.read_text(), by="line"))
+    assert direct.n_texts == 15
+    # the statistics of a store, read again on a local cluster whose workers run without Dask's profiler
+    profiling = []
+    real = distributed.LocalCluster
+
+    def cluster(*args, **kwargs):
+        profiling.append(dask.config.get("distributed.worker.profile.enabled"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distributed, "LocalCluster", cluster)
+    assert cli.main(["corpus", store, "--workers", "1", "--out", str(tmp_path / "r")]) == 0
+    assert profiling == [False]
+    capsys.readouterr()  # the local cluster's own warnings (a dashboard port already taken)
+    for folder in ("w", "r"):
+        summary = json.load(open(tmp_path / folder / "summary.json"))["summary"]
+        assert summary["n_tokens"] == direct.n_tokens
+        for key, v in direct.summary().items():
+            if isinstance(v, float):
+                assert abs(summary[key] - v) <= 1e-12 * max(abs(v), 1e-300), key
+    for argv, message in [
+        ([store, "--corpus", str(corpus)], "--corpus do not apply"),
+        ([store, "--state", str(tmp_path / "s")], "--state do not apply"),
+        ([checkpoint], "--corpus FILE is required"),
+        ([checkpoint, "--corpus", str(corpus), "--write-store", store], "--write-store"),
+        ([checkpoint, "--corpus", str(corpus), "--write-store", str(tmp_path / "new"), "--state", str(tmp_path / "s")],
+         "--state does not apply"),
+    ]:
+        assert cli.main(["corpus", *argv, "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("attngeom corpus: ") and message in err, err
+    assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "new")

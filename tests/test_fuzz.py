@@ -979,13 +979,14 @@ SPECS = {
         (g.model(), [g.prompt() for _ in range(g.draw_int(0, 3))] if not g.hostile_now() else g.hostile()),
         g.kwargs(statistics=lambda: g.choice([("radius", "tilt"), ("routing", "cumulants"), ("whiteness",), (), ("x",)]),
                  batch_tokens=lambda: g.integer((1, 4, 64)), partitions=lambda: g.integer((1, 2, 3)),
-                 max_length=lambda: g.integer((1, 3)), dtype=lambda: g.choice([np.float32, np.float64]))),
+                 max_length=lambda: g.integer((1, 3)), dtype=lambda: g.choice([np.float32, np.float64]),
+                 blas_threads=lambda: g.integer((1, 2)))),
     "write_activations": lambda g: (
         (g.model(), [g.prompt() for _ in range(g.draw_int(0, 3))] if not g.hostile_now() else g.hostile(),
          NewPath() if not g.hostile_now() else g.hostile()),
         g.kwargs(batch_tokens=lambda: g.integer((1, 4, 64)), max_length=lambda: g.integer((1, 3)),
                  chunk_tokens=lambda: g.integer((1, 2, 256)), dtype=lambda: g.choice([np.float32, np.float64]),
-                 overwrite=g.flag)),
+                 overwrite=g.flag, blas_threads=lambda: g.integer((1, 2)))),
     "models.read_safetensors": lambda g: (
         (g.safetensors(),), g.kwargs(backend=lambda: g.choice(["auto", "python", "package"]))),
     "models.split_texts": lambda g: (

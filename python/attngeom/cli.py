@@ -17,7 +17,11 @@
         be repeated, and the data statistics are means over all texts with their spread
     attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
         corpus statistics of every head, in-process or on a Dask cluster, into DIR
-        (summary.json, heads.csv, layers.png); --state DIR resumes
+        (summary.json, heads.csv, layers.png); --state DIR resumes; --write-store STORE runs
+        the corpus through the model once into an activation store (Zarr) and computes the
+        statistics from it
+    attngeom corpus <store> [--scheduler ADDRESS | --workers N] [--out DIR]
+        the same statistics from an activation store, without the model
 
 Both commands read their text files by one rule (``models.split_texts``): one text per
 paragraph, paragraphs separated by blank lines, the lines of a paragraph joined, so wrapped
@@ -357,28 +361,63 @@ def _dask_client(args):
             return Client(args.scheduler, timeout="10s"), None
         except (OSError, TimeoutError) as exc:
             raise ValueError(f"--scheduler {args.scheduler!r}: cannot connect ({exc})") from None
-    cluster = LocalCluster(n_workers=args.workers, processes=True, threads_per_worker=1, dashboard_address=None)
+    import dask
+
+    # the workers' statistical profiler keeps ~1000 s of call stacks, which grows a worker's memory with the run
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = LocalCluster(n_workers=args.workers, processes=True, threads_per_worker=1, dashboard_address=None)
     return Client(cluster), cluster
 
 
-def _corpus(args) -> int:
-    from .corpus import corpus_statistics
+def _corpus_source(args):
+    """(texts, from_store) after checking the options that depend on whether the positional
+    argument is an activation store."""
+    from .corpus.store import is_store
 
-    texts = _read_texts([args.corpus], args.split, "--corpus")
+    if is_store(args.checkpoint):
+        given = [name for name, v in (("--corpus", args.corpus), ("--write-store", args.write_store),
+                                      ("--state", args.state), ("--max-tokens", args.max_tokens)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} do not apply: {args.checkpoint!r} is an activation store (its "
+                             "texts and activations are in it)")
+        return None, True
+    if args.corpus is None:
+        raise ValueError("--corpus FILE is required unless the first argument is an activation store")
+    if args.write_store is not None:
+        if args.state is not None:
+            raise ValueError("--state does not apply with --write-store (the statistics are read from the store)")
+        if os.path.lexists(args.write_store):
+            raise ValueError(f"--write-store {args.write_store!r} exists; choose a new folder")
+    return _read_texts([args.corpus], args.split, "--corpus"), False
+
+
+def _corpus(args) -> int:
+    from .corpus import corpus_statistics, write_activations
+
+    texts, from_store = _corpus_source(args)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.batch_tokens < 1:
+    if args.batch_tokens is not None and args.batch_tokens < 1:
         raise ValueError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    batch_tokens = args.batch_tokens if args.batch_tokens is not None or from_store else 1024
     done = {}
 
     def write(staging):
         client, cluster = _dask_client(args)
         try:
             t0 = time.perf_counter()
-            res = corpus_statistics(args.checkpoint, texts, batch_tokens=args.batch_tokens, client=client,
-                                    state_dir=args.state, max_length=args.max_tokens)
+            if from_store:
+                res = corpus_statistics(args.checkpoint, batch_tokens=batch_tokens, client=client)
+            elif args.write_store is not None:
+                store = write_activations(args.checkpoint, texts, args.write_store, batch_tokens=batch_tokens,
+                                          max_length=args.max_tokens)
+                done["stored"] = time.perf_counter() - t0
+                res = corpus_statistics(store, client=client)
+            else:
+                res = corpus_statistics(args.checkpoint, texts, batch_tokens=batch_tokens, client=client,
+                                        state_dir=args.state, max_length=args.max_tokens)
             done.update(res=res, elapsed=time.perf_counter() - t0)
         finally:
             if client is not None:
@@ -396,9 +435,12 @@ def _corpus(args) -> int:
     res, m = done["res"], done["res"].model
     where = (f"scheduler {args.scheduler}" if args.scheduler else f"{args.workers} local workers" if args.workers
              else "in-process")
+    source = " from the activation store" if from_store or args.write_store is not None else ""
     print(f"{m['family']} model, {m['n_layers']} layers x {m['n_heads']} heads; {res.n_texts} texts, {res.n_tokens} "
-          f"tokens in {res.n_partitions} partitions ({where}), {done['elapsed']:.1f} s "
+          f"tokens in {res.n_partitions} partitions{source} ({where}), {done['elapsed']:.1f} s "
           f"({res.n_tokens / max(done['elapsed'], 1e-9):.0f} tokens/s)")
+    if "stored" in done:
+        print(f"wrote the activation store {args.write_store} in {done['stored']:.1f} s")
     print(f"wrote {args.out}/: summary.json, heads.csv, layers.png")
     return 0
 
@@ -444,16 +486,21 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
     p.set_defaults(func=_heads)
     p = sub.add_parser("corpus", help="corpus statistics of every head, in-process or on a Dask cluster")
-    p.add_argument("checkpoint", help="a checkpoint folder (config.json, *.safetensors, tokenizer.json) or a name")
-    p.add_argument("--corpus", required=True, metavar="FILE", help="UTF-8 text file (one text per paragraph, see "
-                                                                  "--split)")
+    p.add_argument("checkpoint", help="a checkpoint folder (config.json, *.safetensors, tokenizer.json) or a name; "
+                                      "or an activation store (then without --corpus)")
+    p.add_argument("--corpus", default=None, metavar="FILE", help="UTF-8 text file (one text per paragraph, see "
+                                                                 "--split)")
     p.add_argument("--split", **_SPLIT)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler (tcp://host:port)")
     where.add_argument("--workers", type=int, default=None, metavar="N", help="start a local cluster of N processes")
-    p.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per forward pass (default 1024)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per forward pass (default 1024; for a store, the store's)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate every text to this many tokens")
     p.add_argument("--state", default=None, metavar="DIR", help="save per-partition states here (resume a run)")
+    p.add_argument("--write-store", default=None, metavar="STORE",
+                   help="run the corpus through the model once into this activation store (Zarr) and compute the "
+                        "statistics from it; pass STORE as the first argument of later runs")
     p.add_argument("--out", default="corpus_report", help="output folder (default corpus_report)")
     p.set_defaults(func=_corpus)
     p = sub.add_parser("config", help="print the build configuration")

@@ -1,9 +1,10 @@
 """How a corpus is cut into work and put back together: token ids of the texts, partitions
-of consecutive texts, forward batches within a partition, the fixed binary merge tree of
-the partitions' states and the statistics' results. Shared by the model-driven run
-(:mod:`.run`) and the activation-store run (:mod:`.store`)."""
+of consecutive texts, forward batches within a partition, merging the partitions' states,
+the statistics' results and the BLAS thread limit of in-process runs. Shared by the
+model-driven run (:mod:`.run`) and the activation-store run (:mod:`.store`)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Dict, List, Sequence
 
@@ -121,12 +122,20 @@ def merge_states(a: Dict[str, Statistic], b: Dict[str, Statistic]) -> Dict[str, 
     return out
 
 
-def merge_tree(states: list):
-    """Merge in a fixed binary tree (the order does not depend on timing)."""
-    while len(states) > 1:
-        states = [merge_states(states[i], states[i + 1]) if i + 1 < len(states) else states[i]
-                  for i in range(0, len(states), 2)]
-    return states[0]
+@contextlib.contextmanager
+def blas_limit(threads):
+    """NumPy's BLAS limited to `threads` threads inside the block (restored after); nothing when
+    threads is None or threadpoolctl is not installed."""
+    if threads is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is in the corpus and test extras
+        yield
+        return
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
 
 
 def results(merged: dict, d_head: int, W_K) -> dict:

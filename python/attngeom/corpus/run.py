@@ -3,10 +3,19 @@
 The texts are tokenized once by the caller's process, cut into partitions of consecutive
 texts, and each partition is run through the model in forward batches of at most
 ``batch_tokens`` (padded) tokens, updating a fresh state of every statistic. The partitions'
-states are merged in a fixed binary tree. With a ``distributed.Client`` the partitions are
-tasks on the workers; each worker process loads the model once (weights memory-mapped) and
-keeps it for the next partitions. With ``state_dir`` every finished partition's states are
-pickled there, and a run over the same corpus, model and statistics resumes from them.
+states are folded into one in partition order, ((s_0 + s_1) + s_2) + ..., as they finish, so
+at most a few states exist at any time however long the corpus is, and the result does not
+depend on timing (in-process and on a cluster the same merges run in the same order). With a
+``distributed.Client`` the partitions are tasks on the workers; each worker process loads the
+model once (weights memory-mapped) and keeps it for the next partitions; the merges are tasks
+of a higher priority than the partitions, so each runs as soon as its two inputs exist. With
+``state_dir`` every finished partition's states are pickled there, and a run over the same
+corpus, model and statistics resumes from them.
+
+An in-process run limits NumPy's BLAS to ``blas_threads`` threads (default 1, as Dask's
+workers run): the forward passes and the statistics are many small matrix products, which a
+BLAS thread pool does not speed up; its threads spin between the products, and on cores
+shared with other work they make a run several times slower.
 """
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ import numpy as np
 
 from .._operands import float_dtype
 from .cumulants import CumulantStatistic
-from .partitions import batches, merge_states, merge_tree, partition_bounds, positive_int, results, token_ids
+from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
 from .protocol import Batch, Statistic
 from .radius import RadiusStatistic
 from .result import CorpusStatistics
@@ -154,8 +163,11 @@ class _StateFolder:
     def _path(self, i: int) -> str:
         return os.path.join(self.folder, f"partition_{i:06d}.pkl")
 
+    def has(self, i: int) -> bool:
+        return self.folder is not None and os.path.exists(self._path(i))
+
     def load(self, i: int):
-        if self.folder is None or not os.path.exists(self._path(i)):
+        if not self.has(i):
             return None
         with open(self._path(i), "rb") as f:
             return pickle.load(f)
@@ -177,7 +189,7 @@ def _progress_bar(progress, total: int, done: int):
 
 def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch_tokens: Optional[int] = None,
                       partitions=None, max_length: Optional[int] = None, client=None, state_dir=None,
-                      progress: bool = False, dtype=np.float64) -> CorpusStatistics:
+                      progress: bool = False, dtype=np.float64, blas_threads: Optional[int] = 1) -> CorpusStatistics:
     """Mergeable statistics of every attention head over a corpus, in-process or on Dask.
 
     The per-head statistics of Laplace-Radon s.6, s.10, s.13.4 and Whitened self-attention
@@ -188,7 +200,8 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     (mean and variance of the projected keys under the Gibbs weights, eq. 51) and
     ``"whiteness"`` (Psi and rho of each layer's input, eq. 10-14). Partitions of the corpus
     are merged exactly up to rounding (Chan-style updates, fixed histogram edges), so the
-    result does not depend on the partitioning or the cluster beyond 1e-12 relative.
+    result does not depend on the partitioning or the cluster beyond 1e-12 relative; they are
+    folded in partition order as they finish, so memory does not grow with the corpus.
 
     Parameters
     ----------
@@ -216,7 +229,10 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         Truncate every text to this many tokens.
     client : distributed.Client, optional
         Run the partitions as tasks on this cluster (each worker loads the model once);
-        default in-process.
+        default in-process. At most two partitions per worker run ahead of the fold. Dask's
+        statistical profiler keeps about 1000 s of call stacks in every worker, which grows
+        the workers' memory during a long run; ``attngeom corpus --workers`` starts its
+        workers without it (config ``distributed.worker.profile.enabled: False``).
     state_dir : str or path-like, optional
         Save every finished partition's states here; a rerun with the same arguments loads
         them and only runs the partitions that are missing (resume after an interruption).
@@ -224,6 +240,11 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         A tqdm progress bar over partitions.
     dtype : {np.float64, np.float32}, default np.float64
         The forward pass's dtype (statistics always accumulate in float64).
+    blas_threads : int, optional
+        Threads of NumPy's BLAS during an in-process run (and in-process reads of a store),
+        restored afterwards; default 1, the setting of Dask's workers. None leaves BLAS as it
+        is. Needs ``threadpoolctl`` (in the corpus extra; without it BLAS is left as it is).
+        Cluster workers are not affected.
 
     Returns
     -------
@@ -257,8 +278,9 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         if state_dir is not None or max_length is not None:
             raise ValueError("state_dir and max_length do not apply to an activation store")
         return CorpusStatistics(*store_statistics(model, protos, batch_tokens=batch_tokens, partitions=partitions,
-                                                  client=client))
+                                                  client=client, blas_threads=blas_threads))
     batch_tokens = positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
+    blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
     max_length = positive_int("max_length", max_length, allow_none=True)
     dt = float_dtype("dtype", dtype)
     if isinstance(model, Model):
@@ -282,20 +304,14 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         workers = len(client.scheduler_info().get("workers", {}))
     bounds = partition_bounds(lengths, partitions, batch_tokens, workers)
     folder = _StateFolder(state_dir, _fingerprint(str(path or m.path), ids, protos, bounds, batch_tokens, dt))
-    states: list = [folder.load(i) for i in range(len(bounds))]
-    todo = [i for i, s in enumerate(states) if s is None]
-    bar = _progress_bar(progress, len(bounds), len(bounds) - len(todo))
+    done = sum(folder.has(i) for i in range(len(bounds)))
+    bar = _progress_bar(progress, len(bounds), done)
     try:
         if client is None:
-            for i in todo:
-                a, b = bounds[i]
-                states[i] = partition_states(m, ids[a:b], protos, batch_tokens, dt)
-                folder.save(i, states[i])
-                if bar is not None:
-                    bar.update(1)
-            merged = merge_tree(states)
+            with blas_limit(blas_threads):
+                merged = _in_process(m, ids, bounds, protos, batch_tokens, dt, folder, bar)
         else:
-            merged = _on_cluster(client, str(path), ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar)
+            merged = _on_cluster(client, str(path), ids, bounds, protos, batch_tokens, dt, folder, bar, workers)
     finally:
         if bar is not None:
             bar.close()
@@ -306,34 +322,70 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     return CorpusStatistics(info, len(ids), int(lengths.sum()), len(bounds), results(merged, a.d_head, W_K), merged)
 
 
-def _on_cluster(client, path, ids, bounds, todo, states, protos, batch_tokens, dt, folder, bar):
-    """Partitions as tasks, tree-merged on the cluster as they finish; finished ones saved (with a
-    state_dir). Only the root of the merge tree is held here, so the cluster releases every
-    partition's state as soon as its merge has run (worker memory does not grow with the corpus)."""
+def _in_process(m, ids, bounds, protos, batch_tokens, dt, folder, bar):
+    """Every partition in order (loaded when saved), folded into one running state."""
+    merged = None
+    for i, (a, b) in enumerate(bounds):
+        states = folder.load(i)
+        if states is None:
+            states = partition_states(m, ids[a:b], protos, batch_tokens, dt)
+            folder.save(i, states)
+            if bar is not None:
+                bar.update(1)
+        merged = states if merged is None else merge_states(merged, states)
+    return merged
+
+
+def _on_cluster(client, path, ids, bounds, protos, batch_tokens, dt, folder, bar, workers):
+    """Partitions as tasks, folded in partition order by merge tasks that outrank them; finished
+    partitions saved (with a state_dir). At most ``2 * workers`` partitions run ahead of the
+    fold: a slow partition holds up the fold, and without the bound the partitions after it
+    would pile up on the workers, one state each, waiting for their merge. Only futures of
+    unfinished tasks (and the last merge) are held here, so the cluster releases every state
+    once merged: the workers hold the running state and a few partitions, not one state per
+    partition."""
     from distributed import as_completed
 
-    level = list(states)  # loaded states go to the merge tasks as arguments
-    leaves = {}
-    for i in todo:
-        a, b = bounds[i]
-        fut = client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False)
-        level[i] = fut
-        if folder.folder is not None or bar is not None:
-            leaves[fut.key] = (i, fut)
-    while len(level) > 1:
-        level = [client.submit(merge_states, level[i], level[i + 1], pure=False) if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
-    out = level[0]
-    del level
-    if leaves:
-        done = as_completed([f for _, f in leaves.values()])
-        leaves = {k: i for k, (i, _) in leaves.items()}  # indices only: no reference to the futures left
-        for fut in done:
+    window = 2 * max(workers, 1)
+    done = as_completed()
+    leaves: dict = {}  # key -> partition index, of the unfinished partitions to save or count
+    merges: set = set()  # keys of the unfinished merges
+    merged, pending, nxt = None, 0, 0
+
+    def submit_next():
+        nonlocal merged, pending, nxt
+        i, (a, b) = nxt, bounds[nxt]
+        nxt += 1
+        states = folder.load(i)  # a loaded state goes to its merge task as an argument
+        if states is None:
+            states = client.submit(partition_states, path, ids[a:b], protos, batch_tokens, dt, pure=False,
+                                   priority=-i)
+            if folder.folder is not None or bar is not None:
+                leaves[states.key] = i
+                done.add(states)
+        if merged is None:
+            merged = states
+            return
+        merged = client.submit(merge_states, merged, states, pure=False, priority=len(bounds))
+        merges.add(merged.key)
+        pending += 1
+        done.add(merged)
+
+    while nxt < len(bounds) and pending < window:
+        submit_next()
+    for fut in done:
+        if fut.key in leaves:
             i = leaves.pop(fut.key)
             if folder.folder is not None:
                 folder.save(i, fut.result())
             if bar is not None:
                 bar.update(1)
+        elif fut.key in merges:
+            merges.discard(fut.key)
+            pending -= 1
+            while nxt < len(bounds) and pending < window:
+                submit_next()
+        if fut is not merged:
             fut.release()
-            del fut
-    return out.result() if hasattr(out, "result") else out
+        del fut
+    return merged.result() if hasattr(merged, "result") else merged

@@ -6,11 +6,13 @@ The store holds, for every token of every text (texts one after the other, ``N``
 all), what the statistics read from a forward pass, chunked by (layer, tokens):
 
 * ``q``, ``k``: (n_layers, n_heads, N, d_head), the queries and keys as the attention uses them;
-* ``attentions``: (n_layers, n_heads, N, n_max), each token's attention row over the keys of
-  its own text (zero beyond the text's length; n_max is the longest text);
+* ``attentions``: (n_layers, n_heads, S), ragged: every text's (n, n) attention matrix, rows
+  of its own n keys, flattened and concatenated text after text (S = sum n^2, no padding to
+  the longest text); text i's block starts at ``attention_offsets[i]``;
 * ``attention_inputs``: (n_layers, N, d_model);
-* ``lengths`` (n_texts,), ``scale`` (n_layers,) and, for models without rotary embedding,
-  ``W_K`` (n_layers, n_heads, d_model, d_head), so results need no model.
+* ``lengths`` (n_texts,), ``attention_offsets`` (n_texts + 1,), ``scale`` (n_layers,) and,
+  for models without rotary embedding, ``W_K`` (n_layers, n_heads, d_model, d_head), so
+  results need no model.
 
 ``zarr`` and ``dask`` are imported only when a store is written or read.
 """
@@ -26,8 +28,8 @@ from .._operands import float_dtype
 from .protocol import Batch
 
 FORMAT = "attngeom-activations"
-VERSION = 1
-_TOKEN_FIELDS = ("q", "k", "attentions", "attention_inputs")
+VERSION = 2
+_FIELDS = ("q", "k", "attentions", "attention_inputs")
 
 
 def _zarr():
@@ -48,8 +50,35 @@ def is_store(path) -> bool:
         return False
 
 
+class _Appender:
+    """Appends blocks along one axis of a Zarr array, writing whole chunks as they fill (the
+    rest at the final flush), so every chunk is written once."""
+
+    def __init__(self, array, axis: int):
+        self.array, self.axis, self.chunk = array, axis, array.chunks[axis]
+        self.parts: list = []
+        self.buffered = self.written = 0
+
+    def append(self, block: np.ndarray) -> None:
+        self.parts.append(block)
+        self.buffered += block.shape[self.axis]
+        if self.buffered >= self.chunk:
+            self.flush(final=False)
+
+    def flush(self, final: bool) -> None:
+        stop = self.buffered if final else self.buffered - self.buffered % self.chunk
+        if stop == 0:
+            return
+        block = np.concatenate(self.parts, axis=self.axis) if len(self.parts) > 1 else self.parts[0]
+        head = (slice(None),) * self.axis
+        self.array[head + (slice(self.written, self.written + stop),)] = block[head + (slice(0, stop),)]
+        self.parts = [block[head + (slice(stop, None),)].copy()] if stop < self.buffered else []
+        self.written, self.buffered = self.written + stop, self.buffered - stop
+
+
 def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_length: Optional[int] = None,
-                      chunk_tokens: int = 256, dtype=np.float64, overwrite: bool = False) -> str:
+                      chunk_tokens: int = 256, dtype=np.float64, overwrite: bool = False,
+                      blas_threads: Optional[int] = 1) -> str:
     """Run a corpus through the model once and save what the corpus statistics read to a Zarr store.
 
     The texts are run in forward batches of consecutive texts (at most ``batch_tokens`` padded
@@ -71,11 +100,15 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     max_length : int, optional
         Truncate every text to this many tokens.
     chunk_tokens : int, default 256
-        Tokens per chunk. A chunk of ``attentions`` is n_heads x chunk_tokens x n_max values.
+        Tokens per chunk of q, k and attention_inputs. A chunk of the ragged ``attentions``
+        holds about as many texts' rows: n_heads x chunk_tokens x (S / N) values.
     dtype : {np.float64, np.float32}, default np.float64
         The forward pass's dtype, and the stored one.
     overwrite : bool, default False
         Replace an existing activation store at ``store`` (other files are never replaced).
+    blas_threads : int, optional
+        Threads of NumPy's BLAS during the forward passes, restored afterwards (default 1; see
+        :func:`attngeom.corpus_statistics`); None leaves BLAS as it is.
 
     Returns
     -------
@@ -96,9 +129,10 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     6
     """
     from ..models import Model, load_model
-    from .partitions import positive_int, token_ids
+    from .partitions import blas_limit, positive_int, token_ids
 
     batch_tokens = positive_int("batch_tokens", batch_tokens)
+    blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
     max_length = positive_int("max_length", max_length, allow_none=True)
     chunk_tokens = positive_int("chunk_tokens", chunk_tokens)
     dt = float_dtype("dtype", dtype)
@@ -124,56 +158,43 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     zarr = _zarr()
     root = zarr.open_group(store, mode="w")
     c = min(chunk_tokens, N)
-    arrays = {
-        "q": root.create_array("q", shape=(L, H, N, d), chunks=(1, H, c, d), dtype=dt),
-        "k": root.create_array("k", shape=(L, H, N, d), chunks=(1, H, c, d), dtype=dt),
-        "attentions": root.create_array("attentions", shape=(L, H, N, n_max), chunks=(1, H, c, n_max), dtype=dt),
-        "attention_inputs": root.create_array("attention_inputs", shape=(L, N, D), chunks=(1, c, D), dtype=dt),
+    offsets = np.concatenate([[0], np.cumsum(lengths ** 2)])  # of each text's block in the ragged attentions
+    S = int(offsets[-1])
+    ca = min(S, c * max(1, round(S / N)))
+    out = {
+        "q": _Appender(root.create_array("q", shape=(L, H, N, d), chunks=(1, H, c, d), dtype=dt), 2),
+        "k": _Appender(root.create_array("k", shape=(L, H, N, d), chunks=(1, H, c, d), dtype=dt), 2),
+        "attentions": _Appender(root.create_array("attentions", shape=(L, H, S), chunks=(1, H, ca), dtype=dt), 2),
+        "attention_inputs": _Appender(root.create_array("attention_inputs", shape=(L, N, D), chunks=(1, c, D),
+                                                        dtype=dt), 1),
     }
     root.create_array("lengths", shape=lengths.shape, dtype=np.int64)[:] = lengths
-    scale = None
-    buffer = {k: [] for k in _TOKEN_FIELDS}
-    written, buffered = 0, 0
-
-    def flush(final: bool) -> None:
-        nonlocal written, buffered
-        stop = buffered if final else buffered - buffered % c
-        if stop == 0:
-            return
-        for key, parts in buffer.items():
-            axis = 1 if key == "attention_inputs" else 2
-            block = np.concatenate(parts, axis=axis)
-            index = (slice(None),) * axis + (slice(written, written + stop),)
-            arrays[key][index] = np.take(block, np.arange(stop), axis=axis)
-            buffer[key] = [np.take(block, np.arange(stop, block.shape[axis]), axis=axis)]
-        written, buffered = written + stop, buffered - stop
-
-    start = 0
-    while start < len(ids):
-        stop = start + 1
-        while stop < len(ids) and (stop - start + 1) * int(lengths[start:stop + 1].max()) <= batch_tokens:
-            stop += 1
-        group = lengths[start:stop]
-        n = int(group.max())
-        tok = np.zeros((len(group), n), dtype=np.int64)
-        mask = np.zeros((len(group), n), dtype=bool)
-        for r, t in enumerate(ids[start:stop]):
-            tok[r, :len(t)], mask[r, :len(t)] = t, True
-        f = m.forward(tok, attention_mask=mask, dtype=dt)
-        if scale is None:
-            scale = np.asarray(f.scale, np.float64)
-        for r, ln in enumerate(group):
-            ln = int(ln)
-            buffer["q"].append(np.asarray(f.q[:, r, :, :ln], dt))
-            buffer["k"].append(np.asarray(f.k[:, r, :, :ln], dt))
-            att = np.zeros((L, H, ln, n_max), dt)
-            att[..., :ln] = f.attentions[:, r, :, :ln, :ln]
-            buffer["attentions"].append(att)
-            buffer["attention_inputs"].append(np.asarray(f.attention_inputs[:, r, :ln], dt))
-            buffered += ln
-        flush(final=False)
-        start = stop
-    flush(final=True)
+    root.create_array("attention_offsets", shape=offsets.shape, dtype=np.int64)[:] = offsets
+    with blas_limit(blas_threads):
+        scale = None
+        start = 0
+        while start < len(ids):
+            stop = start + 1
+            while stop < len(ids) and (stop - start + 1) * int(lengths[start:stop + 1].max()) <= batch_tokens:
+                stop += 1
+            group = lengths[start:stop]
+            n = int(group.max())
+            tok = np.zeros((len(group), n), dtype=np.int64)
+            mask = np.zeros((len(group), n), dtype=bool)
+            for r, t in enumerate(ids[start:stop]):
+                tok[r, :len(t)], mask[r, :len(t)] = t, True
+            f = m.forward(tok, attention_mask=mask, dtype=dt)
+            if scale is None:
+                scale = np.asarray(f.scale, np.float64)
+            for r, ln in enumerate(group):
+                ln = int(ln)
+                out["q"].append(np.asarray(f.q[:, r, :, :ln], dt))
+                out["k"].append(np.asarray(f.k[:, r, :, :ln], dt))
+                out["attentions"].append(np.asarray(f.attentions[:, r, :, :ln, :ln], dt).reshape(L, H, ln * ln))
+                out["attention_inputs"].append(np.asarray(f.attention_inputs[:, r, :ln], dt))
+            start = stop
+        for appender in out.values():
+            appender.flush(final=True)
     root.create_array("scale", shape=(L,), dtype=np.float64)[:] = scale
     if a.family != "llama":
         W_K = np.asarray(m.heads.W_K, np.float64)
@@ -185,10 +206,12 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
 
 
 def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos, batch_tokens: int) -> dict:
-    """The states of `protos` over one partition of a store: arrays of its tokens (whole texts)."""
+    """The states of `protos` over one partition of a store: arrays of its tokens (whole texts),
+    the attentions ragged (each text's (n, n) block flattened, text after text)."""
     from .partitions import batches
 
     offsets = np.concatenate([[0], np.cumsum(lengths)])
+    blocks = np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64) ** 2)])
     states = {s.name: s.empty() for s in protos}
     L, H, _, d = q.shape
     D = attention_inputs.shape[-1]
@@ -202,7 +225,8 @@ def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos,
             o, ln = int(offsets[i]), int(lens[r])
             f.q[:, r, :, :ln] = q[:, :, o:o + ln]
             f.k[:, r, :, :ln] = k[:, :, o:o + ln]
-            f.attentions[:, r, :, :ln, :ln] = attentions[:, :, o:o + ln, :ln]
+            a = int(blocks[i])
+            f.attentions[:, r, :, :ln, :ln] = attentions[:, :, a:a + ln * ln].reshape(L, H, ln, ln)
             f.attention_inputs[:, r, :ln] = attention_inputs[:, o:o + ln]
         batch = Batch(f, lens)
         for s in states.values():
@@ -210,20 +234,26 @@ def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos,
     return states
 
 
-def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, partitions=None, client=None):
+def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, partitions=None, client=None,
+                     blas_threads: Optional[int] = 1):
     """(info, n_texts, n_tokens, n_partitions, results, merged states) of a store: the partitions
     are dask.array slices of the store (whole texts), each turned into states by one task,
-    merged in a fixed binary tree of tasks; run on `client`, or in-process (synchronously)."""
+    folded in partition order by merge tasks (as :func:`attngeom.corpus_statistics` does); run
+    on `client`, or in-process (synchronously, BLAS limited to `blas_threads`)."""
     import dask
     import dask.array as da
 
-    from .partitions import merge_states, partition_bounds, positive_int, results
+    from .partitions import blas_limit, merge_states, partition_bounds, positive_int, results
 
     path = os.fspath(store)
     root = _zarr().open_group(path, mode="r")
     attrs = dict(root.attrs)
     batch_tokens = positive_int("batch_tokens", int(attrs["batch_tokens"]) if batch_tokens is None else batch_tokens)
+    if attrs.get("version") != VERSION:
+        raise ValueError(f"store {path!r} has format version {attrs.get('version')}, this attngeom reads version "
+                         f"{VERSION}; write it again with ag.write_activations")
     lengths = np.asarray(root["lengths"][:], np.int64)
+    blocks = np.asarray(root["attention_offsets"][:], np.int64)
     scale = np.asarray(root["scale"][:], np.float64)
     W_K = np.asarray(root["W_K"][:]) if "W_K" in root else None
     workers = 0
@@ -231,24 +261,25 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
         if not hasattr(client, "compute") or not hasattr(client, "scheduler_info"):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         workers = len(client.scheduler_info().get("workers", {}))
-    if partitions is None:  # about one forward batch of tokens per partition (attention rows are O(n_max))
+    if partitions is None:  # about one forward batch of tokens per partition
         partitions = min(len(lengths), max(1, -(-int(lengths.sum()) // batch_tokens), 2 * workers))
     bounds = partition_bounds(lengths, partitions, batch_tokens, workers)
-    arrays = {key: da.from_zarr(path, component=key) for key in _TOKEN_FIELDS}
+    arrays = {key: da.from_zarr(path, component=key) for key in _FIELDS}
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     part = dask.delayed(_store_partition, pure=True)
     merge = dask.delayed(merge_states, pure=True)
-    level = []
+    merged = None
     for ta, tb in bounds:
         a, b = int(offsets[ta]), int(offsets[tb])
-        level.append(part(arrays["q"][:, :, a:b], arrays["k"][:, :, a:b], arrays["attentions"][:, :, a:b],
-                          arrays["attention_inputs"][:, a:b], lengths[ta:tb], scale, protos, batch_tokens))
-    while len(level) > 1:
-        level = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        states = part(arrays["q"][:, :, a:b], arrays["k"][:, :, a:b],
+                      arrays["attentions"][:, :, int(blocks[ta]):int(blocks[tb])],
+                      arrays["attention_inputs"][:, a:b], lengths[ta:tb], scale, protos, batch_tokens)
+        merged = states if merged is None else merge(merged, states)
     if client is None:
-        (merged,) = dask.compute(level[0], scheduler="sync")
+        with blas_limit(positive_int("blas_threads", blas_threads, allow_none=True)):
+            (merged,) = dask.compute(merged, scheduler="sync")
     else:
-        merged = client.compute(level[0]).result()
+        merged = client.compute(merged).result()
     info = dict(attrs["model"], store=path)
     results = results(merged, info["d_head"], W_K)
     return info, len(lengths), int(lengths.sum()), len(bounds), results, merged
