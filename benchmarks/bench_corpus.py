@@ -13,12 +13,10 @@ worker, which would grow a worker's memory with the length of the run.
 A random GPT-2 (transformers, offline, float64 forward pass) and random token-id texts. Prints
 the numbers and writes JSON (``--out``). Not part of ``make test``.
 
-    python benchmarks/bench_corpus.py [--base-texts 200] [--out bench_corpus.json]
+    python benchmarks/bench_corpus.py [--base-texts 200] [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import sys
@@ -26,6 +24,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from harness import parser, write
 
 
 def build_checkpoint(folder: str, n_layer: int, n_embd: int, n_head: int) -> str:
@@ -95,13 +95,12 @@ def main(argv=None) -> int:
     import attngeom as ag
     from distributed import Client, LocalCluster
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, repeats=None)  # --out: the results directory, as every benchmark has
     p.add_argument("--base-texts", type=int, default=200)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch-tokens", type=int, default=1024)
-    p.add_argument("--out", default="bench_corpus.json")
     args = p.parse_args(argv)
     ag.set_num_threads(1)  # one core thread per process, as each worker has (threads_per_worker=1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,10 +166,9 @@ def main(argv=None) -> int:
         rows = report["runs"]
         report["cluster_speedup_1x"] = rows[0]["tokens_per_s"] / report["in_process"]["tokens_per_s"]
         report["cluster_speedup_100x"] = rows[-1]["tokens_per_s"] / report["in_process"]["tokens_per_s"]
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
     print(f"cluster / in-process throughput: {report['cluster_speedup_1x']:.2f} (1x), "
-          f"{report['cluster_speedup_100x']:.2f} (100x); wrote {args.out}")
+          f"{report['cluster_speedup_100x']:.2f} (100x)")
+    write(args.out, "bench_corpus", **report)
     return 0
 
 
