@@ -39,6 +39,31 @@ def test_softmax_matches_reference(rng, dtype, shape, causal):
     assert np.max(np.abs(lz[finite] - lz_r[finite])) < tol * 10 * max(1, np.abs(lz_r[finite]).max())
 
 
+# (d_k, d_v): value tiles of every packet count (whole, narrower, none) and ragged columns
+# past the last packet, at float32 and float64 packet widths; d_k off the transpose blocks.
+TILE_WIDTHS = [(3, 1), (16, 16), (64, 24), (67, 48), (8, 64), (32, 69), (64, 131)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("d_k,d_v", TILE_WIDTHS)
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_register_tiles_every_width(rng, dtype, d_k, d_v, causal):
+    # Two query blocks with a ragged last panel, two key blocks with a ragged last group of
+    # keys; bottom_right with more queries than keys leaves the first rows empty.
+    n_k = 150 if causal == "bottom_right" else 389
+    q, k, v = draw(rng, (4,), (4,), (4,), 203, n_k, d_k, d_v, dtype)
+    y, P, lz = ag.softmax_attention(q, k, v, causal=causal, return_weights=True, return_log_partition=True)
+    y_r, P_r, lz_r = ref.softmax_attention(q, k, v, causal=causal)
+    tol = TOL[dtype]
+    assert rel_err(y, y_r) < tol * 10
+    assert np.max(np.abs(P - P_r)) < tol * 10
+    finite = np.isfinite(lz_r)
+    assert np.array_equal(finite, np.isfinite(lz))
+    assert np.max(np.abs(lz[finite] - lz_r[finite])) < tol * 10 * max(1, np.abs(lz_r[finite]).max())
+    assert np.array_equal(y[~finite], np.zeros_like(y[~finite]))
+    assert np.array_equal(ag.softmax_attention(q, k, v, causal=causal), y)
+
+
 def test_weights_and_output_paths_agree(rng):
     q, k, v = draw(rng, (2,), (2,), (2,), 40, 600, 8, 3)
     y1 = ag.softmax_attention(q, k, v)

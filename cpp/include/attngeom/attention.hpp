@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attngeom/parallel.hpp"
+#include "attngeom/tiles.hpp"
 #include "attngeom/types.hpp"
 
 namespace attngeom {
@@ -30,14 +32,14 @@ struct Blocking {
 
 // The tiling a kernel runs with: the caller's where given, otherwise large tiles (192 queries
 // x 384 keys) without a causal limit and 64 x 256 under one (64 x 128 for at most 512 keys).
-// Eigen packs both operands of every block product, so larger tiles pack K and V fewer times
-// (measured in one run, float32, AVX-512, d 64-128, one thread: 192 x 384 gave 3-6% more
-// throughput than 64 x 256 forward and backward at n >= 1024). Under a causal limit the
-// tiles that straddle the diagonal waste up to half their work, which cancels that gain, and
-// at n_k = 256 128-key tiles make the backward 20% faster than 256-key ones. `units(bq, bk)`
-// is the number of parallel units a tiling gives: large tiles are taken only when each
-// processor still gets four. The choice depends on the processor count, not on the thread
-// count, so results stay bitwise the same whatever set_num_threads says.
+// Larger tiles pack K and V fewer times (measured in one run, float32, AVX-512, d 64-128, one
+// thread: 192 x 384 gave 3-6% more throughput than 64 x 256 forward and backward at
+// n >= 1024). The backward's tiles that straddle the diagonal waste up to half their work,
+// which cancels that gain, and at n_k = 256 128-key tiles make it 20% faster than 256-key
+// ones; the forward trims each panel to the causal limit itself and asks with Causal::None.
+// `units(bq, bk)` is the number of parallel units a tiling gives: large tiles are taken only
+// when each processor still gets four. The choice depends on the processor count, not on the
+// thread count, so results stay bitwise the same whatever set_num_threads says.
 template <class Units>
 Blocking tiled(Blocking b, Causal causal, int64_t n_k, Units&& units) {
   const Blocking small{64, n_k <= 512 ? 128 : 256}, large{192, 384};
@@ -112,10 +114,38 @@ T row_max(const T* x, int64_t n) {
   return best;
 }
 
+// exp(x) for a packet of float x <= 88, exactly 0 where x < log_tiny (log_tiny > -87; -inf
+// gives 0). The arguments of the online softmax are scores minus a running max or a log
+// partition, so they lie below a few ulps above 0: Cody-Waite reduction with the rounding
+// done by a magic-number add, the Cephes polynomial that Eigen's pexp uses, and 2^n added to
+// the exponent bits directly (the result is normal above log_tiny). Eigen's pexp clamps and
+// rebuilds 2^n for the whole float range: this does the same work in 20 instead of 30
+// instructions. Error against a correctly rounded exp: 1.25 ulp at most (every 61st float
+// in [-75, 0], AVX-512, AVX2 and SSE2).
+template <class P>
+P exp_below(P x, P log_tiny) {
+  namespace ei = Eigen::internal;
+  using PI = typename ei::unpacket_traits<P>::integer_packet;
+  x = ei::pmin(x, ei::pset1<P>(88.0f));
+  const P t = ei::pmadd(x, ei::pset1<P>(1.44269504088896341f), ei::pset1<P>(12582912.0f));  // 1.5 2^23
+  const P n = ei::psub(t, ei::pset1<P>(12582912.0f));  // round(x / ln 2); t's low bits hold n
+  P r = ei::pmadd(n, ei::pset1<P>(-0.693359375f), x);
+  r = ei::pmadd(n, ei::pset1<P>(2.12194440e-4f), r);
+  const P r2 = ei::pmul(r, r);
+  P y = ei::pmadd(ei::pset1<P>(1.9875691500e-4f), r, ei::pset1<P>(1.3981999507e-3f));
+  P y1 = ei::pmadd(ei::pset1<P>(4.1665795894e-2f), r, ei::pset1<P>(1.6666665459e-1f));
+  y = ei::pmadd(y, r, ei::pset1<P>(8.3334519073e-3f));
+  y1 = ei::pmadd(y1, r, ei::pset1<P>(5.0000001201e-1f));
+  y = ei::pmadd(y, ei::pmul(r2, r), y1);
+  y = ei::pmadd(y, r2, ei::padd(r, ei::pset1<P>(1.0f)));
+  const PI scaled = ei::padd(ei::preinterpret<PI>(y), ei::plogical_shift_left<23>(ei::preinterpret<PI>(t)));
+  return ei::pselect(ei::pcmp_lt(x, log_tiny), ei::pset1<P>(0.0f), ei::preinterpret<P>(scaled));
+}
+
 // x_j <- exp(x_j - shift), set to exactly 0 where it falls below `tiny`; returns the sum of
-// the new x_j. Eigen's vectorised exp clamps its argument, so exp(-inf) comes out as the
-// smallest normal number: the flush keeps hidden (-inf) entries exactly zero, and keeps
-// subnormals out of the products that follow (they slow them down several-fold).
+// the new x_j. The flush keeps hidden (-inf) entries exactly zero, and keeps subnormals out
+// of the products that follow (they slow them down several-fold). x_j - shift must not
+// exceed a few ulps above 0 (shift is the row's max or its log partition).
 template <class T>
 T exp_shift_row(T* x, int64_t n, T shift, T tiny) {
   namespace ei = Eigen::internal;
@@ -124,13 +154,22 @@ T exp_shift_row(T* x, int64_t n, T shift, T tiny) {
   T sum = 0;
   int64_t j = 0;
   if constexpr (W > 1) {
-    const P s = ei::pset1<P>(shift), lo = ei::pset1<P>(tiny), zero = ei::pset1<P>(T(0));
+    // float: exp_below; double: Eigen's pexp, which clamps its argument, so exp(-inf) comes
+    // out as the smallest normal number until the flush.
+    const P s = ei::pset1<P>(shift), lo = ei::pset1<P>(tiny), log_lo = ei::pset1<P>(std::log(tiny));
+    const P zero = ei::pset1<P>(T(0));
+    auto exp_flushed = [&](P arg) {
+      if constexpr (std::is_same_v<T, float>) {
+        return exp_below(arg, log_lo);
+      } else {
+        const P e = ei::pexp(arg);
+        return ei::pselect(ei::pcmp_lt(e, lo), zero, e);
+      }
+    };
     P a = zero, b = zero;
     for (; j + 2 * W <= n; j += 2 * W) {
-      P e0 = ei::pexp(ei::psub(ei::ploadu<P>(x + j), s));
-      P e1 = ei::pexp(ei::psub(ei::ploadu<P>(x + j + W), s));
-      e0 = ei::pselect(ei::pcmp_lt(e0, lo), zero, e0);
-      e1 = ei::pselect(ei::pcmp_lt(e1, lo), zero, e1);
+      const P e0 = exp_flushed(ei::psub(ei::ploadu<P>(x + j), s));
+      const P e1 = exp_flushed(ei::psub(ei::ploadu<P>(x + j + W), s));
       ei::pstoreu(x + j, e0);
       ei::pstoreu(x + j + W, e1);
       a = ei::padd(a, e0);
@@ -179,6 +218,12 @@ void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int6
 // with `direct = true` is bounded and never underflows to zero (Cauchy): without an additive
 // or boolean mask its weights `kernel.psi(S, tau_rows)` are summed as they are, with no
 // running max, exp or rescaling.
+//
+// A unit is a block of query rows of one batch element; for each key block its keys are
+// packed once and the rows go through in panels of Tile<T>::MR (tiles.hpp): scores, log psi,
+// mask, online softmax and the value product while the panel's scores are in L1. Under a
+// causal limit a panel stops at the last key its last row sees, so the diagonal costs at
+// most MR - 1 rows of waste and the tiling need not shrink.
 template <class T, class Kernel>
 void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
             const Stack<T>& v, const Mask<T>& mask, Causal causal, T query_scale, const Kernel& kernel,
@@ -186,9 +231,11 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   using Mat = RowMatrix<T>;
   using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
   using CMap = Eigen::Map<const Mat>;
+  using PanelMap = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+  constexpr int MR = Tile<T>::MR;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
-  blocking = tiled(blocking, causal, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
-  const int64_t bq = blocking.query, bk = blocking.key;
+  blocking = tiled(blocking, Causal::None, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
+  const int64_t bq = blocking.query, bk = blocking.key, ld = Tile<T>::padded(bk);
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -200,19 +247,17 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 
 #pragma omp parallel if (parallel_worth(work))
   {
-    Mat Qs(bq, d_k), S(bq, bk), acc(bq, d_v);
-    Vec m(bq), l(bq), alpha(bq);
+    Mat Qs(bq, d_k), acc(bq, d_v);
+    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), alpha(MR);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t b = unit / q_blocks;
       const int64_t i0 = (unit % q_blocks) * bq;
       const int64_t rows = std::min(bq, n_q - i0);
       const T* tau_rows = tau ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
-      auto Q = Qs.topRows(rows);
-      Q.noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
-      const CMap K(k.block(b), n_k, d_k), V(v.block(b), n_k, d_v);
-      auto A = acc.topRows(rows);
-      A.setZero();
+      Qs.topRows(rows).noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
+      const T *K = k.block(b), *V = v.block(b);
+      acc.topRows(rows).setZero();
       m.head(rows).setConstant(neg_inf);
       l.head(rows).setZero();
       // Keys past the causal limit of the block's last row are never visited.
@@ -222,50 +267,63 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 
       for (int64_t j0 = 0; j0 < key_end; j0 += bk) {
         const int64_t cols = std::min(bk, key_end - j0);
-        auto L = S.topLeftCorner(rows, cols);
-        L.noalias() = Q * K.middleRows(j0, cols).transpose();
-        if constexpr (Kernel::direct) {
-          if (direct) {
-            kernel.psi(L, tau_rows);
-            hide(L, mask, causal, b, i0, j0, offset, T(0));
-            if (W)
-              for (int64_t r = 0; r < rows; ++r)
-                Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(W + r * n_k + j0, cols) = L.row(r);
-            l.head(rows) += L.rowwise().sum().array();
-            A.noalias() += L * V.middleRows(j0, cols);
-            continue;
+        pack_keys(K + j0 * d_k, d_k, cols, Kt.data());
+        for (int64_t p0 = 0; p0 < rows; p0 += MR) {
+          const int mr = int(std::min<int64_t>(MR, rows - p0));
+          int64_t seen = cols;  // keys of this block the panel's last row sees
+          if (causal != Causal::None) seen = std::clamp<int64_t>(i0 + p0 + mr + offset - j0, 0, cols);
+          if (seen == 0) continue;
+          with_rows<T>(mr, [&](auto R) {
+            score_tile<T, R()>(Qs.data() + p0 * d_k, d_k, d_k, Kt.data(), Tile<T>::padded(seen), S.data(), ld);
+          });
+          PanelMap L(S.data(), mr, seen, Eigen::OuterStride<>(ld));
+          const T* tau_panel = tau_rows ? tau_rows + p0 : nullptr;
+          T* A = acc.data() + p0 * d_v;
+          const T* Vj = V + j0 * d_v;
+          if constexpr (Kernel::direct) {
+            if (direct) {
+              kernel.psi(L, tau_panel);
+              hide(L, mask, causal, b, i0 + p0, j0, offset, T(0));
+              for (int r = 0; r < mr; ++r) {
+                if (W) std::copy_n(&L(r, 0), seen, W + (p0 + r) * n_k + j0);
+                l[p0 + r] += L.row(r).sum();
+              }
+              with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, nullptr); });
+              continue;
+            }
           }
+          kernel.log_psi(L, tau_panel);
+          hide(L, mask, causal, b, i0 + p0, j0, offset);
+          // Online softmax: running max m, running sum l, accumulator rescaled by alpha.
+          // Weights below min/epsilon are flushed to exactly 0 (exp_shift_row): hidden keys and
+          // rows that have seen no visible key stay exactly empty. Every row holds a 1 (its
+          // max), so the flushed mass is below n_k * min / epsilon relative: far under rounding.
+          for (int r = 0; r < mr; ++r) {
+            T* row = &L(r, 0);
+            if (W) std::copy_n(row, seen, W + (p0 + r) * n_k + j0);
+            const int64_t i = p0 + r;
+            const T m_new = std::max(m[i], row_max(row, seen));
+            const T shift = std::isfinite(m_new) ? m_new : T(0);
+            alpha[r] = std::exp(m[i] - shift);
+            m[i] = m_new;
+            l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift, tiny);
+          }
+          with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, alpha.data()); });
         }
-        kernel.log_psi(L, tau_rows);
-        hide(L, mask, causal, b, i0, j0, offset);
-        if (W)
-          for (int64_t r = 0; r < rows; ++r)
-            Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(W + r * n_k + j0, cols) = L.row(r);
-        // Online softmax: running max m, running sum l, accumulator rescaled by alpha.
-        // Weights below min/epsilon are flushed to exactly 0 (exp_shift_row): hidden keys and
-        // rows that have seen no visible key stay exactly empty. Every row holds a 1 (its
-        // max), so the flushed mass is below n_k * min / epsilon relative: far under rounding.
-        for (int64_t r = 0; r < rows; ++r) {
-          T* row = S.data() + r * S.cols();
-          const T m_new = std::max(m[r], row_max(row, cols));
-          const T shift = std::isfinite(m_new) ? m_new : T(0);
-          alpha[r] = std::exp(m[r] - shift);
-          m[r] = m_new;
-          l[r] = alpha[r] * l[r] + exp_shift_row(row, cols, shift, tiny);
-        }
-        A.array().colwise() *= alpha.head(rows);
-        A.noalias() += L * V.middleRows(j0, cols);
       }
 
       // Fully masked rows (l = 0) give zeros and log Z = -inf. Direct weights have no shift.
+      // Weights were written up to the panel's limit; past a row's own causal limit they are
+      // hidden (-inf, or 0 for direct weights) or never written, and come out 0.
       if (direct) m.head(rows).setZero();
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
-        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.y + (b * n_q + i0 + r) * d_v, d_v) = A.row(r) * inv;
+        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.y + (b * n_q + i0 + r) * d_v, d_v) = acc.row(r) * inv;
         if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
         if (W) {
           T* w = W + r * n_k;
-          const int64_t visible = std::max<int64_t>(key_end, 0);
+          int64_t visible = key_end;
+          if (causal != Causal::None) visible = std::clamp<int64_t>(i0 + r + offset + 1, 0, key_end);
           if (l[r] > T(0) && direct) {
             for (int64_t c = 0; c < visible; ++c) w[c] *= inv;
           } else if (l[r] > T(0)) {
