@@ -17,7 +17,7 @@ namespace {
 // layer caches W and hands out a read-only view; array_t refuses those).
 template <class T>
 const T* feature_matrix(const py::array& W, int64_t d) {
-  if (W.ndim() != 2 || W.shape(1) != d || !W.dtype().is(py::dtype::of<T>()) || !(W.flags() & py::array::c_style))
+  if (!py::isinstance<CArray<T>>(W) || W.ndim() != 2 || W.shape(1) != d)
     throw std::invalid_argument("internal: W must be a C-contiguous (m, d) array of the inputs' dtype");
   return static_cast<const T*>(W.data());
 }
