@@ -17,15 +17,18 @@
 // (OpenMP over batch x block): per-row shifted features, y = phi_q S / phi_q z.
 //
 // Causal: queries in chunks of C rows, as in lightning_attention: chunk c sees the state of the
-// keys before its boundary plus one masked diagonal block of at most C keys. The chunks of a
-// batch element are walked in order, carrying the state. For parallelism inside long
-// sequences the chunks are grouped into segments (their number set by batch and n_q only): the
-// keys of each segment are summed first (OpenMP over batch x segment), prefix-combined in
-// order, and each segment then walks its chunks from its prefix state.
+// keys before its boundary plus one masked diagonal block of at most C keys. The diagonal
+// block's key features are shifted per key row, and each query takes as its key shift the
+// maximum over the state and the block keys it sees, so a key hidden from a query never sets
+// its scale (no underflow of its visible terms). The chunks of a batch element are walked in
+// order, carrying the state. For parallelism inside long sequences the chunks are grouped into
+// segments (their number set by batch and n_q only): the keys of each segment are summed first
+// (OpenMP over batch x segment), prefix-combined in order, and each segment then walks its
+// chunks from its prefix state.
 //
-// log Z_i = log(phi_q(i) z) - log m + s_i + M, s_i the query's own shift (the maximum of its
-// logits). A query whose estimate underflows to 0, or that sees no key, gets y = 0 and
-// log Z = -inf.
+// log Z_i = log(phi_q(i) z) - log m + s_i + M_i, s_i the query's own shift (the maximum of its
+// logits), M_i its key shift (M when non-causal). A query whose estimate underflows to 0, or
+// that sees no key, gets y = 0 and log Z = -inf.
 #pragma once
 
 #include <Eigen/Core>
