@@ -265,6 +265,30 @@ def favor_attention(q, k, v, W, scale):
     return num / den
 
 
+def favor_log_domain(q, k, v, W, scale, causal=False):
+    """FAVOR+ (y, log Z) in the log domain, no shift to choose: every term exp(l_q,f + l_k,f) of
+    Z_i = sum_{j visible, f} phi_f(q_i) phi_f(k_j) is summed by logsumexp, so the estimate is
+    exact to rounding for any logits. q (n_q, d), k (n_k, d), v (n_k, d_v), one head; a query
+    that sees no key gets y = 0, log Z = -inf."""
+    root, m = math.sqrt(scale), W.shape[0]
+
+    def logits(x):
+        x = x * root
+        return x @ W.T - 0.5 * np.sum(x * x, -1, keepdims=True)
+
+    t = logits(q)[:, None, :] + logits(k)[None, :, :]  # (n_q, n_k, m)
+    keep = causal_keep(q.shape[0], k.shape[0], causal)
+    t = np.where(keep[:, :, None], t, -np.inf)
+    top = t.max(axis=(1, 2))
+    safe = np.where(np.isfinite(top), top, 0.0)
+    w = np.exp(t - safe[:, None, None]).sum(-1)  # (n_q, n_k), relative to exp(top)
+    den = w.sum(-1)
+    with np.errstate(divide="ignore"):
+        log_z = np.where(den > 0, np.log(den) + safe - math.log(m), -np.inf)
+    y = np.divide(w @ v, den[:, None], out=np.zeros((q.shape[0], v.shape[1])), where=den[:, None] > 0)
+    return y, log_z
+
+
 def vector_ar1_steps(Phi, B, T, seed, burn_in):
     """x_i = Phi_i x_{i-1} + e_i simulated step by step (Phi (D, D) or (T, D, D))."""
     rng = np.random.default_rng(seed)

@@ -31,6 +31,7 @@ def _battery():
         "lightning_causal": ag.lightning_attention(q, k, v, causal=True),
         "stable_density": ag.stable_density(np.linspace(-30, 30, 301), 1.3),
         "random_features": ag.random_feature_attention(q / 4, k / 4, v, num_features=64, seed=1),
+        "random_features_causal": ag.random_feature_attention(q / 4, k / 4, v, num_features=64, seed=1, causal=True),
     }
     for kernel, params in [("exp", {}), ("gaussian", {"sigma": 1.5}), ("cauchy", {"gamma": 0.7}),
                            ("stable", {"alpha": 1.5})]:

@@ -109,3 +109,146 @@ def test_bad_input(rng):
         ag.random_feature_attention(q, k, v, causal="left")
     with pytest.raises(ValueError, match="scale"):
         ag.random_feature_attention(q, k, v, scale=-1.0)
+
+
+# ---- the fused forward -------------------------------------------------------------------
+# random_feature_attention runs one core kernel (features block by block, running-max key
+# shift); the backward pass and these references form the (n, m) feature matrices.
+
+from attngeom.random_features import _favor  # noqa: E402  (the materialised path)
+
+CAUSAL = [False, True, "bottom_right"]
+
+
+def log_err(a, b):
+    """Largest |a - b| over entries where both are finite, relative to max(1, |b|); the
+    -inf entries (no visible key) must coincide."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    assert np.array_equal(np.isneginf(a), np.isneginf(b)) and np.all(np.isfinite(a) | np.isneginf(a))
+    fin = np.isfinite(b)
+    return float(np.max(np.abs(a[fin] - b[fin]) / np.maximum(1.0, np.abs(b[fin])), initial=0.0))
+
+
+def fused_and_log_domain(q, k, v, m, seed, scale, causal):
+    """(y, log Z) of the fused forward and of the log-domain reference. Where a query sees no
+    key (bottom-right alignment with n_q > n_k) the reference's log Z is -inf, which
+    return_log_partition refuses (a non-finite result): then only y is compared (log Z None)."""
+    W = ag.feature_matrix(q.shape[-1], m, seed=seed)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    qb, kb, vb = (np.broadcast_to(a, lead + a.shape[-2:]).reshape((-1,) + a.shape[-2:]).astype(float)
+                  for a in (q, k, v))
+    parts = [ref.favor_log_domain(qi, ki, vi, W, scale, causal) for qi, ki, vi in zip(qb, kb, vb)]
+    y_ref = np.stack([p[0] for p in parts]).reshape(lead + (q.shape[-2], v.shape[-1]))
+    lz_ref = np.stack([p[1] for p in parts]).reshape(lead + (q.shape[-2],))
+    kw = dict(num_features=m, seed=seed, scale=scale, causal=causal)
+    if np.all(np.isfinite(lz_ref)):
+        y, log_z = ag.random_feature_attention(q, k, v, return_log_partition=True, **kw)
+        return y, log_z, y_ref, lz_ref
+    y = ag.random_feature_attention(q, k, v, **kw)
+    assert np.all(y[np.isneginf(lz_ref)] == 0)
+    return y, None, y_ref, None
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("lead_q, lead_k, n_q, n_k, d, d_v, m", [
+    ((), (), 1, 1, 4, 2, 8),
+    ((), (), 1, 200, 4, 3, 16),
+    ((2,), (2,), 129, 257, 8, 5, 24),   # ragged: not multiples of the 128-row blocks or the 64-query chunks
+    ((2, 3), (1, 3), 70, 70, 6, 6, 33),  # batch dims broadcast, m not a multiple of d
+    ((3,), (), 200, 131, 5, 1, 7),       # keys shared by three heads, d_v = 1, n_q > n_k
+])
+def test_fused_matches_log_domain_reference(rng, causal, dtype, tol, lead_q, lead_k, n_q, n_k, d, d_v, m):
+    q = (0.6 * rng.standard_normal(lead_q + (n_q, d))).astype(dtype)
+    k = (0.6 * rng.standard_normal(lead_k + (n_k, d))).astype(dtype)
+    v = rng.standard_normal(lead_k + (n_k, d_v)).astype(dtype)
+    y, log_z, y_ref, lz_ref = fused_and_log_domain(q, k, v, m, 4, 0.7, causal)
+    assert y.dtype == dtype and y.shape == y_ref.shape
+    assert rel_err(y, y_ref) <= tol
+    if causal == "bottom_right" and n_q > n_k:
+        assert log_z is None  # the first n_q - n_k queries see no key
+    else:
+        assert log_z.dtype == dtype and log_z.shape == lz_ref.shape
+        assert log_err(log_z, lz_ref) <= tol
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+@pytest.mark.parametrize("batch, n_q, n_k", [(1, 1100, 1100), (2, 1300, 1037), (1, 1037, 1300)])
+def test_fused_matches_materialised_path(rng, causal, dtype, tol, batch, n_q, n_k):
+    """Long sequences: several key spans (non-causal), several segments (causal, batch 1)."""
+    q = (0.5 * rng.standard_normal((batch, n_q, 8))).astype(dtype)
+    k = (0.5 * rng.standard_normal((batch, n_k, 8))).astype(dtype)
+    v = rng.standard_normal((batch, n_k, 3)).astype(dtype)
+    y_ref, lz_ref, _ = _favor(q, k, v, 40, True, 2, causal, None)
+    if np.all(np.isfinite(lz_ref)):
+        y, log_z = ag.random_feature_attention(q, k, v, num_features=40, seed=2, causal=causal,
+                                               return_log_partition=True)
+        assert log_err(log_z, lz_ref) <= tol
+    else:  # bottom-right, n_q > n_k: queries that see no key (log Z = -inf, y = 0)
+        y = ag.random_feature_attention(q, k, v, num_features=40, seed=2, causal=causal)
+    assert rel_err(y, y_ref) <= tol
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("size", [8.0, 40.0])
+def test_fused_extreme_logits_stay_finite(rng, causal, size):
+    """Large |q|, |k|: logits of -1e4 and below, spread over thousands; the shifts keep every
+    exp in range and the result matches the log-domain reference."""
+    q = size * rng.standard_normal((90, 6))
+    k = size * rng.standard_normal((150, 6))
+    v = rng.standard_normal((150, 2))
+    y, log_z, y_ref, lz_ref = fused_and_log_domain(q, k, v, 16, 1, 1.0, causal)
+    assert np.all(np.isfinite(y)) and not np.any(np.isnan(log_z))
+    assert np.isfinite(lz_ref).sum() == np.isfinite(log_z).sum()
+    assert rel_err(y, y_ref) <= 1e-9
+    assert log_err(log_z, lz_ref) <= 1e-12
+
+
+def test_causal_running_shift_avoids_underflow(rng):
+    """Key norms falling along the sequence (logits -|k|^2 / 2 of about -7000 first, about 0
+    last): a shift by the maximum over all keys (the materialised path) underflows the early
+    queries' estimates (log Z off by thousands), the running maximum of the keys seen so far
+    does not."""
+    q = rng.standard_normal((200, 4))
+    k = rng.standard_normal((200, 4)) * np.linspace(60.0, 0.1, 200)[:, None]
+    v = rng.standard_normal((200, 3))
+    y, log_z, y_ref, lz_ref = fused_and_log_domain(q, k, v, 8, 0, 1.0, True)
+    _, lz_old, _ = _favor(q, k, v, 8, True, 0, True, 1.0)
+    assert np.all(np.isfinite(lz_ref)) and np.max(np.abs(lz_old - lz_ref)) > 1000
+    assert np.all(np.isfinite(log_z))
+    assert rel_err(y, y_ref) <= 1e-9 and log_err(log_z, lz_ref) <= 1e-12
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_is_bitwise_independent_of_threads(rng, causal, dtype):
+    q = rng.standard_normal((1, 1300, 16)).astype(dtype) / 3
+    k = rng.standard_normal((1, 1300, 16)).astype(dtype) / 3
+    v = rng.standard_normal((1, 1300, 5)).astype(dtype)
+    before = ag.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            ag.set_num_threads(n)
+            out[n] = ag.random_feature_attention(q, k, v, num_features=64, causal=causal, return_log_partition=True)
+    finally:
+        ag.set_num_threads(before)
+    for a, b in zip(out[1], out[2]):
+        assert np.array_equal(a, b)
+
+
+def test_feature_matrix_cache_is_not_shared(rng):
+    W = ag.feature_matrix(8, 20, seed=11)
+    fresh = ag.feature_matrix(8, 20, seed=np.random.default_rng(11))
+    np.testing.assert_array_equal(W, fresh)
+    W[:] = 0.0  # the caller's copy: the cached draw is untouched
+    np.testing.assert_array_equal(ag.feature_matrix(8, 20, seed=11), fresh)
+    assert ag.feature_matrix(8, 20, seed=11).flags.writeable
+    iid = ag.feature_matrix(8, 20, orthogonal=False, seed=11)
+    assert not np.array_equal(iid, fresh)
+    np.testing.assert_array_equal(iid, np.random.default_rng(11).standard_normal((20, 8)))
+    with pytest.raises(ValueError, match="seed"):
+        ag.feature_matrix(8, 20, seed=-1)
+    with pytest.raises(TypeError, match="seed"):
+        ag.feature_matrix(8, 20, seed=1.5)

@@ -12,11 +12,16 @@ with rows rescaled to chi(d_k)-distributed norms: every row is still N(0, I) (so
 unbiased) but rows within a block are exactly orthogonal, which lowers the variance.
 
 Stabilising shifts: query features are divided by exp(max_f (w_f.q - ``|q|^2``/2)) per query,
-key features by the maximum over all keys and features of the head; both factors cancel in
-y = N / Z and are added back to log Z.
+key features by a maximum over keys and features of the head (:func:`random_features`: the
+whole block; the fused forward of :func:`random_feature_attention`: a running maximum over
+the keys summed so far); the factors cancel in y = N / Z and are added back to log Z.
+
+The forward estimate runs in one fused core kernel that never forms the (n, m) feature
+matrices; the backward pass forms them (it needs phi of every query and key).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -24,8 +29,8 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (causal_code, check_size, compute_dtype, cotangent, count, finite_result, from_bhnd, generator,
-                        logit_scale, operand, query_key_value, scalar, to_bhnd)
+from ._operands import (AttentionOperands, causal_code, check_size, compute_dtype, cotangent, count, finite_result,
+                        from_bhnd, generator, logit_scale, operand, query_key_value, to_bhnd)
 from .attention import AttentionGrads
 from .lightning import lightning_attention, lightning_attention_backward
 
@@ -45,12 +50,13 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
     orthogonal : bool, default True
         Orthogonalise blocks of up to `dim` rows (norms redrawn from the chi distribution).
     seed : int, default 0
-        Seed of the NumPy generator.
+        Seed of the NumPy generator (also None, a SeedSequence or a Generator). An integer seed
+        fixes W, which is then drawn once per process and cached.
 
     Returns
     -------
     ndarray, shape (num_features, dim)
-        The projection W.
+        The projection W, float64 (a fresh, writable array on every call).
 
     Examples
     --------
@@ -58,9 +64,27 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
     >>> W.shape, bool(abs(W[0] @ W[1]) < 1e-12)  # rows of one block are orthogonal
     ((8, 4), True)
     """
+    return _feature_matrix(dim, num_features, orthogonal, seed, np.float64).copy()
+
+
+def _feature_matrix(dim, num_features, orthogonal, seed, dtype) -> np.ndarray:
+    """W (num_features, dim), C-contiguous in `dtype`; read-only and cached when `seed` is an
+    integer."""
     dim, m = count("dim", dim), count("num_features", num_features)
     check_size("dim, num_features", dim * max(m, dim) * 2)
-    rng = generator(seed)
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)) and seed >= 0:
+        return _cached_feature_matrix(dim, m, bool(orthogonal), int(seed), np.dtype(dtype).str)
+    return np.ascontiguousarray(_draw_feature_matrix(dim, m, orthogonal, generator(seed)), dtype=dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_feature_matrix(dim: int, m: int, orthogonal: bool, seed: int, dtype: str) -> np.ndarray:
+    W = np.ascontiguousarray(_draw_feature_matrix(dim, m, orthogonal, generator(seed)), dtype=dtype)
+    W.setflags(write=False)
+    return W
+
+
+def _draw_feature_matrix(dim: int, m: int, orthogonal: bool, rng: np.random.Generator) -> np.ndarray:
     if not orthogonal:
         return rng.standard_normal((m, dim))
     blocks = []
@@ -124,7 +148,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     a = operand("x", x, "(..., n, d)")
     num_features = count("num_features", num_features)
     check_size("num_features", a.size // max(a.shape[-1], 1) * num_features)
-    W = feature_matrix(a.shape[-1], num_features, orthogonal=orthogonal, seed=seed).astype(a.dtype)
+    W = _feature_matrix(a.shape[-1], num_features, orthogonal, seed, a.dtype)
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 
 
@@ -135,8 +159,13 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     """FAVOR+ estimate of softmax attention, linear in the sequence length.
 
     Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[phi_w(q) phi_w(k)] with positive features,
-    so Z and N are estimated by m features in O(n m d). Causal prefix sums use the chunked
-    lightning kernel.
+    so Z and N are estimated by m features in O(n m d): S = sum_j phi(k_j) v_j^T and
+    z = sum_j phi(k_j), then y_i = phi(q_i) S / phi(q_i) z. One fused core kernel computes
+    the features block by block and never forms the (n, m) feature matrices; key features
+    carry a running-maximum shift (the sums are rescaled when it grows), query features a
+    per-row shift, so exp never overflows. Causal: chunks of 64 queries, each with the
+    prefix state of the keys before it and one masked diagonal block. Results do not depend
+    on the thread count.
 
     Parameters
     ----------
@@ -171,8 +200,18 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     True
     """
     layout, (q, k, v) = to_bhnd(layout, "random_feature_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
-    y, log_z, _ = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=return_log_partition)
-    return from_bhnd(layout, (y, log_z), "vs") if return_log_partition else from_bhnd(layout, y, "v")
+    m = count("num_features", num_features)
+    causal_code(causal)
+    p = AttentionOperands(q, k, v, causal=causal)
+    root = math.sqrt(logit_scale(scale, p.d_k, positive=True))
+    W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
+    y, log_z = _core.favor_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index, W,
+                                     root, p.causal, _CAUSAL_CHUNK)
+    y = p.shaped(y, p.n_q, p.d_v)
+    return from_bhnd(layout, (y, p.shaped(log_z, p.n_q)), "vs") if return_log_partition else from_bhnd(layout, y, "v")
+
+
+_CAUSAL_CHUNK = 64  # queries per chunk of the causal forward (one masked diagonal block each)
 
 
 class _Favor(NamedTuple):
@@ -189,6 +228,8 @@ class _Favor(NamedTuple):
 
 
 def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=True):
+    """FAVOR+ through the materialised features phi_q, phi_k and the lightning kernel:
+    (y, log Z or None, the intermediates the backward pass needs)."""
     m = count("num_features", num_features)
     causal_code(causal)
     qa, ka, va = query_key_value(q, k, v)
@@ -196,7 +237,7 @@ def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=Tr
     dt = compute_dtype(qa, ka, va)
     scale = logit_scale(scale, d_k, positive=True)
     root = math.sqrt(scale)
-    W = feature_matrix(d_k, m, orthogonal=orthogonal, seed=seed).astype(dt)
+    W = _feature_matrix(d_k, m, orthogonal, seed, dt)
     qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
     phi_q, shift_q = _features(qa, W, root, per_row=True)
     phi_k, shift_k = _features(ka, W, root, per_row=False)

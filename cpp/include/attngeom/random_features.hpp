@@ -17,6 +17,19 @@
 
 namespace attngeom {
 
+// Feature logits of one block of rows: L (rows, m) = root x W^T - root^2 |x|^2 / 2 for the rows
+// x (rows, d) (row-major, contiguous), W (m, d). X is scratch with at least `rows` rows and d
+// columns; L is any writable (rows, m) Eigen expression (a Map of the output or scratch).
+// The one feature-block routine of positive_features and favor_attention.
+template <class T, class Dst>
+void feature_logits(const T* x, int64_t rows, int64_t d, const Eigen::Map<const RowMatrix<T>>& W, T root,
+                    RowMatrix<T>& X, Dst&& L) {
+  auto Xs = X.topRows(rows);
+  Xs.noalias() = Eigen::Map<const RowMatrix<T>>(x, rows, d) * root;
+  L.noalias() = Xs * W.transpose();
+  L.colwise() -= (Xs.rowwise().squaredNorm() * T(0.5));
+}
+
 // x: stack of (n, d) blocks, scaled by `root` on the fly; W: (m, d) row-major.
 // phi: (batch, n, m) output. shift: (batch, n) output, the log of the factor removed from
 // each row: its own maximum (per_row) or the maximum over the whole (n, m) block (per
@@ -52,11 +65,8 @@ void positive_features(int64_t batch, const Stack<T>& x, const T* W, int64_t m, 
     for (int64_t unit = 0; unit < batch * blocks; ++unit) {
       const int64_t b = unit / blocks, i0 = (unit % blocks) * rows_per_block;
       const int64_t rows = std::min(rows_per_block, n - i0);
-      auto Xs = X.topRows(rows);
-      Xs.noalias() = CMap(x.block(b) + i0 * d, rows, d) * root;
       Map L(phi + (b * n + i0) * m, rows, m);
-      L.noalias() = Xs * Wm.transpose();
-      L.colwise() -= (Xs.rowwise().squaredNorm() * T(0.5));
+      feature_logits(x.block(b) + i0 * d, rows, d, Wm, root, X, L);
       for (int64_t r = 0; r < rows; ++r) {
         T& s = shift[b * n + i0 + r];
         s = L.row(r).maxCoeff();

@@ -1,0 +1,308 @@
+// FAVOR+ attention in one pass over the rows (Laplace-Radon s.7.3; Choromanski et al.,
+// Performer): y_i = phi(q_i) S / phi(q_i) z with S = sum_j phi(k_j) v_j^T (m, d_v) and
+// z = sum_j phi(k_j) (m), phi(x) = exp(W x - |x|^2 / 2), x = root * input. The (n, m) feature
+// matrices are never formed: each thread computes the features of one block of rows in its
+// scratch (feature_logits, shared with positive_features) and folds them into a key state or
+// straight into the outputs. The 1/sqrt(m) of positive_features cancels in y; log Z takes it
+// back as -log m.
+//
+// Key state (S, z, M): S = sum_j exp(l_j - M) v_j^T and z = sum_j exp(l_j - M) over the keys
+// seen, l_j the m logits of key j and M their running maximum: when a block raises the maximum,
+// S and z are rescaled by exp(M_old - M_new), so exp never overflows. Two states combine at the
+// larger shift.
+//
+// Non-causal: per batch element the keys are cut into at most kMaxSpans spans of whole
+// kRows-row blocks (the cut depends on n_k only, never on the thread count); one state per span
+// (OpenMP over batch x span), combined in span order; then the queries in kRows-row blocks
+// (OpenMP over batch x block): per-row shifted features, y = phi_q S / phi_q z.
+//
+// Causal: queries in chunks of C rows, as in lightning_attention: chunk c sees the state of the
+// keys before its boundary plus one masked diagonal block of at most C keys. The diagonal
+// block's key features are shifted per key row, and each query takes as its key shift the
+// maximum over the state and the block keys it sees, so a key hidden from a query never sets
+// its scale (no underflow of its visible terms). The chunks of a batch element are walked in
+// order, carrying the state. For parallelism inside long sequences the chunks are grouped into
+// segments (their number set by batch and n_q only): the keys of each segment are summed first
+// (OpenMP over batch x segment), prefix-combined in order, and each segment then walks its
+// chunks from its prefix state.
+//
+// log Z_i = log(phi_q(i) z) - log m + s_i + M_i, s_i the query's own shift (the maximum of its
+// logits), M_i its key shift (M when non-causal). A query whose estimate underflows to 0, or
+// that sees no key, gets y = 0 and log Z = -inf.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attngeom/parallel.hpp"
+#include "attngeom/random_features.hpp"
+#include "attngeom/types.hpp"
+
+namespace attngeom {
+
+namespace favor_detail {
+
+constexpr int64_t kRows = 128;     // rows per feature block (non-causal keys and queries)
+constexpr int64_t kMaxSpans = 8;   // key spans per batch element (non-causal)
+constexpr int64_t kUnits = 8;      // causal: segments are added until batch x segments reaches this
+
+template <class T>
+using Row = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+template <class T>
+using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+// Per-thread scratch, allocated once per parallel region: X (rows, d) scaled inputs, L (rows, m)
+// query features and their row shifts, K (rows, m) key features and their row shifts, A
+// (rows, rows) the causal diagonal block, den and top (the key shift M of each query row).
+template <class T>
+struct Scratch {
+  RowMatrix<T> X, L, K, A;
+  Col<T> shift, key_shift, den, top;
+  Scratch(int64_t rows, int64_t d, int64_t m, bool causal)
+      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), shift(rows),
+        key_shift(rows), den(rows), top(rows) {}
+};
+
+// A key state stored flat: S (m, d_v) row-major followed by z (m); the shift M beside it.
+template <class T>
+struct State {
+  Eigen::Map<RowMatrix<T>> S;
+  Eigen::Map<Row<T>> z;
+  T& M;
+  State(T* data, T& shift, int64_t m, int64_t d_v) : S(data, m, d_v), z(data + m * d_v, m), M(shift) {}
+  void clear() {
+    S.setZero();
+    z.setZero();
+    M = -std::numeric_limits<T>::infinity();
+  }
+  bool empty() const { return M == -std::numeric_limits<T>::infinity(); }
+  // Raise the shift to `to` (if larger), rescaling the sums.
+  void raise(T to) {
+    if (!(to > M)) return;
+    if (!empty()) {
+      const T f = std::exp(M - to);
+      S *= f;
+      z *= f;
+    }
+    M = to;
+  }
+  // this += other, both at the larger shift.
+  void add(const State& other) {
+    if (other.empty()) return;
+    raise(other.M);
+    const T f = std::exp(other.M - M);
+    S.noalias() += f * other.S;
+    z.noalias() += f * other.z;
+  }
+};
+
+// K (rows, m) logits -> exp(K - M), and S += K^T V, z += column sums of K, for the key rows
+// whose values are V (rows, d_v).
+template <class T, class Blk>
+void fold_keys(Blk& K, const T* v, int64_t rows, int64_t d_v, State<T>& st) {
+  K = (K.array() - st.M).exp().matrix();
+  st.S.noalias() += K.transpose() * Eigen::Map<const RowMatrix<T>>(v, rows, d_v);
+  for (int64_t r = 0; r < rows; ++r) st.z += K.row(r);
+}
+
+// Adds keys [j0, j1) of one batch element (k (n_k, d) and v (n_k, d_v) blocks) to the state,
+// in blocks of at most `rows` rows, raising the shift to each block's maximum logit.
+template <class T>
+void add_keys(const T* k, const T* v, int64_t j0, int64_t j1, int64_t d, int64_t d_v,
+              const Eigen::Map<const RowMatrix<T>>& W, T root, int64_t rows, Scratch<T>& s, State<T>& st) {
+  for (int64_t a = j0; a < j1; a += rows) {
+    const int64_t r = std::min(rows, j1 - a);
+    auto K = s.K.rows() >= r ? s.K.topRows(r) : s.L.topRows(r);
+    feature_logits(k + a * d, r, d, W, root, s.X, K);
+    st.raise(K.maxCoeff());
+    fold_keys(K, v + a * d_v, r, d_v, st);
+  }
+}
+
+// Row-shifted features of `rows` rows in L: shift(r) = max of row r's logits, L = exp(L - shift).
+template <class T, class Blk>
+void row_features(Blk& L, int64_t rows, Col<T>& shift) {
+  for (int64_t r = 0; r < rows; ++r) shift(r) = L.row(r).maxCoeff();
+  L.array().colwise() -= shift.head(rows).array();
+  L = L.array().exp().matrix();
+}
+
+// y rows /= den and log Z = log den - log m + shift + top (the key shift of the row); y = 0,
+// log Z = -inf where den = 0.
+template <class T, class YMap>
+void finish_rows(YMap& Y, int64_t rows, const Col<T>& den, const Col<T>& shift, const Col<T>& top, T log_m,
+                 T* log_z) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T dr = den(r);
+    if (dr > T(0)) {
+      Y.row(r) /= dr;
+      log_z[r] = ((std::log(dr) - log_m) + shift(r)) + top(r);
+    } else {
+      Y.row(r).setZero();
+      log_z[r] = -std::numeric_limits<T>::infinity();
+    }
+  }
+}
+
+}  // namespace favor_detail
+
+// q: stack of (n_q, d) blocks, k: (n_k, d), v: (n_k, d_v); W (m, d) row-major; inputs scaled by
+// `root` on the fly (root^2 is the logit scale). y: (batch, n_q, d_v) output; log_z: (batch, n_q)
+// output, the log of the estimated partition Z_i = phi_q(i) . sum_j phi_k(j) / m. Keys visible
+// to query i as in lightning_attention; `chunk` is the causal chunk length C.
+template <class T>
+void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v, const T* W, int64_t m,
+                     T root, Causal causal, int64_t chunk, T* y, T* log_z) {
+  using namespace favor_detail;
+  using Mat = RowMatrix<T>;
+  using CMap = Eigen::Map<const Mat>;
+  using Map = Eigen::Map<Mat>;
+  const int64_t n_q = q.rows, d = q.cols, n_k = k.rows, d_v = v.cols;
+  if (batch == 0 || n_q == 0 || m == 0) return;
+  const CMap Wm(W, m, d);
+  const int64_t width = m * d_v + m;  // one state
+  const T log_m = std::log(T(m));
+  const bool par = parallel_worth(double(batch) * (n_q + n_k) * m * (d + d_v));
+
+  if (causal == Causal::None) {
+    const int64_t blocks = (n_k + kRows - 1) / kRows;
+    const int64_t per = std::max<int64_t>(1, (blocks + kMaxSpans - 1) / kMaxSpans);
+    const int64_t spans = std::max<int64_t>(1, (blocks + per - 1) / per), span_rows = per * kRows;
+    const int64_t qblocks = (n_q + kRows - 1) / kRows;
+    std::vector<T> store(batch * spans * width), shifts(batch * spans);
+    auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
+#pragma omp parallel if (par)
+    {
+      Scratch<T> s(kRows, d, m, false);
+      // One state per key span.
+#pragma omp for schedule(dynamic)
+      for (int64_t unit = 0; unit < batch * spans; ++unit) {
+        const int64_t b = unit / spans, j0 = (unit % spans) * span_rows, j1 = std::min(n_k, j0 + span_rows);
+        State<T> st = state(unit);
+        st.clear();
+        add_keys(k.block(b), v.block(b), j0, j1, d, d_v, Wm, root, kRows, s, st);
+      }
+      // Combined in span order into the batch element's first slot.
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < batch; ++b) {
+        State<T> total = state(b * spans);
+        for (int64_t u = 1; u < spans; ++u) total.add(state(b * spans + u));
+      }
+      // Queries.
+#pragma omp for schedule(dynamic)
+      for (int64_t unit = 0; unit < batch * qblocks; ++unit) {
+        const int64_t b = unit / qblocks, i0 = (unit % qblocks) * kRows, r = std::min(kRows, n_q - i0);
+        const State<T> st = state(b * spans);
+        auto L = s.L.topRows(r);
+        feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
+        row_features(L, r, s.shift);
+        Map Y(y + (b * n_q + i0) * d_v, r, d_v);
+        Y.noalias() = L * st.S;
+        s.den.head(r).noalias() = L * st.z.transpose();
+        s.top.head(r).setConstant(st.M);
+        finish_rows(Y, r, s.den, s.shift, s.top, log_m, log_z + b * n_q + i0);
+      }
+    }
+    return;
+  }
+
+  const int64_t C = std::max<int64_t>(1, chunk), chunks = (n_q + C - 1) / C;
+  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
+  // Keys [0, bound(c)) are visible to every query of chunk c.
+  auto bound = [&](int64_t c) { return std::clamp<int64_t>(c * C + offset, 0, n_k); };
+  const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (kUnits + batch - 1) / batch),
+                                         std::max<int64_t>(1, chunks / 8));
+  const int64_t G = (chunks + want - 1) / want, segments = (chunks + G - 1) / G;
+  std::vector<T> store(batch * segments * width), shifts(batch * segments);
+  auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
+#pragma omp parallel if (par)
+  {
+    Scratch<T> s(C, d, m, true);
+    std::vector<T> own_data(width);
+    T own_shift;
+    State<T> own(own_data.data(), own_shift, m, d_v);
+    // Slot (b, g) gets the keys of segment g - 1, slot (b, 0) the keys every query sees
+    // (those before bound(0), when bottom-right alignment has more keys than queries) ...
+#pragma omp for schedule(dynamic)
+    for (int64_t unit = 0; unit < batch * segments; ++unit) {
+      const int64_t b = unit / segments, g = unit % segments;
+      State<T> st = state(unit);
+      st.clear();
+      add_keys(k.block(b), v.block(b), g > 0 ? bound((g - 1) * G) : 0, bound(g * G), d, d_v, Wm, root, C, s, st);
+    }
+    // ... then the prefix combination in order: slot (b, g) holds the keys before segment g.
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t g = 1; g < segments; ++g) {
+        State<T> st = state(b * segments + g);
+        st.add(state(b * segments + g - 1));
+      }
+    // Each segment walks its chunks from its prefix state.
+#pragma omp for schedule(dynamic)
+    for (int64_t unit = 0; unit < batch * segments; ++unit) {
+      const int64_t b = unit / segments, g = unit % segments;
+      const T* kb = k.block(b);
+      const T* vb = v.block(b);
+      {
+        const State<T> prefix = state(unit);
+        own.S = prefix.S;
+        own.z = prefix.z;
+        own.M = prefix.M;
+      }
+      const int64_t c_end = std::min(chunks, (g + 1) * G);
+      for (int64_t c = g * G; c < c_end; ++c) {
+        const int64_t i0 = c * C, r = std::min(C, n_q - i0);
+        const int64_t j0 = bound(c), j1 = std::clamp<int64_t>(i0 + r + offset, 0, n_k), nk = j1 - j0;
+        // Queries against the state (shift M of the keys before the chunk, all visible).
+        auto L = s.L.topRows(r);
+        feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
+        row_features(L, r, s.shift);
+        Map Y(y + (b * n_q + i0) * d_v, r, d_v);
+        Y.noalias() = L * own.S;
+        auto den = s.den.head(r);
+        den.noalias() = L * own.z.transpose();
+        auto top = s.top.head(r);
+        top.setConstant(own.M);
+        if (nk > 0) {
+          // The diagonal block: key features shifted per key row (kappa_j); query i takes the
+          // shift top_i = max(M, kappa_j over the keys it sees), so keys hidden from it never
+          // set its scale.
+          auto K = s.K.topRows(nk);
+          feature_logits(kb + j0 * d, nk, d, Wm, root, s.X, K);
+          row_features(K, nk, s.key_shift);
+          auto A = s.A.topLeftCorner(r, nk);
+          A.noalias() = L * K.transpose();
+          for (int64_t row = 0; row < r; ++row) {
+            const int64_t seen = std::clamp<int64_t>(i0 + row + offset + 1 - j0, 0, nk);
+            const T t = seen > 0 ? std::max(own.M, s.key_shift.head(seen).maxCoeff()) : own.M;
+            if (t > own.M) {
+              const T f = std::exp(own.M - t);  // 0 when the state is empty
+              Y.row(row) *= f;
+              den(row) *= f;
+              top(row) = t;
+            }
+            A.row(row).head(seen).array() *= (s.key_shift.head(seen).transpose().array() - t).exp();
+            A.row(row).tail(nk - seen).setZero();
+          }
+          const CMap V(vb + j0 * d_v, nk, d_v);
+          Y.noalias() += A * V;
+          den += A.rowwise().sum();
+          if (c + 1 < c_end) {
+            // Fold the block into the state at the shift max(M, kappa).
+            own.raise(s.key_shift.head(nk).maxCoeff());
+            K.array().colwise() *= (s.key_shift.head(nk).array() - own.M).exp();
+            own.S.noalias() += K.transpose() * V;
+            for (int64_t row = 0; row < nk; ++row) own.z += K.row(row);
+          }
+        }
+        finish_rows(Y, r, s.den, s.shift, s.top, log_m, log_z + b * n_q + i0);
+      }
+    }
+  }
+}
+
+}  // namespace attngeom
