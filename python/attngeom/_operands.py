@@ -551,12 +551,17 @@ class NonFiniteOperand(ValueError):
     """An operand holds NaN or inf (raised by check_finite)."""
 
 
-def finite_result(func):
+def finite_result(func=None, *, name=None):
     """Decorator for a public function whose result can overflow: when the inputs are finite
     and the result is not (a product or sum beyond the float range, or an operand computed on
     the way), raise ResultOverflow (a ValueError) naming the argument with the largest
-    entries, instead of returning inf or NaN. Costs one pass over the result."""
+    entries, instead of returning inf or NaN. Costs one pass over the result. `name` is the
+    function the messages name (default: the decorated one's), for a private function that
+    computes a public one's result."""
+    if func is None:
+        return functools.partial(finite_result, name=name)
     signature = inspect.signature(func)
+    label = name or func.__name__
 
     def culprit(args, kwargs):
         """(name, largest entry) of the argument with the largest entries, or None when an
@@ -572,7 +577,7 @@ def finite_result(func):
 
     def refuse(found, cause):
         name, big = found
-        raise ResultOverflow(f"{func.__name__}: {cause} for these inputs: {name} has entries up to {big:.3g} "
+        raise ResultOverflow(f"{label}: {cause} for these inputs: {name} has entries up to {big:.3g} "
                              f"(overflow, or a degenerate input); rescale it") from None
 
     @functools.wraps(func)

@@ -152,7 +152,6 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 
 
-@finite_result
 @fill_doc
 def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bool = True, seed=0, causal=False,
                              scale: Optional[float] = None, return_log_partition: bool = False, layout=None):
@@ -200,6 +199,17 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     True
     """
     layout, (q, k, v) = to_bhnd(layout, "random_feature_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
+    y, log_z, empty = _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale)
+    if not return_log_partition:
+        return from_bhnd(layout, y, "v")
+    log_z[empty] = -np.inf
+    return from_bhnd(layout, (y, log_z), "vs")
+
+
+@finite_result(name="random_feature_attention")
+def _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale):
+    """y, log Z with 0 where Z = 0, and where Z = 0: the -inf of an empty row is a value, not an
+    overflow, so it is set after the finiteness check."""
     m = count("num_features", num_features)
     causal_code(causal)
     p = AttentionOperands(q, k, v, causal=causal)
@@ -207,8 +217,9 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
     y, log_z = _core.favor_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index, W,
                                      root, p.causal, _CAUSAL_CHUNK)
-    y = p.shaped(y, p.n_q, p.d_v)
-    return from_bhnd(layout, (y, p.shaped(log_z, p.n_q)), "vs") if return_log_partition else from_bhnd(layout, y, "v")
+    empty = np.isneginf(log_z)
+    log_z[empty] = 0
+    return p.shaped(y, p.n_q, p.d_v), p.shaped(log_z, p.n_q), p.shaped(empty, p.n_q)
 
 
 _CAUSAL_CHUNK = 64  # queries per chunk of the causal forward (one masked diagonal block each)

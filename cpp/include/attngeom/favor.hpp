@@ -57,14 +57,17 @@ using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
 // Per-thread scratch, allocated once per parallel region: X (rows, d) scaled inputs, L (rows, m)
 // query features and their row shifts, K (rows, m) key features and their row shifts, A
-// (rows, rows) the causal diagonal block, den and top (the key shift M of each query row).
+// (rows, rows) the causal diagonal block, Y (rows, d_v) the output rows, den and top (the key
+// shift M of each query row). Every product and reduction writes into Eigen-aligned storage:
+// Eigen peels an unaligned head off a destination with scalar code (no FMA), so writing into
+// the caller's arrays directly would make the last bit depend on where they were allocated.
 template <class T>
 struct Scratch {
-  RowMatrix<T> X, L, K, A;
+  RowMatrix<T> X, L, K, A, Y;
   Col<T> shift, key_shift, den, top;
-  Scratch(int64_t rows, int64_t d, int64_t m, bool causal)
-      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), shift(rows),
-        key_shift(rows), den(rows), top(rows) {}
+  Scratch(int64_t rows, int64_t d, int64_t m, int64_t d_v, bool causal)
+      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v),
+        shift(rows), key_shift(rows), den(rows), top(rows) {}
 };
 
 // A key state stored flat: S (m, d_v) row-major followed by z (m); the shift M beside it.
@@ -133,9 +136,11 @@ void row_features(Blk& L, int64_t rows, Col<T>& shift) {
 
 // y rows /= den and log Z = log den - log m + shift + top (the key shift of the row); y = 0,
 // log Z = -inf where den = 0.
-template <class T, class YMap>
-void finish_rows(YMap& Y, int64_t rows, const Col<T>& den, const Col<T>& shift, const Col<T>& top, T log_m,
-                 T* log_z) {
+// The rows are copied from the scratch Y into y (rows, d_v).
+template <class T>
+void finish_rows(RowMatrix<T>& Y, int64_t rows, const Col<T>& den, const Col<T>& shift, const Col<T>& top, T log_m,
+                 T* y, T* log_z) {
+  const int64_t d_v = Y.cols();
   for (int64_t r = 0; r < rows; ++r) {
     const T dr = den(r);
     if (dr > T(0)) {
@@ -145,6 +150,7 @@ void finish_rows(YMap& Y, int64_t rows, const Col<T>& den, const Col<T>& shift, 
       Y.row(r).setZero();
       log_z[r] = -std::numeric_limits<T>::infinity();
     }
+    std::copy_n(Y.row(r).data(), d_v, y + r * d_v);
   }
 }
 
@@ -173,11 +179,11 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
     const int64_t per = std::max<int64_t>(1, (blocks + kMaxSpans - 1) / kMaxSpans);
     const int64_t spans = std::max<int64_t>(1, (blocks + per - 1) / per), span_rows = per * kRows;
     const int64_t qblocks = (n_q + kRows - 1) / kRows;
-    std::vector<T> store(batch * spans * width), shifts(batch * spans);
+    Col<T> store(batch * spans * width), shifts(batch * spans);
     auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
 #pragma omp parallel if (par)
     {
-      Scratch<T> s(kRows, d, m, false);
+      Scratch<T> s(kRows, d, m, d_v, false);
       // One state per key span.
 #pragma omp for schedule(dynamic)
       for (int64_t unit = 0; unit < batch * spans; ++unit) {
@@ -200,11 +206,10 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
         auto L = s.L.topRows(r);
         feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
         row_features(L, r, s.shift);
-        Map Y(y + (b * n_q + i0) * d_v, r, d_v);
-        Y.noalias() = L * st.S;
+        s.Y.topRows(r).noalias() = L * st.S;
         s.den.head(r).noalias() = L * st.z.transpose();
         s.top.head(r).setConstant(st.M);
-        finish_rows(Y, r, s.den, s.shift, s.top, log_m, log_z + b * n_q + i0);
+        finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
     return;
@@ -217,12 +222,12 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (kUnits + batch - 1) / batch),
                                          std::max<int64_t>(1, chunks / 8));
   const int64_t G = (chunks + want - 1) / want, segments = (chunks + G - 1) / G;
-  std::vector<T> store(batch * segments * width), shifts(batch * segments);
+  Col<T> store(batch * segments * width), shifts(batch * segments);
   auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
 #pragma omp parallel if (par)
   {
-    Scratch<T> s(C, d, m, true);
-    std::vector<T> own_data(width);
+    Scratch<T> s(C, d, m, d_v, true);
+    Col<T> own_data(width);
     T own_shift;
     State<T> own(own_data.data(), own_shift, m, d_v);
     // Slot (b, g) gets the keys of segment g - 1, slot (b, 0) the keys every query sees
@@ -261,7 +266,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
         auto L = s.L.topRows(r);
         feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
         row_features(L, r, s.shift);
-        Map Y(y + (b * n_q + i0) * d_v, r, d_v);
+        auto Y = s.Y.topRows(r);
         Y.noalias() = L * own.S;
         auto den = s.den.head(r);
         den.noalias() = L * own.z.transpose();
@@ -299,7 +304,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
             for (int64_t row = 0; row < nk; ++row) own.z += K.row(row);
           }
         }
-        finish_rows(Y, r, s.den, s.shift, s.top, log_m, log_z + b * n_q + i0);
+        finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
   }
