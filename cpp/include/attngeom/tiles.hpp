@@ -9,8 +9,10 @@
 // the rescaling of the online softmax folded into the load of the accumulator tile. Neither
 // Q, P nor V is packed, and every operand of a panel stays in L1 or L2.
 //
-// Measured against Eigen's block products in the same driver (float32, AVX-512, one thread,
-// d 64-128): the score tile at 86-93 % of the FMA peak, the value tile at 96 %.
+// Measured (float32, AVX-512 level, one thread, d 64-128, n 1024-2048, against an FMA peak of
+// 117 GFLOP/s per core): score tiles including the key packing at 86-89 % of the peak, value
+// tiles at 96 %; the forward 7-17 % faster than with Eigen's block products in the same
+// driver, which pack Q, K, P and V anew for every block product.
 #pragma once
 
 #include <Eigen/Core>
