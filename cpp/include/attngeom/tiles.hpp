@@ -11,7 +11,7 @@
 //
 // Measured (float32, AVX-512 level, one thread, d 64-128, n 1024-2048, against an FMA peak of
 // 117 GFLOP/s per core): score tiles including the key packing at 86-89 % of the peak, value
-// tiles at 96 %; the forward 7-17 % faster than with Eigen's block products in the same
+// tiles at 96 %; the forward 5-17 % faster than with Eigen's block products in the same
 // driver, which pack Q, K, P and V anew for every block product.
 #pragma once
 
