@@ -36,7 +36,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "attngeom/parallel.hpp"
 #include "attngeom/random_features.hpp"
@@ -101,6 +100,13 @@ struct State {
     S.noalias() += f * other.S;
     z.noalias() += f * other.z;
   }
+  // S += F^T V, z += column sums of F, for features F (rows, m) at this state's shift and
+  // values V (rows, d_v).
+  template <class F, class VMap>
+  void fold(const F& features, const VMap& V) {
+    S.noalias() += features.transpose() * V;
+    for (int64_t r = 0; r < features.rows(); ++r) z += features.row(r);
+  }
 };
 
 // K (rows, m) logits -> exp(K - M), and S += K^T V, z += column sums of K, for the key rows
@@ -108,8 +114,7 @@ struct State {
 template <class T, class Blk>
 void fold_keys(Blk& K, const T* v, int64_t rows, int64_t d_v, State<T>& st) {
   K = (K.array() - st.M).exp().matrix();
-  st.S.noalias() += K.transpose() * Eigen::Map<const RowMatrix<T>>(v, rows, d_v);
-  for (int64_t r = 0; r < rows; ++r) st.z += K.row(r);
+  st.fold(K, Eigen::Map<const RowMatrix<T>>(v, rows, d_v));
 }
 
 // Adds keys [j0, j1) of one batch element (k (n_k, d) and v (n_k, d_v) blocks) to the state,
@@ -300,8 +305,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
             // Fold the block into the state at the shift max(M, kappa).
             own.raise(s.key_shift.head(nk).maxCoeff());
             K.array().colwise() *= (s.key_shift.head(nk).array() - own.M).exp();
-            own.S.noalias() += K.transpose() * V;
-            for (int64_t row = 0; row < nk; ++row) own.z += K.row(row);
+            own.fold(K, V);
           }
         }
         finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);

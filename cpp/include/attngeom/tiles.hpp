@@ -50,7 +50,10 @@ void pack_keys(const T* K, int64_t d, int64_t cols, T* Kt) {
   using P = typename Tile<T>::Packet;
   constexpr int W = Tile<T>::W;
   constexpr int64_t NC = Tile<T>::NC;
-  std::fill(Kt, Kt + Tile<T>::padded(cols) * d, T(0));
+  if (const int64_t used = cols % NC) {  // the last group's keys past `cols` are zero
+    T* last = Kt + (cols / NC) * d * NC;
+    for (int64_t t = 0; t < d; ++t) std::fill(last + t * NC + used, last + (t + 1) * NC, T(0));
+  }
   const int64_t c_full = cols / W * W, t_full = W > 1 ? d / W * W : 0;
   for (int64_t c = 0; c < c_full; c += W) {
     T* dst = Kt + (c / NC) * d * NC + c % NC;
