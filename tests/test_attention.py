@@ -283,6 +283,50 @@ def test_bad_inputs(rng, fn):
         f(q, k, v, scale="1")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_core_finds_non_finite_operands(rng, dtype, bad):
+    """softmax_attention leaves the NaN / inf checks to the core (the range pass over q and k,
+    the output rows for v): the same NonFiniteOperand, whichever block and thread hold it."""
+    from attngeom._operands import NonFiniteOperand
+
+    q, k, v = (rng.standard_normal((6, 2, 300, 16)).astype(dtype) for _ in range(3))  # parallel in the core
+    for name, where in [("q", (5, 1, 299, 15)), ("k", (3, 0, 7, 0)), ("v", (0, 1, 150, 3)), ("v", (5, 1, 299, 15))]:
+        ops = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
+        ops[name][where] = bad
+        with pytest.raises(NonFiniteOperand, match=f"^{name} contains NaN or infinite values$"):
+            ag.softmax_attention(**ops, causal=True)
+    # q is reported before k, and k before v, as the Python checks did
+    with pytest.raises(NonFiniteOperand, match="^q contains"):
+        ag.softmax_attention(q * np.nan, k * np.nan, v * np.nan)
+    with pytest.raises(NonFiniteOperand, match="^k contains"):
+        ag.softmax_attention(q, k * np.nan, v * np.nan)
+
+
+def test_values_no_query_sees_do_not_enter(rng):
+    """A causal limit hides the keys past the last query from every query (top-left, n_q <
+    n_k): their values never enter, so a NaN there changes nothing."""
+    q, k, v = draw(rng, (), (), (), 4, 7, 3, 2)
+    bad = v.copy()
+    bad[4:] = np.nan
+    assert np.array_equal(ag.softmax_attention(q, k, bad, causal=True), ag.softmax_attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_output_overflow_is_refused(dtype):
+    """Finite values whose weighted running sum passes the float range (|v| near the
+    maximum, equal weights) raise ResultOverflow instead of returning inf."""
+    from attngeom._operands import ResultOverflow
+
+    big = np.finfo(dtype).max / 2
+    q, k = np.zeros((3, 2), dtype), np.zeros((8, 2), dtype)
+    v = np.full((8, 4), big, dtype)
+    with pytest.raises(ResultOverflow, match="attention output is beyond the float range"):
+        ag.softmax_attention(q, k, v)
+    y = ag.softmax_attention(q, k, v / 8)  # the same sum within range: exact
+    assert np.all(y == dtype(big / 8))
+
+
 def test_bad_kernel_arguments(rng):
     q, k, v = _qkv(rng)
     with pytest.raises(ValueError, match=r"kernel must be one of"):

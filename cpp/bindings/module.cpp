@@ -4,6 +4,8 @@
 // takes from the baseline module (see CMakeLists.txt).
 #include <pybind11/pybind11.h>
 
+#include "attngeom/types.hpp"
+
 namespace py = pybind11;
 
 void bind_config(py::module_& m);
@@ -21,6 +23,21 @@ void bind_bench(py::module_& m);
 
 PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   m.doc() = "attngeom C++ core (Eigen, OpenMP); use the attngeom package, not this module.";
+  // The kernels' NonFiniteOperand and ResultOverflow become the Python classes of the same
+  // names (ValueError subclasses), so a check made in the core reads as the Python layer's.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    const auto raise = [](const char* cls, const char* what) {
+      py::object type = py::module_::import("attngeom._operands").attr(cls);
+      PyErr_SetString(type.ptr(), what);
+    };
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const attngeom::NonFiniteOperand& e) {
+      raise("NonFiniteOperand", e.what());
+    } catch (const attngeom::ResultOverflow& e) {
+      raise("ResultOverflow", e.what());
+    }
+  });
   bind_config(m);
   bind_attention(m);
   bind_laplace_radon(m);

@@ -84,7 +84,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     (True, True)
     """
     layout, (q, k, v) = to_bhnd(layout, "softmax_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
-    pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
+    pr = AttentionOperands(q, k, v, mask=mask, causal=causal, finite=False)  # the core checks q, k, v
     scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
     y, w, lz = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,

@@ -66,23 +66,32 @@ struct DotScores {
   void log_psi(M&&, const T*) const {}
 };
 
-// Refuses (std::invalid_argument) a call whose log-weights may overflow the float type,
-// before any work: the kernel bounds them from the largest radius (or scaled query norm) and
-// the largest |s| (the key norm, times the tilt norm for ridge kernels: Cauchy-Schwarz).
-// One pass over q (or tau and u) and k.
+// Refuses a call before any work: NonFiniteOperand for a NaN or infinite entry in the
+// queries (q, or tilts u and radii tau) or the keys, in that order; std::invalid_argument
+// when the log-weights may overflow the float type, bounded from the largest radius (or
+// scaled query norm) and the largest |s| (the key norm, times the tilt norm for ridge
+// kernels: Cauchy-Schwarz). One pass over q (or tau and u) and k. The values are checked
+// through the output (attend).
 template <class T, class Kernel>
 void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
                  T query_scale, const Kernel& kernel) {
-  double tau_max = 0, s_max = max_row_norm(batch, k);
+  const double q_max = max_row_norm(batch, q);
+  if (std::isnan(q_max)) throw NonFiniteOperand(tau ? "u" : "q");
+  double tau_max = 0;
   if (tau) {
     for (int64_t b = 0; b < batch; ++b) {
       const T* t = tau + (tau_index ? tau_index[b] : b) * q.rows;
-      for (int64_t i = 0; i < q.rows; ++i) tau_max = std::max(tau_max, std::abs(double(t[i])));
+      for (int64_t i = 0; i < q.rows; ++i) {
+        if (!std::isfinite(t[i])) throw NonFiniteOperand("tau");
+        tau_max = std::max(tau_max, std::abs(double(t[i])));
+      }
     }
-    s_max *= max_row_norm(batch, q);  // |s| = |u.k| <= |u| |k|: tilts given directly need not be unit
   } else {
-    tau_max = std::abs(double(query_scale)) * max_row_norm(batch, q);
+    tau_max = std::abs(double(query_scale)) * q_max;
   }
+  double s_max = max_row_norm(batch, k);
+  if (std::isnan(s_max)) throw NonFiniteOperand("k");
+  if (tau) s_max *= q_max;  // |s| = |u.k| <= |u| |k|: tilts given directly need not be unit
   kernel.check_range(tau_max, s_max);
 }
 
@@ -244,8 +253,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
   check_range(batch, q, tau, tau_index, k, query_scale, kernel);
   const bool direct = Kernel::direct && !mask.active();
+  bool finite = true;  // every output row; a NaN or inf in v reaches the rows that see it
 
-#pragma omp parallel if (parallel_worth(work))
+#pragma omp parallel if (parallel_worth(work)) reduction(&& : finite)
   {
     Mat Qs(bq, d_k), acc(bq, d_v);
     Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), alpha(MR);
@@ -318,7 +328,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       if (direct) m.head(rows).setZero();
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
-        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.y + (b * n_q + i0 + r) * d_v, d_v) = acc.row(r) * inv;
+        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y + (b * n_q + i0 + r) * d_v, d_v);
+        y = acc.row(r) * inv;
+        finite = finite && y.allFinite();
         if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
         if (W) {
           T* w = W + r * n_k;
@@ -335,6 +347,13 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         }
       }
     }
+  }
+  // q, k (and tau) are finite and the logits bounded, so a non-finite output comes from v,
+  // or from a sum beyond the float range (|y| <= max |v|, but the running sum may not be).
+  if (!finite) {
+    check_finite(batch, v, "v");
+    throw ResultOverflow("the attention output is beyond the float range (the weighted sum of v overflows, or an "
+                         "additive mask reaches the float limit); rescale v or the mask");
   }
 }
 

@@ -45,26 +45,54 @@ struct Mask {
   bool active() const { return keep != nullptr || bias != nullptr; }
 };
 
+// An operand holds NaN or inf (NonFiniteOperand in Python), or a result is beyond the float
+// range for finite operands (ResultOverflow): the bindings raise the Python classes of
+// attngeom._operands, so the kernels' own checks read as the Python layer's.
+struct NonFiniteOperand : std::invalid_argument {
+  explicit NonFiniteOperand(const std::string& name)
+      : std::invalid_argument(name + " contains NaN or infinite values") {}
+};
+struct ResultOverflow : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
 // Largest Euclidean row norm over the blocks that batch indices 0..batch-1 reach, as a
-// double. A row whose squared norm overflows, or is so small that underflowed squares could
-// matter, is measured again with its entries scaled (stableNorm), so the result is an upper
-// bound to rounding for any finite input.
+// double; NaN when an entry is NaN or infinite. A row whose squared norm overflows, or is so
+// small that underflowed squares could matter, is measured again with its entries scaled
+// (stableNorm), so the result is an upper bound to rounding for any finite input. The check
+// for non-finite entries is free: only a row whose squared norm is not finite is read again.
 template <class T>
 double max_row_norm(int64_t batch, const Stack<T>& s) {
   const T exact_from = T(s.cols) * std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   double best = 0;
-#pragma omp parallel for reduction(max : best) schedule(static) if (parallel_worth(double(batch) * s.rows * s.cols))
+  bool finite = true;
+#pragma omp parallel for reduction(max : best) reduction(&& : finite) schedule(static) \
+    if (parallel_worth(double(batch) * s.rows * s.cols))
   for (int64_t b = 0; b < batch; ++b) {
     const Eigen::Map<const RowMatrix<T>> B(s.block(b), s.rows, s.cols);
     for (int64_t r = 0; r < s.rows; ++r) {
       const T n2 = B.row(r).squaredNorm();
-      const double n = (n2 >= exact_from && n2 <= std::numeric_limits<T>::max())
-                           ? std::sqrt(double(n2))
-                           : double(B.row(r).template cast<double>().stableNorm());
-      best = std::max(best, n);
+      if (n2 >= exact_from && n2 <= std::numeric_limits<T>::max()) {
+        best = std::max(best, std::sqrt(double(n2)));
+      } else if (!(n2 <= std::numeric_limits<T>::infinity()) || !B.row(r).allFinite()) {
+        finite = false;  // NaN, or an infinite entry
+      } else {
+        best = std::max(best, double(B.row(r).template cast<double>().stableNorm()));
+      }
     }
   }
-  return best;
+  return finite ? best : std::numeric_limits<double>::quiet_NaN();
+}
+
+// Throws NonFiniteOperand naming the stack unless every entry that batch indices
+// 0..batch-1 reach is finite. One pass, parallel over the blocks.
+template <class T>
+void check_finite(int64_t batch, const Stack<T>& s, const std::string& name) {
+  bool finite = true;
+#pragma omp parallel for reduction(&& : finite) schedule(static) if (parallel_worth(double(batch) * s.rows * s.cols))
+  for (int64_t b = 0; b < batch; ++b)
+    finite = finite && Eigen::Map<const RowMatrix<T>>(s.block(b), s.rows, s.cols).allFinite();
+  if (!finite) throw NonFiniteOperand(name);
 }
 
 // "float32" or "float64", for messages.
