@@ -151,12 +151,20 @@ P exp_below(P x, P log_tiny) {
   return ei::pselect(ei::pcmp_lt(x, log_tiny), ei::pset1<P>(0.0f), ei::preinterpret<P>(scaled));
 }
 
-// x_j <- exp(x_j - shift), set to exactly 0 where it falls below `tiny`; returns the sum of
-// the new x_j. The flush keeps hidden (-inf) entries exactly zero, and keeps subnormals out
-// of the products that follow (they slow them down several-fold). x_j - shift must not
-// exceed a few ulps above 0 (shift is the row's max or its log partition).
+// The weights of the online softmax are flushed to exactly 0 below min / epsilon (2^-103
+// in float, 2^-970 in double).
 template <class T>
-T exp_shift_row(T* x, int64_t n, T shift, T tiny) {
+constexpr T flush_below() {
+  return std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
+}
+
+// x_j <- exp(x_j - shift), set to exactly 0 where it falls below flush_below<T>(); returns
+// the sum of the new x_j. The flush keeps hidden (-inf) entries exactly zero, and keeps
+// subnormals out of the products that follow (they slow them down several-fold). x_j - shift
+// must not exceed a few ulps above 0 (shift is the row's max or its log partition).
+template <class T>
+T exp_shift_row(T* x, int64_t n, T shift) {
+  constexpr T tiny = flush_below<T>();
   namespace ei = Eigen::internal;
   using P = typename ei::packet_traits<T>::type;
   constexpr int64_t W = ei::packet_traits<T>::size;
@@ -165,7 +173,8 @@ T exp_shift_row(T* x, int64_t n, T shift, T tiny) {
   if constexpr (W > 1) {
     // float: exp_below; double: Eigen's pexp, which clamps its argument, so exp(-inf) comes
     // out as the smallest normal number until the flush.
-    const P s = ei::pset1<P>(shift), lo = ei::pset1<P>(tiny), log_lo = ei::pset1<P>(std::log(tiny));
+    static const T log_tiny = std::log(tiny);
+    const P s = ei::pset1<P>(shift), lo = ei::pset1<P>(tiny), log_lo = ei::pset1<P>(log_tiny);
     const P zero = ei::pset1<P>(T(0));
     auto exp_flushed = [&](P arg) {
       if constexpr (std::is_same_v<T, float>) {
@@ -248,7 +257,6 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
   check_range(batch, q, tau, tau_index, k, query_scale, kernel);
@@ -316,7 +324,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             const T shift = std::isfinite(m_new) ? m_new : T(0);
             alpha[r] = std::exp(m[i] - shift);
             m[i] = m_new;
-            l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift, tiny);
+            l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift);
           }
           with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, alpha.data()); });
         }
@@ -330,7 +338,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
         Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y + (b * n_q + i0 + r) * d_v, d_v);
         y = acc.row(r) * inv;
-        finite = finite && y.allFinite();
+        finite = finite && (y.array() * T(0)).sum() == T(0);  // NaN iff an entry is not finite; vectorised
         if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
         if (W) {
           T* w = W + r * n_k;

@@ -107,7 +107,6 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t q_blocks = (n_q + bq - 1) / bq, k_blocks = (n_k + bk - 1) / bk;
   const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
-  const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const bool ridge = tau != nullptr;
   const double work = double(batch) * n_q * n_k * (2 * d_k + 2 * d_v);
   const bool par = parallel_worth(work);
@@ -166,8 +165,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
         // entries are exactly zero; rows with no visible key (log Z = -inf) are shifted by
         // +inf and become zero.
         for (int64_t r = 0; r < rows; ++r)
-          exp_shift_row(S.data() + r * S.cols(), cols, std::isfinite(lz[r]) ? lz[r] : std::numeric_limits<T>::infinity(),
-                        tiny);
+          exp_shift_row(S.data() + r * S.cols(), cols, std::isfinite(lz[r]) ? lz[r] : std::numeric_limits<T>::infinity());
         const CMap dY(dy + (b * n_q + i0) * d_v, rows, d_v);
         dVa.noalias() += L.transpose() * dY;
         auto dPa = dP.topLeftCorner(rows, cols);
