@@ -73,6 +73,13 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
         or `return_log_partition` a tuple (y, [P], [log Z]) in that order. A query with no
         visible key gives y = 0, P = 0 and log Z = -inf.
 
+    Raises
+    ------
+    ValueError
+        Naming the argument: q or k holds NaN or inf, or v does in a row some query sees
+        (a value no query can see never enters); the weighted sum of v passes the float
+        range (|v| near its limit); or a shape, mask or scale is invalid.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)
