@@ -78,7 +78,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     ValueError
         Naming the argument: q or k holds NaN or inf, or v does in a row some query sees
         (a value no query can see never enters); the weighted sum of v passes the float
-        range (|v| near its limit); or a shape, mask or scale is invalid.
+        range (entries of v near the float limit); or a shape, mask or scale is invalid.
 
     Examples
     --------
