@@ -289,6 +289,57 @@ def favor_log_domain(q, k, v, W, scale, causal=False):
     return y, log_z
 
 
+def favor_log_domain_grads(q, k, v, dy, W, scale, causal=False):
+    """Cotangents (dq, dk, dv) of the FAVOR+ estimate (favor_log_domain) for dy, one head, in
+    the log domain: every term e_ijf = exp(l_q,if + l_k,jf - top_i) <= 1 is formed, so they are
+    exact to rounding for any logits. With c_ij = dy_i.v_j - dy_i.y_i and den_i = sum_jf e_ijf:
+    dl_q,if = sum_j e_ijf c_ij / den_i, dl_k,jf = sum_i e_ijf c_ij / den_i, dv_j = sum_i
+    (sum_f e_ijf / den_i) dy_i; through the logits l = W x' - |x'|^2 / 2 with x' = sqrt(scale) x.
+    Queries that see no key pass no gradient."""
+    root = math.sqrt(scale)
+
+    def logits(x):
+        x = x * root
+        return x @ W.T - 0.5 * np.sum(x * x, -1, keepdims=True)
+
+    t = logits(q)[:, None, :] + logits(k)[None, :, :]
+    keep = causal_keep(q.shape[0], k.shape[0], causal)
+    t = np.where(keep[:, :, None], t, -np.inf)
+    top = t.max(axis=(1, 2))
+    live = np.isfinite(top)
+    e = np.exp(t - np.where(live, top, 0.0)[:, None, None])  # (n_q, n_k, m)
+    den = np.where(live, e.sum(axis=(1, 2)), 1.0)
+    w = e.sum(-1) / den[:, None]
+    y = w @ v
+    c = (dy @ v.T - np.sum(dy * y, -1, keepdims=True)) / den[:, None]  # c_ij / den_i
+    dlq = np.einsum("ijf,ij->if", e, c)
+    dlk = np.einsum("ijf,ij->jf", e, c)
+
+    def through(dl, x):
+        return root * (dl @ W - (root * x) * dl.sum(-1, keepdims=True))
+
+    return through(dlq, q), through(dlk, k), w.T @ dy
+
+
+def favor_materialised(q, k, v, m, seed, scale, causal):
+    """FAVOR+ (y, log Z) through the (n, m) feature matrices of the public API: per-row
+    shifted query features, key features shifted by one maximum over the whole block, and
+    lightning attention on [v, 1]. A shift that large underflows the keys an early causal
+    query sees when the key norms fall along the sequence."""
+    import attngeom as ag
+
+    root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    fq = ag.random_features(q * q.dtype.type(root), m, seed=seed, per_row=True)
+    fk = ag.random_features(k * k.dtype.type(root), m, seed=seed, per_row=False)
+    values = np.concatenate([v, np.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    out = ag.lightning_attention(fq.phi, fk.phi, values, causal=causal)
+    num, den = out[..., :-1], out[..., -1]
+    y = np.divide(num, den[..., None], out=np.zeros_like(num), where=den[..., None] > 0)
+    with np.errstate(divide="ignore"):
+        log_z = np.log(den) + fq.log_shift + fk.log_shift[..., :1]
+    return y, log_z
+
+
 def vector_ar1_steps(Phi, B, T, seed, burn_in):
     """x_i = Phi_i x_{i-1} + e_i simulated step by step (Phi (D, D) or (T, D, D))."""
     rng = np.random.default_rng(seed)

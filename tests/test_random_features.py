@@ -113,9 +113,7 @@ def test_bad_input(rng):
 
 # ---- the fused forward -------------------------------------------------------------------
 # random_feature_attention runs one core kernel (features block by block, running-max key
-# shift); the backward pass and these references form the (n, m) feature matrices.
-
-from attngeom.random_features import _favor  # noqa: E402  (the materialised path)
+# shift); these references form the (n, m) feature matrices.
 
 CAUSAL = [False, True, "bottom_right"]
 
@@ -176,7 +174,7 @@ def test_fused_matches_materialised_path(rng, causal, dtype, tol, batch, n_q, n_
     q = (0.5 * rng.standard_normal((batch, n_q, 8))).astype(dtype)
     k = (0.5 * rng.standard_normal((batch, n_k, 8))).astype(dtype)
     v = rng.standard_normal((batch, n_k, 3)).astype(dtype)
-    y_ref, lz_ref, _ = _favor(q, k, v, 40, True, 2, causal, None)
+    y_ref, lz_ref = ref.favor_materialised(q, k, v, 40, 2, None, causal)
     y, log_z = ag.random_feature_attention(q, k, v, num_features=40, seed=2, causal=causal, return_log_partition=True)
     assert log_err(log_z, lz_ref) <= tol  # bottom-right, n_q > n_k: -inf where a query sees no key
     assert rel_err(y, y_ref) <= tol
@@ -206,7 +204,7 @@ def test_causal_running_shift_avoids_underflow(rng):
     k = rng.standard_normal((200, 4)) * np.linspace(60.0, 0.1, 200)[:, None]
     v = rng.standard_normal((200, 3))
     y, log_z, y_ref, lz_ref = fused_and_log_domain(q, k, v, 8, 0, 1.0, True)
-    _, lz_old, _ = _favor(q, k, v, 8, True, 0, True, 1.0)
+    _, lz_old = ref.favor_materialised(q, k, v, 8, 0, 1.0, True)
     assert np.all(np.isfinite(lz_ref)) and np.max(np.abs(lz_old - lz_ref)) > 1000
     assert np.all(np.isfinite(log_z))
     assert rel_err(y, y_ref) <= 1e-9 and log_err(log_z, lz_ref) <= 1e-12
@@ -267,3 +265,84 @@ def test_fused_does_not_depend_on_where_arrays_live(rng, causal, dtype):
         again = ag.random_feature_attention(shifted(q, by), shifted(k, by), shifted(v, by), num_features=33, seed=4,
                                             scale=0.7, causal=causal, return_log_partition=True)
         assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+# ---- the fused backward ------------------------------------------------------------------
+
+def backward_and_log_domain(q, k, v, dy, m, seed, scale, causal):
+    """(dq, dk, dv) of the fused backward and of the log-domain reference, over broadcast
+    batch dims (the reference's cotangents summed back to the inputs' shapes)."""
+    W = ag.feature_matrix(q.shape[-1], m, seed=seed)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    qb, kb, vb = (np.broadcast_to(a, lead + a.shape[-2:]).reshape((-1,) + a.shape[-2:]).astype(float)
+                  for a in (q, k, v))
+    dyb = dy.reshape((-1,) + dy.shape[-2:]).astype(float)
+    parts = [ref.favor_log_domain_grads(*args, W, scale, causal) for args in zip(qb, kb, vb, dyb)]
+    want = []
+    for x, grads in zip((q, k, v), zip(*parts)):
+        g = np.stack(grads).reshape(lead + x.shape[-2:])
+        g = g.sum(axis=tuple(range(g.ndim - x.ndim)))
+        want.append(g.sum(axis=tuple(i for i, n in enumerate(x.shape) if n == 1 and g.shape[i] != 1), keepdims=True))
+    got = ag.random_feature_attention_backward(q, k, v, dy, num_features=m, seed=seed, scale=scale, causal=causal)
+    return got, want
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 1e-5)])
+@pytest.mark.parametrize("lead_q, lead_k, n_q, n_k, d, d_v, m", [
+    ((), (), 1, 1, 4, 2, 8),
+    ((), (), 3, 200, 4, 3, 16),
+    ((2,), (2,), 129, 257, 8, 5, 24),   # ragged: three 64-query chunks, the last of one row
+    ((2, 3), (1, 3), 70, 70, 6, 6, 33),  # batch dims broadcast: dk, dv summed over them
+    ((3,), (), 200, 131, 5, 1, 7),       # n_q > n_k: bottom-right queries that see no key
+])
+def test_backward_matches_log_domain_reference(rng, causal, dtype, tol, lead_q, lead_k, n_q, n_k, d, d_v, m):
+    q = (0.6 * rng.standard_normal(lead_q + (n_q, d))).astype(dtype)
+    k = (0.6 * rng.standard_normal(lead_k + (n_k, d))).astype(dtype)
+    v = rng.standard_normal(lead_k + (n_k, d_v)).astype(dtype)
+    dy = rng.standard_normal(np.broadcast_shapes(lead_q, lead_k) + (n_q, d_v)).astype(dtype)
+    got, want = backward_and_log_domain(q, k, v, dy, m, 4, 0.7, causal)
+    for name, g, w, x in zip("qkv", got, want, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype, name
+        err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1.0)  # dq = 0 exactly with one key
+        assert err <= tol, (name, err)
+
+
+def test_backward_where_key_norms_fall(rng):
+    """The sequence whose early queries the materialised path underflows (see
+    test_causal_running_shift_avoids_underflow): each query is differentiated at the key
+    shift its forward used, so the gradients match the log-domain reference."""
+    q = rng.standard_normal((200, 4))
+    k = rng.standard_normal((200, 4)) * np.linspace(60.0, 0.1, 200)[:, None]
+    v = rng.standard_normal((200, 3))
+    dy = rng.standard_normal((200, 3))
+    got, want = backward_and_log_domain(q, k, v, dy, 8, 0, 1.0, True)
+    for name, g, w in zip("qkv", got, want):
+        assert np.all(np.isfinite(g)) and rel_err(g, w) <= 1e-9, (name, rel_err(g, w))
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_backward_is_bitwise_stable(rng, causal, dtype):
+    """The same cotangents bitwise for 1 and 2 threads and for inputs at shifted addresses."""
+    q = (0.6 * rng.standard_normal((3, 150, 6))).astype(dtype)
+    k = (0.6 * rng.standard_normal((3, 150, 6))).astype(dtype)
+    v = rng.standard_normal((3, 150, 5)).astype(dtype)
+    dy = rng.standard_normal((3, 150, 5)).astype(dtype)
+
+    def shifted(a, by):
+        buf = np.empty(a.size + by, dtype)[by:]
+        buf[:] = a.ravel()
+        return buf.reshape(a.shape)
+
+    kw = dict(num_features=33, seed=4, scale=0.7, causal=causal)
+    before = ag.get_num_threads()
+    try:
+        ag.set_num_threads(1)
+        first = ag.random_feature_attention_backward(q, k, v, dy, **kw)
+        ag.set_num_threads(2)
+        for by in (0, 1, 2, 3):
+            again = ag.random_feature_attention_backward(*(shifted(a, by) for a in (q, k, v, dy)), **kw)
+            assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    finally:
+        ag.set_num_threads(before)

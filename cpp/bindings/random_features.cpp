@@ -5,6 +5,7 @@
 
 #include "arrays.hpp"
 #include "attngeom/favor.hpp"
+#include "attngeom/favor_backward.hpp"
 #include "attngeom/random_features.hpp"
 
 namespace py = pybind11;
@@ -62,6 +63,28 @@ void def_random_features(py::module_& m) {
       py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
       py::arg("v").noconvert(), py::arg("v_index"), py::arg("W"), py::arg("root"), py::arg("causal"),
       py::arg("chunk") = 64, "Returns (y, log Z) over the flat batch.");
+
+  m.def(
+      "favor_attention_backward",
+      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
+         const Index& vi, const py::array& W, double root, int causal, int64_t chunk, const CArray<T>& dy) {
+        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
+        if (K.cols != Q.cols || V.rows != K.rows || dy.ndim() != 3 || dy.shape(0) != batch || dy.shape(1) != Q.rows ||
+            dy.shape(2) != V.cols)
+          throw std::invalid_argument("internal: favor_attention_backward expects q (B, n_q, d), k (B, n_k, d), "
+                                      "v (B, n_k, d_v) and dy (batch, n_q, d_v)");
+        const T* w = feature_matrix<T>(W, Q.cols);
+        CArray<T> dq({batch, Q.rows, Q.cols}), dk({batch, K.rows, K.cols}), dv({batch, V.rows, V.cols});
+        {
+          py::gil_scoped_release release;
+          favor_attention_backward<T>(batch, Q, K, V, w, W.shape(0), T(root), static_cast<Causal>(causal), chunk,
+                                      dy.data(), dq.mutable_data(), dk.mutable_data(), dv.mutable_data());
+        }
+        return py::make_tuple(dq, dk, dv);
+      },
+      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
+      py::arg("v").noconvert(), py::arg("v_index"), py::arg("W"), py::arg("root"), py::arg("causal"),
+      py::arg("chunk"), py::arg("dy").noconvert(), "Returns (dq, dk, dv) over the flat batch.");
 }
 
 }  // namespace

@@ -29,10 +29,9 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, causal_code, check_size, compute_dtype, cotangent, count, finite_result,
-                        from_bhnd, generator, logit_scale, operand, query_key_value, to_bhnd)
+from ._operands import (AttentionOperands, causal_code, check_size, count, finite_result, from_bhnd, generator,
+                        logit_scale, operand, to_bhnd)
 from .attention import AttentionGrads
-from .lightning import lightning_attention, lightning_attention_backward
 
 
 def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed=0) -> np.ndarray:
@@ -225,60 +224,27 @@ def _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale):
 _CAUSAL_CHUNK = 64  # queries per chunk of the causal forward (one masked diagonal block each)
 
 
-class _Favor(NamedTuple):
-    """The forward's intermediates, kept for the backward pass."""
-
-    x_q: np.ndarray  # q in the computation dtype (the features see sqrt(scale) q)
-    x_k: np.ndarray
-    W: np.ndarray
-    phi_q: np.ndarray
-    phi_k: np.ndarray
-    values: np.ndarray  # [v, 1]
-    den: np.ndarray
-    root: float
-
-
-def _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=True):
-    """FAVOR+ through the materialised features phi_q, phi_k and the lightning kernel:
-    (y, log Z or None, the intermediates the backward pass needs)."""
-    m = count("num_features", num_features)
-    causal_code(causal)
-    qa, ka, va = query_key_value(q, k, v)
-    d_k = qa.shape[-1]
-    dt = compute_dtype(qa, ka, va)
-    scale = logit_scale(scale, d_k, positive=True)
-    root = math.sqrt(scale)
-    W = _feature_matrix(d_k, m, orthogonal, seed, dt)
-    qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
-    phi_q, shift_q = _features(qa, W, root, per_row=True)
-    phi_k, shift_k = _features(ka, W, root, per_row=False)
-    ones = np.ones(va.shape[:-1] + (1,), dt)
-    values = np.concatenate([va.astype(dt), ones], axis=-1)
-    out = lightning_attention(phi_q, phi_k, values, causal=causal, layout="bhnd")
-    num, den = out[..., :-1], out[..., -1]
-    y = np.divide(num, den[..., None], out=np.zeros_like(num), where=den[..., None] > 0)
-    log_z = None
-    if want_log_z:
-        with np.errstate(divide="ignore"):
-            log_z = np.log(den) + shift_q + shift_k[..., :1]
-    return y, log_z, _Favor(qa, ka, W, phi_q, phi_k, values, den, root)
-
-
 @finite_result
 @fill_doc
 def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, orthogonal: bool = True, seed=0,
                                       causal=False, scale: Optional[float] = None, layout=None) -> AttentionGrads:
     """Cotangents (dq, dk, dv) of :func:`random_feature_attention` for dy, the features W fixed.
 
-    y_i = N_i / Z_i with N_i = phi(q_i).sum_j phi(k_j) v_j^T, Z_i = phi(q_i).sum_j phi(k_j) and
-    phi(x) = exp(W x' - ``|x'|^2`` / 2) / sqrt(m), x' = sqrt(scale) x (Laplace-Radon s.7.3):
+    y_i = N_i / Z_i with N_i = sum_j a_ij v_j, Z_i = sum_j a_ij, a_ij = phi(q_i).phi(k_j) over the
+    keys query i sees, phi(x) = exp(W x' - ``|x'|^2`` / 2) / sqrt(m), x' = sqrt(scale) x
+    (Laplace-Radon s.7.3), D_i = dy_i.y_i:
 
-        dN_i = dy_i / Z_i,  dZ_i = -dy_i.y_i / Z_i,
-        (dphi_q, dphi_k, d[v, 1]) = lightning backward of (phi_q, phi_k, [v, 1]) at [dN, dZ],
-        dx' = (dphi o phi) W - x' rowsum(dphi o phi),  dx = sqrt(scale) dx'.
+        dv_j = sum_i (a_ij / Z_i) dy_i,
+        dl(k_j) = phi(k_j) o sum_i phi(q_i) (dy_i.v_j - D_i) / Z_i,
+        dl(q_i) = phi(q_i) o sum_j phi(k_j) (dy_i.v_j - D_i) / Z_i,
+        dx' = dl W - x' rowsum(dl),  dx = sqrt(scale) dx'.
 
-    The stabilising shifts cancel in y and get no gradient. The same W as the forward (same
-    num_features, orthogonal, seed); rows with Z = 0 (y = 0) pass no gradient.
+    One C++ kernel, like the forward: the (n, m) feature matrices are never formed; queries are
+    walked in the forward's order (dq), keys in reverse against the summed later queries (dk,
+    dv), each query at the key shift its forward used, so the gradients hold wherever the
+    forward's estimate does. The stabilising shifts cancel in y and get no gradient. The same
+    W as the forward (same num_features, orthogonal, seed); rows with Z = 0 (y = 0) pass no
+    gradient. Parallel over the batch (one thread per sequence).
 
     Parameters
     ----------
@@ -301,21 +267,13 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     """
     layout, (q, k, v, dy) = to_bhnd(layout, "random_feature_attention_backward",
                                     [("q", q, "v"), ("k", k, "v"), ("v", v, "v"), ("dy", dy, "v")])
-    y, _, f = _favor(q, k, v, num_features, orthogonal, seed, causal, scale, want_log_z=False)
-    dy = cotangent("dy", dy, y.shape, y.dtype)
-    den = f.den[..., None]
-    live = den > 0
-    safe = np.where(live, den, 1)
-    dnum = np.where(live, dy / safe, 0)
-    dden = np.where(live, -np.sum(dy * y, axis=-1, keepdims=True) / safe, 0)
-    dphi_q, dphi_k, dvals = lightning_attention_backward(f.phi_q, f.phi_k, f.values,
-                                                         np.concatenate([dnum, dden], axis=-1), causal=causal,
-                                                         layout="bhnd")
-
-    def through_features(dphi, phi, x):
-        dlogits = dphi * phi
-        return f.root * (dlogits @ f.W - (f.root * x) * np.sum(dlogits, axis=-1, keepdims=True))
-
-    grads = AttentionGrads(through_features(dphi_q, f.phi_q, f.x_q), through_features(dphi_k, f.phi_k, f.x_k),
-                           dvals[..., :-1])
+    m = count("num_features", num_features)
+    causal_code(causal)
+    shapes = [np.shape(a) for a in (q, k, v)]
+    p = AttentionOperands(q, k, v, causal=causal)
+    root = math.sqrt(logit_scale(scale, p.d_k, positive=True))
+    W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
+    dq, dk, dv = _core.favor_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
+                                                p.v.index, W, root, p.causal, _CAUSAL_CHUNK, p.cotangent(dy))
+    grads = AttentionGrads(*p.gradients(dq, dk, dv, shapes))
     return from_bhnd(layout, grads, "vvv")

@@ -55,18 +55,19 @@ template <class T>
 using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
 // Per-thread scratch, allocated once per parallel region: X (rows, d) scaled inputs, L (rows, m)
-// query features and their row shifts, K (rows, m) key features and their row shifts, A
-// (rows, rows) the causal diagonal block, Y (rows, d_v) the output rows, den and top (the key
-// shift M of each query row). Every product and reduction writes into Eigen-aligned storage:
+// query features and their row shifts, K (rows, m) key features and their row shifts, A and E
+// (rows, rows) the causal diagonal block and its shift factors, Y (rows, d_v) the output rows,
+// den, top (the key shift of each query row) and f (the factor on the state's sums). Every product and reduction writes into Eigen-aligned storage:
 // Eigen peels an unaligned head off a destination with scalar code (no FMA), so writing into
 // the caller's arrays directly would make the last bit depend on where they were allocated.
 template <class T>
 struct Scratch {
-  RowMatrix<T> X, L, K, A, Y;
-  Col<T> shift, key_shift, den, top;
+  RowMatrix<T> X, L, K, A, E, Y;
+  Col<T> shift, key_shift, den, top, f;
   Scratch(int64_t rows, int64_t d, int64_t m, int64_t d_v, bool causal)
-      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v),
-        shift(rows), key_shift(rows), den(rows), top(rows) {}
+      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0),
+        E(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v), shift(rows), key_shift(rows), den(rows), top(rows),
+        f(rows) {}
 };
 
 // A key state stored flat: S (m, d_v) row-major followed by z (m); the shift M beside it.
@@ -139,6 +140,66 @@ void row_features(Blk& L, int64_t rows, Col<T>& shift) {
   L = L.array().exp().matrix();
 }
 
+// The causal diagonal block of a chunk of r query rows against nk block keys with row shifts
+// kappa: row `row` sees the keys j < seen(row) = clamp(first + row, 0, nk). Its key shift
+// becomes t = max(M, kappa_j over the keys it sees), so keys hidden from it never set its scale;
+// E(row, j) = exp(kappa_j - t) for the keys it sees and 0 for the others, and f(row) = exp(M - t)
+// rescales the state's sums (1 when t = M, 0 when the state is empty).
+template <class T>
+void diagonal_shifts(int64_t r, int64_t nk, int64_t first, T M, const Col<T>& kappa, RowMatrix<T>& E, Col<T>& top,
+                     Col<T>& f) {
+  for (int64_t row = 0; row < r; ++row) {
+    const int64_t seen = std::clamp<int64_t>(first + row, 0, nk);
+    const T t = seen > 0 ? std::max(M, kappa.head(seen).maxCoeff()) : M;
+    top(row) = t;
+    f(row) = t > M ? std::exp(M - t) : T(1);
+    E.row(row).head(seen).array() = (kappa.head(seen).transpose().array() - t).exp();
+    E.row(row).segment(seen, nk - seen).setZero();
+  }
+}
+
+// One causal chunk against the state `st` of the keys before it: the r query rows x (features
+// into s.L, row shifts s.shift) give Y = L S and den = L z at the state's shift, and with
+// nk > 0 the diagonal block of keys kx (features s.K, row shifts s.key_shift), values vx,
+// whose first key the chunk's first row sees `first - 1` of (diagonal_shifts): rows whose
+// key shift rises above the state's are rescaled by f, and A = (L K^T) o E adds A V and its
+// row sums. Leaves s.top, s.f and s.E for the backward.
+template <class T>
+void chunk_forward(const T* x, int64_t r, const T* kx, const T* vx, int64_t nk, int64_t first, int64_t d,
+                   int64_t d_v, const Eigen::Map<const RowMatrix<T>>& W, T root, const State<T>& st, Scratch<T>& s) {
+  auto L = s.L.topRows(r);
+  feature_logits(x, r, d, W, root, s.X, L);
+  row_features(L, r, s.shift);
+  auto Y = s.Y.topRows(r);
+  Y.noalias() = L * st.S;
+  auto den = s.den.head(r);
+  den.noalias() = L * st.z.transpose();
+  s.top.head(r).setConstant(st.M);
+  s.f.head(r).setOnes();
+  if (nk == 0) return;
+  auto K = s.K.topRows(nk);
+  feature_logits(kx, nk, d, W, root, s.X, K);
+  row_features(K, nk, s.key_shift);
+  diagonal_shifts(r, nk, first, st.M, s.key_shift, s.E, s.top, s.f);
+  Y.array().colwise() *= s.f.head(r).array();
+  den.array() *= s.f.head(r).array();
+  auto A = s.A.topLeftCorner(r, nk);
+  A.noalias() = L * K.transpose();
+  A.array() *= s.E.topLeftCorner(r, nk).array();
+  Y.noalias() += A * Eigen::Map<const RowMatrix<T>>(vx, nk, d_v);
+  den += A.rowwise().sum();
+}
+
+// Folds the diagonal keys of chunk_forward (s.K, row shifts s.key_shift, values vx) into the
+// state at the shift max(M, kappa).
+template <class T>
+void fold_diagonal(int64_t nk, const T* vx, int64_t d_v, Scratch<T>& s, State<T>& st) {
+  auto K = s.K.topRows(nk);
+  st.raise(s.key_shift.head(nk).maxCoeff());
+  K.array().colwise() *= (s.key_shift.head(nk).array() - st.M).exp();
+  st.fold(K, Eigen::Map<const RowMatrix<T>>(vx, nk, d_v));
+}
+
 // y rows /= den and log Z = log den - log m + shift + top (the key shift of the row); y = 0,
 // log Z = -inf where den = 0.
 // The rows are copied from the scratch Y into y (rows, d_v).
@@ -171,7 +232,6 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   using namespace favor_detail;
   using Mat = RowMatrix<T>;
   using CMap = Eigen::Map<const Mat>;
-  using Map = Eigen::Map<Mat>;
   const int64_t n_q = q.rows, d = q.cols, n_k = k.rows, d_v = v.cols;
   if (batch == 0 || n_q == 0 || m == 0) return;
   const CMap Wm(W, m, d);
@@ -207,13 +267,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
 #pragma omp for schedule(dynamic)
       for (int64_t unit = 0; unit < batch * qblocks; ++unit) {
         const int64_t b = unit / qblocks, i0 = (unit % qblocks) * kRows, r = std::min(kRows, n_q - i0);
-        const State<T> st = state(b * spans);
-        auto L = s.L.topRows(r);
-        feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
-        row_features(L, r, s.shift);
-        s.Y.topRows(r).noalias() = L * st.S;
-        s.den.head(r).noalias() = L * st.z.transpose();
-        s.top.head(r).setConstant(st.M);
+        chunk_forward<T>(q.block(b) + i0 * d, r, nullptr, nullptr, 0, 0, d, d_v, Wm, root, state(b * spans), s);
         finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
@@ -267,47 +321,10 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
       for (int64_t c = g * G; c < c_end; ++c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
         const int64_t j0 = bound(c), j1 = std::clamp<int64_t>(i0 + r + offset, 0, n_k), nk = j1 - j0;
-        // Queries against the state (shift M of the keys before the chunk, all visible).
-        auto L = s.L.topRows(r);
-        feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
-        row_features(L, r, s.shift);
-        auto Y = s.Y.topRows(r);
-        Y.noalias() = L * own.S;
-        auto den = s.den.head(r);
-        den.noalias() = L * own.z.transpose();
-        auto top = s.top.head(r);
-        top.setConstant(own.M);
-        if (nk > 0) {
-          // The diagonal block: key features shifted per key row (kappa_j); query i takes the
-          // shift top_i = max(M, kappa_j over the keys it sees), so keys hidden from it never
-          // set its scale.
-          auto K = s.K.topRows(nk);
-          feature_logits(kb + j0 * d, nk, d, Wm, root, s.X, K);
-          row_features(K, nk, s.key_shift);
-          auto A = s.A.topLeftCorner(r, nk);
-          A.noalias() = L * K.transpose();
-          for (int64_t row = 0; row < r; ++row) {
-            const int64_t seen = std::clamp<int64_t>(i0 + row + offset + 1 - j0, 0, nk);
-            const T t = seen > 0 ? std::max(own.M, s.key_shift.head(seen).maxCoeff()) : own.M;
-            if (t > own.M) {
-              const T f = std::exp(own.M - t);  // 0 when the state is empty
-              Y.row(row) *= f;
-              den(row) *= f;
-              top(row) = t;
-            }
-            A.row(row).head(seen).array() *= (s.key_shift.head(seen).transpose().array() - t).exp();
-            A.row(row).tail(nk - seen).setZero();
-          }
-          const CMap V(vb + j0 * d_v, nk, d_v);
-          Y.noalias() += A * V;
-          den += A.rowwise().sum();
-          if (c + 1 < c_end) {
-            // Fold the block into the state at the shift max(M, kappa).
-            own.raise(s.key_shift.head(nk).maxCoeff());
-            K.array().colwise() *= (s.key_shift.head(nk).array() - own.M).exp();
-            own.fold(K, V);
-          }
-        }
+        // Queries against the state (the keys before the chunk, all visible) and the diagonal.
+        chunk_forward(q.block(b) + i0 * d, r, kb + j0 * d, vb + j0 * d_v, nk, i0 + offset + 1 - j0, d, d_v, Wm, root,
+                      own, s);
+        if (nk > 0 && c + 1 < c_end) fold_diagonal(nk, vb + j0 * d_v, d_v, s, own);
         finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
