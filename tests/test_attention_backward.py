@@ -159,6 +159,29 @@ def test_softmax_backward_saved_outputs_and_huge_logits(rng):
         assert np.all(np.isfinite(x)) and np.array_equal(x, z)
 
 
+@pytest.mark.parametrize("dtype, scales", [(np.float64, [1.0, 1e4, 1e8, 1e12, 1e16, 1e17]),
+                                           (np.float32, [1.0, 1e2, 1e4, 1e6, 1e8])])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_weights_stay_normalised_at_any_logit_size(rng, dtype, scales, causal):
+    """P = exp(l - log Z) is recomputed from the saved log Z, so its logits must be bitwise the
+    forward's (the same score tiles): with one key P = 1 exactly and dv = dy at any logit size
+    (logits from a differently ordered product were off by an ulp, which is e^(1/2) at 1e16).
+    With many keys sum_j dv_j = sum_i dy_i, as the rows of P sum to 1 up to the rounding of
+    log Z itself (half an ulp of log Z: relative 2^-25 of P at |log Z| ~ 500 in float32)."""
+    q, k, v = (rng.standard_normal((2, 70, 5)).astype(dtype) for _ in range(3))
+    dy = rng.standard_normal((2, 70, 5)).astype(dtype)
+    eps = np.finfo(dtype).eps
+    for scale in scales:
+        one = ag.softmax_attention_backward(q[:, :1], k[:, :1], v[:, :1], dy[:, :1], scale=scale).dv
+        assert np.array_equal(one, dy[:, :1]), scale
+        _, lz = ag.softmax_attention(q, k, v, scale=scale, causal=causal, return_log_partition=True)
+        tol = 50 * eps + float(np.max(np.spacing(np.abs(lz))))  # e^(ulp / 2) - 1 ~ ulp / 2, twice
+        if tol > 1e-3:
+            continue  # log Z itself no longer resolves P: only the one-key identity is meaningful
+        dv = ag.softmax_attention_backward(q, k, v, dy, scale=scale, causal=causal).dv
+        assert rel_err(dv.astype(float).sum(axis=1), dy.astype(float).sum(axis=1)) <= tol, scale
+
+
 def test_softmax_backward_threads_do_not_change_results(rng):
     q, k, v = draw(rng, (3,), (3,), (3,), 300, 700, 16, 8)
     dy = rng.standard_normal((3, 300, 8))

@@ -53,6 +53,17 @@ CASES = [
     ("circle_mask None", lambda: ag.circle_mask(None), "size"),
     ("neuromanifold_dimension n_draws 2^31", lambda: ag.neuromanifold_dimension([2, 2], [2], n_draws=2 ** 31),
      "n_draws"),
+    # absurd working sets inside the core's parallel loops: an allocation failure there used to
+    # terminate the process (std::bad_alloc cannot leave an OpenMP region)
+    ("parametrization_jacobian t 1e5",
+     lambda: ag.parametrization_jacobian(ag.random_weights([3, 2, 2], [2, 1]), np.zeros((1, 10 ** 5, 3))), "X"),
+    ("neuromanifold_dimension t 1e6",
+     lambda: ag.neuromanifold_dimension([3, 2, 2], [2, 1], t=10 ** 6, n_samples=10, n_draws=1), "t"),
+    ("fit_exponential_sum N 2e5",
+     lambda: ag.fit_exponential_sum(np.linspace(0, 1, 200000), np.exp(0.5 * np.linspace(0, 1, 200000)), order=1),
+     "tau, values"),
+    # AxisError / matmul ValueError before
+    ("layernorm 0-d", lambda: ag.layernorm(2.0), "x"),
     # seeds
     ("feature_matrix seed 2.5", lambda: ag.feature_matrix(4, 8, seed=2.5), "seed"),
     ("random_weights seed -1", lambda: ag.random_weights([2, 2], [2], seed=-1), "seed"),

@@ -245,3 +245,11 @@ def test_nnls_is_scale_free(rng):
         assert it > 0 and np.max(np.abs(x - ref_x)) <= 1e-9 * np.abs(ref_x).max()
 
 
+
+
+def test_float32_grid_is_uniform_to_its_precision():
+    """A float32 linspace is uniform only to float32 rounding: accepted, and the node comes
+    back to about that precision."""
+    tau = np.linspace(0, 1, 21, dtype=np.float32)
+    fit = ag.fit_exponential_sum(tau, np.exp(0.5 * tau.astype(float)), order=1)
+    assert fit.order == 1 and abs(fit.nodes[0] - 0.5) < 1e-6

@@ -154,3 +154,12 @@ def test_bad_input(phantom, sinogram):
         ag.iradon(np.ones((1, 3)), circle=False, output_size=1)
     with pytest.raises(TypeError, match="sinogram"):
         ag.iradon(np.array([["a"]]))
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_tiny_phantoms(size):
+    """Sizes whose anti-aliasing kernel is longer than the rendered image (size < render / 8)
+    keep the image's own length through the convolution."""
+    p = ag.shepp_logan_phantom(size)
+    assert p.shape == (size, size) and np.all(np.isfinite(p)) and p.min() >= 0 and p.max() <= 1
+    assert np.all(p[~ag.circle_mask(size)] == 0)

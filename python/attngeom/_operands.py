@@ -252,9 +252,11 @@ def uniform_grid(name: str, tau, minimum: int = 3) -> tuple:
     if t.ndim != 1 or t.size < minimum:
         raise ValueError(f"{name} must have shape (N,) with N >= {minimum} samples, got {t.shape}")
     check_finite(name, t)
+    # Spacing checked to the grid's own precision: a float32 linspace is uniform to its ulps.
+    tol = max(1e-9, 16 * float(np.finfo(t.dtype).eps)) if t.dtype.kind in "fc" else 1e-9
     t = t.astype(np.complex128)
     step = t[1] - t[0]
-    if step == 0 or np.max(np.abs(np.diff(t) - step)) > 1e-9 * max(abs(step), np.max(np.abs(t))):
+    if step == 0 or np.max(np.abs(np.diff(t) - step)) > tol * max(abs(step), np.max(np.abs(t))):
         raise ValueError(f"{name} must be uniformly spaced")
     if np.all(t.imag == 0):
         kind = "real"

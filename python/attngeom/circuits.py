@@ -334,7 +334,7 @@ def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     eps = scalar("eps", eps)
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    x = operand("x", x, "(..., d)", min_ndim=0)
+    x = operand("x", x, "(..., d)", min_ndim=1)
     mu = x.mean(-1, keepdims=True)
     c = x - mu
     # Rows with entries beyond 1 are divided by their largest one first, so no square overflows.

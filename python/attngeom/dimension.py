@@ -207,7 +207,10 @@ def parametrization_jacobian(weights, X, *, kind="lightning", temperature=1.0) -
     softmax = network_kind(kind) == "softmax"
     temperature = scalar("temperature", temperature, positive=True)
     d, a, p, _ = _flatten(weights)
-    jac = _core.network_jacobian(d, a, p, _samples(X, d[0]), softmax, temperature)
+    x = _samples(X, d[0])
+    # Each thread keeps a t x t score matrix per layer and three more for a tangent pass.
+    check_size("X (its t tokens)", (len(a) + 3) * x.shape[1] ** 2 * _core.get_num_threads())
+    jac = _core.network_jacobian(d, a, p, x, softmax, temperature)
     return jac.reshape(-1, jac.shape[-1])
 
 
@@ -443,6 +446,7 @@ def neuromanifold_dimension(d, a, *, kind="lightning", t=3, n_samples=100, n_dra
     t, n_samples = count("t", t), count("n_samples", n_samples)
     n_draws = count("n_draws", n_draws, 1, 100_000)  # each draw is one Jacobian and its SVD
     check_size("n_samples, t", n_samples * t * d[-1] * sum(2 * a[i] * d[i] + d[i + 1] * d[i] for i in range(len(a))))
+    check_size("t", (len(a) + 3) * t * t * _core.get_num_threads())  # parametrization_jacobian's working set
     rng = generator(seed)
     dims, gaps, spectra = [], [], []
     for _ in range(n_draws):

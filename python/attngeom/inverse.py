@@ -22,7 +22,8 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, check_nonempty, count, finite_result, real_array, scalar, uniform_grid
+from ._operands import (check_finite, check_nonempty, check_size, count, finite_result, real_array, scalar,
+                        uniform_grid)
 
 
 @dataclass
@@ -153,6 +154,9 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
         r = scalar("rtol", rtol)
         if not 0 < r < 1:
             raise ValueError(f"rtol must lie in (0, 1), got {r}")
+    # Each thread forms a C (N - L) x (L + 1) Hankel matrix and its SVD factors (about 3 of them).
+    check_size("tau, values (the Hankel matrix of N samples)", 3 * C * (N - L) * (L + 1) * _core.get_num_threads(),
+               16)
     fb = np.ascontiguousarray(fb, dtype=np.complex128)
     z, orders, sv = _core.matrix_pencil(fb, L, order_in, r)
     B = fb.shape[0]

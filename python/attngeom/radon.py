@@ -95,8 +95,11 @@ def shepp_logan_phantom(size: int = 160, *, render: int = 400) -> np.ndarray:
         radius = int(4.0 * sigma + 0.5)
         g = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
         g /= g.sum()
-        img = np.apply_along_axis(np.convolve, 0, img, g, mode="same")
-        img = np.apply_along_axis(np.convolve, 1, img, g, mode="same")
+        # "same"-size convolution centred on the kernel, also when the kernel (2 radius + 1 taps)
+        # is longer than the image (size < render / 8), where np.convolve's "same" is not.
+        same = lambda a: np.convolve(a, g, mode="full")[radius:radius + a.size]  # noqa: E731
+        img = np.apply_along_axis(same, 0, img)
+        img = np.apply_along_axis(same, 1, img)
     # bilinear resampling at the centre-aligned source positions, as one matrix per axis
     pos = np.clip((np.arange(size) + 0.5) * scale - 0.5, 0, render - 1)
     lo = np.minimum(np.floor(pos).astype(int), render - 2)

@@ -28,6 +28,7 @@
 #include "attngeom/attention.hpp"
 #include "attngeom/kernels.hpp"
 #include "attngeom/parallel.hpp"
+#include "attngeom/tiles.hpp"
 #include "attngeom/types.hpp"
 
 namespace attngeom {
@@ -134,8 +135,10 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
 
 #pragma omp parallel if (par)
   {
-    Mat Qs(bq, d_k), S(bq, bk), Raw(ridge ? bq : 0, ridge ? bk : 0), dP(bq, bk), dK(bk, d_k), dV(bk, d_v);
-    Vec colsum(bk);
+    // S holds whole score tiles (ld columns); Kt the key block packed for them (tiles.hpp).
+    const int64_t ld = Tile<T>::padded(bk);
+    Mat Qs(bq, d_k), S(bq, ld), Raw(ridge ? bq : 0, ridge ? bk : 0), dP(bq, bk), dK(bk, d_k), dV(bk, d_v);
+    Vec colsum(bk), Kt(ld * d_k);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < batch * k_blocks; ++unit) {
       const int64_t b = unit / k_blocks, jb = unit % k_blocks;
@@ -148,6 +151,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
       colsum.head(cols).setZero();
       T* dq_out = direct ? grad.dq + b * n_q * d_k : dq_part.get() + (b * k_blocks + jb) * n_q * d_k;
       T* dtau_out = ridge ? dtau_part.data() + (b * k_blocks + jb) * n_q : nullptr;
+      pack_keys(K.data(), d_k, cols, Kt.data());
       // Under the causal mask, query i sees key j0 only when i >= j0 - offset.
       for (int64_t i0 = first_block(j0); i0 < n_q; i0 += bq) {
         const int64_t rows = std::min(bq, n_q - i0);
@@ -156,8 +160,15 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
         const T* Di = Drow.data() + b * n_q + i0;
         auto Q = Qs.topRows(rows);
         Q.noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
+        // The forward's score tiles: every logit is bitwise the forward's, so P = exp(l - log Z)
+        // is normalised however large the logits (an ulp of l is then far above 1).
+        for (int64_t p0 = 0; p0 < rows; p0 += Tile<T>::MR) {
+          with_rows<T>(int(std::min<int64_t>(Tile<T>::MR, rows - p0)), [&](auto R) {
+            score_tile<T, R()>(Qs.data() + p0 * d_k, d_k, d_k, Kt.data(), Tile<T>::padded(cols), S.data() + p0 * ld,
+                               ld);
+          });
+        }
         auto L = S.topLeftCorner(rows, cols);
-        L.noalias() = Q * K.transpose();
         if (ridge) Raw.topLeftCorner(rows, cols) = L;
         kernel.log_psi(L, tau_rows);
         hide(L, mask, causal, b, i0, j0, offset);

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "attngeom/parallel.hpp"
 #include "attngeom/types.hpp"
 
 namespace attngeom {
@@ -114,8 +115,9 @@ void network_jacobian(const NetworkShape& s, const T* params, int64_t n, int64_t
                       T temperature, T* jac) {
   s.check();
   const int64_t l = s.layers(), d0 = s.d[0], dl = s.d[l], P = s.parameters();
+  FirstException errors;  // each sample holds t x t matrices: a failed allocation must reach Python
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t m = 0; m < n; ++m) {
+  for (int64_t m = 0; m < n; ++m) errors.run([&] {
     std::vector<detail::LayerCache<T>> caches(l);
     RowMatrix<T> cur = Eigen::Map<const RowMatrix<T>>(x + m * t * d0, t, d0), next;
     for (int64_t i = 0; i < l; ++i) {
@@ -147,7 +149,8 @@ void network_jacobian(const NetworkShape& s, const T* params, int64_t n, int64_t
         }
       }
     }
-  }
+  });
+  errors.rethrow();
 }
 
 }  // namespace attngeom

@@ -58,8 +58,9 @@ inline int64_t pencil_order(const Eigen::VectorXd& s, double rtol, int64_t rows,
 inline void matrix_pencil(int64_t B, int64_t C, int64_t N, const cd* f, int64_t L, int64_t order_in, double rtol,
                           cd* z_out, int64_t* order_out, double* sv_out) {
   const int64_t rows = C * (N - L), cols = L + 1, K = std::min(rows, cols);
+  FirstException errors;  // the Hankel matrix and its SVD: a failed allocation must reach Python
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < B; ++b) errors.run([&] {
     CMatrix H(rows, cols);
     for (int64_t c = 0; c < C; ++c) {
       const cd* fc = f + (b * C + c) * N;
@@ -73,22 +74,24 @@ inline void matrix_pencil(int64_t B, int64_t C, int64_t N, const cd* f, int64_t 
     order_out[b] = M;
     cd* z = z_out + b * L;
     std::fill(z, z + L, cd(0));
-    if (M == 0) continue;
+    if (M == 0) return;
     const CMatrix W = svd.matrixV().leftCols(M).conjugate();
     const CMatrix F = W.topRows(L).colPivHouseholderQr().solve(W.bottomRows(L));
     Eigen::ComplexEigenSolver<CMatrix> es(F, false);
     for (int64_t m = 0; m < M; ++m) z[m] = es.eigenvalues()(m);
-  }
+  });
+  errors.rethrow();
 }
 
 // tau (N), s (B, Mmax) with order[b] valid nodes, f (B, C, N) -> w (B, Mmax, C) (0 beyond order).
 inline void exp_sum_weights(int64_t B, int64_t C, int64_t N, int64_t Mmax, const cd* tau, const cd* s,
                             const int64_t* order, const cd* f, cd* w) {
+  FirstException errors;
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < B; ++b) errors.run([&] {
     const int64_t M = order[b];
     std::fill(w + b * Mmax * C, w + (b + 1) * Mmax * C, cd(0));
-    if (M == 0) continue;
+    if (M == 0) return;
     CMatrix V(N, M), R(N, C);
     for (int64_t k = 0; k < N; ++k) {
       for (int64_t m = 0; m < M; ++m) V(k, m) = std::exp(tau[k] * s[b * Mmax + m]);
@@ -97,7 +100,8 @@ inline void exp_sum_weights(int64_t B, int64_t C, int64_t N, int64_t Mmax, const
     const CMatrix X = V.colPivHouseholderQr().solve(R);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = 0; c < C; ++c) w[(b * Mmax + m) * C + c] = X(m, c);
-  }
+  });
+  errors.rethrow();
 }
 
 // Lawson-Hanson NNLS for A (m, n) row-major; returns the iteration count (negative when the

@@ -5,6 +5,10 @@
 // so a unit is computed the same way whatever the thread count.
 #pragma once
 
+#include <atomic>
+#include <exception>
+#include <mutex>
+
 namespace attngeom {
 
 // Number of threads the next parallel region will use.
@@ -26,5 +30,36 @@ bool has_openmp();
 // team costs tens of microseconds (far more when the cores are shared), so small calls run
 // on the calling thread. Used as `#pragma omp parallel ... if(parallel_worth(work))`.
 inline bool parallel_worth(double work) { return work >= 131072.0; }
+
+// Carries the first exception of an OpenMP loop's units out of the parallel region: one may
+// not leave it (the runtime terminates the process), so a failed allocation inside a unit
+// would abort the interpreter instead of reaching Python as MemoryError. Units after a
+// failure are skipped:
+//   FirstException errors;
+//   #pragma omp parallel for
+//   for (...) errors.run([&] { ...unit... });
+//   errors.rethrow();
+class FirstException {
+ public:
+  template <class F>
+  void run(F&& unit) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      unit();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!first_) first_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+  std::atomic<bool> failed_{false};
+};
 
 }  // namespace attngeom
