@@ -62,6 +62,12 @@ CASES = [
     ("fit_exponential_sum N 2e5",
      lambda: ag.fit_exponential_sum(np.linspace(0, 1, 200000), np.exp(0.5 * np.linspace(0, 1, 200000)), order=1),
      "tau, values"),
+    # inf returned before
+    ("laplace_radon_transform Z overflow",
+     lambda: ag.laplace_radon_transform(np.ones((1, 1)), np.array([800.0]), np.ones((1, 1)), np.ones((1, 1))),
+     "log_domain"),
+    ("laplace_radon_transform complex Z overflow",
+     lambda: ag.laplace_radon_transform(np.ones((1, 1)), np.array([1e15 + 0j]), np.ones((1, 1))), "log_domain"),
     # AxisError / matmul ValueError before
     ("layernorm 0-d", lambda: ag.layernorm(2.0), "x"),
     # seeds

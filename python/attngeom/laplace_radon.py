@@ -23,8 +23,9 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, attention_kinds, check_bound, check_finite, check_shared_width,
-                        compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
+from ._operands import (AttentionOperands, ResultOverflow, attention_kinds, check_bound, check_finite,
+                        check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
+                        operand, scalar, to_bhnd)
 from .kernels import kernel_params
 
 
@@ -160,7 +161,8 @@ def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False
         The kernel psi of :mod:`attngeom.kernels`.
     log_domain : bool, default False
         Return ``LogTransform(log_Z, y)`` with y = N / Z instead of ``Transform(Z, N)``.
-        Real tau of any size then never overflows (Z = exp(log_Z) may). For complex tau
+        Real tau of any size then never overflows (``Transform`` raises ResultOverflow, a
+        ValueError, where Z or N passes the float range). For complex tau
         log_Z is the principal complex logarithm (shift + log of the shifted sum), and y is
         ill-defined near zeros of Z.
     **params
@@ -196,8 +198,18 @@ def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False
     y = y if v is not None else None
     if log_domain:
         return LogTransform(log_z, y)
-    Z = np.exp(log_z)
-    return Transform(Z, None if y is None else y * Z[..., None])
+    with np.errstate(over="ignore"):
+        Z = np.exp(log_z)
+        return _within_range(Transform(Z, None if y is None else y * Z[..., None]))
+
+
+def _within_range(t: Transform) -> Transform:
+    """Z and N as computed, or ResultOverflow where they pass the float range (the inputs are
+    finite): the log domain holds them."""
+    if np.all(np.isfinite(t.Z)) and (t.N is None or np.all(np.isfinite(t.N))):
+        return t
+    raise ResultOverflow("laplace_radon_transform: Z or N is beyond the float range at these radii; "
+                         "log_domain=True returns log Z and y = N / Z")
 
 
 def _transform_complex(u, tau, k, v, log_domain):
@@ -212,8 +224,9 @@ def _transform_complex(u, tau, k, v, log_domain):
     if log_domain:
         with np.errstate(divide="ignore", invalid="ignore"):
             return LogTransform(shift + np.log(zs), None if v is None else ns / zs[..., None])
-    scale = np.exp(shift)
-    return Transform(scale * zs, None if v is None else ns * scale[..., None])
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.exp(shift)
+        return _within_range(Transform(scale * zs, None if v is None else ns * scale[..., None]))
 
 
 def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
