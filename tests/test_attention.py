@@ -303,6 +303,26 @@ def test_core_finds_non_finite_operands(rng, dtype, bad):
         ag.softmax_attention(q, k * np.nan, v * np.nan)
 
 
+@pytest.mark.parametrize("kernel, params", [("gaussian", {"sigma": 2.0}), ("cauchy", {"gamma": 2.0})])
+def test_core_finds_non_finite_operands_of_ridge_kernels(rng, kernel, params):
+    """kernel_attention checks q itself (u and tau come from it); k and v, and the tilts and
+    radii given to laplace_radon_attention, are checked by the core."""
+    from attngeom._operands import NonFiniteOperand
+
+    q, k, v = (rng.standard_normal((2, 200, 8)) for _ in range(3))
+    u, tau = ag.tilt_radius(q)
+    for name in "qkv":
+        ops = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
+        ops[name][1, 150, 2] = np.nan
+        with pytest.raises(NonFiniteOperand, match=f"^{name} contains NaN"):
+            ag.kernel_attention(**ops, kernel=kernel, **params)
+    for name, bad in [("u", u.copy()), ("tau", tau.copy())]:
+        bad[(1, 7) + (() if name == "tau" else (0,))] = np.inf
+        ops = {"u": u, "tau": tau, name: bad}
+        with pytest.raises(NonFiniteOperand, match=f"^{name} contains NaN"):
+            ag.laplace_radon_attention(ops["u"], ops["tau"], k, v, kernel=kernel, **params)
+
+
 def test_values_no_query_sees_do_not_enter(rng):
     """A causal limit hides the keys past the last query from every query (top-left, n_q <
     n_k): their values never enter, so a NaN there changes nothing."""

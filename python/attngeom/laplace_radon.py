@@ -130,8 +130,10 @@ def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qn
                     return_log_partition=False):
     """The core call behind :func:`laplace_radon_attention` and kernel_attention: weights
     psi(tau_i, u_i.k_j) normalised per row, with the kernel already checked
-    (``kernel_params``); `qname` names the query argument in error messages."""
-    pr = AttentionOperands(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal)
+    (``kernel_params``); `qname` names the query argument in error messages. NaN and inf in
+    u, tau, k, v are found by the core (as "u", "tau", "k", "v"; callers that derive u and tau
+    from q check q first)."""
+    pr = AttentionOperands(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal, finite=False)
     keep, bias, mi = pr.mask_args()
     y, w, lz = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                      pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel, params,
