@@ -68,6 +68,12 @@ CASES = [
      "log_domain"),
     ("laplace_radon_transform complex Z overflow",
      lambda: ag.laplace_radon_transform(np.ones((1, 1)), np.array([1e15 + 0j]), np.ones((1, 1))), "log_domain"),
+    ("sampled_attention y overflow",
+     lambda: ag.sampled_attention(Q, K, np.full((5, 2), 1.7e308), num_samples=4), "v"),
+    # MemoryError before
+    ("sampled_attention num_samples 2^40", lambda: ag.sampled_attention(Q, K, V, num_samples=2 ** 40),
+     "num_samples"),
+    ("iradon output_size 1e6", lambda: ag.iradon(np.ones((16, 30)), output_size=10 ** 6), "output_size"),
     # AxisError / matmul ValueError before
     ("layernorm 0-d", lambda: ag.layernorm(2.0), "x"),
     # seeds

@@ -204,3 +204,11 @@ def test_fiber_helper_errors(rng):
         ag.rescale(As, Vs, [1.0, 0.0, 2.0])
     with pytest.raises(ValueError, match="As\\[1\\]"):
         ag.virtual_weights([As[0], np.eye(4)], Vs[:2])
+
+
+@pytest.mark.parametrize("size", [1e-310, 1e-300, 1.0, 1e300])
+def test_numerical_rank_does_not_depend_on_scale(size):
+    """The rank of diag(1, 1, 0) at any size: the floor eps sigma_0 used to underflow for a
+    subnormal J (rank 3, gap NaN)."""
+    r = ag.numerical_rank(np.diag([1.0, 1.0, 0.0]) * size)
+    assert r.rank == 2 and r.gap_ratio > 1e15 and np.isfinite(r.gap_ratio)

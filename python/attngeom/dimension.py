@@ -331,14 +331,18 @@ def numerical_rank(J, block_rows=None) -> NumericalRank:
         blocks = blocks / np.where(big > 0, big, 1)
         norms = np.linalg.norm(blocks, axis=(1, 2), keepdims=True)
         J = (blocks / np.where(norms > 0, norms, 1)).reshape(J.shape)
-    s = np.linalg.svd(J, compute_uv=False)
-    if s.size == 0 or s[0] == 0:
-        return NumericalRank(0, s, float("inf"))
+    # The rank is decided on J / max |J_ij|: the floor eps sigma_0 neither underflows (J of
+    # subnormal size) nor the spectrum overflows (entries near the float maximum).
+    big = float(np.max(np.abs(J)))
+    if big == 0:
+        return NumericalRank(0, np.zeros(min(J.shape)), float("inf"))
+    s = np.linalg.svd(J / big, compute_uv=False)
     floor = np.finfo(np.float64).eps * s[0]
     ext = np.maximum(np.r_[s, floor], floor)
     gaps = np.log(ext[:-1]) - np.log(ext[1:])
     r = int(np.argmax(gaps)) + 1
-    return NumericalRank(r, s, float(ext[r - 1] / ext[r]))
+    with np.errstate(over="ignore"):
+        return NumericalRank(r, s * big, float(ext[r - 1] / ext[r]))
 
 
 @dataclass

@@ -330,6 +330,7 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
     output_size = int(output_size)
     if output_size < 1:
         raise ValueError(f"output_size must be >= 1, got {output_size}")
+    check_size("output_size", output_size * output_size)
     work = _circle_to_square(s) if circle else s
     size = max(64, int(2 ** math.ceil(math.log2(2 * work.shape[0]))))
     padded = np.zeros((size, work.shape[1]))

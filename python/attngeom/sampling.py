@@ -25,8 +25,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import (check_bound, count, from_bhnd, generator, logit_scale, max_row_norm, query_key_value, scalar,
-                        to_bhnd)
+from ._operands import (ResultOverflow, check_bound, check_size, count, from_bhnd, generator, logit_scale,
+                        max_row_norm, query_key_value, scalar, to_bhnd)
 
 PROPOSALS = ("uniform", "tilted")
 
@@ -123,6 +123,8 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     batch = qf.shape[:-2]
     n_q = qf.shape[-2]
     S = int(num_samples)
+    # the sampled keys and values, (..., n_q, S, d_k + d_v), and the per-sample arrays
+    check_size("num_samples", int(np.prod(batch, dtype=np.int64)) * n_q * S * (d_k + va.shape[-1] + 4))
 
     if proposal == "uniform":
         idx = rng.integers(0, n_k, size=batch + (n_q, S))
@@ -155,8 +157,12 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     mean_w = w.mean(-1)
     var_w = w.var(-1, ddof=1) / S
     vals = _gather(vf, idx)  # (..., n_q, S, d_v)
-    num = np.einsum("...is,...isd->...id", w, vals) / S
+    with np.errstate(over="ignore", invalid="ignore"):
+        num = np.einsum("...is,...isd->...id", w, vals) / S
     y = num / mean_w[..., None]
+    if not np.all(np.isfinite(y)):  # |y| <= max |v|, but the weighted sum may pass the range
+        raise ResultOverflow("sampled_attention: the weighted sum of v is beyond the float range (entries of v "
+                             "near the float limit); rescale v")
     log_z = np.log(mean_w) + shift[..., 0]
     # Back from the shifted scale in the log domain (a zero variance times an overflowing
     # factor would be 0 * inf = NaN); Z, its variance and N overflow to inf where the partition
