@@ -265,3 +265,13 @@ def test_bad_input(rng):
         ag.path_expansion(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.ones((2, 2)), max_length=-1)
     with pytest.raises(ValueError, match="E must be non-empty"):
         ag.embedding_injectivity(np.ones((3, 0)), np.ones((3, 1)))
+
+
+def test_layernorm_at_the_float_limits():
+    """Rows are scaled by their largest entry before the mean: a constant row near the float
+    maximum normalises to 0 (its mean's sum overflowed before), and a row of huge and small
+    entries keeps the small one's share."""
+    assert np.array_equal(ag.layernorm(np.full(4, 1e308)), np.zeros(4))
+    y = ag.layernorm(np.array([1e300, -1e300, 3.0]))
+    # mean 1, c = (1e300, -1e300, 2), s = 1e300 sqrt(2 / 3)
+    assert np.allclose(y, [np.sqrt(1.5), -np.sqrt(1.5), 2e-300 * np.sqrt(1.5)], rtol=1e-12, atol=0)

@@ -234,3 +234,13 @@ def test_condition_check_is_a_lower_bound_of_kappa_2(rng):
     assert _core.condition_bound(L0, True) == np.inf and _core.condition_bound(L0, False) == np.inf
     with pytest.raises(ValueError, match="condition number at least"):
         ag.whiten(rng.standard_normal((2, 5, 5)).astype(np.float32), L, np.zeros((5, 5)))
+
+
+@pytest.mark.parametrize("size", [1e-300, 1e-200, 1e160, 1e300])
+def test_whiteness_and_full_whitening_do_not_depend_on_scale(rng, size):
+    """Psi is a ratio and W = Lambda^(-1/2) (x - mu) is dimensionless: the same at any size of
+    x (Psi read 0 at 1e-200 and overflowed at 1e160; full whitening called a 1e-300 batch
+    singular and failed to converge at 1e160)."""
+    x = rng.standard_normal((40, 3, 2))
+    assert abs(ag.whiteness(x * size) - ag.whiteness(x)) <= 1e-13
+    assert np.max(np.abs(ag.full_whitening(x * size) - ag.full_whitening(x))) <= 1e-12

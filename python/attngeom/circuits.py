@@ -335,16 +335,22 @@ def layernorm(x, gamma=None, beta=None, eps: float = 1e-5):
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     x = operand("x", x, "(..., d)", min_ndim=1)
-    mu = x.mean(-1, keepdims=True)
-    c = x - mu
-    # Rows with entries beyond 1 are divided by their largest one first, so no square overflows.
-    m = np.maximum(np.max(np.abs(c), axis=-1, keepdims=True), 1.0) if c.shape[-1] else 1.0
-    c = c / m
+    # Rows with entries beyond 1 are divided by their largest one first, so neither the mean's
+    # sum nor a square overflows (the result does not depend on the row's scale but for eps).
+    m = np.maximum(np.max(np.abs(x), axis=-1, keepdims=True), 1.0) if x.shape[-1] else 1.0
+    x = x / m
+    c = x - x.mean(-1, keepdims=True)
     with np.errstate(over="ignore"):
         s = np.sqrt((c * c).mean(-1, keepdims=True) + eps / (m * m))
     g = 1.0 if gamma is None else _feature_vector("gamma", gamma, x.shape[-1:])
     b = 0.0 if beta is None else _feature_vector("beta", beta, x.shape[-1:])
-    return g * c / s + b
+    if eps > 0:  # s = 0 only where eps / m^2 underflows in a constant row: c = 0 there, and so is the result
+        c = np.divide(c, s, out=np.zeros_like(c), where=s > 0)
+    elif np.any(s == 0):
+        raise ValueError("x: a constant row with eps = 0 has no layer norm (zero variance)")
+    else:
+        c = c / s
+    return g * c + b
 
 
 def _feature_vector(name: str, value, features: tuple) -> np.ndarray:

@@ -486,7 +486,7 @@ def full_whitening(x) -> np.ndarray:
         raise ValueError(f"x must hold more sequences than T*D = {T * D} for full whitening (a full-rank covariance), "
                          f"got B = {B}")
     X = a.reshape(B, T * D)
-    c = X - X.mean(0)
+    c = _unit_scale(X - X.mean(0))  # W does not depend on the scale of x, and lam stays in range
     lam = c.T @ c / (B - 1)
     vals, vecs = np.linalg.eigh(lam)
     if vals[0] <= vals[-1] * T * D * np.finfo(float).eps:
@@ -553,6 +553,12 @@ def _deviations(a: np.ndarray) -> np.ndarray:
     return c
 
 
+def _unit_scale(c: np.ndarray) -> np.ndarray:
+    """c divided by its largest |entry| (c itself when all zero)."""
+    m = float(np.max(np.abs(c))) if c.size else 0.0
+    return c / m if m > 0 else c
+
+
 def _batch_covariance(x):
     a = operand("x", x, "(..., B, T, D)", min_ndim=3, dtype=np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -588,7 +594,7 @@ def whiteness(x) -> float:
     a = _batch_covariance(x)
     B, T, D = a.shape
     X = a.reshape(B, T * D)
-    c = _deviations(X)
+    c = _unit_scale(_deviations(X))  # Psi is a ratio: the same for x at any scale
     lam = np.abs(c.T @ c / (B - 1))
     diag = np.trace(lam)
     if T * D == 1 or diag == 0:
