@@ -519,3 +519,16 @@ def test_tilt_coverage_batch_ndim_errors(rng):
         ag.tilt_coverage(np.zeros((2, 5, 3)), batch_ndim=1)
     with pytest.raises(ValueError, match="W_K"):
         ag.tilt_coverage(rng.standard_normal((2, 5, 3)), W_K=np.ones((3, 7, 3)), batch_ndim=1)
+
+
+@pytest.mark.parametrize("size", [1e-310, 1e-200, 1e200, 1e300])
+def test_singular_values_at_the_float_limits(rng, size):
+    """A matrix far from 1 is scaled by a power of two before the SVD (exact): its singular
+    values are those of the unscaled matrix times the size, where they are representable;
+    beyond the range, ResultOverflow instead of inf."""
+    x = rng.standard_normal((3, 6, 4))
+    want = ag.singular_values(x)
+    got = ag.singular_values(x * size)
+    assert np.all(np.isfinite(got)) and np.allclose(got / size, want, rtol=1e-12 if size > 1e-300 else 1e-3)
+    with pytest.raises(ValueError, match="not finite"):
+        ag.singular_values(np.full((5, 4), 1.7e308))

@@ -56,19 +56,33 @@ def _objects(shape: tuple, make) -> Union[Subspace, np.ndarray]:
 
 # -- SVDs ----------------------------------------------------------------------------------
 def _svd(a: np.ndarray, vectors: bool):
-    """Batched thin SVD through the core: (S, U, Vh) with batch axes restored."""
+    """Batched thin SVD through the core: (S, U, Vh) with batch axes restored. A matrix whose
+    largest entry lies beyond 2^(+-max_exponent / 4) is scaled by a power of two first (exact),
+    so the factorisation neither overflows nor loses digits to subnormals; S is scaled back."""
     batch = a.shape[:-2]
+    limit = np.finfo(a.dtype).maxexp // 4
+    e = np.zeros(batch + (1, 1), dtype=np.int64)
+    if a.size:
+        big = np.max(np.abs(a), axis=(-2, -1), keepdims=True)
+        e = np.frexp(big)[1].astype(np.int64)
+        e = np.where((big > 0) & (np.abs(e) > limit), e, 0)
+        if np.any(e):
+            a = np.ldexp(a, -e).astype(a.dtype, copy=False)
     (op,) = batch_operands(batch, [a], [2], [a.dtype])
     total = int(np.prod(batch, dtype=np.int64))
     s, u, vh = _core.batched_svd(total, op.array, op.index, vectors)
     k = s.shape[-1]
     s = s.reshape(batch + (k,))
+    if np.any(e):
+        with np.errstate(over="ignore", under="ignore"):
+            s = np.ldexp(s, e[..., 0]).astype(s.dtype, copy=False)
     if vectors:
         u = u.reshape(batch + (a.shape[-2], k))
         vh = vh.reshape(batch + (k, a.shape[-1]))
     return s, u, vh
 
 
+@finite_result
 def singular_values(x) -> np.ndarray:
     """Singular values (descending) of x (..., m, n), batched.
 
