@@ -20,13 +20,14 @@ Example: ``rec = ag.iradon(ag.radon(ag.shepp_logan_phantom(160)), filter="ramp")
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
 import numpy as np
 
 from . import _core
-from ._operands import check_finite, check_size, count, operand, real_array, scalar
+from ._operands import ResultOverflow, check_finite, check_size, count, operand, real_array, scalar
 
 FILTERS = ("ramp", "shepp-logan", "cosine", "hamming", "hann", None)
 
@@ -152,6 +153,33 @@ def circle_mask(size: int) -> np.ndarray:
     return i[:, None] ** 2 + i[None, :] ** 2 <= r * r
 
 
+def _linear(func):
+    """For a map linear in its first argument: an argument whose largest entry lies beyond
+    2^(+-256) is scaled by a power of two first (exact) and the result scaled back, so the
+    filtering and the sums neither overflow nor lose digits to subnormals; a result beyond
+    the float range raises ResultOverflow naming the argument."""
+
+    @functools.wraps(func)
+    def inner(x, *args, **kwargs):
+        a = np.asarray(x) if isinstance(x, np.ndarray) or np.ndim(x) else None
+        if a is None or a.dtype.kind not in "fiu" or a.size == 0 or not np.all(np.isfinite(a)):
+            return func(x, *args, **kwargs)  # the function's own checks speak
+        e = int(np.frexp(np.max(np.abs(a)))[1]) if np.any(a) else 0
+        if abs(e) <= 256:
+            return func(x, *args, **kwargs)
+        out = func(np.ldexp(a.astype(np.float64), -e), *args, **kwargs)
+        with np.errstate(over="ignore", under="ignore"):
+            out = np.ldexp(out, e)
+        if not np.all(np.isfinite(out)):
+            raise ResultOverflow(f"{func.__name__}: the result is beyond the float range for these inputs: "
+                                 f"{func.__code__.co_varnames[0]} has entries up to {np.max(np.abs(a)):.3g}; "
+                                 "rescale it")
+        return out
+
+    return inner
+
+
+@_linear
 def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
     """Radon transform (sinogram) of a 2D image, in scikit-image's geometry.
 
@@ -199,6 +227,7 @@ def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
     return _core.radon_forward(img, np.deg2rad(th))
 
 
+@_linear
 def radon_adjoint(sinogram, theta=None) -> np.ndarray:
     """The exact transpose of `radon` (circle=True) for a square image of side `detectors`.
 
@@ -286,6 +315,7 @@ def _circle_to_square(s: np.ndarray) -> np.ndarray:
     return np.pad(s, ((before, pad - before), (0, 0)))
 
 
+@_linear
 def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: Optional[str] = "ramp",
            circle: bool = True) -> np.ndarray:
     """Filtered backprojection, as ``skimage.transform.iradon`` (linear interpolation).
