@@ -76,6 +76,7 @@ CASES = [
     ("iradon output_size 1e6", lambda: ag.iradon(np.ones((16, 30)), output_size=10 ** 6), "output_size"),
     # AxisError / matmul ValueError before
     ("layernorm 0-d", lambda: ag.layernorm(2.0), "x"),
+    ("latent_factorization zero K", lambda: ag.latent_factorization(np.zeros((3, 2)), 1), "rank"),
     ("layernorm constant row eps 0", lambda: ag.layernorm(np.ones(3), eps=0.0), "zero variance"),
     # seeds
     ("feature_matrix seed 2.5", lambda: ag.feature_matrix(4, 8, seed=2.5), "seed"),

@@ -210,3 +210,14 @@ def test_bad_inputs(rng):
         ag.tilt_radius(np.full((2, 3), np.nan))
     with pytest.raises(ValueError, match="batch dimensions do not broadcast"):
         ag.laplace_radon_transform(u, tau, np.concatenate([k, k, k]))
+
+
+@pytest.mark.parametrize("a", [1e15, 1e19, 1e20, 1e100])
+def test_complex_tau_with_a_large_real_part(a):
+    """log Z at tau = a + i w equals the real-tau log Z for w = 0, however large a: the top term
+    is exactly exp(0) (the exponent a s - a s_top, fused into one FMA, was off by the rounding
+    of a s: log Z = -inf at a = 1e20)."""
+    u, k = np.array([[0.6, 0.8]]), np.array([[0.3, 0.7], [-0.2, 0.1]])
+    real = ag.laplace_radon_transform(u, np.array([a]), k, log_domain=True).log_Z
+    cplx = ag.laplace_radon_transform(u, np.array([a + 0j]), k, log_domain=True).log_Z
+    assert np.isfinite(real[0]) and abs(cplx[0] - real[0]) <= 1e-15 * abs(real[0])

@@ -553,9 +553,11 @@ def latent_factorization(K, rank: int) -> LatentFactorization:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= k:
         raise ValueError(f"rank must be an integer in [1, min(m, n) = {k}], got {rank!r}")
     u, s, vh = np.linalg.svd(K, full_matrices=False)
+    if s[rank - 1] == 0:  # U would have a zero column: no rank-r factorisation, kappa(U) = inf
+        raise ValueError(f"rank {rank} exceeds the rank of K ({int(np.count_nonzero(s))} nonzero singular values)")
     U, Z = u[:, :rank] * s[:rank], vh[:rank]
     err = float(np.linalg.norm(K - U @ Z) ** 2)
-    cond = float(s[0] / s[rank - 1]) if s[rank - 1] > 0 else math.inf
+    cond = float(s[0] / s[rank - 1])
     return LatentFactorization(U, Z, err, float(np.sum(s[rank:] ** 2)), cond, s)
 
 

@@ -160,9 +160,14 @@ void laplace_transform_complex(int64_t batch, const Stack<T>& u, const std::comp
       Wr.resize(rows, n_k);
       Wi.resize(rows, n_k);
       for (int64_t r = 0; r < rows; ++r) {
+        // |exp(tau s)| = exp(a s) relative to its largest, exp(a (s - s_top)): the exponent is
+        // formed from the exact-ish difference s - s_top, so the top term is exactly 1 and the
+        // others carry a relative error. a s - a s_top instead (fused into one FMA by the
+        // compiler) is off by the rounding of a s: exp(+-8192) at |a s| ~ 1e20.
         const T a = tr[r].real(), w = tr[r].imag();
-        const T mx = a >= T(0) ? a * S.row(r).maxCoeff() : a * S.row(r).minCoeff();
-        const auto mag = (S.row(r).array() * a - mx).exp().eval();
+        const T top = a >= T(0) ? S.row(r).maxCoeff() : S.row(r).minCoeff();
+        const T mx = a * top;
+        const auto mag = ((S.row(r).array() - top) * a).exp().eval();
         const auto ph = (S.row(r).array() * w).eval();
         Wr.row(r) = mag * ph.cos();
         Wi.row(r) = mag * ph.sin();
