@@ -275,3 +275,16 @@ def test_layernorm_at_the_float_limits():
     y = ag.layernorm(np.array([1e300, -1e300, 3.0]))
     # mean 1, c = (1e300, -1e300, 2), s = 1e300 sqrt(2 / 3)
     assert np.allclose(y, [np.sqrt(1.5), -np.sqrt(1.5), 2e-300 * np.sqrt(1.5)], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("size", [1e-150, 1e150, 1e200, 1e300])
+def test_layernorm_jacobian_at_any_scale(size):
+    """With eps = 0 the Jacobian is homogeneous of degree -1: J(size x) size = J(x); the squares
+    of a 1e200 row overflowed to a spurious ResultOverflow. A constant row with eps > 0 keeps
+    J = (I - 1/d) / sqrt(eps) at any size."""
+    x = np.array([[1.0, 2.0, 4.0], [-3.0, 0.5, 0.25]])
+    want = ag.layernorm_jacobian(x, eps=0.0)
+    got = ag.layernorm_jacobian(x * size, eps=0.0) * size
+    assert np.max(np.abs(got - want)) <= 1e-14 * np.max(np.abs(want))
+    J = ag.layernorm_jacobian(np.full(3, size), eps=1e-5)
+    assert np.allclose(J, (np.eye(3) - 1 / 3) / np.sqrt(1e-5), rtol=1e-14, atol=0)

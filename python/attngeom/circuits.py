@@ -396,14 +396,19 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     d = x.shape[-1]
-    c = x - x.mean(-1, keepdims=True)
+    # As in layernorm, rows are divided by their largest entry beyond 1 first: c and var below
+    # are those of x / m, s that of x (sqrt(eps) for a constant row, where c = 0).
+    m = np.maximum(np.max(np.abs(x), axis=-1), 1.0)
+    xs = x / m[..., None]
+    c = xs - xs.mean(-1, keepdims=True)
     var = (c * c).mean(-1)
-    s2 = var + eps
-    if np.any(s2 <= 0):
+    with np.errstate(over="ignore", under="ignore"):
+        r2 = np.where(var > 0, var + eps / (m * m), 1.0)  # (s / m)^2 where c is not 0
+        s = np.where(var > 0, m * np.sqrt(r2), math.sqrt(eps))
+    if np.any(s <= 0):
         raise ValueError("x: a constant row with eps = 0 has no layer-norm Jacobian (zero variance)")
-    s = np.sqrt(s2)
     eye = np.eye(d, dtype=x.dtype)
-    B = eye - 1.0 / d - c[..., :, None] * c[..., None, :] / (d * s2[..., None, None])
+    B = eye - 1.0 / d - c[..., :, None] * c[..., None, :] / (d * r2[..., None, None])
     g = np.ones(d, dtype=x.dtype) if gamma is None else operand("gamma", gamma, f"({d},)", ndim=1)
     if g.shape != (d,):
         raise ValueError(f"gamma must have shape ({d},), got {g.shape}")
