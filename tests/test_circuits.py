@@ -288,3 +288,15 @@ def test_layernorm_jacobian_at_any_scale(size):
     assert np.max(np.abs(got - want)) <= 1e-14 * np.max(np.abs(want))
     J = ag.layernorm_jacobian(np.full(3, size), eps=1e-5)
     assert np.allclose(J, (np.eye(3) - 1 / 3) / np.sqrt(1e-5), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["Q", "K", "V"])
+def test_composition_scores_do_not_depend_on_weight_scale(rng, mode):
+    """Each score is homogeneous of degree 0 in every weight tensor: the same for weights
+    scaled by 1e50 or 1e-200 (a spurious ResultOverflow at 1e50 before)."""
+    W = [rng.standard_normal(s) for s in ((2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 4, 8))]
+    want = ag.composition_scores(*W, mode)
+    for size in (1e50, 1e-200):
+        got = ag.composition_scores(*[w * size for w in W], mode)
+        assert np.max(np.abs(got - want)) <= 1e-14
+    assert np.array_equal(ag.composition_scores(*[w * 2.0 ** 40 for w in W], mode), want)  # powers of 2: exact

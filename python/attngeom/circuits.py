@@ -164,6 +164,10 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
                         ("W_O", O, (L, H, V.shape[-1], d_model))):
         if w.shape != shape:
             raise ValueError(f"{n} must have shape {shape}, got {w.shape}")
+    # Every score is a ratio in which each weight tensor appears once above and once below:
+    # each is scaled to entries below 1 by a power of two first (exact), so no norm or
+    # product overflows or underflows for weights of any size.
+    Q, K, V, O = (np.ldexp(w, -int(np.frexp(np.max(np.abs(w)))[1])) if np.any(w) else w for w in (Q, K, V, O))
     # left = OV = a b with a = W_V, b = W_O; right = c e
     c, e_t = {"Q": (Q, K), "K": (K, Q), "V": (V, np.swapaxes(O, -1, -2))}[mode]
     R_a, R_e = _r_factor(V), _r_factor(e_t)  # (L, H, k, k)
