@@ -66,7 +66,8 @@ def tilt_radius(q, *, scale=None, layout=None):
     u : ndarray, shape (..., n, d_k)
         Unit tilts (rows of norm 1, or 0 for a zero query).
     tau : ndarray, shape (..., n)
-        Radii, non-negative.
+        Radii scale ``|q|``: non-negative for scale >= 0 (the default); a negative scale
+        gives negative radii, so that tau u.k = scale q.k holds either way.
 
     Examples
     --------
