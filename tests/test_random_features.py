@@ -346,3 +346,15 @@ def test_backward_is_bitwise_stable(rng, causal, dtype):
             assert all(np.array_equal(a, b) for a, b in zip(first, again))
     finally:
         ag.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dim, m", [(8, 12), (64, 16), (100, 7), (16, 64)])
+def test_partial_blocks_draw_what_full_blocks_draw(dim, m):
+    """A partial block of orthogonal features (m < dim included) takes the QR of the columns it
+    needs only, and gives the rows of the full dim x dim draw (to rounding): same seed, same W."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for _ in range(-(-m // dim)):
+        q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
+        blocks.append((q * np.sign(np.diag(r))).T * np.sqrt(rng.chisquare(dim, size=dim))[:, None])
+    assert np.allclose(ag.feature_matrix(dim, m, seed=3), np.concatenate(blocks)[:m], rtol=0, atol=1e-13)

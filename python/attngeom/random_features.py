@@ -87,12 +87,16 @@ def _draw_feature_matrix(dim: int, m: int, orthogonal: bool, rng: np.random.Gene
     if not orthogonal:
         return rng.standard_normal((m, dim))
     blocks = []
-    for _ in range(-(-m // dim)):
-        q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
-        q = q * np.sign(np.diag(r))  # Haar-distributed orthogonal matrix
+    for b in range(-(-m // dim)):
+        # The first `need` columns of a Haar-distributed orthogonal matrix: Householder QR
+        # builds them from the first `need` columns alone, so a partial last block (m < dim
+        # included) costs dim x need, not dim x dim, and draws the same stream.
+        need = min(dim, m - b * dim)
+        q, r = np.linalg.qr(rng.standard_normal((dim, dim))[:, :need])
+        q = q * np.sign(np.diag(r))
         norms = np.sqrt(rng.chisquare(dim, size=dim))
-        blocks.append(q.T * norms[:, None])
-    return np.concatenate(blocks)[:m]
+        blocks.append(q.T * norms[:need, None])
+    return np.concatenate(blocks)
 
 
 class RandomFeatures(NamedTuple):
