@@ -295,6 +295,7 @@ def backward_and_log_domain(q, k, v, dy, m, seed, scale, causal):
     ((2,), (2,), 129, 257, 8, 5, 24),   # ragged: three 64-query chunks, the last of one row
     ((2, 3), (1, 3), 70, 70, 6, 6, 33),  # batch dims broadcast: dk, dv summed over them
     ((3,), (), 200, 131, 5, 1, 7),       # n_q > n_k: bottom-right queries that see no key
+    ((), (), 90, 100, 4, 9, 3),          # d_v > m
 ])
 def test_backward_matches_log_domain_reference(rng, causal, dtype, tol, lead_q, lead_k, n_q, n_k, d, d_v, m):
     q = (0.6 * rng.standard_normal(lead_q + (n_q, d))).astype(dtype)

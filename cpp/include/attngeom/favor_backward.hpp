@@ -64,15 +64,15 @@ struct QueryState {
   bool empty() const { return shift == std::numeric_limits<T>::infinity(); }
 };
 
-// Scratch of the backward beyond the forward's: dY (rows, d_v), P (rows, rows), dL, KG, VG
-// (rows, m), D (rows, d), dV (rows, d_v), and per-row D_i, 1 / den_i and factors.
+// Scratch of the backward beyond the forward's: dY (rows, d_v), P (rows, rows), dL, KB, VG
+// (rows, m), D (rows, d), dV and KG (rows, d_v), and per-row D_i, 1 / den_i and factors.
 template <class T>
 struct BackScratch {
-  RowMatrix<T> dY, P, dL, KG, VG, D, dV;
+  RowMatrix<T> dY, P, dL, KB, VG, D, dV, KG;
   Col<T> Dy, inv, g;
   BackScratch(int64_t rows, int64_t d, int64_t m, int64_t d_v)
-      : dY(rows, d_v), P(rows, rows), dL(rows, m), KG(rows, m), VG(rows, m), D(rows, d), dV(rows, d_v), Dy(rows),
-        inv(rows), g(rows) {}
+      : dY(rows, d_v), P(rows, rows), dL(rows, m), KB(rows, m), VG(rows, m), D(rows, d), dV(rows, d_v),
+        KG(rows, d_v), Dy(rows), inv(rows), g(rows) {}
 };
 
 // Keys of one block (features K (nk, m) with row shifts kappa, values V) against the query
@@ -199,7 +199,7 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         P.array().colwise() -= Ds.segment(i0, r).array();
         P.array() *= E.array();
         P.array().colwise() *= inv.array();
-        auto KB = bs.KG.topRows(nk);
+        auto KB = bs.KB.topRows(nk);
         KB.noalias() = P.transpose() * L;
         dL.array() += K.array() * KB.array();
       }
@@ -229,7 +229,7 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
       auto g = bs.g.head(r);
       for (int64_t row = 0; row < r; ++row)
         g(row) = invs(i0 + row) > T(0) ? std::exp(lowest - tops(i0 + row)) * invs(i0 + row) : T(0);
-      auto Lg = bs.KG.topRows(r);
+      auto Lg = bs.KB.topRows(r);
       Lg = s.L.topRows(r).array().colwise() * g.array();
       auto dY = bs.dY.topRows(r);
       dY = CMap(dy + (b * n_q + i0) * d_v, r, d_v);
