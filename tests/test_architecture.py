@@ -141,3 +141,22 @@ def test_no_import_cycles():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+STREAM_HEADERS = ("<iostream>", "<sstream>", "<fstream>", "<istream>", "<ostream>", "<locale>", "<iomanip>")
+
+
+def test_the_core_uses_no_stream_or_locale_objects():
+    """Messages format numbers with snprintf, never a string stream. A compiler whose
+    libstdc++ is linked statically (GCC 13.3 as /opt/gcc on a 16-core Xeon) puts a second copy
+    of the locale machinery into every core module; the process already holds the shared
+    libstdc++, the facet ids of the two copies disagree, and `ostringstream << double` jumped
+    into codecvt<char16_t>::do_length: a segmentation fault in every Gaussian and Cauchy call
+    (their range check formatted sigma or gamma) and in every range refusal."""
+    bad = []
+    for path in sorted((ROOT / "cpp").rglob("*.[ch]pp")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("//")[0]
+            if any(h in code for h in STREAM_HEADERS) or "std::cout" in code or "stringstream" in code:
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, "stream or locale objects in the core:\n" + "\n".join(bad)

@@ -39,14 +39,17 @@ struct ExpKernel {
 
 // The range check of a kernel of the scaled distance z = (tau - s) / width (Gaussian, Cauchy):
 // |tau - s| must be finite and z^2 too, or the log-weights `log_weights` overflow.
+// The message is built only when the check fails.
 template <class T>
-void check_scaled_distance(double tau_max, double key_max, const std::string& width_name, double width,
-                           const std::string& log_weights) {
+void check_scaled_distance(double tau_max, double key_max, const char* width_name, double width,
+                           const char* log_weights) {
   const double limit = std::numeric_limits<T>::max();
   check_bound(tau_max + key_max, limit, "|tau - s|", "rescale q or k");
-  check_bound((tau_max + key_max) / width, std::sqrt(limit),
-              "|tau - s| / " + width_name + " (" + width_name + " = " + number(width) + ")",
-              width_name + " is too small for these inputs, its log-weights " + log_weights + " overflow");
+  const double z_max = (tau_max + key_max) / width;
+  if (z_max <= std::sqrt(limit)) return;
+  const std::string name = width_name;
+  check_bound(z_max, std::sqrt(limit), "|tau - s| / " + name + " (" + name + " = " + number(width) + ")",
+              name + " is too small for these inputs, its log-weights " + log_weights + " overflow");
 }
 
 // psi(tau, s) = exp(-(tau - s)^2 / (2 sigma^2)) (eq. 54).

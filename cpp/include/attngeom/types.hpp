@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -101,12 +101,12 @@ const char* dtype_name() {
   return sizeof(T) == 4 ? "float32" : "float64";
 }
 
-// A number for messages: three significant digits ("1e-160", "4e+400" stays "inf").
+// A number for messages: three significant digits ("1e-160", "4e+400" stays "inf"). C's
+// formatting, not a string stream: the kernels use no iostream or locale object.
 inline std::string number(double x) {
-  std::ostringstream out;
-  out.precision(3);
-  out << x;
-  return out.str();
+  char text[32];
+  const int n = std::snprintf(text, sizeof text, "%.3g", x);
+  return std::string(text, n > 0 ? std::min<size_t>(size_t(n), sizeof text - 1) : 0);
 }
 
 // Throws std::invalid_argument (ValueError in Python) when `bound`, an upper bound of a
