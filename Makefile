@@ -57,34 +57,48 @@ docs: $(VENV)/.installed-$(NATIVE)-docs
 notebooks: $(VENV)/.installed-$(NATIVE)-test,models
 	$(PY) notebooks/execute.py notebooks/*.ipynb
 
-# Sanitizers: one instrumented level (baseline), -O1 -g, in its own build folder and its own
-# environment (a regular install, so the package there holds only the instrumented module
-# and the normal .venv is never touched). CPython is not instrumented: the ASan runtime the
-# compiler linked (written by CMake to sanitizer-preload.txt) must be preloaded; leaks are
-# not checked because the interpreter keeps its objects alive until exit by design.
+# Sanitizers: the core built with ASan + UBSan by the second compiler (clang++-16 by default;
+# SAN_CXX=g++ builds it with GCC), every instruction-set level, -O1 -g, in its own build folder
+# and its own environment (a regular install, so the package there holds only the instrumented
+# modules and the normal .venv is never touched). The C++-backed tests run at the baseline
+# level, the hot kernels' tests again at AVX2 and AVX-512 where the CPU has them. CPython is
+# not instrumented: the sanitizer runtime the compiler linked (written by CMake to
+# sanitizer-preload.txt) must be preloaded; leaks are not checked because the interpreter
+# keeps its objects alive until exit by design.
 SAN_VENV := .venv-sanitize
 SAN_BUILD := build/sanitize
+SAN_CXX ?= clang++-16
 SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4"
 # The C++-backed tests.
 SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
-  lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz))
+  lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz determinism))
+# The hot kernels (the code compiled once per level), tested again at the wider levels.
+SAN_HOT_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward \
+  lightning whitening random_features laplace_radon extremes determinism))
 $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
+	@command -v $(SAN_CXX) >/dev/null || { echo "make sanitize needs $(SAN_CXX) (Debian: apt-get install clang-16 libomp-16-dev), or SAN_CXX=g++"; exit 1; }
 	$(PYTHON) -m venv $(SAN_VENV)
 	$(SAN_VENV)/bin/python -m pip install --quiet $(BUILD_DEPS) $(SAN_DEPS)
-	$(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
-	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined -Ccmake.define.ATTNGEOM_ISA_LEVELS=baseline \
+	CXX=$(SAN_CXX) $(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
+	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined "-Ccmake.define.ATTNGEOM_ISA_LEVELS=baseline;avx2;avx512" \
 	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
 	touch $@
 
 SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:abort_on_error=1 \
-  ATTNGEOM_ISA=baseline ATTNGEOM_FUZZ_TIMEOUT=30
+  ATTNGEOM_FUZZ_TIMEOUT=30
 
 sanitize: $(SAN_VENV)/.installed
-	$(SAN_ENV) $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
+	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
 	  assert ag.show_config(file=open(os.devnull, 'w'))['sanitizers'], 'the core in $(SAN_VENV) is not instrumented'"
-	$(SAN_ENV) $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
+	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
+	@for level in avx2 avx512; do \
+	  if $(SAN_ENV) $(SAN_VENV)/bin/python -c "import sys, attngeom._core as c; sys.exit('$$level' not in c.SUPPORTED)"; then \
+	    echo "== sanitizers at the $$level level"; \
+	    $(SAN_ENV) ATTNGEOM_ISA=$$level $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_HOT_TESTS) || exit 1; \
+	  else echo "== this CPU does not run the $$level level: its sanitizer run is skipped"; fi; \
+	done
 
 clean:
 	rm -rf build $(VENV) $(BENCH_VENV) $(SAN_VENV) runs

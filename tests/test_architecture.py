@@ -148,7 +148,7 @@ STREAM_HEADERS = ("<iostream>", "<sstream>", "<fstream>", "<istream>", "<ostream
 
 def test_the_core_uses_no_stream_or_locale_objects():
     """Messages format numbers with snprintf, never a string stream. A compiler whose
-    libstdc++ is linked statically (GCC 13.3 as /opt/gcc on a 16-core Xeon) puts a second copy
+    libstdc++ is linked statically (a GCC 13.3 build seen on a 16-core Xeon) puts a second copy
     of the locale machinery into every core module; the process already holds the shared
     libstdc++, the facet ids of the two copies disagree, and `ostringstream << double` jumped
     into codecvt<char16_t>::do_length: a segmentation fault in every Gaussian and Cauchy call

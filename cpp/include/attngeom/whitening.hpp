@@ -81,11 +81,13 @@ void steady_recursion(const InverseL<T>& solve, const RowMatrix<T>& C, const T* 
   }
 }
 
-// Splits B sequences into one contiguous chunk per thread and calls f(b0, nb) for each
-// chunk (sequences b0 .. b0 + nb - 1), in parallel.
+// Splits B sequences into one contiguous chunk per processor and calls f(b0, nb) for each
+// chunk (sequences b0 .. b0 + nb - 1), in parallel. The split follows the processor count,
+// not the thread count: a sequence's place in its chunk decides the path the GEMM takes
+// for it, so a split by threads rounded differently at 1, 2 and 3 threads.
 template <class F>
 void for_sequence_chunks(int64_t B, F&& f) {
-  const int64_t chunks = std::min<int64_t>(B, std::max(1, get_num_threads()));
+  const int64_t chunks = std::min<int64_t>(B, std::max(1, processors()));
   const int64_t per = (B + chunks - 1) / chunks;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
