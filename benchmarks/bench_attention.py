@@ -12,6 +12,8 @@ table reports medians and ratios measured in this run (never absolute-time asser
             (n, n) @ (n, d) products doing the same flop count (flops = 4 B H n^2 d, or
             2 B H n^2 d when causal: the work needed)
   gauss/o, cauchy/o   kernel_attention (Gaussian, Cauchy) time over softmax attention's
+  stats/o   softmax attention with return_stats=True (entropy, max weight, sink weight and
+            mean distance of every query, in the same pass) over the plain call
 
 The output is checked against torch (and NumPy where it runs) so the benchmark never times
 wrong code; a mismatch makes the exit status 1. The JSON records the build (instruction-set
@@ -115,7 +117,8 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
     notes = []
 
     ours = lambda: ag.softmax_attention(q, k, v, causal=causal)  # noqa: E731
-    contenders = {"ours": ours, "gemm": gemm_ceiling(B * H, n, d, causal, dtype, rng)}
+    contenders = {"ours": ours, "gemm": gemm_ceiling(B * H, n, d, causal, dtype, rng),
+                  "stats": lambda: ag.softmax_attention(q, k, v, causal=causal, return_stats=True)}
     for name, params in KERNELS.items():
         contenders[name] = (lambda p=params, kn=name:
                             ag.kernel_attention(q, k, v, kernel=kn, causal=causal, **p))
@@ -147,6 +150,7 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
         row["torch/ours"] = med["torch"] / med["ours"]
     for name in KERNELS:
         row[f"{name}/ours"] = med[name] / med["ours"]
+    row["stats/ours"] = med["stats"] / med["ours"]
     row["gflops_ours"] = row["flops"] / med["ours"] / 1e9
     row["gflops_gemm"] = row["flops"] / med["gemm"] / 1e9
     row["fraction_of_ceiling"] = row["gflops_ours"] / row["gflops_gemm"]
@@ -176,7 +180,8 @@ def print_row(row, sweep):
         f"{str(tuple(row['shape'])):>18}", f"{row['t_ours'] * 1e3:>9.1f}",
         fmt(row.get("torch/ours"), ".2f", 7), fmt(row.get("ours/numpy"), ".3f", 7),
         f"{row['gflops_ours']:>6.1f}", f"{row['gflops_gemm']:>6.1f}", f"{100 * row['fraction_of_ceiling']:>4.0f}%",
-        f"{row['gaussian/ours']:>7.2f}", f"{row['cauchy/ours']:>8.2f}", fmt(row.get("maxdiff_torch"), ".1e", 8),
+        f"{row['gaussian/ours']:>7.2f}", f"{row['cauchy/ours']:>8.2f}", f"{row['stats/ours']:>7.2f}",
+        fmt(row.get("maxdiff_torch"), ".1e", 8),
     ]
     if sweep:
         b = row["best_blocks"]
@@ -207,7 +212,7 @@ def main(argv=None):
     print(f"softmax attention, attngeom level {config['isa']} (compiled: {config['isa_compiled']}), "
           f"median of {args.repeats} interleaved rounds")
     header = ["th", "  dtype", "causal", "     (B, H, n, d)", "ours [ms]", "torch/o", "o/numpy",
-              "  GF/s", "gemmGF", "%ceil", "gauss/o", "cauchy/o", " maxdiff"]
+              "  GF/s", "gemmGF", "%ceil", "gauss/o", "cauchy/o", "stats/o", " maxdiff"]
     if args.blocks:
         header.append("best blocks  GF/s")
     print("  ".join(header))

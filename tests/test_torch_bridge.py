@@ -194,3 +194,29 @@ def test_multihead_matches_plain_torch_and_causality():
         agt.nn.MultiheadSelfAttention(12, 3, variant="nope")
     with pytest.raises(ValueError, match="sigma"):
         agt.nn.MultiheadSelfAttention(12, 3, variant="projection", gamma=1.0)
+
+
+@pytest.mark.parametrize("kernel", [None, "gaussian"])
+def test_forward_with_stats(kernel):
+    """return_stats: the same y and gradients as without, and the NumPy API's statistics."""
+    q, k, v = tensors([(2, 3, 20, 6), (2, 3, 30, 6), (2, 3, 30, 4)], seed=11)
+    if kernel is None:
+        f = lambda **kw: agt.softmax_attention(q, k, v, causal="bottom_right", **kw)  # noqa: E731
+        _, ref = ag.softmax_attention(*(t.detach().numpy() for t in (q, k, v)), causal="bottom_right",
+                                      return_stats=True)
+    else:
+        f = lambda **kw: agt.kernel_attention(q, k, v, kernel=kernel, sigma=0.8, **kw)  # noqa: E731
+        _, ref = ag.kernel_attention(*(t.detach().numpy() for t in (q, k, v)), kernel=kernel, sigma=0.8,
+                                     return_stats=True)
+    y, stats = f(return_stats=True)
+    assert isinstance(stats, ag.AttentionStats) and stats.entropy.shape == (2, 3, 20)
+    assert stats.argmax.dtype == torch.int64 and not stats.entropy.requires_grad
+    for name in ("log_z", "entropy", "max_weight", "argmax", "sink_weight", "mean_distance"):
+        assert np.array_equal(getattr(stats, name).numpy(), getattr(ref, name)), name
+    y0 = f()
+    assert torch.equal(y, y0)
+    g = torch.autograd.grad(y.square().sum(), (q, k, v))
+    g0 = torch.autograd.grad(y0.square().sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(g, g0))
+    assert torch.autograd.gradcheck(lambda q, k, v: agt.softmax_attention(q, k, v, return_stats=True)[0],
+                                    tuple(t[:1, :1, :5] .detach().clone().requires_grad_() for t in (q, k, v)))

@@ -14,25 +14,48 @@ using namespace attngeom::bindings;
 
 namespace {
 
+// The per-query statistics (AttentionStatsOutput), each (batch, n_q).
+template <class T>
+struct StatsArrays {
+  CArray<T> entropy, max_weight;
+  CArray<int64_t> argmax;
+  CArray<T> sink_weight, mean_distance;
+};
+
 template <class T>
 struct Outputs {
   CArray<T> y;
   std::optional<CArray<T>> weights, log_partition;
+  std::optional<StatsArrays<T>> stats;
   AttentionOutput<T> view() {
-    return {y.mutable_data(), weights ? weights->mutable_data() : nullptr,
-            log_partition ? log_partition->mutable_data() : nullptr};
+    AttentionOutput<T> o{y.mutable_data(), weights ? weights->mutable_data() : nullptr,
+                         log_partition ? log_partition->mutable_data() : nullptr, {}};
+    if (stats)
+      o.stats = {stats->entropy.mutable_data(), stats->max_weight.mutable_data(), stats->argmax.mutable_data(),
+                 stats->sink_weight.mutable_data(), stats->mean_distance.mutable_data()};
+    return o;
   }
+  // (y, weights or None, log Z or None, (entropy, max_weight, argmax, sink_weight,
+  // mean_distance) or None)
   py::tuple result() {
+    py::object st = py::none();
+    if (stats)
+      st = py::make_tuple(stats->entropy, stats->max_weight, stats->argmax, stats->sink_weight,
+                          stats->mean_distance);
     return py::make_tuple(y, weights ? py::object(*weights) : py::none(),
-                          log_partition ? py::object(*log_partition) : py::none());
+                          log_partition ? py::object(*log_partition) : py::none(), st);
   }
 };
 
 template <class T>
-Outputs<T> make_outputs(int64_t batch, int64_t n_q, int64_t n_k, int64_t d_v, bool want_weights, bool want_logz) {
-  Outputs<T> o{CArray<T>({batch, n_q, d_v}), std::nullopt, std::nullopt};
+Outputs<T> make_outputs(int64_t batch, int64_t n_q, int64_t n_k, int64_t d_v, bool want_weights, bool want_logz,
+                        bool want_stats) {
+  Outputs<T> o{CArray<T>({batch, n_q, d_v}), std::nullopt, std::nullopt, std::nullopt};
   if (want_weights) o.weights = CArray<T>({batch, n_q, n_k});
-  if (want_logz) o.log_partition = CArray<T>({batch, n_q});
+  if (want_logz || want_stats) o.log_partition = CArray<T>({batch, n_q});
+  if (want_stats)
+    o.stats = StatsArrays<T>{CArray<T>({batch, n_q}), CArray<T>({batch, n_q}), CArray<int64_t>({batch, n_q}),
+                             CArray<T>({batch, n_q}), CArray<T>({batch, n_q})};
   return o;
 }
 
@@ -43,10 +66,10 @@ void def_attention(py::module_& m) {
       [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
          const Index& vi, const std::optional<CArray<uint8_t>>& keep, const std::optional<CArray<T>>& bias,
          const Index& mi, int causal, double scale, bool want_weights, bool want_logz, int64_t block_q,
-         int64_t block_k) {
+         int64_t block_k, bool want_stats) {
         const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
         const auto M = mask<T>(keep, bias, mi, Q.rows, K.rows);
-        auto out = make_outputs<T>(batch, Q.rows, K.rows, V.cols, want_weights, want_logz);
+        auto out = make_outputs<T>(batch, Q.rows, K.rows, V.cols, want_weights, want_logz, want_stats);
         {
           py::gil_scoped_release release;
           softmax_attention<T>(batch, Q, K, V, M, static_cast<Causal>(causal), T(scale), out.view(),
@@ -57,17 +80,17 @@ void def_attention(py::module_& m) {
       py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
       py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
       py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"),
-      py::arg("block_q") = 0, py::arg("block_k") = 0);
+      py::arg("block_q") = 0, py::arg("block_k") = 0, py::arg("want_stats") = false);
 
   m.def(
       "ridge_attention",
       [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
          const Index& ki, const CArray<T>& v, const Index& vi, const std::optional<CArray<uint8_t>>& keep,
          const std::optional<CArray<T>>& bias, const Index& mi, int causal, const std::string& kernel,
-         const py::dict& params, bool want_weights, bool want_logz) {
+         const py::dict& params, bool want_weights, bool want_logz, bool want_stats) {
         const auto U = stack(u, ui), K = stack(k, ki), V = stack(v, vi);
         const auto M = mask<T>(keep, bias, mi, U.rows, K.rows);
-        auto out = make_outputs<T>(batch, U.rows, K.rows, V.cols, want_weights, want_logz);
+        auto out = make_outputs<T>(batch, U.rows, K.rows, V.cols, want_weights, want_logz, want_stats);
         with_kernel<T>(kernel, params, [&](const auto& psi) {
           py::gil_scoped_release release;
           ridge_attention<T>(batch, U, tau.data(), index_ptr(ti), K, V, M, static_cast<Causal>(causal), psi,
@@ -78,7 +101,8 @@ void def_attention(py::module_& m) {
       py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
       py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("v").noconvert(),
       py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(), py::arg("mask_index"),
-      py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"));
+      py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"),
+      py::arg("want_stats") = false);
 }
 
 // Gradient arrays of one backward call; dtau and dkey_bias only when asked for.

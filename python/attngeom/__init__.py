@@ -26,6 +26,7 @@ from .attention import (
     softmax_attention,
     softmax_attention_backward,
 )
+from .attention_stats import AttentionStats
 from .kernels import KERNELS, psi
 from .lightning import deep_lightning, lightning_attention, lightning_attention_backward, lightning_layer
 from .projection import LocalFlatness, local_flatness, projection_attention, projection_attention_backward
@@ -157,7 +158,7 @@ from .corpus import CorpusStatistics, corpus_statistics, write_activations
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
     "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
-    "AttentionGrads", "projection_attention", "projection_attention_backward", "lightning_attention_backward",
+    "AttentionGrads", "AttentionStats", "projection_attention", "projection_attention_backward", "lightning_attention_backward",
     "random_feature_attention_backward", "local_flatness", "LocalFlatness",
     "lightning_attention", "lightning_layer", "deep_lightning",
     "random_feature_attention", "random_features", "feature_matrix", "RandomFeatures",

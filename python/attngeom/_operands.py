@@ -401,7 +401,7 @@ class AttentionOperands:
         out = self.batch_shape + (self.n_q, self.d_v)
         dy = self.cotangent(dy)
         if y is None or log_partition is None:
-            y, _, log_z = forward()
+            y, _, log_z = forward()[:3]
         else:
             y = cotangent("y", y, out, self.dtype).reshape(self.batch, self.n_q, self.d_v)
             log_z = cotangent("log_partition", log_partition, self.batch_shape + (self.n_q,), self.dtype,

@@ -19,14 +19,15 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, attention_kinds, finite_result, from_bhnd, logit_scale, operand,
+from ._operands import (AttentionOperands, finite_result, from_bhnd, logit_scale, operand,
                         reduce_to_shape, scalar, to_bhnd)
+from .attention_stats import core_stats, with_stats
 from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
 
 def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_weights=False,
-                      return_log_partition=False, layout=None):
+                      return_log_partition=False, return_stats=False, layout=None):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
     Lawrence, Laplace-Radon eq. (2)-(3). Flash-style C++ kernel: online softmax over key
@@ -56,6 +57,11 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
         Also return the routing matrix P, shape (..., n_q, n_k).
     return_log_partition : bool, default False
         Also return log Z = logsumexp_j(scale q_i.k_j + mask_ij), shape (..., n_q).
+    return_stats : bool, default False
+        Also return an :class:`attngeom.AttentionStats` (entropy, largest weight and its key,
+        weight on key 0, mean query-key distance and log Z of each query's weight row, each
+        (..., heads, n_q) in every layout), computed in the same streaming pass as y with no
+        (n_q, n_k) buffer: the equations are in :mod:`attngeom.attention_stats`.
     layout : {None, "bhnd", "bnhd"}, optional
         The axes of per-head activations. "bhnd" (the default, None): q (..., heads, n_q,
         d_k), tokens are the rows of each head, as everywhere in the library. "bnhd": q
@@ -69,9 +75,10 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The attention output, in the computation dtype (see `v`). With `return_weights`
-        or `return_log_partition` a tuple (y, [P], [log Z]) in that order. A query with no
-        visible key gives y = 0, P = 0 and log Z = -inf.
+        The attention output, in the computation dtype (see `v`). With `return_weights`,
+        `return_log_partition` or `return_stats` a tuple (y, [P], [log Z], [stats]) in that
+        order. A query with no visible key gives y = 0, P = 0 and log Z = -inf (its statistics:
+        entropy, max_weight, sink_weight, mean_distance 0 and argmax -1).
 
     Raises
     ------
@@ -94,11 +101,13 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal, finite=False)  # the core checks q, k, v
     scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
-    y, w, lz = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
-                                       pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
-                                       bool(return_log_partition))
+    y, w, lz, st = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
+                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
+                                           bool(return_log_partition), want_stats=bool(return_stats))
     out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
-    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
+    if return_stats:
+        out = (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st))
+    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
 
 
 class AttentionGrads(NamedTuple):
@@ -194,7 +203,7 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
 
 
 def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
-                     return_log_partition=False, layout=None, **params):
+                     return_log_partition=False, return_stats=False, layout=None, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
 
     Each query is split into its tilt u_i = q_i / ``|q_i|`` and radius tau_i = scale ``|q_i|``
@@ -216,6 +225,8 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     return_weights, return_log_partition : bool, default False
         As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
         additive mask).
+    return_stats : bool, default False
+        As in :func:`softmax_attention`: the statistics of the kernel's weight rows.
     layout : {None, "bhnd", "bnhd"}, optional
         The axes of q, k, v, y and log Z, as in :func:`softmax_attention`.
     **params
@@ -224,7 +235,7 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The output, or (y, [P], [log Z]) as in :func:`softmax_attention`. A zero query has
+        The output, or (y, [P], [log Z], [stats]) as in :func:`softmax_attention`. A zero query has
         no direction: u = 0, tau = 0, so every key has s = 0 and the weights are uniform
         over the visible keys.
 
@@ -242,8 +253,9 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     q = operand("q", q, "(..., n_q, d_k)", dtype=None)
     u, tau = tilt_radius(q, scale=scale, layout="bhnd")
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
-                          return_weights=return_weights, return_log_partition=return_log_partition)
-    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
+                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_stats=return_stats)
+    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
 
 
 @finite_result

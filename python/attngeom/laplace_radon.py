@@ -23,9 +23,10 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, ResultOverflow, attention_kinds, check_bound, check_finite,
+from ._operands import (AttentionOperands, ResultOverflow, check_bound, check_finite,
                         check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
                         operand, scalar, to_bhnd)
+from .attention_stats import core_stats, with_stats
 from .kernels import kernel_params
 
 
@@ -128,18 +129,21 @@ def radon_project(u, k, *, layout=None):
 
 
 def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_weights=False,
-                    return_log_partition=False):
+                    return_log_partition=False, return_stats=False):
     """The core call behind :func:`laplace_radon_attention` and kernel_attention: weights
     psi(tau_i, u_i.k_j) normalised per row, with the kernel already checked
     (``kernel_params``); `qname` names the query argument in error messages. NaN and inf in
     u, tau, k, v are found by the core (as "u", "tau", "k", "v"; callers that derive u and tau
-    from q check q first)."""
+    from q check q first). With `return_stats`, returns (out, AttentionStats), `out` as
+    without it."""
     pr = AttentionOperands(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal, finite=False)
     keep, bias, mi = pr.mask_args()
-    y, w, lz = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                     pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel, params,
-                                     bool(return_weights), bool(return_log_partition))
-    return pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    y, w, lz, st = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
+                                         pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel,
+                                         params, bool(return_weights), bool(return_log_partition),
+                                         bool(return_stats))
+    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    return (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st)) if return_stats else out
 
 
 def laplace_radon_transform(u, tau, k, v=None, *, kernel="exp", log_domain=False, **params):
@@ -233,7 +237,7 @@ def _transform_complex(u, tau, k, v, log_domain):
 
 
 def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
-                            return_log_partition=False, layout=None, **params):
+                            return_log_partition=False, return_stats=False, layout=None, **params):
     """Attention from tilts and radii: y = N(u, tau) / Z(u, tau) (Laplace-Radon eq. 14, 42).
 
     With the exponential kernel and (u, tau) = tilt_radius(q) this is softmax attention
@@ -256,6 +260,9 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
         As in :func:`softmax_attention`.
     return_weights, return_log_partition : bool, default False
         As in :func:`softmax_attention`.
+    return_stats : bool, default False
+        Also return the :class:`attngeom.AttentionStats` of the weight rows, as in
+        :func:`softmax_attention`.
     layout : {None, "bhnd", "bnhd"}, optional
         The axes of per-head activations, as in :func:`softmax_attention`: with "bnhd",
         u, k, v, y are (..., n, heads, d) and tau, log Z (..., n_q, heads).
@@ -284,8 +291,9 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
     layout, (u, k, v, tau) = to_bhnd(layout, "laplace_radon_attention",
                                      [("u", u, "v"), ("k", k, "v"), ("v", v, "v"), ("tau", tau, "s")])
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
-                          return_weights=return_weights, return_log_partition=return_log_partition)
-    return from_bhnd(layout, out, attention_kinds(return_weights, return_log_partition))
+                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_stats=return_stats)
+    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
 
 
 @finite_result

@@ -16,11 +16,33 @@
 
 namespace attngeom {
 
+// Statistics of each query's weight row p_i (batch, n_q each), computed in the streaming pass
+// from the score tiles, with no (n_q, n_k) buffer. With the running max m, the running sum
+// l = sum_j exp(l_j - m) and a = sum_j exp(l_j - m) (l_j - m) (both rescaled by
+// exp(m_old - m_new) when the max moves, a also shifted by l (m_old - m_new)):
+//   entropy       H_i = -sum_j p_ij log p_ij = log l - a / l            (nats)
+//   max_weight    max_j p_ij = 1 / l, at key `argmax` (the first key holding the max)
+//   sink_weight   p_i0, the weight on key 0
+//   mean_distance sum_j p_ij |pos_i - j|, pos_i = i + n_k - n_q under a bottom-right causal
+//                 alignment and i otherwise (the query's position among the keys)
+// A row with no visible key has entropy, max_weight, sink_weight and mean_distance 0 and
+// argmax -1 (its y is 0 and its log Z -inf).
+template <class T>
+struct AttentionStatsOutput {
+  T* entropy = nullptr;  // all five are given, or none
+  T* max_weight = nullptr;
+  int64_t* argmax = nullptr;
+  T* sink_weight = nullptr;
+  T* mean_distance = nullptr;
+  bool active() const { return entropy != nullptr; }
+};
+
 template <class T>
 struct AttentionOutput {
   T* y = nullptr;              // (batch, n_q, d_v), required
   T* weights = nullptr;        // (batch, n_q, n_k) routing matrix P, optional
   T* log_partition = nullptr;  // (batch, n_q) log Z in log-weight units, optional
+  AttentionStatsOutput<T> stats;  // optional
 };
 
 // The tiling of the flash loops: query rows per unit of work and keys per step. A value of 0
@@ -158,17 +180,28 @@ constexpr T flush_below() {
   return std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
 }
 
+// The first moments of a row of new weights x'_j = exp(x_j - shift) that the attention
+// statistics need: es = sum_j x'_j (x_j - shift) and dist = sum_j x'_j |pos - j| (pos is the
+// query's position relative to the row's first key).
+template <class T>
+struct RowMoments {
+  T pos = 0, es = 0, dist = 0;
+};
+
 // x_j <- exp(x_j - shift), set to exactly 0 where it falls below flush_below<T>(); returns
 // the sum of the new x_j. The flush keeps hidden (-inf) entries exactly zero, and keeps
 // subnormals out of the products that follow (they slow them down several-fold). x_j - shift
-// must not exceed a few ulps above 0 (shift is the row's max or its log partition).
+// must not exceed a few ulps above 0 (shift is the row's max or its log partition). With
+// `moments`, also accumulates its RowMoments in the same pass; the weights and their sum are
+// the same bits either way (a flushed weight adds nothing to es, so hidden -inf entries never
+// make 0 * inf).
 template <class T>
-T exp_shift_row(T* x, int64_t n, T shift) {
+T exp_shift_row(T* x, int64_t n, T shift, RowMoments<T>* moments = nullptr) {
   constexpr T tiny = flush_below<T>();
   namespace ei = Eigen::internal;
   using P = typename ei::packet_traits<T>::type;
   constexpr int64_t W = ei::packet_traits<T>::size;
-  T sum = 0;
+  T sum = 0, es = 0, dist = 0;
   int64_t j = 0;
   if constexpr (W > 1) {
     // float: exp_below; double: Eigen's pexp, which clamps its argument, so exp(-inf) comes
@@ -185,20 +218,46 @@ T exp_shift_row(T* x, int64_t n, T shift) {
       }
     };
     P a = zero, b = zero;
+    // the moments: t is -inf only where e is 0, so clamped to the lowest finite value e t is 0
+    const P width = ei::pset1<P>(T(W)), lowest = ei::pset1<P>(std::numeric_limits<T>::lowest());
+    P es_acc = zero, dist_acc = zero;
+    P gap = ei::psub(ei::pset1<P>(moments ? moments->pos : T(0)), ei::plset<P>(T(0)));  // pos - j by lane
+    auto accumulate = [&](P e, P t) {
+      es_acc = ei::pmadd(e, ei::pmax(t, lowest), es_acc);
+      dist_acc = ei::pmadd(e, ei::pabs(gap), dist_acc);
+      gap = ei::psub(gap, width);
+    };
     for (; j + 2 * W <= n; j += 2 * W) {
-      const P e0 = exp_flushed(ei::psub(ei::ploadu<P>(x + j), s));
-      const P e1 = exp_flushed(ei::psub(ei::ploadu<P>(x + j + W), s));
+      const P t0 = ei::psub(ei::ploadu<P>(x + j), s), t1 = ei::psub(ei::ploadu<P>(x + j + W), s);
+      const P e0 = exp_flushed(t0), e1 = exp_flushed(t1);
       ei::pstoreu(x + j, e0);
       ei::pstoreu(x + j + W, e1);
       a = ei::padd(a, e0);
       b = ei::padd(b, e1);
+      if (moments) {
+        accumulate(e0, t0);
+        accumulate(e1, t1);
+      }
     }
     sum = ei::predux(ei::padd(a, b));
+    if (moments) {
+      es = ei::predux(es_acc);
+      dist = ei::predux(dist_acc);
+    }
   }
   for (; j < n; ++j) {
-    const T e = std::exp(x[j] - shift);
+    const T t = x[j] - shift;
+    const T e = std::exp(t);
     x[j] = e < tiny ? T(0) : e;
     sum += x[j];
+    if (moments) {
+      es += x[j] * std::max(t, std::numeric_limits<T>::lowest());
+      dist += x[j] * std::abs(moments->pos - T(j));
+    }
+  }
+  if (moments) {
+    moments->es += es;
+    moments->dist += dist;
   }
   return sum;
 }
@@ -260,13 +319,19 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
   check_range(batch, q, tau, tau_index, k, query_scale, kernel);
-  const bool direct = Kernel::direct && !mask.active();
+  const bool stats = out.stats.active();
+  // Statistics need the log-weights: bounded kernels then take the log-domain path too.
+  const bool direct = Kernel::direct && !mask.active() && !stats;
   bool finite = true;  // every output row; a NaN or inf in v reaches the rows that see it
 
 #pragma omp parallel if (parallel_worth(work)) reduction(&& : finite)
   {
     Mat Qs(bq, d_k), acc(bq, d_v);
     Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), alpha(MR);
+    // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
+    // key 0 (all relative to the running max, like l), the largest log-weight and its key.
+    Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0), best(stats ? bq : 0);
+    Eigen::Array<int64_t, Eigen::Dynamic, 1> best_key(stats ? bq : 0);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t b = unit / q_blocks;
@@ -278,6 +343,13 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       acc.topRows(rows).setZero();
       m.head(rows).setConstant(neg_inf);
       l.head(rows).setZero();
+      if (stats) {
+        ent.head(rows).setZero();
+        dist.head(rows).setZero();
+        sink.head(rows).setZero();
+        best.head(rows).setConstant(neg_inf);
+        best_key.head(rows).setConstant(-1);
+      }
       // Keys past the causal limit of the block's last row are never visited.
       int64_t key_end = n_k;
       if (causal != Causal::None) key_end = std::clamp<int64_t>(i0 + rows - 1 + offset + 1, 0, n_k);
@@ -320,11 +392,28 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             T* row = &L(r, 0);
             if (W) std::copy_n(row, seen, W + (p0 + r) * n_k + j0);
             const int64_t i = p0 + r;
-            const T m_new = std::max(m[i], row_max(row, seen));
+            const T block_max = row_max(row, seen);
+            const T m_new = std::max(m[i], block_max);
             const T shift = std::isfinite(m_new) ? m_new : T(0);
             alpha[r] = std::exp(m[i] - shift);
+            if (!stats) {
+              m[i] = m_new;
+              l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift);
+              continue;
+            }
+            if (block_max > best[i]) {  // the first key of the block that holds its max
+              best[i] = block_max;
+              best_key[i] = j0 + (std::find(row, row + seen, block_max) - row);
+            }
+            // a_new = alpha (a + l (m_old - m_new)) + block terms; a and l are 0 until a key shows
+            const T carried = l[i] > T(0) ? alpha[r] * (ent[i] + l[i] * (m[i] - shift)) : T(0);
+            RowMoments<T> mo{T(i0 + i + offset - j0)};
+            const T e_sum = exp_shift_row(row, seen, shift, &mo);
+            ent[i] = carried + mo.es;
+            dist[i] = alpha[r] * dist[i] + mo.dist;
+            sink[i] = alpha[r] * sink[i] + (j0 == 0 ? row[0] : T(0));
             m[i] = m_new;
-            l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift);
+            l[i] = alpha[r] * l[i] + e_sum;
           }
           with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, alpha.data()); });
         }
@@ -340,6 +429,15 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         y = acc.row(r) * inv;
         finite = finite && (y.array() * T(0)).sum() == T(0);  // NaN iff an entry is not finite; vectorised
         if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
+        if (stats) {
+          const int64_t o = b * n_q + i0 + r;
+          const bool seen_any = l[r] > T(0);
+          out.stats.entropy[o] = seen_any ? std::max(T(0), std::log(l[r]) - ent[r] * inv) : T(0);
+          out.stats.max_weight[o] = inv;
+          out.stats.argmax[o] = seen_any ? best_key[r] : -1;
+          out.stats.sink_weight[o] = sink[r] * inv;
+          out.stats.mean_distance[o] = dist[r] * inv;
+        }
         if (W) {
           T* w = W + r * n_k;
           int64_t visible = key_end;

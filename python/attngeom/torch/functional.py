@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import attention as _attention
+from ..attention_stats import AttentionStats
 from .. import lightning as _lightning
 from .. import projection as _projection
 from .. import whitening as _whitening
@@ -134,7 +135,7 @@ _softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None, causal=False,
-                      scale: Optional[float] = None) -> Tensor:
+                      scale: Optional[float] = None, return_stats: bool = False):
     """Differentiable softmax attention y = softmax(scale q k^T + mask) v on CPU tensors.
 
     Laplace-Radon eq. (2)-(3); forward and backward are the flash-style C++ kernels of
@@ -143,14 +144,69 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor]
     q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v), one dtype (float32 or float64),
     leading axes broadcast; mask bool (True = attend) or additive, broadcastable to
     (..., n_q, n_k), no gradient; causal False | True ("top_left") | "bottom_right";
-    scale default 1 / sqrt(d_k). Returns y (..., n_q, d_v) in the inputs' dtype.
+    scale default 1 / sqrt(d_k). Returns y (..., n_q, d_v) in the inputs' dtype; with
+    `return_stats`, the pair (y, :class:`attngeom.AttentionStats` of tensors (..., n_q)),
+    computed in the same pass (no gradient flows through the statistics).
 
     Example: ``y = attngeom.torch.softmax_attention(q, k, v, causal=True)``
     """
     _check_tensors(q=q, k=k, v=v)
     _check_tensors(mask=mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if return_stats:
+        return _with_stats(_softmax_stats_op(q, k, v, mask, _causal(causal), scale))
     return _softmax_op(q, k, v, mask, _causal(causal), scale)[0]
+
+
+# ---- statistics ---------------------------------------------------------------------------
+# The forward with AttentionStats: one more custom op per attention kind, whose outputs are y,
+# log Z and the five statistics; only y is differentiable, and its backward is the plain op's.
+
+def _stats_tensors(y, stats) -> Tuple[Tensor, ...]:
+    return (_tensor(y),) + tuple(_tensor(np.ascontiguousarray(getattr(stats, f))) for f in
+                                 ("log_z", "entropy", "max_weight", "argmax", "sink_weight", "mean_distance"))
+
+
+def _stats_fake(q, k, v, mask) -> Tuple[Tensor, ...]:
+    batch, n_q, d_v = _out_shape(q, k, v, mask)
+    row = batch + (n_q,)
+    return (q.new_empty(batch + (n_q, d_v)), q.new_empty(row), q.new_empty(row), q.new_empty(row),
+            q.new_empty(row, dtype=torch.int64), q.new_empty(row), q.new_empty(row))
+
+
+def _stats_setup(setup):
+    def stats_setup(ctx, inputs, output):
+        setup(ctx, inputs, output[:2])
+        ctx.mark_non_differentiable(*output[1:])  # replaces the setup's own (log Z only)
+    return stats_setup
+
+
+def _stats_backward(backward):
+    def stats_backward(ctx, dy, dlog_z, *_):
+        return backward(ctx, dy, dlog_z)
+    return stats_backward
+
+
+def _with_stats(outputs) -> Tuple[Tensor, AttentionStats]:
+    return outputs[0], AttentionStats(*outputs[1:])
+
+
+@torch.library.custom_op("attngeom::softmax_attention_stats", mutates_args=())
+def _softmax_stats_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: str,
+                      scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    y, stats = _attention.softmax_attention(_array("q", q), _array("k", k), _array("v", v),
+                                            mask=_array("mask", mask, allow_bool=True),
+                                            causal=_CAUSAL_NUMPY[causal], scale=scale, return_stats=True,
+                                            layout="bhnd")
+    return _stats_tensors(y, stats)
+
+
+@_softmax_stats_op.register_fake
+def _(q, k, v, mask, causal, scale):
+    return _stats_fake(q, k, v, mask)
+
+
+_softmax_stats_op.register_autograd(_stats_backward(_softmax_backward), setup_context=_stats_setup(_softmax_setup))
 
 
 # ---- kernel attention -------------------------------------------------------------------
@@ -212,14 +268,32 @@ def _kernel_backward(ctx, dy, dlog_z):
 _kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup)
 
 
+@torch.library.custom_op("attngeom::kernel_attention_stats", mutates_args=())
+def _kernel_stats_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: str, scale: float,
+                     kernel: str, params: List[float]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    y, stats = _attention.kernel_attention(_array("q", q), _array("k", k), _array("v", v), kernel=kernel,
+                                           mask=_array("mask", mask, allow_bool=True), causal=_CAUSAL_NUMPY[causal],
+                                           scale=scale, return_stats=True, layout="bhnd",
+                                           **_kernel_dict(kernel, params))
+    return _stats_tensors(y, stats)
+
+
+@_kernel_stats_op.register_fake
+def _(q, k, v, mask, causal, scale, kernel, params):
+    return _stats_fake(q, k, v, mask)
+
+
+_kernel_stats_op.register_autograd(_stats_backward(_kernel_backward), setup_context=_stats_setup(_kernel_setup))
+
+
 def kernel_attention(q: Tensor, k: Tensor, v: Tensor, *, kernel: str = "exp", mask: Optional[Tensor] = None,
-                     causal=False, scale: Optional[float] = None, **params) -> Tensor:
+                     causal=False, scale: Optional[float] = None, return_stats: bool = False, **params):
     """Differentiable kernel-swapped attention with weights psi(tau_i, u_i.k_j) (Laplace-Radon eq. 40-44).
 
     As :func:`attngeom.kernel_attention` (kernel "exp", "gaussian" (sigma), "cauchy" (gamma),
     "stable" (alpha, c)); backward by :func:`attngeom.kernel_attention_backward`. Shapes,
-    dtypes, mask and causal as in :func:`softmax_attention`. The kernel parameters are fixed
-    (no gradient).
+    dtypes, mask, causal and `return_stats` as in :func:`softmax_attention`. The kernel
+    parameters are fixed (no gradient).
 
     Example: ``y = attngeom.torch.kernel_attention(q, k, v, kernel="cauchy", gamma=0.5)``
     """
@@ -227,6 +301,8 @@ def kernel_attention(q: Tensor, k: Tensor, v: Tensor, *, kernel: str = "exp", ma
     _check_tensors(mask=mask)
     name, p = kernel_params(kernel, params)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if return_stats:
+        return _with_stats(_kernel_stats_op(q, k, v, mask, _causal(causal), scale, name, list(p.values())))
     return _kernel_op(q, k, v, mask, _causal(causal), scale, name, list(p.values()))[0]
 
 
