@@ -36,6 +36,11 @@ def _battery():
     for kernel, params in [("exp", {}), ("gaussian", {"sigma": 1.5}), ("cauchy", {"gamma": 0.7}),
                            ("stable", {"alpha": 1.5})]:
         out[f"kernel_{kernel}"] = ag.kernel_attention(q, k, v, kernel=kernel, causal=True, **params)
+    for causal in (False, "bottom_right"):  # the statistics' own packet loop
+        _, st = ag.softmax_attention(q[..., :61, :], k, v, causal=causal, return_stats=True)
+        for name in ("entropy", "max_weight", "sink_weight", "mean_distance"):
+            out[f"stats_{causal}_{name}"] = getattr(st, name)
+        out[f"stats_{causal}_argmax"] = st.argmax.astype(float)
     u, tau = ag.tilt_radius(q[0, 0])
     t = ag.laplace_radon_transform(u, tau, k[0, 0], v[0, 0])
     out["laplace_radon_Z"], out["laplace_radon_N"] = t.Z, t.N
