@@ -329,8 +329,8 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
     Mat Qs(bq, d_k), acc(bq, d_v);
     Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), alpha(MR);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
-    // key 0 (all relative to the running max, like l), the largest log-weight and its key.
-    Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0), best(stats ? bq : 0);
+    // key 0 (all relative to the running max, like l) and the key that holds the running max.
+    Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
     Eigen::Array<int64_t, Eigen::Dynamic, 1> best_key(stats ? bq : 0);
 #pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < units; ++unit) {
@@ -347,7 +347,6 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         ent.head(rows).setZero();
         dist.head(rows).setZero();
         sink.head(rows).setZero();
-        best.head(rows).setConstant(neg_inf);
         best_key.head(rows).setConstant(-1);
       }
       // Keys past the causal limit of the block's last row are never visited.
@@ -401,8 +400,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
               l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift);
               continue;
             }
-            if (block_max > best[i]) {  // the first key of the block that holds its max
-              best[i] = block_max;
+            if (block_max > m[i]) {  // the max moves to this block: its first key holding it
               best_key[i] = j0 + (std::find(row, row + seen, block_max) - row);
             }
             // a_new = alpha (a + l (m_old - m_new)) + block terms; a and l are 0 until a key shows
