@@ -14,11 +14,11 @@ import attngeom as ag
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_decoders import LAYOUTS, VOCAB, _configs, batch, max_errors, randomize, reference  # noqa: E402
+from builders import LAYOUTS, VOCAB, configs, batch, max_errors, randomize, reference  # noqa: E402
 
 
 def hf_model(layout, seed=0):
-    config, cls = _configs()[layout]()
+    config, cls = configs()[layout]()
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return randomize(cls(config), seed=hash(layout) % 1000).eval()
@@ -85,7 +85,7 @@ def test_from_transformers_bad_input():
     with pytest.raises(ValueError, match="llama"):  # the message lists the supported model types
         ag.models.from_transformers(transformers.PhiForCausalLM(cfg))
     with torch.device("meta"):
-        meta = transformers.GPT2LMHeadModel(_configs()["gpt2"]()[0])
+        meta = transformers.GPT2LMHeadModel(configs()["gpt2"]()[0])
     with pytest.raises(ValueError, match="meta device"):
         ag.models.from_transformers(meta)
 

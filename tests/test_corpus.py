@@ -131,11 +131,11 @@ def test_tilt_coverage_fits_the_protocol(rng):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     pytest.importorskip("transformers")
-    from test_decoders import _with_tokenizer, build
+    from builders import with_tokenizer, build
 
     folder = tmp_path_factory.mktemp("corpus") / "gpt2"
     build("gpt2", folder, dtype="float64")
-    _with_tokenizer(folder)
+    with_tokenizer(folder)
     return str(folder)
 
 

@@ -20,7 +20,7 @@ from attngeom.models import Rotary, load_heads, load_model
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_decoders import batch, float64_everywhere, max_errors, randomize, reference  # noqa: E402
+from builders import batch, float64_everywhere, max_errors, randomize, reference  # noqa: E402
 
 VOCAB = 97
 KV_LORA, ROPE, NOPE, V_DIM, HEADS = 6, 4, 8, 6, 4
@@ -244,7 +244,7 @@ def test_planted_low_rank_latent(tmp_path):
 
 
 def test_latent_fields_are_none_without_mla(tmp_path):
-    from test_decoders import build
+    from builders import build
 
     build("llama", tmp_path / "l")
     cache = ag.latent_key_cache(tmp_path / "l", np.arange(1, 9))

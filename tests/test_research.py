@@ -25,7 +25,7 @@ def random_models(tmp_path_factory):
     """{layout: (transformers model, folder)} built lazily, once per module."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from test_decoders import build
+    from builders import build
 
     cache = {}
 
@@ -89,10 +89,10 @@ def test_lens_sees_the_planted_induction_head_only_after_layer_1(planted):
 
 def test_lens_with_a_tokenizer_and_its_plot(random_models, tmp_path):
     pytest.importorskip("matplotlib")
-    from test_decoders import _with_tokenizer
+    from builders import with_tokenizer
 
     _, folder = random_models("llama")
-    _with_tokenizer(folder)
+    with_tokenizer(folder)
     lens = ag.logit_lens(folder, "the cat sat on the mat", k=2)
     assert lens.tokens == ["the", "cat", "sat", "on", "the", "mat"]
     assert len(lens.top_tokens) == 3 and len(lens.top_tokens[0]) == 6 and len(lens.top_tokens[0][0]) == 2
@@ -217,10 +217,10 @@ def test_planted_spectra_are_flat_copiers(planted):
 
 def test_spectral_diagnostics_figure_with_thinned_tokens(random_models):
     pytest.importorskip("matplotlib")
-    from test_decoders import _with_tokenizer
+    from builders import with_tokenizer
 
     _, folder = random_models("qwen3")
-    _with_tokenizer(folder)
+    with_tokenizer(folder)
     text = " ".join(["the cat sat on the mat and the dog ran ."] * 11)[:-2]  # 120 tokens
     s = ag.weight_spectra(folder, prompt=text)
     assert s.attentions.shape == (2, 4, 120, 120) and len(s.tokens) == 120
@@ -329,7 +329,7 @@ def _mixtral(folder, *, top_k=2, dtype="float32", planted=False):
     expert v mod 4 alone: embeddings e_(v mod 32), no attention output, router rows e_j."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from test_decoders import float64_everywhere, randomize
+    from builders import float64_everywhere, randomize
 
     config = transformers.MixtralConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
@@ -359,7 +359,7 @@ def _mixtral(folder, *, top_k=2, dtype="float32", planted=False):
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 def test_mixtral_forward_matches_transformers(tmp_path, precision):
     import torch
-    from test_decoders import batch, float64_everywhere
+    from builders import batch, float64_everywhere
 
     model = _mixtral(tmp_path / "m", dtype=precision)
     m = load_model(tmp_path / "m")

@@ -17,7 +17,21 @@ Examples
 >>> bool(np.allclose(ag.laplace_radon_attention(u, tau, k, v, causal=True), y))
 True
 """
-from ._config import __version__, get_num_threads, set_num_threads, show_config
+import os as _os
+
+# Idle thread pools spin before they sleep: OpenBLAS's workers for 2^28 cycles (tens of
+# milliseconds), libgomp's for 300,000 iterations (a few). A forward pass alternates NumPy's
+# BLAS products with the core's OpenMP kernels, and on a few cores each pool's spinning
+# threads took the cores the other needed (the attention ran 2-4x slower right after a
+# product, a product 1.4x slower right after the attention). Shorter spins, unless the
+# environment says otherwise. libgomp reads its setting when the core module loads (below);
+# OpenBLAS reads its own when NumPy is first imported, so it applies when attngeom is imported
+# first (the command line, worker processes) or the variable is set before Python starts.
+for _name, _value in (("GOMP_SPINCOUNT", "10000"), ("OPENBLAS_THREAD_TIMEOUT", "18")):
+    _os.environ.setdefault(_name, _value)
+del _name, _value
+
+from ._config import __version__, get_num_threads, set_num_threads, show_config  # noqa: E402
 from ._operands import LayoutWarning
 from .attention import (
     AttentionGrads,

@@ -27,11 +27,14 @@ def get_num_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of OpenMP threads for subsequent kernels.
+    """Set the number of threads of the core's kernels and of NumPy's BLAS.
 
-    OMP_NUM_THREADS sets the initial value. Results do not depend on the thread count
-    beyond rounding (<= 1e-12 relative in float64): every unit of work is computed the same
-    way whichever thread runs it.
+    One budget for both: a model's forward pass alternates NumPy products and core kernels,
+    and two pools sized independently oversubscribe the cores. The core's OpenMP threads are
+    set directly; NumPy's BLAS through threadpoolctl (a dependency; a BLAS it cannot control
+    is left as it is). OMP_NUM_THREADS sets the core's initial value. Results do not depend
+    on the thread count: every unit of work is computed the same way whichever thread runs
+    it (the core's kernels give the same bits at any thread count).
 
     Parameters
     ----------
@@ -48,10 +51,11 @@ def set_num_threads(n: int) -> None:
 
     Examples
     --------
+    >>> import io
     >>> before = ag.get_num_threads()
     >>> ag.set_num_threads(1)
-    >>> ag.get_num_threads()
-    1
+    >>> ag.get_num_threads(), ag.show_config(file=io.StringIO())["blas_threads"] in (1, None)
+    (1, True)
     >>> ag.set_num_threads(before)
     """
     try:
@@ -64,6 +68,28 @@ def set_num_threads(n: int) -> None:
     if not 1 <= n <= limit:
         raise ValueError(f"n must be an integer in [1, {limit}], got {n}")
     _core.set_num_threads(n)
+    controller = blas_controller()
+    if controller is not None:
+        controller.limit(limits=n, user_api="blas")
+
+
+def blas_controller():
+    """threadpoolctl's controller of the BLAS libraries loaded (None without threadpoolctl)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - a dependency; a bare install without it keeps BLAS as it is
+        return None
+    return ThreadpoolController().select(user_api="blas")
+
+
+def _blas_info() -> dict:
+    """The BLAS NumPy uses and its thread count, as threadpoolctl reports them."""
+    controller = blas_controller()
+    libs = [] if controller is None else controller.info()
+    if not libs:
+        return {"blas": None, "blas_threads": None}
+    return {"blas": " ".join(f"{lib.get('internal_api')} {lib.get('version') or ''}".strip() for lib in libs),
+            "blas_threads": libs[0].get("num_threads")}
 
 
 def show_config(file=None) -> dict:
@@ -85,7 +111,8 @@ def show_config(file=None) -> dict:
         ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
         runs), ``simd`` (the compiler's SIMD flags of the level in use), ``eigen_simd``,
         ``sanitizers`` (empty except in a ``make sanitize`` build, e.g.
-        "address,undefined") and ``threads``.
+        "address,undefined"), ``threads``, and ``blas`` / ``blas_threads`` (NumPy's BLAS and
+        its thread count, which :func:`set_num_threads` sets too; None when unknown).
 
     Examples
     --------
@@ -100,6 +127,7 @@ def show_config(file=None) -> dict:
     cfg["isa_compiled"] = " ".join(_core.COMPILED)
     cfg["isa_supported"] = " ".join(_core.SUPPORTED)
     cfg["threads"] = get_num_threads()
+    cfg.update(_blas_info())
     lines = [f"attngeom {cfg['version']}"]
     lines += [f"  {k:12s} {v}" for k, v in cfg.items() if k != "version"]
     print("\n".join(lines), file=file)

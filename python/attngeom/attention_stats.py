@@ -75,6 +75,28 @@ class AttentionStats:
         """The shape of every field, (..., heads, n_q)."""
         return self.entropy.shape
 
+    def map(self, fn) -> "AttentionStats":
+        """The statistics with `fn` applied to every field (e.g. ``lambda a: a[:, 0]`` to index
+        leading axes, which all fields share).
+
+        Parameters
+        ----------
+        fn : callable
+            ndarray -> ndarray, applied to log_z, entropy, max_weight, argmax, sink_weight and
+            mean_distance in turn.
+
+        Returns
+        -------
+        AttentionStats
+
+        Examples
+        --------
+        >>> st = ag.AttentionStats.from_weights(np.eye(3)[None])
+        >>> st.map(lambda a: a[0]).shape
+        (3,)
+        """
+        return AttentionStats(*(fn(getattr(self, name)) for name in FIELDS))
+
     @classmethod
     def from_weights(cls, weights, *, causal=False, log_z=None) -> "AttentionStats":
         """The statistics of materialised weights P (..., n_q, n_k), in NumPy.

@@ -32,11 +32,12 @@ import numpy as np
 
 from ..attention import softmax_attention
 from .architecture import Architecture
-from .forward import Forward
+from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
 from .heads import Checkpoint
 from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
 from .norm import normalize
+from .products import product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
 
@@ -63,7 +64,7 @@ def _unembed(final, W, dt):
     V = W.shape[0]
     logits = np.empty(final.shape[:-1] + (V,), dt)
     for i in range(0, V, _UNEMBED_ROWS):
-        logits[..., i:i + _UNEMBED_ROWS] = final @ W[i:i + _UNEMBED_ROWS].astype(dt, copy=False).T
+        logits[..., i:i + _UNEMBED_ROWS] = product(final, W[i:i + _UNEMBED_ROWS].astype(dt, copy=False).T)
     return logits
 
 
@@ -246,7 +247,8 @@ class Decoder:
         return normalize(h, cast[0], cast[1], a.norm_eps, a.norm)
 
     # -- the forward pass ----------------------------------------------------------------
-    def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype) -> Forward:
+    def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype,
+                plan: Optional[ForwardPlan] = None) -> Forward:
         """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
 
         Parameters
@@ -259,6 +261,8 @@ class Decoder:
             Position of every token.
         dtype : numpy dtype
             float32 or float64, the computation dtype.
+        plan : ForwardPlan, optional
+            What to keep (:func:`plan_forward`); default today's fields of every layer.
 
         Returns
         -------
@@ -269,7 +273,12 @@ class Decoder:
         --------
         >>> f = dec.forward(ids, np.ones(ids.shape, bool), np.arange(ids.shape[1])[None], np.float32)  # doctest: +SKIP
         """
+        with product_threads():  # NumPy's products and the attention kernel share the thread budget
+            return self._forward(ids, mask, positions, dtype, plan)
+
+    def _forward(self, ids, mask, positions, dtype, plan) -> Forward:
         a, w, dt = self.arch, self.w, np.dtype(dtype)
+        plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
         b, n = ids.shape
         dh = a.d_head
 
@@ -282,81 +291,90 @@ class Decoder:
             h = h + cast(w["pos"][positions])
         # (b, 1, n, d_head); MLA rotates its own rotary columns (:mod:`.mla`)
         cos_sin = None if self.rotary is None or a.mla else self.rotary.cos_sin(positions[:, None], dt)
-        key_mask = mask[:, None, None, :]
+        # no key mask when every token is real: the kernel's result is bitwise the same, and faster
+        key_mask = None if mask.all() else mask[:, None, None, :]
         window = None
         if a.sliding_layers:
             i = np.arange(n)
-            window = key_mask & ((i[:, None] - i[None, :]) < a.sliding_window)
-        hidden, inputs, attns, routers = [h], [], [], []
-        qs, ks, vs, q_pre, k_pre, scales, latents, rope_keys = [], [], [], [], [], [], [], []
+            window = mask[:, None, None, :] & ((i[:, None] - i[None, :]) < a.sliding_window)
+        kept = len(plan.layers)
+        out = Stacks(plan, {"hidden_states": kept + 1, "router_logits": sum(i in a.moe_layers for i in plan.layers),
+                            **{name: kept for name in KEEPABLE if name not in ("hidden_states", "router_logits")}})
+        scales = []
         for li, L in enumerate(w["layers"]):
+            if li > plan.layers[-1] and not plan.wants("logits") and not plan.wants("hidden_states"):
+                break  # nothing after the last kept layer is asked for
+            here = li in plan.layers
             L = {key: cast(value) for key, value in L.items()}
             x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
-            inputs.append(x)
             if a.mla:  # multi-head latent attention (:mod:`.mla`)
                 parts = mla_attention_inputs(x, L, a, self.rotary, positions)
-                q, k, v = parts["q"], parts["k"], parts["v"]
-                q_pre.append(parts["q_prerotary"])
-                k_pre.append(parts["k_prerotary"])
-                latents.append(parts["latent"])
-                rope_keys.append(parts["rope_keys"])
             else:
-                q, k, v = self._attention_inputs(x, L, cos_sin, q_pre, k_pre)
+                parts = self._attention_inputs(x, L, cos_sin)
+            q, k, v = parts["q"], parts["k"], parts["v"]
+            if here:
+                parts.update(hidden_states=h, attention_inputs=x, kv_latent=parts.get("latent"))
+                for name in ("hidden_states", "attention_inputs", "q", "k", "v", "q_prerotary", "k_prerotary",
+                             "kv_latent", "rope_keys"):
+                    if plan.wants(name) and parts.get(name) is not None:
+                        out.put(name, parts[name])
             scale = 1.0 / math.sqrt(dh) if a.scale_attn else 1.0
             if a.mla:
                 scale *= yarn_factors(a.rope)[1]
             if a.scale_by_layer:
                 scale /= li + 1
-            m = window if li in a.sliding_layers else key_mask
-            y, P = softmax_attention(q, k, v, mask=m, causal=True, scale=scale, return_weights=True,
-                                         layout="bhnd")
-            out = y.transpose(0, 2, 1, 3).reshape(b, n, -1) @ L["o"]
+            want_p, want_s = here and plan.wants("attentions"), here and plan.wants("attention_stats")
+            res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=True,
+                                    scale=scale, return_weights=want_p, return_stats=want_s, layout="bhnd")
+            y = res[0] if want_p or want_s else res
+            if want_p:
+                out.put("attentions", res[1])
+            if want_s:
+                out.put("attention_stats", res[-1])
+            del q, k, v, parts, res
+            o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
             if L["b_o"] is not None:
-                out = out + L["b_o"]
-            h = h + out
+                o = o + L["b_o"]
+            h = h + o
             x2 = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
             if "router" in L:  # mixture of experts (:mod:`.moe`)
                 mlp, router = moe_mlp(x2, L, a, act)
-                routers.append(router)
-            elif a.gated:
-                g = x2 @ L["gate"] if L["b_gate"] is None else x2 @ L["gate"] + L["b_gate"]
-                u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
-                mlp = (act(g) * u) @ L["down"]
+                if here and plan.wants("router_logits"):
+                    out.put("router_logits", router)
             else:
-                u = x2 @ L["up"] if L["b_up"] is None else x2 @ L["up"] + L["b_up"]
-                mlp = act(u) @ L["down"]
-            if L.get("b_down") is not None:
-                mlp = mlp + L["b_down"]
+                mlp = _dense_mlp(x2, L, a.gated, act)
             h = h + mlp
-            hidden.append(h)
-            attns.append(P)
-            qs.append(q)
-            ks.append(k)
-            vs.append(v)
-            scales.append(scale)
-        final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
-        hidden[-1] = final
-        logits: Optional[np.ndarray] = None if w["unembed"] is None else _unembed(final, w["unembed"], dt)
-        out = Forward(logits, np.stack(hidden), np.stack(attns), np.stack(inputs), np.stack(qs), np.stack(ks),
-                      np.stack(vs), np.stack(q_pre), np.stack(k_pre), np.asarray(scales), positions, mask)
-        out.router_logits = np.stack(routers) if routers else None
-        if latents:
-            out.kv_latent, out.rope_keys = np.stack(latents), np.stack(rope_keys)
-        return out
+            if here:
+                scales.append(scale)
+        final = None
+        if plan.wants("hidden_states") or plan.wants("logits"):
+            final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
+        if plan.wants("hidden_states"):
+            out.put("hidden_states", final)
+        logits = None
+        if w["unembed"] is not None and plan.wants("logits"):
+            rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
+            logits = _unembed(rows, w["unembed"], dt)
+        return Forward(logits, *(out.get(name) for name in ("hidden_states", "attentions", "attention_inputs", "q",
+                                                            "k", "v", "q_prerotary", "k_prerotary")),
+                       np.asarray(scales), positions, mask, router_logits=out.get("router_logits"),
+                       kv_latent=out.get("kv_latent"), rope_keys=out.get("rope_keys"),
+                       attention_stats=out.get("attention_stats"), layers=np.asarray(plan.layers),
+                       logits_positions=plan.logits_at)
 
-    def _attention_inputs(self, x, L, cos_sin, q_pre, k_pre):
-        """q, k, v (b, H, n, d_head) of a GPT-2 / Llama-family layer (module docstring); the
-        pre-rotary q and k are appended to q_pre and k_pre."""
+    def _attention_inputs(self, x, L, cos_sin) -> dict:
+        """q, k, v (b, H, n, d_head) of a GPT-2 / Llama-family layer (module docstring), and
+        q_prerotary, k_prerotary."""
         a = self.arch
         b, n, _ = x.shape
         H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
         if a.family == "gpt2":
-            qkv = x @ L["qkv"]
+            qkv = product(x, L["qkv"])
             if L["b_qkv"] is not None:
                 qkv = qkv + L["b_qkv"]
             q, k, v = np.split(qkv, 3, axis=-1)
         else:
-            q, k, v = x @ L["q"], x @ L["k"], x @ L["v"]
+            q, k, v = product(x, L["q"]), product(x, L["k"]), product(x, L["v"])
             q = q if L["b_q"] is None else q + L["b_q"]
             k = k if L["b_k"] is None else k + L["b_k"]
             v = v if L["b_v"] is None else v + L["b_v"]
@@ -368,11 +386,37 @@ class Decoder:
             k = normalize(k, L["k_norm"], None, a.norm_eps, "rmsnorm")
         if H != K:
             k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
-        q_pre.append(q)
-        k_pre.append(k)
+        q_pre, k_pre = q, k
         if cos_sin is not None:
             c, s = cos_sin
             half = dh // 2
             q = q * c + np.concatenate([-q[..., half:], q[..., :half]], axis=-1) * s
             k = k * c + np.concatenate([-k[..., half:], k[..., :half]], axis=-1) * s
-        return q, k, v
+        return {"q": q, "k": k, "v": v, "q_prerotary": q_pre, "k_prerotary": k_pre}
+
+
+def _dense_mlp(x, L, gated: bool, act):
+    """The dense MLP on normed residuals x (b, n, d): down(act(gate) * up) or down(act(up)),
+    biases where stored; beyond MLP_ROWS rows in blocks of rows (the hidden units of a long
+    input would otherwise take (n, d_ff) arrays several times over)."""
+    b, n, d = x.shape
+    if b * n <= MLP_ROWS:
+        return _mlp_block(x, L, gated, act)
+    flat = x.reshape(b * n, d)
+    out = np.empty_like(flat)
+    for i in range(0, b * n, MLP_ROWS):
+        out[i:i + MLP_ROWS] = _mlp_block(flat[i:i + MLP_ROWS], L, gated, act)
+    return out.reshape(b, n, d)
+
+
+def _mlp_block(x, L, gated: bool, act):
+    if gated:
+        g = product(x, L["gate"]) if L["b_gate"] is None else product(x, L["gate"]) + L["b_gate"]
+        u = product(x, L["up"]) if L["b_up"] is None else product(x, L["up"]) + L["b_up"]
+        mlp = product(act(g) * u, L["down"])
+    else:
+        u = product(x, L["up"]) if L["b_up"] is None else product(x, L["up"]) + L["b_up"]
+        mlp = product(act(u), L["down"])
+    if L.get("b_down") is not None:
+        mlp = mlp + L["b_down"]
+    return mlp

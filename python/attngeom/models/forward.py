@@ -1,89 +1,129 @@
-"""The result of a model's forward pass: :class:`Forward`.
+"""The result of a model's forward pass (:class:`Forward`) and what a pass keeps (:class:`ForwardPlan`).
 
-Every per-layer quantity is stacked over layers on the first axis, so ``f.q[l]`` is layer l's
-queries. Shapes are for one sequence of n tokens; a batch of sequences (2-D token ids) adds a
-batch axis after the layer axis (``f.q[l]`` is then (batch, n_heads, n, d_head), ``f.logits``
-(batch, n, vocab)).
+Every per-layer quantity is stacked over the kept layers on the first axis, so ``f.q[i]`` is
+the queries of layer ``f.layers[i]`` (layer i when every layer is kept, the default). Shapes
+are for one sequence of n tokens; a batch of sequences (2-D token ids) adds a batch axis after
+the layer axis (``f.q[i]`` is then (batch, n_heads, n, d_head), ``f.logits`` (batch, m, vocab)).
+
+What a pass keeps is chosen by ``Model.forward(keep=, layers=, logits_at=)``: the fields not
+kept are None and are never allocated, so a pass that keeps only the streaming attention
+statistics and the last position's logits runs at lengths where the (n_heads, n, n) attention
+of one layer would not fit in memory. Before anything is allocated, :func:`forward_bytes`
+estimates what the kept fields and the working arrays need; a request beyond the memory
+available (or beyond ``MAX_ARRAY_BYTES`` for one field) is refused with a ValueError naming
+the field, its size and ``keep=``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
+from .._operands import MAX_ARRAY_BYTES
+from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
+
+_LAYER = {"axes": "layer"}   # (layers, [batch,] ...): the batch axis is axis 1
+_BATCH = {"axes": "batch"}   # ([batch,] ...): the batch axis is axis 0
+
 
 @dataclass
 class Forward:
-    """Everything one forward pass computes, in the library's layout (tokens are rows).
+    """What one forward pass computed, in the library's layout (tokens are rows).
+
+    Fields that the pass was asked not to keep (``Model.forward(keep=...)``) are None.
 
     Attributes
     ----------
-    logits : ndarray, shape ([batch,] n, vocab) or None
-        The next-token logits (None for a checkpoint without an unembedding, e.g. BERT).
-    hidden_states : ndarray, shape (n_layers + 1, [batch,] n, d_model)
-        As transformers' ``output_hidden_states``: [0] the embeddings, [l] the residual
-        stream after layer l; for pre-norm decoders [-1] has the final norm applied.
-    attentions : ndarray, shape (n_layers, [batch,] n_heads, n, n)
-        The routing matrices P of every head.
-    attention_inputs : ndarray, shape (n_layers, [batch,] n, d_model)
+    logits : ndarray, shape ([batch,] m, vocab) or None
+        The next-token logits at the m positions ``logits_positions`` (every position by
+        default, m = n); None for a checkpoint without an unembedding (BERT).
+    hidden_states : ndarray, shape (n_kept + 1, [batch,] n, d_model)
+        As transformers' ``output_hidden_states``: [i] the residual stream entering layer
+        ``layers[i]`` ([0] the embeddings when layer 0 is kept) and [-1] the model's output
+        (for pre-norm decoders with the final norm applied). With every layer kept this is
+        transformers' tuple stacked: [l] the stream after layer l - 1.
+    attentions : ndarray, shape (n_kept, [batch,] n_heads, n, n)
+        The attention weights P of every head.
+    attention_inputs : ndarray, shape (n_kept, [batch,] n, d_model)
         What each layer's attention reads: the normed residual stream of pre-norm models,
         the previous layer's output in post-norm BERT (the ``x`` of ModelHeads' diagnostics).
-    q, k, v : ndarray, shape (n_layers, [batch,] n_heads, n, d_head)
+    q, k, v : ndarray, shape (n_kept, [batch,] n_heads, n, d_head)
         Queries, keys and values as the attention uses them: after q_norm / k_norm and the
         rotary embedding, biases included, keys and values repeated for every query head
-        of a grouped-query model, so ``softmax_attention(q[l], k[l], v[l], causal=True,
-        mask=...)`` reproduces layer l (with ``scale``). Under multi-head latent attention
-        (DeepSeek-V2) q and k have width qk_nope_head_dim + qk_rope_head_dim, the rotary
-        columns last, and v has width v_head_dim.
-    q_prerotary, k_prerotary : ndarray, shape (n_layers, [batch,] n_heads, n, d_head)
+        of a grouped-query model, so ``softmax_attention(q[i], k[i], v[i], causal=True,
+        mask=...)`` reproduces layer ``layers[i]`` (with ``scale[i]``). Under multi-head
+        latent attention (DeepSeek-V2) q and k have width qk_nope_head_dim +
+        qk_rope_head_dim, the rotary columns last, and v has width v_head_dim.
+    q_prerotary, k_prerotary : ndarray, shape (n_kept, [batch,] n_heads, n, d_head)
         The same before the rotary embedding (equal to q, k for models without one).
-    scale : ndarray, shape (n_layers,)
-        The logit scale of every layer (1 / sqrt(d_head) except GPT-2 options).
+    scale : ndarray, shape (n_kept,)
+        The logit scale of every kept layer (1 / sqrt(d_head) except GPT-2 options).
     positions : ndarray of int, shape ([batch,] n)
         The position of every token (cumulative count of unpadded tokens minus one).
     attention_mask : ndarray of bool, shape ([batch,] n)
         True for real tokens, False for padding. Rows and columns of padded tokens are
         not meaningful (a padded query row of P may be all zeros).
-    router_logits : ndarray, shape (n_moe_layers, [batch,] n, n_experts) or None
-        The router (gate) logits of mixture-of-experts models (:mod:`.moe`), for the layers
-        ``arch.moe_layers`` (all layers of Mixtral; DeepSeek-V2's first layers are dense);
-        None otherwise.
-    kv_latent : ndarray, shape (n_layers, [batch,] n, kv_lora_rank) or None
+    router_logits : ndarray, shape (n_kept_moe, [batch,] n, n_experts) or None
+        The router (gate) logits of mixture-of-experts models (:mod:`.moe`), for the kept
+        layers among ``arch.moe_layers`` (all layers of Mixtral; DeepSeek-V2's first layers
+        are dense); None otherwise.
+    kv_latent : ndarray, shape (n_kept, [batch,] n, kv_lora_rank) or None
         Multi-head latent attention (:mod:`.mla`): the latent c_KV every layer caches, after
         its kv_a_layernorm; None for other models.
-    rope_keys : ndarray, shape (n_layers, [batch,] n, qk_rope_head_dim) or None
+    rope_keys : ndarray, shape (n_kept, [batch,] n, qk_rope_head_dim) or None
         MLA's decoupled rotary key k_R (before the rotation), shared by every head.
+    attention_stats : AttentionStats or None
+        Per-query statistics of every head's attention weights (log Z, entropy, largest
+        weight and its key, weight on key 0, mean query-key distance), each of shape
+        (n_kept, [batch,] n_heads, n), computed inside the streaming attention kernel without
+        the (n, n) weights: kept only when asked for (``keep=("attention_stats", ...)``).
+    layers : ndarray of int, shape (n_kept,)
+        The layers the per-layer fields hold, increasing (every layer by default).
+    logits_positions : ndarray of int, shape ([batch,] m)
+        The token index of every row of ``logits`` in its sequence.
 
     Examples
     --------
     >>> from attngeom.models import Forward
     >>> f = Forward(None, np.zeros((3, 4, 8)), np.zeros((2, 2, 4, 4)), np.zeros((2, 4, 8)),
     ...             *[np.zeros((2, 2, 4, 4))] * 5, np.ones(2) / 2, np.arange(4), np.ones(4, bool))
-    >>> f.n_layers, f.n_tokens
-    (2, 4)
+    >>> f.n_layers, f.n_tokens, f.layers.tolist()
+    (2, 4, [0, 1])
     """
 
-    logits: Optional[np.ndarray]
-    hidden_states: np.ndarray
-    attentions: np.ndarray
-    attention_inputs: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    q_prerotary: np.ndarray
-    k_prerotary: np.ndarray
+    logits: Optional[np.ndarray] = field(metadata=_BATCH)
+    hidden_states: Optional[np.ndarray] = field(metadata=_LAYER)
+    attentions: Optional[np.ndarray] = field(metadata=_LAYER)
+    attention_inputs: Optional[np.ndarray] = field(metadata=_LAYER)
+    q: Optional[np.ndarray] = field(metadata=_LAYER)
+    k: Optional[np.ndarray] = field(metadata=_LAYER)
+    v: Optional[np.ndarray] = field(metadata=_LAYER)
+    q_prerotary: Optional[np.ndarray] = field(metadata=_LAYER)
+    k_prerotary: Optional[np.ndarray] = field(metadata=_LAYER)
     scale: np.ndarray
-    positions: np.ndarray
-    attention_mask: np.ndarray
-    router_logits: Optional[np.ndarray] = None
-    kv_latent: Optional[np.ndarray] = None
-    rope_keys: Optional[np.ndarray] = None
+    positions: np.ndarray = field(metadata=_BATCH)
+    attention_mask: np.ndarray = field(metadata=_BATCH)
+    router_logits: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    kv_latent: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    rope_keys: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    attention_stats: Optional[AttentionStats] = field(default=None, metadata=_LAYER)
+    layers: Optional[np.ndarray] = None
+    logits_positions: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
+
+    def __post_init__(self):
+        if self.layers is None:
+            self.layers = np.arange(len(self.scale))
+        if self.logits_positions is None and self.logits is not None:
+            n = self.positions.shape[-1]
+            self.logits_positions = np.broadcast_to(np.arange(n), self.positions.shape).copy()
 
     @property
     def n_layers(self) -> int:
-        """The number of layers."""
-        return self.attentions.shape[0]
+        """The number of layers the per-layer fields hold (``len(layers)``)."""
+        return len(self.layers)
 
     @property
     def n_tokens(self) -> int:
@@ -91,6 +131,269 @@ class Forward:
         return self.positions.shape[-1]
 
     @property
-    def last_hidden_state(self) -> np.ndarray:
-        """([batch,] n, d_model) the model's output, ``hidden_states[-1]``."""
-        return self.hidden_states[-1]
+    def last_hidden_state(self) -> Optional[np.ndarray]:
+        """([batch,] n, d_model) the model's output, ``hidden_states[-1]`` (None when
+        hidden_states was not kept)."""
+        return None if self.hidden_states is None else self.hidden_states[-1]
+
+    def sequence(self, index: int) -> "Forward":
+        """The pass of one sequence of a batch: every field without its batch axis.
+
+        Parameters
+        ----------
+        index : int
+            The sequence, 0 <= index < batch.
+
+        Returns
+        -------
+        Forward
+            Views of this pass's arrays, with the shapes of a one-sequence pass.
+
+        Examples
+        --------
+        >>> f0 = model.forward(ids_batch).sequence(0)  # doctest: +SKIP
+        """
+        changes = {}
+        for f in dataclasses.fields(self):
+            value, axes = getattr(self, f.name), f.metadata.get("axes")
+            if value is None or axes is None:
+                continue
+            take = (lambda a: a[index]) if axes == "batch" else (lambda a: a[:, index])
+            changes[f.name] = value.map(take) if isinstance(value, AttentionStats) else take(value)
+        return dataclasses.replace(self, **changes)
+
+
+#: The fields ``Model.forward(keep=...)`` chooses among (scale, positions, attention_mask,
+#: layers and logits_positions are always kept).
+KEEPABLE = ("logits", "hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",
+            "k_prerotary", "router_logits", "kv_latent", "rope_keys", "attention_stats")
+#: What ``keep=None`` keeps: every field but the attention statistics.
+KEEP_DEFAULT = tuple(name for name in KEEPABLE if name != "attention_stats")
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What a forward pass keeps, checked: built by :func:`plan_forward`.
+
+    Attributes
+    ----------
+    keep : frozenset of str
+        The kept fields (of :data:`KEEPABLE`).
+    layers : tuple of int
+        The layers whose per-layer fields are kept, increasing.
+    logits_at : ndarray of int, shape (batch, m), or None
+        The token index of every logits row per sequence (None: every position).
+    """
+
+    keep: frozenset
+    layers: tuple
+    logits_at: Optional[np.ndarray] = None
+
+    def wants(self, name: str, layer: Optional[int] = None) -> bool:
+        """Whether field `name` is kept (at `layer`, for a per-layer field)."""
+        return name in self.keep and (layer is None or layer in self.layers)
+
+
+def _keep_arg(keep) -> frozenset:
+    if keep is None:
+        return frozenset(KEEP_DEFAULT)
+    names = (keep,) if isinstance(keep, str) else keep
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"keep must be a field name or a sequence of them, got {type(keep).__name__}") from None
+    for name in names:
+        if not isinstance(name, str) or name not in KEEPABLE:
+            raise ValueError(f"keep: unknown field {name!r}; the fields are {', '.join(KEEPABLE)}")
+    return frozenset(names)
+
+
+def _layers_arg(layers, n_layers: int) -> tuple:
+    if layers is None:
+        return tuple(range(n_layers))
+    items = [layers] if np.ndim(layers) == 0 else list(np.asarray(layers, dtype=object).reshape(-1))
+    if any(isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) for i in items):
+        raise TypeError(f"layers must be an integer or a sequence of integers, got {layers!r}")
+    items = [int(i) for i in items]
+    bad = [i for i in items if not -n_layers <= i < n_layers]
+    if bad:
+        raise ValueError(f"layers: {bad[0]} is out of range for a model of {n_layers} layers (0..{n_layers - 1}, "
+                         f"or negative from the end)")
+    if not items:
+        raise ValueError("layers must name at least one layer")
+    return tuple(sorted({i % n_layers for i in items}))
+
+
+def _logits_at_arg(logits_at, mask: np.ndarray) -> Optional[np.ndarray]:
+    b, n = mask.shape
+    if logits_at is None:
+        return None
+    if isinstance(logits_at, str):
+        if logits_at == "all":
+            return None
+        if logits_at != "last":
+            raise ValueError(f"logits_at must be 'last', 'all', None or token indices, got {logits_at!r}")
+        last = n - 1 - np.argmax(mask[:, ::-1], axis=1)  # the last real token of each sequence
+        return last[:, None].astype(np.int64)
+    idx = np.asarray(logits_at)
+    if idx.dtype.kind not in "iu" or idx.ndim > 1 or idx.size == 0:
+        raise ValueError(f"logits_at must be 'last', 'all', None or a non-empty 1-D array of token indices, got "
+                         f"{logits_at!r}")
+    bad = idx[(idx < -n) | (idx >= n)]
+    if bad.size:
+        raise ValueError(f"logits_at: token index {int(bad[0])} is out of range for sequences of {n} tokens")
+    idx = idx.reshape(-1).astype(np.int64) % n
+    return np.broadcast_to(idx, (b, idx.size)).copy()
+
+
+def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logits_at=None,
+                 available: Optional[int] = None) -> ForwardPlan:
+    """Check ``keep``, ``layers`` and ``logits_at`` and refuse a pass beyond memory.
+
+    Parameters
+    ----------
+    arch : Architecture
+        The model.
+    mask : ndarray of bool, shape (batch, n)
+        The checked attention mask.
+    dtype : numpy dtype
+        The computation dtype.
+    keep, layers, logits_at
+        As :meth:`attngeom.models.Model.forward`.
+    available : int, optional
+        Bytes of memory the pass may use (default: what the system reports available).
+
+    Returns
+    -------
+    ForwardPlan
+
+    Raises
+    ------
+    ValueError
+        An unknown field in `keep`, a layer or token index out of range, `logits_at` without
+        logits kept, and a pass whose estimate (:func:`forward_bytes`) exceeds `available`
+        (or one field beyond ``MAX_ARRAY_BYTES``): the message names the largest kept field,
+        its size and ``keep=``.
+    """
+    kept = _keep_arg(keep)
+    plan = ForwardPlan(kept, _layers_arg(layers, arch.n_layers), _logits_at_arg(logits_at, mask))
+    if plan.logits_at is not None and "logits" not in kept:
+        raise ValueError("logits_at was given but keep does not hold 'logits'")
+    sizes = forward_bytes(arch, mask.shape, dtype, plan)
+    fields = {name: size for name, size in sizes.items() if name != "working"}
+    total = sum(sizes.values())
+    limit = _available_bytes() if available is None else int(available)
+    big = max(fields, key=fields.get) if fields else "working"
+    big_size = sizes[big]
+    if big_size > MAX_ARRAY_BYTES or total > limit:
+        b, n = mask.shape
+        where = (f"{big_size / 2 ** 30:.3g} GiB for {big!r}" if big != "working"
+                 else f"{big_size / 2 ** 30:.3g} GiB of working arrays")
+        why = (f"beyond the limit of {MAX_ARRAY_BYTES / 2 ** 30:.0f} GiB for one array" if big_size > MAX_ARRAY_BYTES
+               else f"{total / 2 ** 30:.3g} GiB in all, more than the {limit / 2 ** 30:.3g} GiB of memory available")
+        hint = ("keep only what is needed, e.g. keep=('attention_stats', 'logits') with logits_at='last'"
+                if big != "working" else "use a shorter input or a smaller batch")
+        raise ValueError(f"Model.forward on {b} x {n} tokens would need {where} ({why}); {hint}, "
+                         f"or fewer layers=")
+    return plan
+
+
+def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
+    """Bytes a forward pass allocates: each kept field's size, and "working" for the arrays
+    one layer needs while it runs (queries, keys and values, the MLP's hidden units, the
+    residual stream; the MLP runs in blocks of rows, :data:`MLP_ROWS`).
+
+    Parameters
+    ----------
+    arch : Architecture
+        The model.
+    shape : tuple of int
+        (batch, n) of the token ids.
+    dtype : numpy dtype
+        The computation dtype.
+    plan : ForwardPlan
+        What is kept.
+
+    Returns
+    -------
+    dict
+        {field name: bytes} for the kept fields the model has, and "working".
+
+    Examples
+    --------
+    >>> sizes = forward_bytes(model.arch, (1, 4096), np.float32, plan)  # doctest: +SKIP
+    """
+    b, n = (int(s) for s in shape)
+    item = np.dtype(dtype).itemsize
+    a = arch
+    L = len(plan.layers)
+    H, d = a.n_heads, a.d_model
+    d_qk, d_v = a.d_head, (a.mla["v_head_dim"] if a.mla else a.d_head)
+    m = n if plan.logits_at is None else plan.logits_at.shape[1]
+    moe = sum(1 for i in plan.layers if i in a.moe_layers)
+    elements = {
+        "logits": b * m * a.vocab_size if a.family != "bert" else 0,
+        "hidden_states": (L + 1) * b * n * d,
+        "attentions": L * b * H * n * n,
+        "attention_inputs": L * b * n * d,
+        "q": L * b * H * n * d_qk, "k": L * b * H * n * d_qk, "v": L * b * H * n * d_v,
+        "q_prerotary": L * b * H * n * d_qk, "k_prerotary": L * b * H * n * d_qk,
+        "router_logits": moe * b * n * a.n_experts,
+        "kv_latent": L * b * n * a.mla["kv_lora_rank"] if a.mla else 0,
+        "rope_keys": L * b * n * a.mla["qk_rope_head_dim"] if a.mla else 0,
+        "attention_stats": L * b * H * n * (len(STATS_FIELDS) - 1 + 8 / item),
+    }
+    out = {name: int(elements[name] * item) for name in KEEPABLE if name in plan.keep and elements[name]}
+    ff = int(a.config.get("intermediate_size") or a.config.get("n_inner") or 4 * d) if a.config else 4 * d
+    rows = min(b * n, MLP_ROWS)
+    out["working"] = int(item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * ff + 4 * b * n * d
+                                 + (b * H * n * n if a.family == "bert" or "attentions" in plan.keep else 0)))
+    return out
+
+
+#: Rows of the residual stream the MLP takes at a time beyond which a pass splits it into blocks.
+MLP_ROWS = 4096
+
+
+def _available_bytes() -> int:
+    """The memory the system reports available (MemAvailable; all physical memory when unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2 ** 62
+
+
+class Stacks:
+    """Per-layer arrays written into one preallocated (count, ...) array per field, allocated
+    at the first write (no list of arrays and np.stack copy: half the peak memory)."""
+
+    def __init__(self, plan: ForwardPlan, counts: dict):
+        self._plan, self._counts, self._arrays, self._next = plan, counts, {}, {}
+
+    def put(self, name: str, value) -> None:
+        """Write the next slot of field `name` (an ndarray, or an AttentionStats)."""
+        i = self._next.get(name, 0)
+        if name not in self._arrays:
+            count = self._counts[name]
+            if isinstance(value, AttentionStats):
+                self._arrays[name] = value.map(lambda a: np.empty((count,) + a.shape, a.dtype))
+            else:
+                self._arrays[name] = np.empty((count,) + value.shape, value.dtype)
+        target = self._arrays[name]
+        if isinstance(target, AttentionStats):
+            for f in STATS_FIELDS:
+                getattr(target, f)[i] = getattr(value, f)
+        else:
+            target[i] = value
+        self._next[name] = i + 1
+
+    def get(self, name: str):
+        """The stacked field, or None when nothing was written."""
+        return self._arrays.get(name)

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from .norm import normalize
+from .products import product
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm
 
@@ -117,15 +118,15 @@ def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np
     nope, rope, dv, rc = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"], m["kv_lora_rank"]
     b, n, _ = x.shape
     if "q" in layer:
-        q = x @ layer["q"]
+        q = product(x, layer["q"])
     else:
-        c_q = x @ layer["q_a"] if layer["b_q_a"] is None else x @ layer["q_a"] + layer["b_q_a"]
-        q = normalize(c_q, layer["q_a_norm"], None, LATENT_NORM_EPS, "rmsnorm") @ layer["q_b"]
+        c_q = product(x, layer["q_a"]) if layer["b_q_a"] is None else product(x, layer["q_a"]) + layer["b_q_a"]
+        q = product(normalize(c_q, layer["q_a_norm"], None, LATENT_NORM_EPS, "rmsnorm"), layer["q_b"])
     q = q.reshape(b, n, H, nope + rope).transpose(0, 2, 1, 3)
-    ckv = x @ layer["kv_a"] if layer["b_kv_a"] is None else x @ layer["kv_a"] + layer["b_kv_a"]
+    ckv = product(x, layer["kv_a"]) if layer["b_kv_a"] is None else product(x, layer["kv_a"]) + layer["b_kv_a"]
     latent = normalize(ckv[..., :rc], layer["kv_a_norm"], None, LATENT_NORM_EPS, "rmsnorm")
     k_rope = ckv[..., rc:]
-    kv = (latent @ layer["kv_b"]).reshape(b, n, H, nope + dv).transpose(0, 2, 1, 3)
+    kv = product(latent, layer["kv_b"]).reshape(b, n, H, nope + dv).transpose(0, 2, 1, 3)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     shared = np.broadcast_to(k_rope[:, None], (b, H, n, rope))
     k_pre = np.concatenate([k_nope, shared], axis=-1)

@@ -23,7 +23,9 @@ import numpy as np
 from .architecture import Architecture, architecture_from_config
 from .bert import BertEncoder
 from .decoder import Decoder
-from .forward import Forward
+from ..attention import softmax_attention
+from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
+from .forward import Forward, ForwardPlan, plan_forward
 from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
 from .layouts import detect_layout
 from .tokenizer import tokenize
@@ -121,8 +123,9 @@ class Model:
             ids, tokens = ids[:max_length], tokens[:max_length]
         return ids, tokens
 
-    def forward(self, token_ids, *, attention_mask=None, dtype=np.float32) -> Forward:
-        """Run the model on token ids.
+    def forward(self, token_ids, *, attention_mask=None, dtype=np.float32, keep=None, layers=None,
+                logits_at=None) -> Forward:
+        """Run the model on token ids, keeping what is asked.
 
         Parameters
         ----------
@@ -133,26 +136,48 @@ class Model:
             real. Every sequence needs at least one real token.
         dtype : {np.float32, np.float64}, default np.float32
             The computation dtype (weights of any stored precision are cast to it).
+        keep : str or sequence of str, optional
+            The :class:`Forward` fields to compute and return (the others are None and never
+            allocated): any of :data:`attngeom.models.forward.KEEPABLE`. Default: every field
+            but ``attention_stats``, which is kept only when named. Without "attentions" no
+            (n, n) weights are formed: ``keep=("attention_stats", "logits")`` with
+            ``logits_at="last"`` analyses every head of a long document in the memory of the
+            weights plus a few layer-sized arrays.
+        layers : int or sequence of int, optional
+            The layers whose per-layer fields are kept (default all; negative indices count
+            from the end). The pass stops after the last of them unless logits or hidden
+            states are kept.
+        logits_at : {"last", "all"} or array_like of int, optional
+            The token indices whose logits are computed ("last": each sequence's last real
+            token, shape ([batch,] 1, vocab); default every token). The unembedding, a
+            (vocab, d_model) product per position, is applied only there.
 
         Returns
         -------
         Forward
             logits, hidden_states, attentions, attention_inputs, q, k, v, q_prerotary,
-            k_prerotary (shapes in :class:`Forward`; a batch axis after the layer axis for
-            2-D input).
+            k_prerotary, attention_stats, ... (shapes in :class:`Forward`; a batch axis after
+            the layer axis for 2-D input). The kept fields are bitwise the same whatever else
+            is kept.
 
         Raises
         ------
         ValueError
             For token ids that are not integers or lie outside 0..vocab_size-1, a mask of
             another shape or with an empty sequence, sequences beyond the position table
-            (GPT-2, BERT), and another dtype.
+            (GPT-2, BERT), another dtype, an unknown field in `keep`, `layers` or `logits_at`
+            out of range, and a pass whose kept fields and working arrays would not fit in the
+            memory available (refused before anything is allocated, naming the field, its size
+            and ``keep=``).
 
         Examples
         --------
         >>> f = model.forward(np.array([[0, 5, 7], [3, 4, 9]]), attention_mask=[[0, 1, 1], [1, 1, 1]])  # doctest: +SKIP
         >>> f.logits.shape  # doctest: +SKIP
         (2, 3, 100)
+        >>> f = model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")  # doctest: +SKIP
+        >>> f.attention_stats.entropy.shape, f.logits.shape  # doctest: +SKIP
+        ((28, 16, 4096), (1, 151936))
         """
         dt = np.dtype(dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -190,42 +215,62 @@ class Model:
             raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
                              f"{limit} positions of the model's position table (config.json "
                              f"{'n_positions' if self.arch.family == 'gpt2' else 'max_position_embeddings'})")
+        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=layers, logits_at=logits_at)
         if self.decoder is not None:
-            out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt)
+            out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         else:
-            out = self._bert_forward(ids, mask, positions, dt)
-        if single:
-            for name in ("hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",
-                         "k_prerotary"):
-                setattr(out, name, getattr(out, name)[:, 0])
-            out.logits = None if out.logits is None else out.logits[0]
-            for name in ("router_logits", "kv_latent", "rope_keys"):
-                value = getattr(out, name)
-                setattr(out, name, None if value is None else value[:, 0])
-            out.positions, out.attention_mask = out.positions[0], out.attention_mask[0]
-        return out
+            out = self._bert_forward(ids, mask, positions, dt, plan)
+        return out.sequence(0) if single else out
 
-    def _bert_forward(self, ids, mask, positions, dt) -> Forward:
+    def _bert_forward(self, ids, mask, positions, dt, plan: ForwardPlan) -> Forward:
         """BERT through :class:`BertEncoder`, one sequence at a time on its real tokens."""
         enc = self._encoder(dt)
         H = enc.heads
         b, n = ids.shape
-        L, nh, d, dh = H.n_layers, H.n_heads, H.d_model, H.d_head
-        hidden = np.zeros((L + 1, b, n, d), dt)
-        attn = np.zeros((L, b, nh, n, n), dt)
-        q, k, v = (np.zeros((L, b, nh, n, dh), dt) for _ in range(3))
+        nh, d, dh = H.n_heads, H.d_model, H.d_head
+        kept = list(plan.layers)
+        Lk = len(kept)
+
+        def zeros(name, shape, dtype=dt):
+            return np.zeros(shape, dtype) if plan.wants(name) else None
+
+        hidden = zeros("hidden_states", (Lk + 1, b, n, d))
+        inputs = zeros("attention_inputs", (Lk, b, n, d))
+        attn = zeros("attentions", (Lk, b, nh, n, n))
+        q, k, v, q_pre, k_pre = (zeros(name, (Lk, b, nh, n, dh)) for name in ("q", "k", "v", "q_prerotary",
+                                                                               "k_prerotary"))
+        stats = [] if plan.wants("attention_stats") else None
+        heads_needed = any(plan.wants(name) for name in ("q", "k", "v", "q_prerotary", "k_prerotary",
+                                                         "attention_stats"))
+        runs = []
         for s in range(b):
-            keep = np.flatnonzero(mask[s])
-            o = enc.forward(ids[s, keep].astype(np.int64))
-            hidden[:, s, keep] = o.hidden_states
-            attn[:, s][:, :, keep[:, None], keep[None, :]] = o.attention
-            for layer in range(L):
+            real = np.flatnonzero(mask[s])
+            o = enc.forward(ids[s, real].astype(np.int64))
+            runs.append((real, o))
+            if hidden is not None:
+                hidden[:-1, s, real] = o.hidden_states[kept]
+                hidden[-1, s, real] = o.hidden_states[-1]
+            if inputs is not None:
+                inputs[:, s, real] = o.hidden_states[kept]
+            if attn is not None:
+                attn[:, s][:, :, real[:, None], real[None, :]] = o.attention[kept]
+        for i, layer in enumerate(kept if heads_needed else ()):
+            qkv = np.zeros((3, b, nh, n, dh), dt)  # this layer's padded queries, keys, values
+            for s, (real, o) in enumerate(runs):
                 x = o.hidden_states[layer]
-                qq, kk = H.queries_keys(x, layer)
-                vv = x[None] @ H.W_V[layer] + (0.0 if H.b_V is None else H.b_V[layer][:, None, :])
-                q[layer, s][:, keep], k[layer, s][:, keep], v[layer, s][:, keep] = qq, kk, vv
-        scale = np.full(L, 1.0 / np.sqrt(dh))
-        return Forward(None, hidden, attn, hidden[:-1].copy(), q, k, v, q.copy(), k.copy(), scale, positions, mask)
+                qkv[0, s][:, real], qkv[1, s][:, real] = H.queries_keys(x, layer)
+                qkv[2, s][:, real] = x[None] @ H.W_V[layer] + (0.0 if H.b_V is None else H.b_V[layer][:, None, :])
+            for out, value in ((q, qkv[0]), (q_pre, qkv[0]), (k, qkv[1]), (k_pre, qkv[1]), (v, qkv[2])):
+                if out is not None:
+                    out[i] = value
+            if stats is not None:  # the kernel's statistics over the padded sequence, padded keys hidden
+                stats.append(softmax_attention(qkv[0], qkv[1], qkv[2], mask=mask[:, None, None, :],
+                                               return_stats=True)[-1])
+        if stats is not None:
+            stats = AttentionStats(*(np.stack([getattr(st, name) for st in stats]) for name in STATS_FIELDS))
+        scale = np.full(Lk, 1.0 / np.sqrt(dh))
+        return Forward(None, hidden, attn, inputs, q, k, v, q_pre, k_pre, scale, positions, mask,
+                       attention_stats=stats, layers=np.asarray(kept), logits_positions=plan.logits_at)
 
 
 def load_model(path, *, backend: str = "auto") -> Model:

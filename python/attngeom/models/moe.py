@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from ..circuits import topk_routing
+from .products import product
 
 
 def moe_weights(take: Callable, prefix: str, arch) -> dict:
@@ -169,7 +170,7 @@ def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
     --------
     >>> out, logits = moe_mlp(x, weights, arch, silu)  # doctest: +SKIP
     """
-    logits = x @ layer["router"]
+    logits = product(x, layer["router"])
     R = route(logits, arch).astype(x.dtype, copy=False)
     flat_x, flat_r = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     out = np.zeros_like(flat_x)
@@ -178,8 +179,8 @@ def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
         if rows.size == 0:
             continue
         xe = flat_x[rows]
-        h = act(xe @ layer["experts_gate"][e]) * (xe @ layer["experts_up"][e])
-        out[rows] += flat_r[rows, e, None] * (h @ layer["experts_down"][e])
+        h = act(product(xe, layer["experts_gate"][e])) * product(xe, layer["experts_up"][e])
+        out[rows] += flat_r[rows, e, None] * product(h, layer["experts_down"][e])
     if "shared_gate" in layer:  # DeepSeek's shared experts: every token, weight 1
-        out += (act(flat_x @ layer["shared_gate"]) * (flat_x @ layer["shared_up"])) @ layer["shared_down"]
+        out += product(act(product(flat_x, layer["shared_gate"])) * product(flat_x, layer["shared_up"]), layer["shared_down"])
     return out.reshape(x.shape), logits

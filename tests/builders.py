@@ -1,0 +1,131 @@
+"""Shared builders of the model tests: tiny random-init checkpoints of every supported layout,
+built from ``transformers`` config classes and saved with save_pretrained (nothing is
+downloaded), their transformers reference forward, and a word-level tokenizer.
+
+Test modules import from here, never from one another.
+"""
+import contextlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 97
+N = 7
+
+
+def configs():
+    tf = transformers
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    return {
+        "gpt2": lambda: (tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                       bos_token_id=0, eos_token_id=0), tf.GPT2LMHeadModel),
+        "llama": lambda: (tf.LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=64,
+                                         rope_theta=500.0), tf.LlamaForCausalLM),
+        "llama3": lambda: (tf.LlamaConfig(**small, num_key_value_heads=1, tie_word_embeddings=True,
+                                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                        "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16},
+                                          max_position_embeddings=64), tf.LlamaForCausalLM),
+        "llama_yarn": lambda: (tf.LlamaConfig(**small, num_key_value_heads=2,
+                                              rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0,
+                                                            "original_max_position_embeddings": 16},
+                                              max_position_embeddings=64), tf.LlamaForCausalLM),
+        "mistral": lambda: (tf.MistralConfig(**small, num_key_value_heads=2, sliding_window=4), tf.MistralForCausalLM),
+        "qwen2": lambda: (tf.Qwen2Config(**small, num_key_value_heads=2, tie_word_embeddings=True), tf.Qwen2ForCausalLM),
+        "qwen3": lambda: (tf.Qwen3Config(**small, num_key_value_heads=2, head_dim=16), tf.Qwen3ForCausalLM),
+        "bert": lambda: (tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=48, max_position_embeddings=16), tf.BertModel),
+    }
+
+
+LAYOUTS = list(configs())
+
+
+@contextlib.contextmanager
+def float64_everywhere():
+    """Inside transformers, every explicit float32 upcast (torch.float32, torch.float,
+    Tensor.float()) becomes float64, so a double() model computes in float64 throughout."""
+    saved = torch.float32, torch.float, torch.Tensor.float
+    torch.float32 = torch.float = torch.float64
+    torch.Tensor.float = torch.Tensor.double
+    try:
+        yield
+    finally:
+        torch.float32, torch.float, torch.Tensor.float = saved
+
+
+def randomize(model, seed):
+    """Weights of order one (transformers' init, std 0.02, makes every attention near uniform)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "ln_" in name or "LayerNorm.weight" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+_BUILT = {}
+
+
+def build(layout, folder, dtype="float32"):
+    """A saved random checkpoint of that layout and the transformers model it came from."""
+    config, cls = configs()[layout]()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(cls(config), seed=hash(layout) % 1000).eval()
+    if dtype == "float64":
+        model = model.double()
+        with float64_everywhere():  # rotary frequencies recomputed in float64
+            for m in model.modules():
+                if hasattr(m, "inv_freq"):
+                    if not hasattr(m, "config"):
+                        pytest.skip("this transformers version's rotary module cannot be rebuilt in float64")
+                    m.__init__(m.config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def reference(model, ids, mask, positions, float64):
+    kw = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
+              position_ids=torch.tensor(positions), output_hidden_states=True, output_attentions=True)
+    ctx = float64_everywhere() if float64 else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        out = model(**kw)
+    logits = getattr(out, "logits", None)
+    return (None if logits is None else logits.numpy(), np.stack([h.numpy() for h in out.hidden_states]),
+            np.stack([a.numpy() for a in out.attentions]))
+
+
+def batch():
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, VOCAB, size=(3, N))
+    mask = np.ones((3, N), dtype=bool)
+    mask[1, :2] = False  # left padding
+    mask[2, -3:] = False  # right padding
+    return ids, mask
+
+
+def max_errors(f, ref, mask):
+    logits, hidden, attn = ref
+    errs = {"hidden": np.abs(f.hidden_states - hidden)[:, mask].max()}
+    if logits is not None:
+        errs["logits"] = np.abs(f.logits - logits)[mask].max()
+    a = np.abs(f.attentions - attn)  # (L, b, H, n, n): real query rows, real key columns
+    errs["attentions"] = max(a[:, s][:, :, mask[s]][:, :, :, mask[s]].max() for s in range(mask.shape[0]))
+    return errs
+
+
+def with_tokenizer(folder):
+    """A word-level tokenizer.json over a ten-word vocabulary, written into folder."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<unk>"] + "the cat sat on mat and dog ran . a".split()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))

@@ -1,0 +1,266 @@
+"""Model.forward(keep=, layers=, logits_at=): a forward pass that keeps only what is asked.
+
+The kept fields are bitwise those of the full pass (the attention kernel's output does not
+depend on whether weights or statistics are returned, and the products are split by rows
+into blocks fixed by the processor count); the streaming attention statistics equal the
+statistics of the materialised weights; a pass beyond memory is refused before allocation;
+the products give the same bits at any thread count.
+"""
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom.models import load_model
+from attngeom.models.forward import KEEPABLE, plan_forward
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from builders import VOCAB, batch, build  # noqa: E402
+
+DECODERS = ["gpt2", "llama", "mistral", "qwen3"]
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = {}
+    for layout in DECODERS + ["bert"]:
+        folder = tmp_path_factory.mktemp(layout)
+        build(layout, folder)
+        out[layout] = load_model(folder)
+    return out
+
+
+def _assert_stats_close(stats, reference, real, tol):
+    """stats against reference at the real query rows (the last axis), every field."""
+    for name in ("entropy", "max_weight", "sink_weight", "mean_distance"):
+        a, b = getattr(stats, name)[..., real], getattr(reference, name)[..., real]
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+    np.testing.assert_array_equal(stats.argmax[..., real], reference.argmax[..., real])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", DECODERS + ["bert"])
+def test_statistics_equal_those_of_the_weights(models, layout, dtype):
+    """attention_stats of every layer equal AttentionStats.from_weights of the attentions
+    (1e-5 relative in float32, 1e-12 in float64) at every real query of a padded batch, and
+    log Z equals log sum exp of the scaled logits."""
+    m = models[layout]
+    ids, mask = batch()
+    f = m.forward(ids, attention_mask=mask, dtype=dtype, keep=("attentions", "attention_stats", "q", "k"))
+    assert f.attention_stats.shape == (2, 3, 4, ids.shape[1])
+    ref = ag.AttentionStats.from_weights(f.attentions)
+    causal = layout != "bert"
+    for s in range(ids.shape[0]):
+        real = np.flatnonzero(mask[s])
+        _assert_stats_close(f.attention_stats.map(lambda a: a[:, s]), ref.map(lambda a: a[:, s]), real, TOL[dtype])
+        logits = np.einsum("lhid,lhjd->lhij", f.q[:, s], f.k[:, s]).astype(np.float64) * f.scale[:, None, None, None]
+        n = len(mask[s])
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        visible = np.broadcast_to(mask[s][None, :] & ((j <= i) if causal else True), (2, n, n)).copy()
+        for layer in m.arch.sliding_layers:  # Mistral's window
+            visible[layer] &= (i - j) < m.arch.sliding_window
+        logits = np.where(visible[:, None], logits, -np.inf)
+        top = logits.max(-1, keepdims=True)
+        with np.errstate(invalid="ignore"):  # padded queries that see no key
+            log_z = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+        # log Z is a sum of logits: its error scales with their magnitude, not with log Z
+        size = max(1.0, float(np.abs(np.where(np.isfinite(logits), logits, 0)).max()))
+        np.testing.assert_allclose(f.attention_stats.log_z[:, s][..., real], log_z[..., real], rtol=0,
+                                   atol=10 * TOL[dtype] * size)
+
+
+@pytest.mark.parametrize("layout", DECODERS + ["bert"])
+def test_kept_fields_are_bitwise_the_full_pass(models, layout):
+    m = models[layout]
+    ids, mask = batch()
+    full = m.forward(ids, attention_mask=mask, keep=KEEPABLE)
+    for keep, layers in [(("attention_stats", "logits"), None), (("q", "v", "hidden_states"), [1]),
+                         (("attentions", "attention_inputs", "k_prerotary"), [0]), ("attention_stats", [-1])]:
+        f = m.forward(ids, attention_mask=mask, keep=keep, layers=layers)
+        kept = (keep,) if isinstance(keep, str) else keep
+        index = [0, 1] if layers is None else [layers[0] % 2]
+        np.testing.assert_array_equal(f.layers, index)
+        for name in KEEPABLE:
+            value = getattr(f, name)
+            if name not in kept or getattr(full, name) is None:
+                assert value is None, name
+            elif name == "attention_stats":
+                for field in ("log_z", "entropy", "max_weight", "argmax", "sink_weight", "mean_distance"):
+                    np.testing.assert_array_equal(getattr(value, field), getattr(full.attention_stats, field)[index])
+            elif name == "logits":
+                np.testing.assert_array_equal(value, full.logits)
+            elif name == "hidden_states":  # the kept layers' inputs, then the output
+                np.testing.assert_array_equal(value, full.hidden_states[index + [-1]])
+            else:
+                np.testing.assert_array_equal(value, getattr(full, name)[index], err_msg=name)
+        np.testing.assert_array_equal(f.scale, full.scale[index])
+
+
+def test_default_keep_is_every_field_but_the_statistics(models):
+    ids, mask = batch()
+    f = models["qwen3"].forward(ids, attention_mask=mask)
+    assert f.attention_stats is None
+    assert f.attentions.shape == (2, 3, 4, ids.shape[1], ids.shape[1])
+    assert f.hidden_states.shape == (3, 3, ids.shape[1], 32) and f.logits.shape == (3, ids.shape[1], VOCAB)
+    np.testing.assert_array_equal(f.logits_positions, np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
+
+
+@pytest.mark.parametrize("layout", ["llama", "gpt2"])
+def test_logits_at(models, layout):
+    m = models[layout]
+    ids, mask = batch()
+    full = m.forward(ids, attention_mask=mask)
+    last = m.forward(ids, attention_mask=mask, keep="logits", logits_at="last")
+    ends = [np.flatnonzero(row)[-1] for row in mask]   # right padding: not the last column
+    assert ends == [ids.shape[1] - 1, ids.shape[1] - 1, ids.shape[1] - 4]
+    assert last.logits.shape == (3, 1, VOCAB)
+    np.testing.assert_array_equal(last.logits_positions[:, 0], ends)
+    # fewer rows go through another BLAS product shape: equal to rounding, not bitwise
+    np.testing.assert_allclose(last.logits[:, 0], full.logits[np.arange(3), ends], rtol=1e-5, atol=1e-5)
+    some = m.forward(ids, attention_mask=mask, keep=("logits",), logits_at=[0, -1, 2])
+    np.testing.assert_allclose(some.logits, full.logits[:, [0, ids.shape[1] - 1, 2]], rtol=1e-5, atol=1e-5)
+    one = m.forward(ids[0], keep=("logits",), logits_at="last")  # one sequence: no batch axis
+    assert one.logits.shape == (1, VOCAB) and one.logits_positions.tolist() == [ids.shape[1] - 1]
+    np.testing.assert_allclose(one.logits[0], m.forward(ids[0]).logits[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_one_sequence_drops_the_batch_axis(models):
+    ids, _ = batch()
+    f = models["llama"].forward(ids[0], keep=("attention_stats", "q", "hidden_states"))
+    assert f.attention_stats.shape == (2, 4, ids.shape[1]) and f.q.shape == (2, 4, ids.shape[1], 8)
+    assert f.positions.shape == (ids.shape[1],) and f.hidden_states.shape == (3, ids.shape[1], 32)
+
+
+def test_bad_arguments(models):
+    m = models["llama"]
+    ids = np.arange(6)
+    with pytest.raises(ValueError, match="keep: unknown field 'atention'.*attentions"):
+        m.forward(ids, keep=("atention",))
+    with pytest.raises(TypeError, match="keep must be a field name"):
+        m.forward(ids, keep=3)
+    with pytest.raises(ValueError, match="layers: 2 is out of range for a model of 2 layers"):
+        m.forward(ids, layers=[0, 2])
+    with pytest.raises(ValueError, match="layers: -3 is out of range"):
+        m.forward(ids, layers=-3)
+    with pytest.raises(ValueError, match="layers must name at least one layer"):
+        m.forward(ids, layers=[])
+    with pytest.raises(TypeError, match="layers must be an integer"):
+        m.forward(ids, layers=[0.5])
+    with pytest.raises(ValueError, match="logits_at: token index 6 is out of range for sequences of 6 tokens"):
+        m.forward(ids, logits_at=[6])
+    with pytest.raises(ValueError, match="logits_at must be 'last'"):
+        m.forward(ids, logits_at="first")
+    with pytest.raises(ValueError, match="logits_at must be"):
+        m.forward(ids, logits_at=[[0]])
+    with pytest.raises(ValueError, match="logits_at was given but keep does not hold 'logits'"):
+        m.forward(ids, keep="q", logits_at="last")
+
+
+def test_a_pass_beyond_memory_is_refused_before_allocation(models):
+    m = models["llama"]
+    n = 400_000  # 2 layers x 4 heads x n^2 float32 weights: 5 TB
+    with pytest.raises(ValueError, match=r"would need .* GiB for 'attentions'.*keep=\('attention_stats', 'logits'\)"):
+        m.forward(np.zeros(n, np.int64))
+    mask = np.ones((1, 1000), bool)
+    plan_forward(m.arch, mask, np.float32, keep=("attention_stats",), available=10 ** 9)  # fits
+    with pytest.raises(ValueError, match=r"'q' \(.*more than the 9.31e-07 GiB of memory available"):
+        plan_forward(m.arch, mask, np.float32, keep=("q", "attention_stats"), available=1000)
+    with pytest.raises(ValueError, match="working arrays.*shorter input or a smaller batch"):
+        plan_forward(m.arch, mask, np.float32, keep=(), available=1000)
+
+
+def test_the_same_bits_at_any_thread_count(models):
+    """The products split rows over a pool of the thread budget; blocks are fixed by the
+    processor count, so 1, 2 and 3 threads give the same bits."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, VOCAB, (3, 50))  # 150 rows: split into blocks on more than one processor
+    before = ag.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            ag.set_num_threads(threads)
+            runs.append(models["qwen3"].forward(ids, keep=("logits", "hidden_states", "attention_stats")))
+    finally:
+        ag.set_num_threads(before)
+    for f in runs[1:]:
+        np.testing.assert_array_equal(f.logits, runs[0].logits)
+        np.testing.assert_array_equal(f.hidden_states, runs[0].hidden_states)
+        np.testing.assert_array_equal(f.attention_stats.entropy, runs[0].attention_stats.entropy)
+
+
+def test_products_split_by_rows(monkeypatch):
+    from attngeom.models import products
+
+    rng = np.random.default_rng(0)
+    x, W = rng.standard_normal((2, 100, 16)), rng.standard_normal((16, 24))
+    monkeypatch.setattr(products, "_processors", lambda: 3)
+    with products.product_threads():
+        y = products.product(x, W)
+    assert y.shape == (2, 100, 24)
+    np.testing.assert_allclose(y, x @ W, rtol=1e-13, atol=1e-13)
+    assert products.product(x[:, :10], W).shape == (2, 10, 24)  # too few rows to split
+
+
+def test_mlp_in_blocks_of_rows(models, monkeypatch):
+    """Beyond MLP_ROWS rows the MLP runs in row blocks: the same function of each row."""
+    from attngeom.models import decoder
+
+    ids = np.random.default_rng(4).integers(0, VOCAB, (2, 40))
+    whole = models["llama"].forward(ids, keep=("logits",))
+    monkeypatch.setattr(decoder, "MLP_ROWS", 16)
+    blocks = models["llama"].forward(ids, keep=("logits",))
+    np.testing.assert_allclose(blocks.logits, whole.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_set_num_threads_sets_the_blas_threads_too():
+    pytest.importorskip("threadpoolctl")
+    import io
+
+    before = ag.get_num_threads()
+    try:
+        ag.set_num_threads(1)
+        cfg = ag.show_config(file=io.StringIO())
+        assert cfg["blas_threads"] in (1, None)
+    finally:
+        ag.set_num_threads(before)
+
+
+CHILD = r"""
+import json, resource, sys
+import numpy as np
+import attngeom as ag
+model = ag.load_model(sys.argv[1])
+ids = np.random.default_rng(5).integers(0, model.arch.vocab_size, int(sys.argv[2]))
+f = model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")
+np.savez(sys.argv[3], entropy=f.attention_stats.entropy[:, :, :512], argmax=f.attention_stats.argmax[:, :, :512],
+         logits=f.logits, ids=ids[:512])
+print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "shape": list(f.attention_stats.shape)}))
+"""
+
+
+def test_sixteen_thousand_tokens_in_little_memory(tmp_path):
+    """16,384 tokens with statistics and the last logits: one layer's (4, n, n) float32 weights
+    alone would be 4.3 GB; the pass peaks well under 2 GB. The statistics of the first 512
+    queries equal those of the weights of a full pass over the first 512 tokens (causal)."""
+    import json
+    import subprocess
+    import sys
+
+    build("qwen3", tmp_path / "m")
+    n = 16384
+    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "m"), str(n), str(tmp_path / "out.npz")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    assert report["shape"] == [2, 4, n]
+    assert report["peak_mb"] < 2048, report
+    saved = np.load(tmp_path / "out.npz")
+    short = load_model(tmp_path / "m").forward(saved["ids"], keep=("attentions",))
+    ref = ag.AttentionStats.from_weights(short.attentions)
+    np.testing.assert_allclose(saved["entropy"], ref.entropy, rtol=1e-4, atol=1e-4)
+    top = np.sort(short.attentions, axis=-1)
+    clear = top[..., -1] - top[..., -2] > 1e-4  # the largest weight is not tied at float32 rounding
+    np.testing.assert_array_equal(saved["argmax"][clear], ref.argmax[clear])
