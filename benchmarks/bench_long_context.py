@@ -76,6 +76,9 @@ print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource
 """
 
 
+KINDS = ("attngeom", "transformers_sdpa", "transformers_eager")
+
+
 def eager_bytes(n: int) -> int:
     """transformers' eager forward with output_attentions: every layer's (16, n, n) float32
     weights kept, and about three more (16, n, n) arrays while a layer runs."""
@@ -117,6 +120,7 @@ def main(argv=None):
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
     ap.add_argument("--threads", type=int, default=2, help="threads of every library (default 2)")
+    ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
     args = ap.parse_args(argv)
     lengths = args.lengths + ([32768] if args.long else [])
     rows = []
@@ -130,7 +134,10 @@ def main(argv=None):
         print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; {args.threads} threads; {cpu_name()}")
         for n in lengths:
             row = {"n": n}
-            for kind in ("attngeom", "transformers_sdpa", "transformers_eager"):
+            for kind in KINDS:
+                if kind not in args.libraries:
+                    row[kind] = {"skipped": "not asked for (--libraries)"}
+                    continue
                 if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
                     row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
                     continue
@@ -147,7 +154,7 @@ def main(argv=None):
                                             "memory": e["peak_rss_mb"] / a["peak_rss_mb"]}
             rows.append(row)
             cells = []
-            for kind in ("attngeom", "transformers_sdpa", "transformers_eager"):
+            for kind in KINDS:
                 r = row[kind]
                 cells.append(f"{kind} " + (f"{r['seconds']:.1f} s / {r['peak_rss_mb'] / 1024:.2f} GB" if "seconds" in r
                                            else r.get("skipped") or r.get("error")))

@@ -6,6 +6,8 @@ into blocks fixed by the processor count); the streaming attention statistics eq
 statistics of the materialised weights; a pass beyond memory is refused before allocation;
 the products give the same bits at any thread count.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -229,6 +231,8 @@ def test_set_num_threads_sets_the_blas_threads_too():
 
 CHILD = r"""
 import json, resource, sys
+import os
+
 import numpy as np
 import attngeom as ag
 model = ag.load_model(sys.argv[1])
@@ -264,3 +268,67 @@ def test_sixteen_thousand_tokens_in_little_memory(tmp_path):
     top = np.sort(short.attentions, axis=-1)
     clear = top[..., -1] - top[..., -2] > 1e-4  # the largest weight is not tied at float32 rounding
     np.testing.assert_array_equal(saved["argmax"][clear], ref.argmax[clear])
+
+
+def test_heads_report_on_a_long_text(tmp_path):
+    """`attngeom heads` on a 4,096-token text: every query's statistics (the per-position
+    profile figure, in the HTML too), the P-based fields on the first 512 tokens."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from builders import with_tokenizer
+
+    from attngeom import cli
+
+    build("llama", tmp_path / "m")
+    with_tokenizer(tmp_path / "m")
+    words = "the cat sat on mat and dog ran . a".split()
+    (tmp_path / "t.txt").write_text(" ".join(np.random.default_rng(0).choice(words, 4096)))
+    assert cli.main(["heads", str(tmp_path / "m"), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "r")]) == 0
+    out = tmp_path / "r"
+    assert (out / "attention_profile.png").stat().st_size > 10_000
+    html = (out / "report.html").read_text()
+    assert "alt='attention_profile.png'" in html and "first 512 tokens" in html
+    assert "first 512 tokens" in (out / "summary.md").read_text()
+    report = json.loads((out / "heads.json").read_text())
+    assert report["summary"]["text_lengths"] == [4096] and report["summary"]["window"] == 512
+    profiles = report["profiles"]
+    assert np.shape(profiles["entropy"]) == (2, 4, len(profiles["positions"])) and profiles["bin_edges"][-1] == 4096
+    model = load_model(tmp_path / "m")
+    ids, _ = model.tokenize((tmp_path / "t.txt").read_text())
+    stats = model.forward(np.asarray(ids), dtype=np.float64, keep=("attention_stats",)).attention_stats
+    for row in report["heads"]:
+        layer, head = row["layer"], row["head"]
+        assert row["attention_entropy"] == pytest.approx(stats.entropy[layer, head].mean(), rel=1e-9)
+        assert row["sink_weight"] == pytest.approx(stats.sink_weight[layer, head].mean(), rel=1e-9, abs=1e-12)
+        assert row["log_z_max"] == pytest.approx(stats.log_z[layer, head].max(), rel=1e-9)
+
+
+def _resident_kb(path):
+    """Resident kB of this process's mappings of `path` (Linux /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's header line
+                inside = line.rstrip("\n").endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
+def test_released_pages_leave_the_resident_set_and_keep_their_values(tmp_path):
+    from attngeom.models import SafetensorsFile, write_safetensors
+    from attngeom.models.safetensors import release_pages
+
+    values = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    path = write_safetensors(tmp_path / "w.safetensors", {"w": values})
+    f = SafetensorsFile(path)
+    w = f.mapped("w")
+    assert float(w.T.sum()) == pytest.approx(float(values.sum()), rel=1e-4)  # every page read
+    assert _resident_kb(path) >= 1900
+    release_pages(w.T)
+    assert _resident_kb(path) <= 16  # at most the partial pages at the ends
+    np.testing.assert_array_equal(w, values)  # mapped again from the page cache
+    release_pages(values)  # not mapped: nothing happens

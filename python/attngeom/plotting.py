@@ -792,3 +792,97 @@ def layer_distributions(maps, axes=None, *, kind="box"):
     axes[0].legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def log_position_bins(n: int, bins: int = 48):
+    """Geometric bins of the positions 0..n-1 for curves on a log position axis.
+
+    Parameters
+    ----------
+    n : int
+        Number of positions.
+    bins : int, default 48
+        At most this many bins (fewer when n is small: every position its own bin).
+
+    Returns
+    -------
+    edges : ndarray of int, shape (m + 1,)
+        Bin j holds positions edges[j] .. edges[j + 1] - 1; every position in one bin.
+    centers : ndarray, shape (m,)
+        The mean position of every bin, plus one (so position 0 sits at 1 on a log axis).
+
+    Examples
+    --------
+    >>> edges, centers = ag.plotting.log_position_bins(6)
+    >>> edges.tolist(), centers.tolist()
+    ([0, 1, 2, 3, 4, 5, 6], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    """
+    edges = np.unique(np.concatenate([[0], np.geomspace(1, n, bins).astype(int), [n]]))
+    centers = np.array([(a + b - 1) / 2 + 1 for a, b in zip(edges[:-1], edges[1:])])
+    return edges, centers
+
+
+@fill_doc
+def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True):
+    """Every head's attention entropy and sink mass against the query position, log position axis.
+
+    One thin line per head, coloured by layer (viridis), each the mean within geometric
+    position bins (:func:`log_position_bins`); for a causal model the left panel shows the
+    entropy of a uniform row over the visible keys, log(i + 1), dashed.
+
+    Parameters
+    ----------
+    entropy : array_like, shape (n_layers, n_heads, n)
+        Entropy in nats of every query's weights (``AttentionStats.entropy``).
+    sink_weight : array_like, shape (n_layers, n_heads, n)
+        Weight on key 0 of every query (``AttentionStats.sink_weight``).
+    title : str, optional
+        Figure title.
+    axes : sequence of two Axes, optional
+        Where to draw.
+    causal : bool, default True
+        Whether query i sees keys 0..i only (draws the uniform-row reference).
+
+    %(figure_returns)s
+
+    Examples
+    --------
+    >>> e = np.log(np.arange(1, 65))[None, None].repeat(2, 0)
+    >>> fig = ag.plotting.attention_profiles(e, 1 / np.arange(1, 65)[None, None].repeat(2, 0))
+    >>> len(fig.axes)
+    3
+    """
+    import matplotlib as mpl
+
+    entropy, sink = np.asarray(entropy, float), np.asarray(sink_weight, float)
+    if entropy.ndim != 3 or sink.shape != entropy.shape:
+        raise ValueError(f"entropy and sink_weight must have one shape (n_layers, n_heads, n), got {entropy.shape} "
+                         f"and {sink.shape}")
+    L, H, n = entropy.shape
+    fig, axes = panel_row(axes, 2, 4.6, height=3.4)
+    edges, x = log_position_bins(n)
+
+    def binned(a):
+        return np.stack([a[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:])], axis=-1)
+
+    colors = mpl.colormaps["viridis"](np.linspace(0, 0.9, max(L, 1)))
+    for ax, values, label in ((axes[0], binned(entropy), "entropy (nats)"), (axes[1], binned(sink), "weight on key 0")):
+        for layer in range(L):
+            for head in range(H):
+                ax.plot(x, values[layer, head], color=colors[layer], lw=0.7, alpha=0.75)
+        ax.set_xscale("log")
+        ax.set_xlabel("query position + 1")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    if causal:
+        axes[0].plot(x, np.log(x), "k--", lw=1, label="uniform over visible keys")
+        axes[0].legend(fontsize=7, loc="upper left")
+    axes[1].set_ylim(-0.02, 1.02)
+    fig.subplots_adjust(bottom=0.16, top=0.88, wspace=0.3)
+    sm = mpl.cm.ScalarMappable(cmap=mpl.colors.ListedColormap(colors),
+                               norm=mpl.colors.BoundaryNorm(np.arange(L + 1) - 0.5, L))
+    bar = fig.colorbar(sm, ax=list(axes), label="layer", fraction=0.04, pad=0.02)
+    bar.set_ticks(np.arange(L) if L <= 12 else np.linspace(0, L - 1, 7).round())
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

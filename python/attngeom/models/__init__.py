@@ -12,7 +12,9 @@
 * :mod:`.report` is the per-head report of ``attngeom heads``.
 * :func:`load_model` -> :class:`Model` runs a checkpoint's forward pass (:mod:`.model`):
   :mod:`.architecture` reads config.json, :mod:`.decoder` is the GPT-2 / Llama-family
-  decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result,
+  decoder, :mod:`.rotary` the rotary embedding, :mod:`.forward` the :class:`Forward` result and what a
+  pass keeps (``keep=``, ``layers=``, ``logits_at=``, the size estimate), :mod:`.products` its
+  matrix products on the library's thread budget,
   :mod:`.checkpoint` finds sharded and Hugging Face cached checkpoints, :mod:`.norm` the
   LayerNorm / RMSNorm, :mod:`.mla` DeepSeek-V2's multi-head latent attention.
 * :mod:`.adapters`: :func:`from_transformers` and :func:`from_transformer_lens` give the same

@@ -155,7 +155,7 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         ids, tokens = model.tokenize(text, max_length=limit)
         if not ids:
             raise ValueError("the text has no tokens")
-        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64)
+        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attention_inputs",))
         return out.attention_inputs[:, None], tokens
     enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
     if max_length is not None and int(max_length) < 2:

@@ -37,8 +37,9 @@ from .heads import Checkpoint
 from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
 from .norm import normalize
-from .products import product, product_threads
+from .products import map_rows, product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
+from .safetensors import release_pages
 
 
 def _gelu_tanh(x):
@@ -65,6 +66,7 @@ def _unembed(final, W, dt):
     logits = np.empty(final.shape[:-1] + (V,), dt)
     for i in range(0, V, _UNEMBED_ROWS):
         logits[..., i:i + _UNEMBED_ROWS] = product(final, W[i:i + _UNEMBED_ROWS].astype(dt, copy=False).T)
+        release_pages(W[i:i + _UNEMBED_ROWS])
     return logits
 
 
@@ -287,8 +289,10 @@ class Decoder:
 
         act = _activation(a.activation)
         h = cast(w["embed"][ids])
+        release_pages(w["embed"])
         if a.family == "gpt2":
             h = h + cast(w["pos"][positions])
+            release_pages(w["pos"])
         # (b, 1, n, d_head); MLA rotates its own rotary columns (:mod:`.mla`)
         cos_sin = None if self.rotary is None or a.mla else self.rotary.cos_sin(positions[:, None], dt)
         # no key mask when every token is real: the kernel's result is bitwise the same, and faster
@@ -301,11 +305,11 @@ class Decoder:
         out = Stacks(plan, {"hidden_states": kept + 1, "router_logits": sum(i in a.moe_layers for i in plan.layers),
                             **{name: kept for name in KEEPABLE if name not in ("hidden_states", "router_logits")}})
         scales = []
-        for li, L in enumerate(w["layers"]):
+        for li, stored in enumerate(w["layers"]):
             if li > plan.layers[-1] and not plan.wants("logits") and not plan.wants("hidden_states"):
                 break  # nothing after the last kept layer is asked for
             here = li in plan.layers
-            L = {key: cast(value) for key, value in L.items()}
+            L = {key: cast(value) for key, value in stored.items()}
             x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
             if a.mla:  # multi-head latent attention (:mod:`.mla`)
                 parts = mla_attention_inputs(x, L, a, self.rotary, positions)
@@ -346,6 +350,9 @@ class Decoder:
             h = h + mlp
             if here:
                 scales.append(scale)
+            del L
+            for value in stored.values():  # the layer is done: its mapped pages leave the resident set
+                release_pages(value)
         final = None
         if plan.wants("hidden_states") or plan.wants("logits"):
             final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
@@ -397,26 +404,21 @@ class Decoder:
 
 def _dense_mlp(x, L, gated: bool, act):
     """The dense MLP on normed residuals x (b, n, d): down(act(gate) * up) or down(act(up)),
-    biases where stored; beyond MLP_ROWS rows in blocks of rows (the hidden units of a long
-    input would otherwise take (n, d_ff) arrays several times over)."""
-    b, n, d = x.shape
-    if b * n <= MLP_ROWS:
-        return _mlp_block(x, L, gated, act)
-    flat = x.reshape(b * n, d)
-    out = np.empty_like(flat)
-    for i in range(0, b * n, MLP_ROWS):
-        out[i:i + MLP_ROWS] = _mlp_block(flat[i:i + MLP_ROWS], L, gated, act)
-    return out.reshape(b, n, d)
+    biases where stored, on blocks of rows over the thread budget (products and the
+    nonlinearity alike), at most MLP_ROWS rows at a time (the hidden units of a long input
+    would otherwise take (n, d_ff) arrays several times over)."""
+    return map_rows(lambda rows: _mlp_block(rows, L, gated, act), x, x.shape[-1], max_rows=MLP_ROWS)
 
 
 def _mlp_block(x, L, gated: bool, act):
+    """The MLP of a block of rows (x, d) (called from the pool: plain products)."""
     if gated:
-        g = product(x, L["gate"]) if L["b_gate"] is None else product(x, L["gate"]) + L["b_gate"]
-        u = product(x, L["up"]) if L["b_up"] is None else product(x, L["up"]) + L["b_up"]
-        mlp = product(act(g) * u, L["down"])
+        g = x @ L["gate"] if L["b_gate"] is None else x @ L["gate"] + L["b_gate"]
+        u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
+        mlp = (act(g) * u) @ L["down"]
     else:
-        u = product(x, L["up"]) if L["b_up"] is None else product(x, L["up"]) + L["b_up"]
-        mlp = product(act(u), L["down"])
+        u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
+        mlp = act(u) @ L["down"]
     if L.get("b_down") is not None:
         mlp = mlp + L["b_down"]
     return mlp

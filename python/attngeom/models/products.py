@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 import numpy as np
 
@@ -68,6 +69,61 @@ def product_threads():
         yield
 
 
+def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, dtype=None) -> np.ndarray:
+    """fn applied to blocks of the rows of x on the thread budget: a row-wise function of x.
+
+    The rows of x (its last axis is a row's entries) are split into contiguous blocks, as
+    many as the processors (and more when a block would exceed `max_rows` rows), computed by
+    the pool; the blocks depend on the row count and the processor count only, so the result
+    is the same at any thread count.
+
+    Parameters
+    ----------
+    fn : callable
+        (rows, k) -> (rows, width), applied to each block; it must treat rows independently.
+    x : ndarray, shape (..., k)
+        The input.
+    width : int
+        The width of fn's output rows.
+    max_rows : int, optional
+        The largest block (bounds fn's temporaries, e.g. an MLP's hidden units).
+    dtype : numpy dtype, optional
+        The dtype of fn's output (default x's).
+
+    Returns
+    -------
+    ndarray, shape (..., width)
+        fn of every row.
+
+    Examples
+    --------
+    >>> from attngeom.models.products import map_rows
+    >>> map_rows(lambda r: 2 * r, np.arange(6.0).reshape(3, 2), 2).tolist()
+    [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    blocks = min(_processors(), rows // MIN_ROWS_PER_BLOCK)
+    if max_rows is not None:
+        blocks = max(blocks, -(-rows // max_rows))
+    if blocks <= 1:
+        return fn(flat).reshape(x.shape[:-1] + (width,))
+    edges = np.linspace(0, rows, blocks + 1).astype(int)
+    out = np.empty((rows, width), x.dtype if dtype is None else dtype)
+
+    def block(i):
+        out[edges[i]:edges[i + 1]] = fn(flat[edges[i]:edges[i + 1]])
+
+    threads = min(get_num_threads(), blocks)
+    if threads <= 1:
+        for i in range(blocks):
+            block(i)
+    else:
+        for _ in _workers(threads).map(block, range(blocks)):  # re-raises a block's exception
+            pass
+    return out.reshape(x.shape[:-1] + (width,))
+
+
 def product(x: np.ndarray, W) -> np.ndarray:
     """x @ W with the rows of x split over the thread budget (module docstring).
 
@@ -89,22 +145,7 @@ def product(x: np.ndarray, W) -> np.ndarray:
     >>> product(np.ones((4, 3)), np.ones((3, 2))).tolist()
     [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """
-    flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    blocks = min(_processors(), rows // MIN_ROWS_PER_BLOCK)
-    if blocks <= 1:
-        return x @ W
-    out = np.empty((rows, W.shape[-1]), np.result_type(x, W))
-    edges = np.linspace(0, rows, blocks + 1).astype(int)
+    if x.dtype != np.result_type(x, W):
+        x = x.astype(np.result_type(x, W))
+    return map_rows(lambda rows: rows @ W, x, W.shape[-1])
 
-    def block(i):
-        np.matmul(flat[edges[i]:edges[i + 1]], W, out=out[edges[i]:edges[i + 1]])
-
-    threads = min(get_num_threads(), blocks)
-    if threads == 1:
-        for i in range(blocks):
-            block(i)
-    else:
-        for _ in _workers(threads).map(block, range(blocks)):  # re-raises a block's exception
-            pass
-    return out.reshape(x.shape[:-1] + (W.shape[-1],))

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import _operands
 from ..attention import softmax_attention
 from ..head_diagnostics import HeadDiagnostics
 from ..spectral import cumulative_energy
@@ -43,6 +44,7 @@ CROSS_LAYER = (
     ("tilt_effective_dim", "tilt effective dimension"),
     ("routing_effective_rank_mean", "routing effective rank of P"),
     ("attention_entropy", "attention row entropy (nats)"),
+    ("sink_weight", "attention-sink mass (weight on key 0)"),
 )
 
 # What every field of the table means (heads.json "fields", the HTML glossary).
@@ -74,8 +76,19 @@ FIELDS = {
     "routing_rank_mean": "rank of the attention matrix P (s.6.3)",
     "routing_nullity_mean": "n - rank(P): the routing null of the keys (s.6.3)",
     "routing_effective_rank_mean": "entropy effective rank of P's singular values (s.13.7)",
-    "attention_entropy": "row entropy of P in nats, mean over the queries (log n for uniform rows, 0 for one-hot)",
+    "attention_entropy": "row entropy of P in nats, mean over every query of the text (log n for uniform rows, 0 for "
+                         "one-hot; streaming statistics, no P formed)",
+    "sink_weight": "weight on the first token (key 0), mean over every query: the attention-sink mass",
+    "mean_distance": "expected query-key distance sum_j p_ij |i - j| in positions, mean over every query",
+    "log_z_min": "smallest log partition log sum_j exp(s_ij) over the queries (s_ij the scaled logits)",
+    "log_z_max": "largest log partition over the queries",
 }
+# Fields from the streaming statistics of every query (the others that need data use the window).
+_STREAM_KEYS = ("attention_entropy", "sink_weight", "mean_distance", "log_z_min", "log_z_max")
+#: Texts longer than this many tokens: the fields that need the attention matrix P or the
+#: radii (routing ranks, radii, tilt coverage, the heat maps, attention.npz) use their first
+#: WINDOW tokens (for a causal model the first WINDOW rows of P exactly).
+WINDOW = 512
 _SPREAD = "_spread"
 # Attention matrices of every head are kept (and saved) up to this many bytes in float32.
 _ATTENTION_BYTES = 1 << 28
@@ -110,6 +123,11 @@ class HeadReport:
     queries : dict
         {(layer, head): (m, d_head) queries} of the chosen heads, pooled over the texts (the
         Laplace-Radon panels: radii and tilts).
+    profiles : dict or None
+        {"entropy", "sink_weight"}: (n_layers, n_heads, n) float32 per query of the first
+        text, from the streaming statistics (the attention_profile.png figure).
+    window : int or None
+        The tokens per text the P- and radius-based fields use (None when no text is longer).
     """
 
     model: dict
@@ -122,6 +140,8 @@ class HeadReport:
     text_values: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     attention: Optional[List[np.ndarray]] = field(default=None, repr=False)
     queries: Dict[Tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+    profiles: Optional[Dict[str, np.ndarray]] = field(default=None, repr=False)
+    window: Optional[int] = None
 
     @property
     def n_texts(self) -> int:
@@ -178,7 +198,24 @@ class HeadReport:
         lengths = None if self.tokens is None else [len(t) for t in self.tokens]
         return {**self.model, "source": self.source, "n_texts": self.n_texts,
                 "n_tokens": None if lengths is None else int(sum(lengths)), "text_lengths": lengths,
-                "chosen": [list(c) for c in self.chosen], "seconds": self.seconds, "mean": means}
+                "window": self.window, "chosen": [list(c) for c in self.chosen], "seconds": self.seconds,
+                "mean": means}
+
+    def binned_profiles(self) -> Optional[dict]:
+        """The per-position profiles of the first text in geometric position bins (the JSON's
+        "profiles"): {"positions": bin centres (position + 1), "entropy", "sink_weight":
+        (n_layers, n_heads, bins) means within the bins as nested lists}; None without data."""
+        if self.profiles is None:
+            return None
+        from ..plotting import log_position_bins
+
+        n = self.profiles["entropy"].shape[-1]
+        edges, centers = log_position_bins(n)
+        out = {"positions": centers.tolist(), "bin_edges": edges.tolist()}
+        for key, a in self.profiles.items():
+            out[key] = np.stack([a[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:])],
+                                axis=-1).round(6).tolist()
+        return out
 
     def layer_means(self) -> list:
         """Per layer, the mean over its heads of the cross-layer quantities (:data:`CROSS_LAYER`).
@@ -196,7 +233,7 @@ class HeadReport:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"summary": self.summary(), "fields": self.fields(), "tokens": self.tokens,
-                       "heads": self.table()}, f, indent=2)
+                       "heads": self.table(), "profiles": self.binned_profiles()}, f, indent=2)
         return str(path)
 
     def to_dataframe(self):
@@ -279,6 +316,11 @@ class HeadReport:
         maps = self._cross_layer_maps()
         figs = {"layer_head_grids.png": plotting.layer_head_grids(maps),
                 "cross_layer.png": plotting.layer_distributions(maps)}
+        if self.profiles is not None:
+            n = self.profiles["entropy"].shape[-1]
+            figs["attention_profile.png"] = plotting.attention_profiles(
+                self.profiles["entropy"], self.profiles["sink_weight"], causal=bool(self.model.get("causal", True)),
+                title=f"every head over {n} tokens" + (" (text 0)" if self.n_texts > 1 else ""))
         d = self.diagnostics
         tokens = None if self.tokens is None else self.tokens[0]
         for layer, head in self.chosen:
@@ -303,6 +345,10 @@ class HeadReport:
             lines.append(f"{self.n_texts} text(s), {s['n_tokens']} tokens ({', '.join(map(str, s['text_lengths']))})"
                          + ("; data fields are means over the texts, *_spread their standard deviations."
                             if self.n_texts > 1 else "."))
+            if self.window is not None:
+                lines.append(f"Routing ranks, radii, tilt coverage and the attention heat maps use the first "
+                             f"{self.window} tokens of each text; attention_entropy, sink_weight, mean_distance and "
+                             f"log_z_* every query (streaming statistics, attention_profile.png).")
         lines += ["", "## Per layer: mean over heads", "", _markdown_table(self.layer_means()), ""]
         rows = {(r["layer"], r["head"]): r for r in self.table()}
         lines += ["## Heads drawn in detail", ""]
@@ -415,6 +461,12 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
     for r in layer_rows:
         out.append("<tr>" + "".join(f"<td data-v='{r[k]}'>{_fmt(r[k])}</td>" for k in r) + "</tr>")
     out.append("</tbody></table><h2>Across layers</h2>")
+    if "attention_profile.png" in pngs:
+        out.append("<h3>Every query: entropy and sink mass against position</h3>"
+                   + (f"<p>Routing ranks, radii, tilt coverage and the heat maps use the first {report.window} "
+                      f"tokens of each text; the profile and the streaming fields every query.</p>"
+                      if report.window is not None else ""))
+        img("attention_profile.png")
     img("cross_layer.png")
     img("layer_head_grids.png")
     fields = report.fields()
@@ -493,14 +545,9 @@ def _texts(x, tokens, heads: ModelHeads):
     return texts, [[str(w) for w in t] for t in lists]
 
 
-def _row_entropy(P: np.ndarray) -> np.ndarray:
-    """Mean over the query rows of the entropy of each row of P (..., n, n) -> (...)."""
-    logs = np.log(np.where(P > 0, P, 1.0))
-    return -(P * logs).sum(-1).mean(-1)
-
-
 def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
-                rtol=None, n_heads: Optional[int] = None, source: Optional[str] = None) -> HeadReport:
+                rtol=None, n_heads: Optional[int] = None, source: Optional[str] = None,
+                window: int = WINDOW) -> HeadReport:
     """Every head's geometry: weights-only, or with the activations of one or several texts.
 
     The per-head diagnostics of Laplace-Radon s.12.1 (spectra of B = W_Q W_K^T and W_OV,
@@ -533,6 +580,13 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
         Needed for a checkpoint without config.json.
     source : str, optional
         A description of where the heads came from, stored in the report.
+    window : int, default WINDOW (512)
+        Texts longer than this: routing ranks, radii, tilt coverage, the heat maps and the
+        saved attention matrices use their first `window` tokens (for a causal model exactly
+        the first rows of P); attention_entropy, sink_weight, mean_distance, log_z_min /
+        log_z_max and the per-position profile (attention_profile.png) every query, from the
+        streaming attention statistics (no (n, n) matrix), so a long document costs memory
+        linear in its length.
 
     Returns
     -------
@@ -551,9 +605,11 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     t0 = time.perf_counter()
     if not isinstance(heads, ModelHeads):
         heads = load_heads(heads, n_heads=n_heads)
+    window = _operands.count("window", window)
     t1 = time.perf_counter()
     texts, token_lists = _texts(x, tokens, heads)
-    d = heads.diagnostics(None if not texts else texts[0][:, None], bias=bias, rtol=rtol)
+    cut = [a[:, :window] for a in texts]  # the P- and radius-based fields: the first `window` tokens
+    d = heads.diagnostics(None if not texts else cut[0][:, None], bias=bias, rtol=rtol)
     if chosen is None:
         chosen = _default_chosen(d)
     chosen = [(int(l), int(h)) for l, h in chosen]
@@ -564,34 +620,49 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                  "token_effective_dim", "token_null_dim", "routing_rank_mean", "routing_nullity_mean",
                  "routing_effective_rank_mean")
     shape = (heads.n_layers, heads.n_heads)
-    values = {key: np.zeros((len(texts),) + shape) for key in data_keys + ("attention_entropy",)} if texts else {}
-    keep = 4 * heads.n_layers * heads.n_heads * sum(a.shape[1] ** 2 for a in texts) <= _ATTENTION_BYTES
+    values = {key: np.zeros((len(texts),) + shape) for key in data_keys + _STREAM_KEYS} if texts else {}
+    keep = 4 * heads.n_layers * heads.n_heads * sum(a.shape[1] ** 2 for a in cut) <= _ATTENTION_BYTES
     attention = [] if texts and keep else None
     routing, queries = {}, {c: [] for c in chosen} if texts else {}
-    for t, a in enumerate(texts):
-        dt = d if t == 0 else heads.diagnostics(a[:, None], bias=bias, rtol=rtol)
+    profiles = None
+    for t, (a, w) in enumerate(zip(texts, cut)):
+        dt = d if t == 0 else heads.diagnostics(w[:, None], bias=bias, rtol=rtol)
         for row in dt.table():
             layer, head = row["head"]
             for key in data_keys:
                 values[key][t, layer, head] = row[key]
-        maps = np.empty(shape + (a.shape[1],) * 2, np.float32) if attention is not None else None
+        maps = np.empty(shape + (w.shape[1],) * 2, np.float32) if attention is not None else None
+        if t == 0:
+            profiles = {key: np.empty(shape + (a.shape[1],), np.float32) for key in ("entropy", "sink_weight")}
         for layer in range(heads.n_layers):
             q, k = heads.queries_keys(a[layer], layer, bias=bias)
-            _, P = softmax_attention(q, k, None, causal=heads.causal, return_weights=True, layout="bhnd")
-            values["attention_entropy"][t, layer] = _row_entropy(P)
+            # every query's statistics in the streaming kernel (no (n, n) matrix), P on the window only
+            _, st = softmax_attention(q, k, None, causal=heads.causal, return_stats=True, layout="bhnd")
+            for key, v in (("attention_entropy", st.entropy.mean(-1)), ("sink_weight", st.sink_weight.mean(-1)),
+                           ("mean_distance", st.mean_distance.mean(-1)), ("log_z_min", st.log_z.min(-1)),
+                           ("log_z_max", st.log_z.max(-1))):
+                values[key][t, layer] = v
+            if t == 0:
+                profiles["entropy"][layer], profiles["sink_weight"][layer] = st.entropy, st.sink_weight
+            m = w.shape[1]
+            _, P = softmax_attention(q[:, :m], k[:, :m], None, causal=heads.causal, return_weights=True,
+                                     layout="bhnd")
             if maps is not None:
                 maps[layer] = P
             for l, h in chosen:
                 if l == layer:
-                    queries[l, h].append(q[h])
+                    queries[l, h].append(q[h, :m])
                     if t == 0:
                         routing[l, h] = P[h]
         if attention is not None:
             attention.append(maps)
     t2 = time.perf_counter()
     model = heads.summary()
+    model["causal"] = bool(heads.causal)
     model["homogeneous"] = bool(texts and bias and (heads.b_Q is not None or heads.b_K is not None))
+    longest = max((a.shape[1] for a in texts), default=0)
     return HeadReport(model, d, chosen, routing, token_lists,
                       source or ("weights" if not texts else "activations"),
                       {"load": t1 - t0, "diagnostics": t2 - t1}, values, attention,
-                      {c: np.concatenate(qs) for c, qs in queries.items()})
+                      {c: np.concatenate(qs) for c, qs in queries.items()}, profiles,
+                      window if longest > window else None)

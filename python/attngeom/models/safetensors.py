@@ -24,6 +24,7 @@ becomes a :class:`BFloat16Array`, widened to float32 only when a computation ask
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from typing import Dict, Iterable, Optional
@@ -152,6 +153,42 @@ class BFloat16Array:
 
     def __repr__(self):
         return f"BFloat16Array(shape={self.shape})"
+
+
+def release_pages(a) -> None:
+    """Drop the file pages under a memory-mapped tensor from this process's resident set.
+
+    The forward pass reads each layer's weights once; after the layer, its mapped pages are
+    released (``madvise(MADV_DONTNEED)``), so the resident set holds about one layer of
+    weights instead of the whole checkpoint. The pages stay in the kernel's page cache: a
+    later use maps them again without reading the file (the mapping is read-only, so
+    nothing is lost). Only pages wholly inside the tensor are released. Arrays that are not
+    views of a memory map (weights held in memory) are left alone.
+
+    Parameters
+    ----------
+    a : ndarray or BFloat16Array
+        A view from :meth:`SafetensorsFile.mapped` (any slice or transpose of one), or any
+        other object (ignored).
+
+    Examples
+    --------
+    >>> from attngeom.models.safetensors import release_pages
+    >>> release_pages(np.ones(3))   # not mapped: nothing happens
+    """
+    arr = a.bits if isinstance(a, BFloat16Array) else a
+    mm = getattr(arr, "_mmap", None)
+    if mm is None or not isinstance(arr, np.ndarray) or arr.size == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    base = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
+    low = high = arr.__array_interface__["data"][0]
+    for n, stride in zip(arr.shape, arr.strides):
+        low, high = low + min(0, stride * (n - 1)), high + max(0, stride * (n - 1))
+    page = mmap.PAGESIZE
+    start = -(-(low - base) // page) * page
+    end = (high + arr.itemsize - base) // page * page
+    if end > start:
+        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def float32_to_bfloat16(x) -> np.ndarray:
