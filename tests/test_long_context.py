@@ -332,3 +332,25 @@ def test_released_pages_leave_the_resident_set_and_keep_their_values(tmp_path):
     assert _resident_kb(path) <= 16  # at most the partial pages at the ends
     np.testing.assert_array_equal(w, values)  # mapped again from the page cache
     release_pages(values)  # not mapped: nothing happens
+
+
+def test_corpus_profile_over_every_query(tmp_path):
+    """ProfileStatistic: per head, the moments over every real query equal those of the
+    forward's attention_stats text by text; the position profile starts at entropy 0 and
+    sink weight 1 (query 0 sees key 0 only); counts add up to the tokens."""
+    build("llama", tmp_path / "m")
+    rng = np.random.default_rng(2)
+    texts = [rng.integers(0, VOCAB, n) for n in (40, 300, 7)]
+    res = ag.corpus_statistics(str(tmp_path / "m"), texts, statistics=("profile",))
+    prof = res.statistics["profile"]
+    model = load_model(tmp_path / "m")
+    per_text = [model.forward(t, dtype=np.float64, keep=("attention_stats",)).attention_stats for t in texts]
+    for field in ("entropy", "sink_weight", "mean_distance", "log_z"):
+        values = np.concatenate([getattr(s, field) for s in per_text], axis=-1)  # (L, H, tokens)
+        np.testing.assert_allclose(prof[field + "_mean"], values.mean(-1), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(prof[field + "_std"], values.std(-1), rtol=1e-8, atol=1e-10)
+    assert prof["profile_count"].sum() == sum(map(len, texts)) and prof["profile_positions"][0] == 0
+    assert prof["profile_count"][0] == 3
+    np.testing.assert_allclose(prof["profile_entropy"][..., 0], 0, atol=1e-12)
+    np.testing.assert_allclose(prof["profile_sink_weight"][..., 0], 1, atol=1e-12)
+    assert res.plot_profile() is not None

@@ -425,10 +425,12 @@ def _corpus(args) -> int:
             if cluster is not None:
                 cluster.close()
         res.write_table(os.path.join(staging, "heads.csv"))
-        fig = res.plot_layers()
-        fig.savefig(os.path.join(staging, "layers.png"), dpi=110)
         import matplotlib.pyplot as plt
-        plt.close(fig)
+
+        for name, fig in (("layers.png", res.plot_layers()), ("profile.png", res.plot_profile())):
+            if fig is not None:
+                fig.savefig(os.path.join(staging, name), dpi=110)
+                plt.close(fig)
         res.to_json(os.path.join(staging, "summary.json"))  # last: the folder's marker
 
     _write_folder(args.out, "summary.json", write)
@@ -441,7 +443,8 @@ def _corpus(args) -> int:
           f"({res.n_tokens / max(done['elapsed'], 1e-9):.0f} tokens/s)")
     if "stored" in done:
         print(f"wrote the activation store {args.write_store} in {done['stored']:.1f} s")
-    print(f"wrote {args.out}/: summary.json, heads.csv, layers.png")
+    print(f"wrote {args.out}/: summary.json, heads.csv, layers.png"
+          + (", profile.png" if "profile" in res.statistics else ""))
     return 0
 
 

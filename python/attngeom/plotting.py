@@ -823,7 +823,7 @@ def log_position_bins(n: int, bins: int = 48):
 
 
 @fill_doc
-def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True):
+def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True, positions=None):
     """Every head's attention entropy and sink mass against the query position, log position axis.
 
     One thin line per head, coloured by layer (viridis), each the mean within geometric
@@ -842,6 +842,9 @@ def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True
         Where to draw.
     causal : bool, default True
         Whether query i sees keys 0..i only (draws the uniform-row reference).
+    positions : array_like, shape (n,), optional
+        The position of every column when the values are already binned (e.g. a corpus
+        profile, ``ProfileStatistic``): drawn at positions + 1, not binned again.
 
     %(figure_returns)s
 
@@ -860,10 +863,18 @@ def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True
                          f"and {sink.shape}")
     L, H, n = entropy.shape
     fig, axes = panel_row(axes, 2, 4.6, height=3.4)
-    edges, x = log_position_bins(n)
+    if positions is not None:
+        x = np.asarray(positions, float) + 1.0
+        if x.shape != (n,):
+            raise ValueError(f"positions must have shape ({n},), got {x.shape}")
 
-    def binned(a):
-        return np.stack([a[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:])], axis=-1)
+        def binned(a):
+            return a
+    else:
+        edges, x = log_position_bins(n)
+
+        def binned(a):
+            return np.stack([a[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:])], axis=-1)
 
     colors = mpl.colormaps["viridis"](np.linspace(0, 0.9, max(L, 1)))
     for ax, values, label in ((axes[0], binned(entropy), "entropy (nats)"), (axes[1], binned(sink), "weight on key 0")):

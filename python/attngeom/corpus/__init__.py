@@ -8,7 +8,9 @@
 * The statistics, one per module: :mod:`.radius` (:class:`RadiusStatistic`), :mod:`.tilt`
   (:class:`TiltStatistic`, built on :class:`attngeom.TiltCoverage`), :mod:`.routing`
   (:class:`RoutingStatistic`), :mod:`.cumulants` (:class:`CumulantStatistic`),
-  :mod:`.whiteness` (:class:`WhitenessStatistic` and :class:`SequenceMoments`).
+  :mod:`.whiteness` (:class:`WhitenessStatistic` and :class:`SequenceMoments`), :mod:`.profile`
+  (:class:`ProfileStatistic`: every query's entropy, sink mass, mean distance and log Z from the
+  streaming attention statistics, and their profile against position).
 * :mod:`.partitions`: token ids, partitions of consecutive texts, forward batches, the
   fixed merge tree (:func:`merge_states`) and the results, shared by the two runs below.
 * :mod:`.run`: :func:`corpus_statistics` (in-process, or partitions as tasks of a
@@ -25,12 +27,14 @@ from .radius import RadiusStatistic, chi_moments
 from .result import CorpusStatistics
 from .routing import RoutingStatistic
 from .partitions import merge_states
+from .profile import ProfileStatistic
 from .run import DEFAULT_STATISTICS, STATISTICS, corpus_statistics, partition_states
 from .store import write_activations
 from .tilt import TiltStatistic
 from .whiteness import SequenceMoments, WhitenessStatistic
 
 __all__ = [
+    "ProfileStatistic",
     "Batch", "Mergeable", "Statistic", "Moments", "Histogram", "RadiusStatistic", "chi_moments", "TiltStatistic",
     "RoutingStatistic", "CumulantStatistic", "SequenceMoments", "WhitenessStatistic", "CorpusStatistics",
     "corpus_statistics", "write_activations", "partition_states", "merge_states", "STATISTICS", "DEFAULT_STATISTICS",

@@ -20,6 +20,7 @@ class CumulantStatistic(Statistic):
     """
 
     name = "cumulants"
+    fields = ("q", "k", "attentions")
 
     def _new(self, batch) -> dict:
         L, _, H = batch.forward.q.shape[:3]

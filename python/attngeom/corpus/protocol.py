@@ -51,7 +51,7 @@ class Batch:
     @property
     def mask(self) -> np.ndarray:
         """(b, n) True at real tokens."""
-        n = self.forward.q.shape[-2]
+        n = self.forward.positions.shape[-1]
         return np.arange(n)[None, :] < self.lengths[:, None]
 
     @property
@@ -79,13 +79,16 @@ def _merge_value(a, b):
 class Statistic:
     """Base of the corpus statistics: configuration, lazy state, generic merge.
 
-    Subclasses set ``name``, keep their settings in ``__init__`` (returned by
+    Subclasses set ``name`` and ``fields`` (the :class:`attngeom.models.Forward` fields they
+    read: the forward pass keeps only those), keep their settings in ``__init__`` (returned by
     :meth:`config`), build their state in ``_new(batch)`` (a dict of :class:`Moments`,
     :class:`Histogram`, object arrays of mergeables, or numbers), add a batch in
     ``_update(batch)`` and compute named arrays in ``result()``.
     """
 
     name = "statistic"
+    #: The Forward fields ``update`` reads (default: those an activation store holds).
+    fields = ("q", "k", "attentions", "attention_inputs")
 
     def __init__(self):
         self.state: Optional[Dict[str, object]] = None

@@ -52,6 +52,7 @@ class RadiusStatistic(Statistic):
     """
 
     name = "radius"
+    fields = ("q",)
 
     def __init__(self, edges=None):
         super().__init__()

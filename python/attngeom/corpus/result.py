@@ -95,6 +95,19 @@ class CorpusStatistics:
                 f.write(",".join(f"{v:.10g}" if isinstance(v, float) else str(v) for v in r.values()) + "\n")
         return str(path)
 
+    def plot_profile(self):
+        """The profile statistic's figure: every head's mean entropy and sink mass against
+        the query position (log axis), or None without it."""
+        prof = self.statistics.get("profile")
+        if prof is None:
+            return None
+        from ..plotting import attention_profiles
+
+        return attention_profiles(prof["profile_entropy"], prof["profile_sink_weight"],
+                                  positions=prof["profile_positions"],
+                                  causal=self.model.get("family") != "bert",
+                                  title=f"every query of {self.n_texts} texts ({self.n_tokens} tokens)")
+
     def plot_layers(self, fields=None):
         """Cross-layer figure: per field, the mean over heads against the layer, with the
         range over heads shaded (and whiteness / stationarity per layer when measured)."""

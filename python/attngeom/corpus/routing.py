@@ -27,6 +27,7 @@ class RoutingStatistic(Statistic):
     """
 
     name = "routing"
+    fields = ("attentions",)
     _PARTS = ("entropy", "max_weight", "rank")
 
     def __init__(self, entropy_edges=None, max_weight_edges=None, rank_edges=None):
@@ -42,7 +43,7 @@ class RoutingStatistic(Statistic):
         return {f"{p}_edges": e for p, e in self.edges.items()}
 
     def _new(self, batch) -> dict:
-        L, _, H = batch.forward.q.shape[:3]
+        L, _, H = batch.forward.attentions.shape[:3]
         state = {}
         for p in self._PARTS:
             state[p] = Moments((L, H), 1, full=False)

@@ -30,6 +30,7 @@ import numpy as np
 from .._operands import float_dtype
 from .cumulants import CumulantStatistic
 from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
+from .profile import ProfileStatistic
 from .protocol import Batch, Statistic
 from .radius import RadiusStatistic
 from .result import CorpusStatistics
@@ -38,7 +39,7 @@ from .tilt import TiltStatistic
 from .whiteness import WhitenessStatistic
 
 STATISTICS = {"radius": RadiusStatistic, "tilt": TiltStatistic, "routing": RoutingStatistic,
-              "cumulants": CumulantStatistic, "whiteness": WhitenessStatistic}
+              "cumulants": CumulantStatistic, "whiteness": WhitenessStatistic, "profile": ProfileStatistic}
 DEFAULT_STATISTICS = tuple(STATISTICS)
 
 _MODELS: dict = {}  # the models a worker process has loaded, by path
@@ -107,6 +108,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
     """
     m = _worker_model(model) if isinstance(model, str) else model
     states = {s.name: s.empty() for s in statistics}
+    keep = sorted({name for s in statistics for name in s.fields})  # the forward keeps only what is read
     for group in batches(ids, batch_tokens):
         lengths = np.array([len(ids[i]) for i in group])
         n = int(lengths.max())
@@ -115,7 +117,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
         for r, i in enumerate(group):
             tok[r, :lengths[r]] = ids[i]
             mask[r, :lengths[r]] = True
-        f = m.forward(tok, attention_mask=mask, dtype=dtype)
+        f = m.forward(tok, attention_mask=mask, dtype=dtype, keep=keep)
         batch = Batch(f, lengths)
         for s in states.values():
             s.update(batch)

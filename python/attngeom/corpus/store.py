@@ -10,6 +10,7 @@ all), what the statistics read from a forward pass, chunked by (layer, tokens):
   of its own n keys, flattened and concatenated text after text (S = sum n^2, no padding to
   the longest text); text i's block starts at ``attention_offsets[i]``;
 * ``attention_inputs``: (n_layers, N, d_model);
+* ``log_z``: (n_layers, n_heads, N), every query's log partition (which P does not determine);
 * ``lengths`` (n_texts,), ``attention_offsets`` (n_texts + 1,), ``scale`` (n_layers,) and,
   for models without rotary embedding, ``W_K`` (n_layers, n_heads, d_model, d_head), so
   results need no model.
@@ -25,11 +26,12 @@ from typing import Optional
 import numpy as np
 
 from .._operands import float_dtype
+from .profile import stats_from_weights
 from .protocol import Batch
 
 FORMAT = "attngeom-activations"
-VERSION = 2
-_FIELDS = ("q", "k", "attentions", "attention_inputs")
+VERSION = 3
+_FIELDS = ("q", "k", "attentions", "attention_inputs", "log_z")
 
 
 def _zarr():
@@ -167,6 +169,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
         "attentions": _Appender(root.create_array("attentions", shape=(L, H, S), chunks=(1, H, ca), dtype=dt), 2),
         "attention_inputs": _Appender(root.create_array("attention_inputs", shape=(L, N, D), chunks=(1, c, D),
                                                         dtype=dt), 1),
+        "log_z": _Appender(root.create_array("log_z", shape=(L, H, N), chunks=(1, H, c), dtype=dt), 2),
     }
     root.create_array("lengths", shape=lengths.shape, dtype=np.int64)[:] = lengths
     root.create_array("attention_offsets", shape=offsets.shape, dtype=np.int64)[:] = offsets
@@ -183,7 +186,8 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
             mask = np.zeros((len(group), n), dtype=bool)
             for r, t in enumerate(ids[start:stop]):
                 tok[r, :len(t)], mask[r, :len(t)] = t, True
-            f = m.forward(tok, attention_mask=mask, dtype=dt)
+            f = m.forward(tok, attention_mask=mask, dtype=dt,
+                          keep=("q", "k", "attentions", "attention_inputs", "attention_stats"))
             if scale is None:
                 scale = np.asarray(f.scale, np.float64)
             for r, ln in enumerate(group):
@@ -192,6 +196,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
                 out["k"].append(np.asarray(f.k[:, r, :, :ln], dt))
                 out["attentions"].append(np.asarray(f.attentions[:, r, :, :ln, :ln], dt).reshape(L, H, ln * ln))
                 out["attention_inputs"].append(np.asarray(f.attention_inputs[:, r, :ln], dt))
+                out["log_z"].append(np.asarray(f.attention_stats.log_z[:, r, :, :ln], dt))
             start = stop
         for appender in out.values():
             appender.flush(final=True)
@@ -205,7 +210,7 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     return store
 
 
-def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos, batch_tokens: int) -> dict:
+def _store_partition(q, k, attentions, attention_inputs, log_z, lengths, scale, protos, batch_tokens: int) -> dict:
     """The states of `protos` over one partition of a store: arrays of its tokens (whole texts),
     the attentions ragged (each text's (n, n) block flattened, text after text)."""
     from .partitions import batches
@@ -220,7 +225,9 @@ def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos,
         b, n = len(group), int(lens.max())
         f = SimpleNamespace(q=np.zeros((L, b, H, n, d), q.dtype), k=np.zeros((L, b, H, n, d), k.dtype),
                             attentions=np.zeros((L, b, H, n, n), attentions.dtype),
-                            attention_inputs=np.zeros((L, b, n, D), attention_inputs.dtype), scale=scale)
+                            attention_inputs=np.zeros((L, b, n, D), attention_inputs.dtype), scale=scale,
+                            positions=np.zeros((b, n), np.int64), attention_stats=None)
+        lz = np.full((L, b, H, n), -np.inf, log_z.dtype)
         for r, i in enumerate(group):
             o, ln = int(offsets[i]), int(lens[r])
             f.q[:, r, :, :ln] = q[:, :, o:o + ln]
@@ -228,6 +235,9 @@ def _store_partition(q, k, attentions, attention_inputs, lengths, scale, protos,
             a = int(blocks[i])
             f.attentions[:, r, :, :ln, :ln] = attentions[:, :, a:a + ln * ln].reshape(L, H, ln, ln)
             f.attention_inputs[:, r, :ln] = attention_inputs[:, o:o + ln]
+            lz[:, r, :, :ln] = log_z[:, :, o:o + ln]
+        if any("attention_stats" in s.fields for s in protos):
+            f.attention_stats = stats_from_weights(f.attentions, lz)
         batch = Batch(f, lens)
         for s in states.values():
             s.update(batch)
@@ -273,7 +283,8 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
         a, b = int(offsets[ta]), int(offsets[tb])
         states = part(arrays["q"][:, :, a:b], arrays["k"][:, :, a:b],
                       arrays["attentions"][:, :, int(blocks[ta]):int(blocks[tb])],
-                      arrays["attention_inputs"][:, a:b], lengths[ta:tb], scale, protos, batch_tokens)
+                      arrays["attention_inputs"][:, a:b], arrays["log_z"][:, :, a:b], lengths[ta:tb], scale, protos,
+                      batch_tokens)
         merged = states if merged is None else merge(merged, states)
     if client is None:
         with blas_limit(positive_int("blas_threads", blas_threads, allow_none=True)):

@@ -20,6 +20,7 @@ class TiltStatistic(Statistic):
     """
 
     name = "tilt"
+    fields = ("q",)
 
     def _new(self, batch) -> dict:
         L, _, H, _, d = batch.forward.q.shape

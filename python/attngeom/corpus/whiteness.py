@@ -240,6 +240,7 @@ class WhitenessStatistic(Statistic):
     """
 
     name = "whiteness"
+    fields = ("attention_inputs",)
 
     def __init__(self, window: int = 4, max_lag: Optional[int] = None):
         super().__init__()
