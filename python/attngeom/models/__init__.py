@@ -26,6 +26,9 @@
   cache, MLA), :mod:`attngeom.models.routing` (router statistics of mixture-of-experts models, whose
   layer is :mod:`.moe`); :mod:`.prompt` resolves their model and prompt arguments and
   :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
+* Causal tests of the geometry: :mod:`.interventions` (:class:`Ablate`, :class:`Project`,
+  :class:`Patch`, :class:`Hook` at TransformerLens-named sites of ``Model.forward``) and
+  :mod:`.effects` (:func:`head_ablation_effects`).
 """
 from .activations import load_activations, split_texts, text_activations
 from .adapters import from_transformer_lens, from_transformers
@@ -58,6 +61,8 @@ from .induction import InductionScores, induction_scores
 from .spectra import WeightSpectra, weight_spectra
 from .latent import LatentKeyCache, latent_key_cache
 from .routing import RouterStatistics, router_statistics
+from .interventions import Ablate, Hook, Patch, Project
+from .effects import HeadEffects, head_ablation_effects
 
 __all__ = [
     "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -71,5 +76,6 @@ __all__ = [
     "rope_frequencies", "rotary_pairs", "yarn_factors",
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
-    "RouterStatistics", "router_statistics",
+    "RouterStatistics", "router_statistics", "Ablate", "Project", "Patch", "Hook", "HeadEffects",
+    "head_ablation_effects",
 ]

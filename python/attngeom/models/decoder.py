@@ -32,12 +32,14 @@ import numpy as np
 
 from ..attention import softmax_attention
 from .architecture import Architecture
+from ..attention_stats import AttentionStats
 from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
+from .interventions import apply, sites_at
 from .heads import Checkpoint
 from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
 from .norm import normalize
-from .products import map_rows, product, product_threads
+from .products import for_row_blocks, map_rows, product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
 from .safetensors import release_pages
 
@@ -250,7 +252,7 @@ class Decoder:
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype,
-                plan: Optional[ForwardPlan] = None) -> Forward:
+                plan: Optional[ForwardPlan] = None, resume=None) -> Forward:
         """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
 
         Parameters
@@ -264,7 +266,12 @@ class Decoder:
         dtype : numpy dtype
             float32 or float64, the computation dtype.
         plan : ForwardPlan, optional
-            What to keep (:func:`plan_forward`); default today's fields of every layer.
+            What to keep and the interventions (:func:`plan_forward`); default today's fields
+            of every layer.
+        resume : (int, ndarray), optional
+            (layer, h): start at that layer from the residual stream h (batch, n, d_model)
+            entering it (a clean pass's hidden_states[layer]) instead of the embedding; the
+            per-layer fields then start at that layer.
 
         Returns
         -------
@@ -276,9 +283,9 @@ class Decoder:
         >>> f = dec.forward(ids, np.ones(ids.shape, bool), np.arange(ids.shape[1])[None], np.float32)  # doctest: +SKIP
         """
         with product_threads():  # NumPy's products and the attention kernel share the thread budget
-            return self._forward(ids, mask, positions, dtype, plan)
+            return self._forward(ids, mask, positions, dtype, plan, resume)
 
-    def _forward(self, ids, mask, positions, dtype, plan) -> Forward:
+    def _forward(self, ids, mask, positions, dtype, plan, resume) -> Forward:
         a, w, dt = self.arch, self.w, np.dtype(dtype)
         plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
         b, n = ids.shape
@@ -288,36 +295,58 @@ class Decoder:
             return None if x is None else x.astype(dt, copy=False)
 
         act = _activation(a.activation)
-        h = cast(w["embed"][ids])
-        release_pages(w["embed"])
-        if a.family == "gpt2":
-            h = h + cast(w["pos"][positions])
-            release_pages(w["pos"])
-        # (b, 1, n, d_head); MLA rotates its own rotary columns (:mod:`.mla`)
-        cos_sin = None if self.rotary is None or a.mla else self.rotary.cos_sin(positions[:, None], dt)
+        first = 0 if resume is None else int(resume[0])
+        if resume is None:
+            h = cast(w["embed"][ids])
+            release_pages(w["embed"])
+            if a.family == "gpt2":
+                h = h + cast(w["pos"][positions])
+                release_pages(w["pos"])
+        else:
+            h = np.asarray(resume[1], dt)
+        # (b n, 1, d_head), a row per token; MLA rotates its own rotary columns (:mod:`.mla`)
+        cos_sin = (None if self.rotary is None or a.mla else
+                   tuple(t[:, None] for t in self.rotary.cos_sin(positions.reshape(-1), dt)))
         # no key mask when every token is real: the kernel's result is bitwise the same, and faster
         key_mask = None if mask.all() else mask[:, None, None, :]
         window = None
         if a.sliding_layers:
             i = np.arange(n)
             window = mask[:, None, None, :] & ((i[:, None] - i[None, :]) < a.sliding_window)
-        kept = len(plan.layers)
+        kept = sum(1 for i in plan.layers if i >= first)
         out = Stacks(plan, {"hidden_states": kept + 1, "router_logits": sum(i in a.moe_layers for i in plan.layers),
                             **{name: kept for name in KEEPABLE if name not in ("hidden_states", "router_logits")}})
         scales = []
+        single = plan.single
         for li, stored in enumerate(w["layers"]):
-            if li > plan.layers[-1] and not plan.wants("logits") and not plan.wants("hidden_states"):
-                break  # nothing after the last kept layer is asked for
+            if li < first:
+                continue
+            if li > max(plan.layers[-1], max(plan.interventions, default=-1)) and not plan.wants("logits") \
+                    and not plan.wants("hidden_states"):
+                break  # nothing after the last kept (or intervened) layer is asked for
             here = li in plan.layers
+            todo = plan.interventions.get(li, ())  # this layer's interventions (:mod:`.interventions`)
+            sites = sites_at(todo)
+            if "resid_pre" in sites:
+                h = apply(todo, "resid_pre", h, single)
             L = {key: cast(value) for key, value in stored.items()}
-            x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+            x = None
+            if a.mla or "attn_in" in sites:
+                x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+                if "attn_in" in sites:
+                    x = apply(todo, "attn_in", x, single)
             if a.mla:  # multi-head latent attention (:mod:`.mla`)
                 parts = mla_attention_inputs(x, L, a, self.rotary, positions)
+                parts["attention_inputs"] = x
             else:
-                parts = self._attention_inputs(x, L, cos_sin)
+                parts = self._attention_inputs(h, L, cos_sin, pre=here and (plan.wants("q_prerotary") or
+                                                                           plan.wants("k_prerotary")), x=x)
+            for site in ("q", "k", "v"):
+                if site in sites:
+                    parts[site] = apply(todo, site, parts[site], single)
             q, k, v = parts["q"], parts["k"], parts["v"]
             if here:
-                parts.update(hidden_states=h, attention_inputs=x, kv_latent=parts.get("latent"))
+                parts.update(hidden_states=h, kv_latent=parts.get("latent"))
                 for name in ("hidden_states", "attention_inputs", "q", "k", "v", "q_prerotary", "k_prerotary",
                              "kv_latent", "rope_keys"):
                     if plan.wants(name) and parts.get(name) is not None:
@@ -327,27 +356,47 @@ class Decoder:
                 scale *= yarn_factors(a.rope)[1]
             if a.scale_by_layer:
                 scale /= li + 1
-            want_p, want_s = here and plan.wants("attentions"), here and plan.wants("attention_stats")
+            want_s = here and plan.wants("attention_stats")
+            want_p = here and plan.wants("attentions") or "pattern" in sites
             res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=True,
                                     scale=scale, return_weights=want_p, return_stats=want_s, layout="bhnd")
             y = res[0] if want_p or want_s else res
-            if want_p:
+            if "pattern" in sites:  # the changed weights give the heads' outputs (and the statistics)
+                P = apply(todo, "pattern", res[1], single)
+                y = P @ v
+                res = (y, P) + ((AttentionStats.from_weights(P, log_z=res[-1].log_z),) if want_s else ())
+            if here and plan.wants("attentions"):
                 out.put("attentions", res[1])
             if want_s:
                 out.put("attention_stats", res[-1])
+            if "z" in sites:
+                y = apply(todo, "z", y, single)
+            if here and plan.wants("z"):
+                out.put("z", y)
             del q, k, v, parts, res
             o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
             if L["b_o"] is not None:
                 o = o + L["b_o"]
+            if "attn_out" in sites:
+                o = apply(todo, "attn_out", o, single)
+            if here and plan.wants("attn_out"):
+                out.put("attn_out", o)
             h = h + o
-            x2 = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
             if "router" in L:  # mixture of experts (:mod:`.moe`)
-                mlp, router = moe_mlp(x2, L, a, act)
+                mlp, router = moe_mlp(normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a, act)
                 if here and plan.wants("router_logits"):
                     out.put("router_logits", router)
             else:
-                mlp = _dense_mlp(x2, L, a.gated, act)
+                mlp = _dense_mlp(h, L, a, act)
+            if "mlp_out" in sites:
+                mlp = apply(todo, "mlp_out", mlp, single)
+            if here and plan.wants("mlp_out"):
+                out.put("mlp_out", mlp)
             h = h + mlp
+            if "resid_post" in sites:
+                h = apply(todo, "resid_post", h, single)
+            if here and plan.wants("resid_post"):
+                out.put("resid_post", h)
             if here:
                 scales.append(scale)
             del L
@@ -366,48 +415,80 @@ class Decoder:
                                                             "k", "v", "q_prerotary", "k_prerotary")),
                        np.asarray(scales), positions, mask, router_logits=out.get("router_logits"),
                        kv_latent=out.get("kv_latent"), rope_keys=out.get("rope_keys"),
-                       attention_stats=out.get("attention_stats"), layers=np.asarray(plan.layers),
-                       logits_positions=plan.logits_at)
+                       attention_stats=out.get("attention_stats"), z=out.get("z"), attn_out=out.get("attn_out"),
+                       mlp_out=out.get("mlp_out"), resid_post=out.get("resid_post"),
+                       layers=np.asarray([i for i in plan.layers if i >= first]), logits_positions=plan.logits_at)
 
-    def _attention_inputs(self, x, L, cos_sin) -> dict:
-        """q, k, v (b, H, n, d_head) of a GPT-2 / Llama-family layer (module docstring), and
-        q_prerotary, k_prerotary."""
+    def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None) -> dict:
+        """The normed residual stream x (b, n, d_model) and q, k, v (b, H, n, d_head) of a
+        GPT-2 / Llama-family layer (module docstring), computed block of tokens by block of
+        tokens on the thread budget (:func:`for_row_blocks`: norm, products, q_norm / k_norm and
+        rotation of each token together); q_prerotary, k_prerotary too when `pre` (or the
+        model has no rotation, where they are q and k). A given x (an intervened attention
+        input) is used instead of the norm of h."""
         a = self.arch
-        b, n, _ = x.shape
+        b, n, d = h.shape
         H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
-        if a.family == "gpt2":
-            qkv = product(x, L["qkv"])
-            if L["b_qkv"] is not None:
-                qkv = qkv + L["b_qkv"]
-            q, k, v = np.split(qkv, 3, axis=-1)
-        else:
-            q, k, v = product(x, L["q"]), product(x, L["k"]), product(x, L["v"])
-            q = q if L["b_q"] is None else q + L["b_q"]
-            k = k if L["b_k"] is None else k + L["b_k"]
-            v = v if L["b_v"] is None else v + L["b_v"]
-        q = q.reshape(b, n, H, dh).transpose(0, 2, 1, 3)
-        k = k.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
-        v = v.reshape(b, n, K, dh).transpose(0, 2, 1, 3)
-        if a.qk_norm:
-            q = normalize(q, L["q_norm"], None, a.norm_eps, "rmsnorm")
-            k = normalize(k, L["k_norm"], None, a.norm_eps, "rmsnorm")
-        if H != K:
-            k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
-        q_pre, k_pre = q, k
-        if cos_sin is not None:
-            c, s = cos_sin
-            half = dh // 2
-            q = q * c + np.concatenate([-q[..., half:], q[..., :half]], axis=-1) * s
-            k = k * c + np.concatenate([-k[..., half:], k[..., :half]], axis=-1) * s
-        return {"q": q, "k": k, "v": v, "q_prerotary": q_pre, "k_prerotary": k_pre}
+        rows, half = b * n, dh // 2
+        flat = h.reshape(rows, d)
+        given = None if x is None else x.reshape(rows, d)
+        x = np.empty_like(flat) if given is None else given
+        # heads-major over the token rows: one sequence gives contiguous (1, heads, n, d_head)
+        q, k, v = (np.empty((heads, rows, dh), h.dtype) for heads in (H, K, K))
+        before = (np.empty_like(q), np.empty_like(k)) if pre and cos_sin is not None else None
+
+        def block(lo, hi):
+            if given is None:
+                xr = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+                x[lo:hi] = xr
+            else:
+                xr = given[lo:hi]
+            if a.family == "gpt2":
+                qkv = xr @ L["qkv"] if L["b_qkv"] is None else xr @ L["qkv"] + L["b_qkv"]
+                qr, kr, vr = np.split(qkv, 3, axis=-1)
+            else:
+                qr, kr, vr = xr @ L["q"], xr @ L["k"], xr @ L["v"]
+                qr = qr if L["b_q"] is None else qr + L["b_q"]
+                kr = kr if L["b_k"] is None else kr + L["b_k"]
+                vr = vr if L["b_v"] is None else vr + L["b_v"]
+            qr, kr, vr = qr.reshape(-1, H, dh), kr.reshape(-1, K, dh), vr.reshape(-1, K, dh)
+            if a.qk_norm:
+                qr = normalize(qr, L["q_norm"], None, a.norm_eps, "rmsnorm")
+                kr = normalize(kr, L["k_norm"], None, a.norm_eps, "rmsnorm")
+            if before is not None:
+                before[0][:, lo:hi], before[1][:, lo:hi] = qr.transpose(1, 0, 2), kr.transpose(1, 0, 2)
+            if cos_sin is not None:
+                c, s = cos_sin[0][lo:hi], cos_sin[1][lo:hi]
+                qr = qr * c + np.concatenate([-qr[..., half:], qr[..., :half]], axis=-1) * s
+                kr = kr * c + np.concatenate([-kr[..., half:], kr[..., :half]], axis=-1) * s
+            q[:, lo:hi], k[:, lo:hi], v[:, lo:hi] = (t.transpose(1, 0, 2) for t in (qr, kr, vr))
+
+        for_row_blocks(block, rows)
+
+        def heads(t):  # (heads, b n, d_head) -> (b, heads, n, d_head)
+            return t.reshape(t.shape[0], b, n, dh).transpose(1, 0, 2, 3)
+
+        def repeat(t):  # grouped-query keys and values, one per query head
+            return t if H == K else np.repeat(t, H // K, axis=1)
+
+        q, k, v = heads(q), repeat(heads(k)), repeat(heads(v))
+        out = {"q": q, "k": k, "v": v, "attention_inputs": x.reshape(b, n, d)}
+        if cos_sin is None:
+            out.update(q_prerotary=q, k_prerotary=k)
+        elif before is not None:
+            out.update(q_prerotary=heads(before[0]), k_prerotary=repeat(heads(before[1])))
+        return out
 
 
-def _dense_mlp(x, L, gated: bool, act):
-    """The dense MLP on normed residuals x (b, n, d): down(act(gate) * up) or down(act(up)),
-    biases where stored, on blocks of rows over the thread budget (products and the
-    nonlinearity alike), at most MLP_ROWS rows at a time (the hidden units of a long input
-    would otherwise take (n, d_ff) arrays several times over)."""
-    return map_rows(lambda rows: _mlp_block(rows, L, gated, act), x, x.shape[-1], max_rows=MLP_ROWS)
+def _dense_mlp(h, L, a, act):
+    """The dense MLP of residual streams h (b, n, d): Norm, then down(act(gate) * up) or
+    down(act(up)), biases where stored, block of tokens by block of tokens on the thread
+    budget (norm, products and nonlinearity together), at most MLP_ROWS tokens a block (the
+    hidden units of a long input would otherwise take (n, d_ff) arrays several times over)."""
+    def block(rows):
+        return _mlp_block(normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a.gated, act)
+
+    return map_rows(block, h, h.shape[-1], max_rows=MLP_ROWS)
 
 
 def _mlp_block(x, L, gated: bool, act):

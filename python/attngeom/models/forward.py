@@ -80,6 +80,13 @@ class Forward:
         weight and its key, weight on key 0, mean query-key distance), each of shape
         (n_kept, [batch,] n_heads, n), computed inside the streaming attention kernel without
         the (n, n) weights: kept only when asked for (``keep=("attention_stats", ...)``).
+    z : ndarray, shape (n_kept, [batch,] n_heads, n, d_head) or None
+        Each head's output P v before W_O (TransformerLens' hook_z); kept when named.
+    attn_out, mlp_out : ndarray, shape (n_kept, [batch,] n, d_model) or None
+        The attention block's output (after W_O and its bias) and the MLP block's output;
+        kept when named.
+    resid_post : ndarray, shape (n_kept, [batch,] n, d_model) or None
+        The residual stream leaving each layer (before any final norm); kept when named.
     layers : ndarray of int, shape (n_kept,)
         The layers the per-layer fields hold, increasing (every layer by default).
     logits_positions : ndarray of int, shape ([batch,] m)
@@ -110,6 +117,10 @@ class Forward:
     kv_latent: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     rope_keys: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     attention_stats: Optional[AttentionStats] = field(default=None, metadata=_LAYER)
+    z: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    attn_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    mlp_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    resid_post: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     layers: Optional[np.ndarray] = None
     logits_positions: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
 
@@ -166,9 +177,11 @@ class Forward:
 #: The fields ``Model.forward(keep=...)`` chooses among (scale, positions, attention_mask,
 #: layers and logits_positions are always kept).
 KEEPABLE = ("logits", "hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",
-            "k_prerotary", "router_logits", "kv_latent", "rope_keys", "attention_stats")
-#: What ``keep=None`` keeps: every field but the attention statistics.
-KEEP_DEFAULT = tuple(name for name in KEEPABLE if name != "attention_stats")
+            "k_prerotary", "router_logits", "kv_latent", "rope_keys", "attention_stats", "z", "attn_out", "mlp_out",
+            "resid_post")
+#: What ``keep=None`` keeps: every field but the attention statistics and the block outputs
+#: (z, attn_out, mlp_out, resid_post), which are kept when named.
+KEEP_DEFAULT = KEEPABLE[:KEEPABLE.index("attention_stats")]
 
 
 @dataclass(frozen=True)
@@ -183,11 +196,17 @@ class ForwardPlan:
         The layers whose per-layer fields are kept, increasing.
     logits_at : ndarray of int, shape (batch, m), or None
         The token index of every logits row per sequence (None: every position).
+    interventions : dict
+        {layer: checked interventions} (:func:`attngeom.models.interventions.check_interventions`).
+    single : bool
+        Whether the input was one sequence (Hook functions then see no batch axis).
     """
 
     keep: frozenset
     layers: tuple
     logits_at: Optional[np.ndarray] = None
+    interventions: dict = field(default_factory=dict)
+    single: bool = False
 
     def wants(self, name: str, layer: Optional[int] = None) -> bool:
         """Whether field `name` is kept (at `layer`, for a per-layer field)."""
@@ -208,7 +227,9 @@ def _keep_arg(keep) -> frozenset:
     return frozenset(names)
 
 
-def _layers_arg(layers, n_layers: int) -> tuple:
+def check_layers(layers, n_layers: int) -> tuple:
+    """A layers argument (None: all; an index; a sequence of indices, negative from the end) as
+    increasing unique layer indices; TypeError / ValueError naming ``layers`` otherwise."""
     if layers is None:
         return tuple(range(n_layers))
     items = [layers] if np.ndim(layers) == 0 else list(np.asarray(layers, dtype=object).reshape(-1))
@@ -247,7 +268,7 @@ def _logits_at_arg(logits_at, mask: np.ndarray) -> Optional[np.ndarray]:
 
 
 def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logits_at=None,
-                 available: Optional[int] = None) -> ForwardPlan:
+                 available: Optional[int] = None, interventions=None, single: bool = False) -> ForwardPlan:
     """Check ``keep``, ``layers`` and ``logits_at`` and refuse a pass beyond memory.
 
     Parameters
@@ -258,7 +279,7 @@ def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logit
         The checked attention mask.
     dtype : numpy dtype
         The computation dtype.
-    keep, layers, logits_at
+    keep, layers, logits_at, interventions
         As :meth:`attngeom.models.Model.forward`.
     available : int, optional
         Bytes of memory the pass may use (default: what the system reports available).
@@ -275,8 +296,11 @@ def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logit
         (or one field beyond ``MAX_ARRAY_BYTES``): the message names the largest kept field,
         its size and ``keep=``.
     """
+    from .interventions import check_interventions
+
     kept = _keep_arg(keep)
-    plan = ForwardPlan(kept, _layers_arg(layers, arch.n_layers), _logits_at_arg(logits_at, mask))
+    plan = ForwardPlan(kept, check_layers(layers, arch.n_layers), _logits_at_arg(logits_at, mask),
+                       check_interventions(interventions, arch, mask.shape, single), single)
     if plan.logits_at is not None and "logits" not in kept:
         raise ValueError("logits_at was given but keep does not hold 'logits'")
     sizes = forward_bytes(arch, mask.shape, dtype, plan)
@@ -342,6 +366,7 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
         "kv_latent": L * b * n * a.mla["kv_lora_rank"] if a.mla else 0,
         "rope_keys": L * b * n * a.mla["qk_rope_head_dim"] if a.mla else 0,
         "attention_stats": L * b * H * n * (len(STATS_FIELDS) - 1 + 8 / item),
+        "z": L * b * H * n * d_v, "attn_out": L * b * n * d, "mlp_out": L * b * n * d, "resid_post": L * b * n * d,
     }
     out = {name: int(elements[name] * item) for name in KEEPABLE if name in plan.keep and elements[name]}
     ff = int(a.config.get("intermediate_size") or a.config.get("n_inner") or 4 * d) if a.config else 4 * d

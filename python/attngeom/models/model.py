@@ -124,7 +124,7 @@ class Model:
         return ids, tokens
 
     def forward(self, token_ids, *, attention_mask=None, dtype=np.float32, keep=None, layers=None,
-                logits_at=None) -> Forward:
+                logits_at=None, interventions=None) -> Forward:
         """Run the model on token ids, keeping what is asked.
 
         Parameters
@@ -151,6 +151,10 @@ class Model:
             The token indices whose logits are computed ("last": each sequence's last real
             token, shape ([batch,] 1, vocab); default every token). The unembedding, a
             (vocab, d_model) product per position, is applied only there.
+        interventions : sequence of Ablate, Project, Patch, Hook, optional
+            Changes to the activations at named sites, applied in order as the pass runs
+            (:mod:`attngeom.models.interventions`); the kept fields hold the changed values.
+            Decoders only. Without interventions the pass is bitwise the plain one.
 
         Returns
         -------
@@ -215,12 +219,26 @@ class Model:
             raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
                              f"{limit} positions of the model's position table (config.json "
                              f"{'n_positions' if self.arch.family == 'gpt2' else 'max_position_embeddings'})")
-        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=layers, logits_at=logits_at)
+        if interventions and self.decoder is None:
+            raise ValueError("interventions: the forward pass of BERT encoders does not take interventions yet "
+                             "(decoders do)")
+        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=layers, logits_at=logits_at,
+                            interventions=interventions, single=single)
         if self.decoder is not None:
             out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         else:
             out = self._bert_forward(ids, mask, positions, dt, plan)
         return out.sequence(0) if single else out
+
+    def _resume(self, ids, layer: int, h, interventions, dtype) -> Forward:
+        """The logits of a pass over checked token ids (batch, n), all real, started at `layer`
+        from the residual stream h (batch, n, d_model) entering it, with interventions (used
+        by :func:`head_ablation_effects`, which reuses one clean pass up to each layer)."""
+        mask = np.ones(ids.shape, dtype=bool)
+        positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        plan = plan_forward(self.arch, mask, np.dtype(dtype), keep=("logits",), layers=[layer],
+                            interventions=interventions)
+        return self.decoder.forward(ids.astype(np.int64), mask, positions, np.dtype(dtype), plan, resume=(layer, h))
 
     def _bert_forward(self, ids, mask, positions, dt, plan: ForwardPlan) -> Forward:
         """BERT through :class:`BertEncoder`, one sequence at a time on its real tokens."""

@@ -69,20 +69,54 @@ def product_threads():
         yield
 
 
-def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, dtype=None) -> np.ndarray:
-    """fn applied to blocks of the rows of x on the thread budget: a row-wise function of x.
+def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
+    """Run fn(lo, hi) for contiguous blocks [lo, hi) of range(rows) on the thread budget.
 
-    The rows of x (its last axis is a row's entries) are split into contiguous blocks, as
-    many as the processors (and more when a block would exceed `max_rows` rows), computed by
-    the pool; the blocks depend on the row count and the processor count only, so the result
-    is the same at any thread count.
+    As many blocks as the processors (more when a block would exceed `max_rows` rows; one
+    when there are fewer than MIN_ROWS_PER_BLOCK rows per block), computed by the pool. The
+    blocks depend on the row count and the processor count only, never on the thread count,
+    so a row-wise computation gives the same bits at any thread count. fn writes its rows'
+    results where they belong; the first exception of a block is raised here.
+
+    Parameters
+    ----------
+    fn : callable
+        (lo, hi) -> None.
+    rows : int
+        The number of rows.
+    max_rows : int, optional
+        The largest block (bounds fn's temporaries).
+
+    Examples
+    --------
+    >>> from attngeom.models.products import for_row_blocks
+    >>> out = np.zeros(100)
+    >>> for_row_blocks(lambda lo, hi: out.__setitem__(slice(lo, hi), np.arange(lo, hi)), 100)
+    >>> bool(np.all(out == np.arange(100)))
+    True
+    """
+    blocks = max(1, min(_processors(), rows // MIN_ROWS_PER_BLOCK))
+    if max_rows is not None:
+        blocks = max(blocks, -(-rows // max_rows))
+    edges = np.linspace(0, rows, blocks + 1).astype(int)
+    threads = min(get_num_threads(), blocks)
+    if threads <= 1:
+        for i in range(blocks):
+            fn(int(edges[i]), int(edges[i + 1]))
+        return
+    for _ in _workers(threads).map(lambda i: fn(int(edges[i]), int(edges[i + 1])), range(blocks)):
+        pass  # re-raises a block's exception
+
+
+def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, dtype=None) -> np.ndarray:
+    """fn applied to blocks of the rows of x on the thread budget (:func:`for_row_blocks`).
 
     Parameters
     ----------
     fn : callable
         (rows, k) -> (rows, width), applied to each block; it must treat rows independently.
     x : ndarray, shape (..., k)
-        The input.
+        The input (its last axis holds a row's entries).
     width : int
         The width of fn's output rows.
     max_rows : int, optional
@@ -93,7 +127,7 @@ def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, d
     Returns
     -------
     ndarray, shape (..., width)
-        fn of every row.
+        fn of every row, the same at any thread count.
 
     Examples
     --------
@@ -102,25 +136,12 @@ def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, d
     [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
     """
     flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    blocks = min(_processors(), rows // MIN_ROWS_PER_BLOCK)
-    if max_rows is not None:
-        blocks = max(blocks, -(-rows // max_rows))
-    if blocks <= 1:
-        return fn(flat).reshape(x.shape[:-1] + (width,))
-    edges = np.linspace(0, rows, blocks + 1).astype(int)
-    out = np.empty((rows, width), x.dtype if dtype is None else dtype)
+    out = np.empty((flat.shape[0], width), x.dtype if dtype is None else dtype)
 
-    def block(i):
-        out[edges[i]:edges[i + 1]] = fn(flat[edges[i]:edges[i + 1]])
+    def block(lo, hi):
+        out[lo:hi] = fn(flat[lo:hi])
 
-    threads = min(get_num_threads(), blocks)
-    if threads <= 1:
-        for i in range(blocks):
-            block(i)
-    else:
-        for _ in _workers(threads).map(block, range(blocks)):  # re-raises a block's exception
-            pass
+    for_row_blocks(block, flat.shape[0], max_rows=max_rows)
     return out.reshape(x.shape[:-1] + (width,))
 
 
