@@ -354,3 +354,72 @@ def test_corpus_profile_over_every_query(tmp_path):
     np.testing.assert_allclose(prof["profile_entropy"][..., 0], 0, atol=1e-12)
     np.testing.assert_allclose(prof["profile_sink_weight"][..., 0], 1, atol=1e-12)
     assert res.plot_profile() is not None
+
+
+def test_the_estimate_counts_windows_patterns_and_bert(models):
+    """A sliding window's (b, 1, n, n) mask, a pattern intervention's P and BERT's per-sequence
+    weights are working memory the estimate counts."""
+    from attngeom.models import Ablate
+    from attngeom.models.forward import forward_bytes
+
+    mask = np.ones((1, 4000), bool)
+    mistral, llama = models["mistral"].arch, models["llama"].arch
+    base = forward_bytes(llama, mask.shape, np.float32, plan_forward(llama, mask, np.float32, keep=()))
+    windowed = forward_bytes(mistral, mask.shape, np.float32, plan_forward(mistral, mask, np.float32, keep=()))
+    assert windowed["working"] - base["working"] >= 4000 ** 2
+    pattern = plan_forward(llama, mask, np.float32, keep=(), interventions=[Ablate("pattern", 0)])
+    assert forward_bytes(llama, mask.shape, np.float32, pattern)["working"] - base["working"] >= 2 * 4 * 4 * 4000 ** 2
+    bert = models["bert"].arch
+    short = np.ones((3, 16), bool)
+    assert forward_bytes(bert, short.shape, np.float32, plan_forward(bert, short, np.float32, keep=()))["working"] \
+        >= 4 * 2 * 3 * 4 * 16 ** 2
+
+
+def test_the_product_pool_survives_nesting_threads_and_fork(monkeypatch):
+    import threading
+
+    from attngeom.models import products
+
+    monkeypatch.setattr(products, "_processors", lambda: 8)
+    rng = np.random.default_rng(0)
+    x, W = rng.standard_normal((600, 16)), rng.standard_normal((16, 8))
+    before = ag.get_num_threads()
+    ag.set_num_threads(2)
+    try:
+        want = products.product(x, W)
+        nested = []
+        products.for_row_blocks(lambda lo, hi: nested.append(products.product(x[lo:hi], W)), 600)  # no deadlock
+        assert sum(len(a) for a in nested) == 600
+        errors = []
+
+        def run(rows):
+            try:
+                for _ in range(20):
+                    products.product(rng.standard_normal((rows, 16)), W)
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in (64, 256, 600)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        if hasattr(os, "fork"):
+            pid = os.fork()
+            if pid == 0:  # the child's copy of the pool has no threads: it must make its own
+                os._exit(0 if np.array_equal(products.product(x, W), want) else 1)
+            _, status = os.waitpid(pid, 0)
+            assert status == 0
+    finally:
+        ag.set_num_threads(before)
+
+
+def test_copy_on_write_maps_keep_their_edits(tmp_path):
+    from attngeom.models.safetensors import release_pages
+
+    np.save(tmp_path / "a.npy", np.ones((1024, 1024)))
+    w = np.load(tmp_path / "a.npy", mmap_mode="c")
+    w[:] = 0
+    release_pages(w)
+    assert w.max() == 0

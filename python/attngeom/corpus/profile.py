@@ -29,6 +29,8 @@ class ProfileStatistic(Statistic):
     fields = ("attention_stats",)
 
     def _new(self, batch) -> dict:
+        if batch.forward.attention_stats is None:
+            raise ValueError("the profile statistic needs the forward pass's attention_stats")
         L, _, H = batch.forward.attention_stats.entropy.shape[:3]
         bins = POSITION_EDGES.size - 1
         return {"moments": Moments((L, H), len(_PARTS), full=False),
@@ -37,8 +39,6 @@ class ProfileStatistic(Statistic):
 
     def _update(self, batch) -> None:
         st = batch.forward.attention_stats  # fields (L, b, H, n)
-        if st is None:
-            raise ValueError("the profile statistic needs the forward pass's attention_stats")
         values = np.stack([np.asarray(getattr(st, p), np.float64) for p in _PARTS], axis=-1)  # (L, b, H, n, 4)
         self.state["moments"].update(batch.head_tokens(values))  # (L, H, N, 4)
         n = values.shape[3]

@@ -87,8 +87,9 @@ class Statistic:
     """
 
     name = "statistic"
-    #: The Forward fields ``update`` reads (default: those an activation store holds).
-    fields = ("q", "k", "attentions", "attention_inputs")
+    #: The Forward fields ``update`` reads; None (a statistic that does not say) keeps the
+    #: forward pass's default fields.
+    fields = None
 
     def __init__(self):
         self.state: Optional[Dict[str, object]] = None

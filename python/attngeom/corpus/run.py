@@ -108,7 +108,13 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
     """
     m = _worker_model(model) if isinstance(model, str) else model
     states = {s.name: s.empty() for s in statistics}
-    keep = sorted({name for s in statistics for name in s.fields})  # the forward keeps only what is read
+    # the forward keeps only what the statistics read (and its defaults when one does not say)
+    keep = {f for s in statistics for f in (s.fields or ())}
+    if any(s.fields is None for s in statistics):
+        from ..models.forward import KEEP_DEFAULT
+
+        keep |= set(KEEP_DEFAULT)
+    keep = sorted(keep)
     for group in batches(ids, batch_tokens):
         lengths = np.array([len(ids[i]) for i in group])
         n = int(lengths.max())
@@ -217,9 +223,10 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     texts : sequence of str or of 1-D int arrays, optional
         The corpus: texts (tokenized with the checkpoint's tokenizer.json) or token ids.
         Empty texts are skipped. Required unless ``model`` is an activation store.
-    statistics : sequence of str or Statistic, default all five
-        Names from ("radius", "tilt", "routing", "cumulants", "whiteness"), or
+    statistics : sequence of str or Statistic, default all six
+        Names from ("radius", "tilt", "routing", "cumulants", "whiteness", "profile"), or
         :class:`attngeom.corpus.Statistic` objects (their settings, e.g. histogram edges).
+        The forward pass keeps only the fields the statistics read (their ``fields``).
     batch_tokens : int, optional
         Padded tokens per forward pass (default 1024); texts are truncated to this length (and to
         ``max_length`` and the model's position table).

@@ -236,7 +236,7 @@ def _store_partition(q, k, attentions, attention_inputs, log_z, lengths, scale, 
             f.attentions[:, r, :, :ln, :ln] = attentions[:, :, a:a + ln * ln].reshape(L, H, ln, ln)
             f.attention_inputs[:, r, :ln] = attention_inputs[:, o:o + ln]
             lz[:, r, :, :ln] = log_z[:, :, o:o + ln]
-        if any("attention_stats" in s.fields for s in protos):
+        if any(s.fields is None or "attention_stats" in s.fields for s in protos):
             f.attention_stats = stats_from_weights(f.attentions, lz)
         batch = Batch(f, lens)
         for s in states.values():

@@ -28,7 +28,8 @@
   :mod:`.planted` writes a GPT-2 with a planted induction circuit (known answers).
 * Causal tests of the geometry: :mod:`.interventions` (:class:`Ablate`, :class:`Project`,
   :class:`Patch`, :class:`Hook` at TransformerLens-named sites of ``Model.forward``) and
-  :mod:`.effects` (:func:`head_ablation_effects`).
+  :mod:`.effects` (:func:`head_ablation_effects`, :func:`direction_effects`,
+  :func:`activation_patching`).
 """
 from .activations import load_activations, split_texts, text_activations
 from .adapters import from_transformer_lens, from_transformers
@@ -62,7 +63,8 @@ from .spectra import WeightSpectra, weight_spectra
 from .latent import LatentKeyCache, latent_key_cache
 from .routing import RouterStatistics, router_statistics
 from .interventions import Ablate, Hook, Patch, Project
-from .effects import HeadEffects, head_ablation_effects
+from .effects import (DirectionEffects, HeadEffects, PatchingResult, activation_patching, direction_effects,
+                      head_ablation_effects)
 
 __all__ = [
     "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -77,5 +79,5 @@ __all__ = [
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
     "RouterStatistics", "router_statistics", "Ablate", "Project", "Patch", "Hook", "HeadEffects",
-    "head_ablation_effects",
+    "head_ablation_effects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
 ]

@@ -1,11 +1,12 @@
-"""Causal effects of heads as tables: ablate each head and measure the model's output.
+"""Causal effects of heads and of their singular directions, as tables.
 
 :func:`head_ablation_effects` ablates every head's output ``z`` in turn (zero or mean over the
 batch's tokens, :mod:`.interventions`) and reports the change in a metric of the model's
 output: the next-token cross-entropy (``"loss"``) or the logit difference of a right and a
-wrong answer at the last position (``"logit_diff"``). The clean pass is run once; each
-ablation restarts from the clean residual stream entering the ablated layer, so an
-ablation in layer l costs the layers l..L-1 only.
+wrong answer at the last position (``"logit_diff"``). :func:`direction_effects` removes each
+singular direction of one head's OV (or QK) circuit, and keeps only the top k for every k.
+The clean pass is run once; each intervened pass restarts from the clean residual stream
+entering the intervened layer, so an intervention in layer l costs the layers l..L-1 only.
 """
 from __future__ import annotations
 
@@ -138,12 +139,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     ids = np.asarray(token_ids)
     ids = ids[None] if ids.ndim == 1 else ids
-    if metric == "logit_diff":
-        if answers is None or len(answers) != 2:
-            raise ValueError("answers must be (right, wrong) token ids for metric='logit_diff'")
-        answers = tuple(np.broadcast_to(np.asarray(a, np.int64), (ids.shape[0],)) for a in answers)
-    elif answers is not None:
-        raise ValueError("answers are used by metric='logit_diff' only")
+    answers = _answers(metric, answers, ids)
     if ids.ndim == 2 and ids.shape[1] < 2 and metric == "loss":
         raise ValueError("metric='loss' needs at least 2 tokens per sequence")
     t0 = time.perf_counter()
@@ -159,3 +155,289 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
             f = model._resume(ids, layer, clean.hidden_states[layer], [iv], dtype)
             effects[layer, head] = _metric(f.logits, ids, metric, answers) - baseline
     return HeadEffects(effects, baseline, metric, mode, {"total": time.perf_counter() - t0})
+
+
+@dataclass
+class DirectionEffects:
+    """The effect of each singular direction of one head's OV or QK circuit.
+
+    Attributes
+    ----------
+    layer, head : int
+        The head.
+    circuit : str
+        "OV" (W_V W_O) or "QK" (W_Q W_K^T).
+    singular_values : ndarray, shape (r,)
+        The circuit's nonzero singular values, descending.
+    removed : ndarray, shape (r,)
+        metric(direction i removed) - baseline.
+    kept : ndarray, shape (r + 1,)
+        The metric when only the top k directions are kept, k = 0..r (kept[r] is the
+        baseline up to rounding; kept[0] is the head's circuit removed entirely).
+    baseline : float
+        The metric of the clean pass.
+    metric : str
+        "loss" or "logit_diff".
+    """
+
+    layer: int
+    head: int
+    circuit: str
+    singular_values: np.ndarray
+    removed: np.ndarray
+    kept: np.ndarray
+    baseline: float
+    metric: str
+
+    def table(self) -> list:
+        """One dict per direction: index, singular_value, removed (its effect), kept (the metric
+        with the top index + 1 directions)."""
+        return [{"direction": i, "singular_value": float(s), "removed": float(self.removed[i]),
+                 "kept": float(self.kept[i + 1])} for i, s in enumerate(self.singular_values)]
+
+    def plot(self, axes=None):
+        """The effect of removing each direction beside its singular value, and the metric with
+        the top k directions kept against k. Returns the matplotlib figure."""
+        from ..plotting import panel_row
+
+        fig, axes = panel_row(axes, 2, 4.2)
+        i = np.arange(len(self.singular_values))
+        axes[0].scatter(self.singular_values, self.removed, s=12)
+        axes[0].set_xlabel("singular value")
+        axes[0].set_ylabel(f"change in {self.metric} when removed")
+        axes[1].plot(np.arange(len(self.kept)), self.kept, marker="o", ms=3)
+        axes[1].axhline(self.baseline, color="k", lw=0.8, ls="--", label="clean")
+        axes[1].set_xlabel("top directions kept")
+        axes[1].set_ylabel(self.metric)
+        axes[1].legend(fontsize=7)
+        fig.suptitle(f"L{self.layer}H{self.head} {self.circuit} circuit ({i.size} directions)", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def _circuit_maps(A: np.ndarray, B: np.ndarray):
+    """For a circuit A B (A (d, dh), B (dh, d)) with SVD U S V^T: the singular values and, per
+    direction i, a_i = B v_i and c_i with c_i^T B = v_i^T, so that z -> z (I - a_i c_i^T) maps
+    z B to z B (I - v_i v_i^T): the direction removed from what the head writes (reads)."""
+    _, s, vt = np.linalg.svd(A @ B)
+    r = int(np.count_nonzero(s > max(A.shape) * np.finfo(np.float64).eps * (s[0] if s.size else 0)))
+    v = vt[:r].T  # (d, r)
+    return s[:r], B @ v, np.linalg.pinv(B).T @ v  # (r,), a (dh, r), c (dh, r)
+
+
+def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str = "OV", metric: str = "loss",
+                      answers=None, dtype=np.float64) -> DirectionEffects:
+    """The causal effect of every singular direction of one head's OV or QK circuit.
+
+    For the OV circuit W_OV = W_V W_O = U S V^T, removing direction i removes the component
+    along v_i of what the head writes: the head's output z W_O becomes z W_O (I - v_i v_i^T),
+    applied to z as z (I - a_i c_i^T) with a_i = W_O v_i and c_i^T W_O = v_i^T (a
+    :class:`Hook` on z). For the QK circuit W_QK = W_Q W_K^T the same acts on the queries,
+    removing the direction v_i of key space the head's queries read (models without rotary
+    embedding: with rotation the circuit depends on the offset). Biases pass through the same
+    maps. Each pass restarts from the clean residual stream entering the layer.
+
+    Parameters
+    ----------
+    model : Model
+        A decoder with per-head weights (:attr:`Model.heads`).
+    token_ids : array_like of int, shape (n,) or (batch, n)
+        The prompts.
+    layer, head : int
+        The head.
+    circuit : {"OV", "QK"}, default "OV"
+    metric : {"loss", "logit_diff"}, default "loss"
+        As :func:`head_ablation_effects`.
+    answers : (array_like, array_like), optional
+        (right, wrong) token ids for "logit_diff".
+    dtype : {np.float64, np.float32}, default np.float64
+
+    Returns
+    -------
+    DirectionEffects
+        singular values, the effect of removing each direction, and the metric keeping the
+        top k for every k (the "SVD circuit" curve).
+
+    Raises
+    ------
+    ValueError
+        For a layer or head out of range, an unknown circuit or metric, "QK" on a rotary model.
+
+    Examples
+    --------
+    >>> d = ag.models.direction_effects(model, ids, 1, 0)  # doctest: +SKIP
+    >>> d.kept[-1] == pytest.approx(d.baseline)  # doctest: +SKIP
+    True
+    """
+    from .interventions import Hook
+
+    if circuit not in ("OV", "QK"):
+        raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    L, H = model.arch.n_layers, model.arch.n_heads
+    for name, value, size in (("layer", layer, L), ("head", head, H)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
+            raise ValueError(f"{name} must be an integer in 0..{size - 1}, got {value!r}")
+    if circuit == "QK" and model.arch.rope is not None:
+        raise ValueError("circuit='QK': a rotary model's W_Q R(i - j) W_K^T depends on the offset; use 'OV', or a "
+                         "model without rotary embedding")
+    ids = np.asarray(token_ids)
+    ids = ids[None] if ids.ndim == 1 else ids
+    answers = _answers(metric, answers, ids)
+    heads = model.heads
+    if circuit == "OV":
+        A, B, site = np.asarray(heads.W_V[layer, head], np.float64), np.asarray(heads.W_O[layer, head], np.float64), "z"
+    else:
+        A, B, site = np.asarray(heads.W_Q[layer, head], np.float64), np.asarray(heads.W_K[layer, head], np.float64).T, "q"
+    s, a, c = _circuit_maps(A, B)
+    clean = model.forward(ids, dtype=dtype, keep=("logits", "hidden_states"))
+    baseline = _metric(clean.logits, ids, metric, answers)
+    start = clean.hidden_states[layer]
+
+    def run(M):
+        def fn(value):
+            out = value.copy()
+            out[..., head, :, :] = value[..., head, :, :] @ M.astype(value.dtype)
+            return out
+        f = model._resume(ids, layer, start, [Hook(site, layer, fn)], dtype)
+        return _metric(f.logits, ids, metric, answers)
+
+    eye = np.eye(A.shape[1])
+    removed = np.array([run(eye - np.outer(a[:, i], c[:, i])) for i in range(s.size)]) - baseline
+    kept = np.array([run(a[:, :k] @ c[:, :k].T) for k in range(s.size + 1)])
+    return DirectionEffects(int(layer), int(head), circuit, s, removed, kept, baseline, metric)
+
+
+def _answers(metric, answers, ids):
+    if metric == "logit_diff":
+        if answers is None or len(answers) != 2:
+            raise ValueError("answers must be (right, wrong) token ids for metric='logit_diff'")
+        return tuple(np.broadcast_to(np.asarray(a, np.int64), (ids.shape[0],)) for a in answers)
+    if answers is not None:
+        raise ValueError("answers are used by metric='logit_diff' only")
+    return None
+
+
+@dataclass
+class PatchingResult:
+    """Activation patching: how much of the clean metric each patched activation restores.
+
+    Attributes
+    ----------
+    site : str
+        The patched site.
+    restored : ndarray, shape (n_layers, n) or (n_layers, n, n_heads)
+        (metric(patched) - metric(corrupt)) / (metric(clean) - metric(corrupt)) per layer and
+        position (and head, per-head sites with ``heads=True``); NaN for layers not patched.
+    clean, corrupt : float
+        The metric of the clean and the corrupted pass.
+    metric : str
+    """
+
+    site: str
+    restored: np.ndarray
+    clean: float
+    corrupt: float
+    metric: str
+
+    def table(self) -> list:
+        """One dict per patched (layer, position[, head]) with its restored fraction."""
+        out = []
+        for index in zip(*np.nonzero(np.isfinite(self.restored))):
+            row = {"layer": int(index[0]), "position": int(index[1])}
+            if len(index) == 3:
+                row["head"] = int(index[2])
+            row["restored"] = float(self.restored[index])
+            out.append(row)
+        return out
+
+    def plot(self, ax=None, tokens=None):
+        """A layer x position map of the restored fraction (the mean over heads for per-head
+        grids). Returns the matplotlib figure."""
+        from ..plotting import axes_or_new
+
+        grid = self.restored if self.restored.ndim == 2 else self.restored.mean(axis=-1)  # NaN rows stay NaN
+        fig, ax = axes_or_new(ax, figsize=(1.5 + 0.3 * grid.shape[1], 1.2 + 0.35 * grid.shape[0]))
+        im = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        ax.set_xlabel("position")
+        ax.set_ylabel("layer")
+        if tokens is not None:
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+        ax.set_title(f"patching {self.site}: restored fraction of {self.metric}", fontsize=9)
+        fig.colorbar(im, ax=ax)
+        return fig
+
+
+def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", *, metric: str = "logit_diff",
+                        answers=None, layers=None, heads: bool = False, dtype=np.float64) -> PatchingResult:
+    """Patch the clean pass's activation at one site, layer by layer and position by position
+    (and head by head), into the corrupted pass, and measure how much of the metric returns.
+
+    Parameters
+    ----------
+    model : Model
+        A decoder.
+    clean_ids, corrupt_ids : array_like of int, shape (n,) or (batch, n)
+        Two prompts of one shape (no padding).
+    site : str, default "resid_pre"
+        A site of :mod:`.interventions` (not "pattern").
+    metric : {"logit_diff", "loss"}, default "logit_diff"
+        As :func:`head_ablation_effects` ("logit_diff" needs ``answers``).
+    answers : (array_like, array_like), optional
+        (right, wrong) token ids per sequence.
+    layers : sequence of int, optional
+        The layers patched (default all).
+    heads : bool, default False
+        For per-head sites, patch one head at a time (a (layers, n, heads) grid).
+    dtype : {np.float64, np.float32}, default np.float64
+
+    Returns
+    -------
+    PatchingResult
+        ``restored``: 0 where the patch changes nothing, 1 where it restores the clean metric.
+
+    Raises
+    ------
+    ValueError
+        For prompts of different shapes, an unknown site, "pattern", or what
+        :meth:`Model.forward` refuses; a metric equal on the clean and corrupted prompts.
+
+    Examples
+    --------
+    >>> r = ag.models.activation_patching(model, clean, corrupt, answers=(right, wrong))  # doctest: +SKIP
+    >>> r.restored.shape  # doctest: +SKIP
+    (12, 15)
+    """
+    from .forward import check_layers
+    from .interventions import HEAD_SITES, SITE_FIELDS, Patch
+
+    clean_ids, corrupt_ids = (np.asarray(a) for a in (clean_ids, corrupt_ids))
+    clean_ids = clean_ids[None] if clean_ids.ndim == 1 else clean_ids
+    corrupt_ids = corrupt_ids[None] if corrupt_ids.ndim == 1 else corrupt_ids
+    if clean_ids.shape != corrupt_ids.shape:
+        raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {clean_ids.shape} and "
+                         f"{corrupt_ids.shape}")
+    if site not in SITE_FIELDS or site == "pattern":
+        raise ValueError(f"site must be one of {', '.join(s for s in SITE_FIELDS if s != 'pattern')}, got {site!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    answers = _answers(metric, answers, clean_ids)
+    L, H, n = model.arch.n_layers, model.arch.n_heads, clean_ids.shape[1]
+    chosen = check_layers(layers, L)
+    source = model.forward(clean_ids, dtype=dtype, keep=("logits", SITE_FIELDS[site]))
+    corrupt = model.forward(corrupt_ids, dtype=dtype, keep=("logits", "hidden_states"))
+    m_clean, m_corrupt = _metric(source.logits, clean_ids, metric, answers), _metric(corrupt.logits, corrupt_ids,
+                                                                                     metric, answers)
+    if m_clean == m_corrupt:
+        raise ValueError(f"the {metric} is the same on the clean and the corrupted prompts: nothing to restore")
+    per_head = heads and site in HEAD_SITES
+    restored = np.full((L, n, H) if per_head else (L, n), np.nan)
+    for layer in chosen:
+        for p in range(n):
+            for h in (range(H) if per_head else (None,)):
+                iv = Patch(site, layer, source, positions=[p], heads=None if h is None else [h])
+                f = model._resume(corrupt_ids, layer, corrupt.hidden_states[layer], [iv], dtype)
+                value = (_metric(f.logits, corrupt_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
+                restored[(layer, p) if h is None else (layer, p, h)] = value
+    return PatchingResult(site, restored, m_clean, m_corrupt, metric)

@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._config import get_num_threads
 from .._operands import MAX_ARRAY_BYTES
 from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
 
@@ -80,6 +81,8 @@ class Forward:
         weight and its key, weight on key 0, mean query-key distance), each of shape
         (n_kept, [batch,] n_heads, n), computed inside the streaming attention kernel without
         the (n, n) weights: kept only when asked for (``keep=("attention_stats", ...)``).
+        Keys and distances are array positions: in a left-padded sequence key 0 is a pad
+        (its sink_weight is 0); pad on the right, or pass one sequence, for the sink mass.
     z : ndarray, shape (n_kept, [batch,] n_heads, n, d_head) or None
         Each head's output P v before W_O (TransformerLens' hook_z); kept when named.
     attn_out, mlp_out : ndarray, shape (n_kept, [batch,] n, d_model) or None
@@ -324,8 +327,9 @@ def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logit
 
 def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
     """Bytes a forward pass allocates: each kept field's size, and "working" for the arrays
-    one layer needs while it runs (queries, keys and values, the MLP's hidden units, the
-    residual stream; the MLP runs in blocks of rows, :data:`MLP_ROWS`).
+    one layer needs while it runs (queries, keys and values, the MLP's hidden units of the
+    blocks running at once, the residual stream, P where it is kept or intervened on, a
+    sliding window's mask; BERT's per-sequence weights).
 
     Parameters
     ----------
@@ -370,9 +374,16 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
     }
     out = {name: int(elements[name] * item) for name in KEEPABLE if name in plan.keep and elements[name]}
     ff = int(a.config.get("intermediate_size") or a.config.get("n_inner") or 4 * d) if a.config else 4 * d
-    rows = min(b * n, MLP_ROWS)
-    out["working"] = int(item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * ff + 4 * b * n * d
-                                 + (b * H * n * n if a.family == "bert" or "attentions" in plan.keep else 0)))
+    rows = min(b * n, MLP_ROWS * get_num_threads())  # the MLP blocks the pool runs at once
+    weights = b * H * n * n  # one layer's P, formed when kept or changed by an intervention
+    pattern = any(r.item.site == "pattern" for todo in plan.interventions.values() for r in todo)
+    working = item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * ff + 4 * b * n * d
+                      + (weights if "attentions" in plan.keep else 0) + (2 * weights if pattern else 0))
+    if a.family == "bert":  # every sequence's (n_layers, H, n, n) weights are held while the batch runs
+        working += item * a.n_layers * weights
+    if a.sliding_layers:  # the window's (b, 1, n, n) boolean mask
+        working += b * n * n
+    out["working"] = int(working)
     return out
 
 

@@ -20,7 +20,10 @@ site            value (one layer, batch axis)    what it is
 ==============  ===============================  =========================================
 
 For one sequence (1-D token ids) a :class:`Hook` function sees the value without its batch
-axis, as the Forward holds it. Kinds:
+axis, as the Forward holds it. Unlike TransformerLens' hook_q / hook_k (before the rotation,
+its rotated ones are hook_rot_q / hook_rot_k; one per key/value head under grouped-query
+attention), ``q`` and ``k`` here are after the rotation and per query head, as
+:class:`Forward` holds them. Kinds:
 
 * :class:`Ablate` ``(site, layer, heads=None, positions=None, mode="zero" | "mean" |
   "resample", reference=None, seed=0)``: zeros; the mean of the reference pass's values over

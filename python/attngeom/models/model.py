@@ -139,8 +139,9 @@ class Model:
         keep : str or sequence of str, optional
             The :class:`Forward` fields to compute and return (the others are None and never
             allocated): any of :data:`attngeom.models.forward.KEEPABLE`. Default: every field
-            but ``attention_stats``, which is kept only when named. Without "attentions" no
-            (n, n) weights are formed: ``keep=("attention_stats", "logits")`` with
+            but ``attention_stats`` and the block outputs, which are kept only when named.
+            Without "attentions" a decoder forms no (n, n) weights (BERT, limited to 512
+            tokens, does): ``keep=("attention_stats", "logits")`` with
             ``logits_at="last"`` analyses every head of a long document in the memory of the
             weights plus a few layer-sized arrays.
         layers : int or sequence of int, optional
@@ -162,7 +163,8 @@ class Model:
             logits, hidden_states, attentions, attention_inputs, q, k, v, q_prerotary,
             k_prerotary, attention_stats, ... (shapes in :class:`Forward`; a batch axis after
             the layer axis for 2-D input). The kept fields are bitwise the same whatever else
-            is kept.
+            is kept, and at any thread count; logits at some positions only (``logits_at``)
+            equal the full logits to rounding (a product of another shape).
 
         Raises
         ------

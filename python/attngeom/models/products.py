@@ -37,18 +37,33 @@ def _processors() -> int:
     except AttributeError:  # pragma: no cover - platforms without affinity masks
         return os.cpu_count() or 1
 
+
+# One pool of the thread budget's size, replaced (never shut down under a caller) when
+# ag.set_num_threads changes the budget; dropped in a forked child, whose copy has no threads.
 _pool = None
 _pool_size = 0
 _pool_lock = threading.Lock()
+_in_pool = threading.local()  # set in the pool's threads: a nested use runs inline
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_size, _pool_lock
+    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _mark():
+    _in_pool.active = True
 
 
 def _workers(n: int) -> ThreadPoolExecutor:
     global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool_size != n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool, _pool_size = ThreadPoolExecutor(n, thread_name_prefix="attngeom-product"), n
+        if _pool is None or _pool_size != n:  # the old pool finishes what it holds, then its threads exit
+            _pool, _pool_size = ThreadPoolExecutor(n, thread_name_prefix="attngeom-product", initializer=_mark), n
         return _pool
 
 
@@ -99,8 +114,8 @@ def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
     if max_rows is not None:
         blocks = max(blocks, -(-rows // max_rows))
     edges = np.linspace(0, rows, blocks + 1).astype(int)
-    threads = min(get_num_threads(), blocks)
-    if threads <= 1:
+    threads = get_num_threads()
+    if threads <= 1 or blocks == 1 or getattr(_in_pool, "active", False):  # nested use: inline
         for i in range(blocks):
             fn(int(edges[i]), int(edges[i + 1]))
         return
@@ -158,7 +173,9 @@ def product(x: np.ndarray, W) -> np.ndarray:
     Returns
     -------
     ndarray, shape (..., m)
-        x @ W, bitwise as NumPy's single-thread product.
+        x @ W: each block of rows a single-thread NumPy product, the same at any thread
+        count (a row's last bits may depend on its block's size, which follows the processor
+        count).
 
     Examples
     --------

@@ -161,9 +161,10 @@ def release_pages(a) -> None:
     The forward pass reads each layer's weights once; after the layer, its mapped pages are
     released (``madvise(MADV_DONTNEED)``), so the resident set holds about one layer of
     weights instead of the whole checkpoint. The pages stay in the kernel's page cache: a
-    later use maps them again without reading the file (the mapping is read-only, so
+    later use maps them again without reading the file (only read-only maps are released, so
     nothing is lost). Only pages wholly inside the tensor are released. Arrays that are not
-    views of a memory map (weights held in memory) are left alone.
+    views of a read-only memory map (weights held in memory, copy-on-write or writable maps)
+    are left alone.
 
     Parameters
     ----------
@@ -179,6 +180,8 @@ def release_pages(a) -> None:
     arr = a.bits if isinstance(a, BFloat16Array) else a
     mm = getattr(arr, "_mmap", None)
     if mm is None or not isinstance(arr, np.ndarray) or arr.size == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    if getattr(arr, "mode", None) != "r":  # a copy-on-write or writable map: its pages may hold edits
         return
     base = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
     low = high = arr.__array_interface__["data"][0]
