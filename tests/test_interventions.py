@@ -296,3 +296,21 @@ def test_activation_patching_equals_the_patched_pass(planted):
     assert per_head.plot() is not None and len(per_head.table()) == 160
     with pytest.raises(ValueError, match="clean_ids and corrupt_ids must have one shape"):
         ag.models.activation_patching(model, clean, corrupt[:5])
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_removing_a_heads_query_null_space_leaves_its_queries(pairs, layout):
+    """Laplace-Radon s.5: the component of what attention reads in ker(W_Q^T) of a head never
+    reaches its queries. Removing it from attn_in leaves that head's q unchanged (to rounding,
+    float64) while the other heads' queries change."""
+    model, _ = pairs[layout]
+    ids, layer, head = _ids(10), 1, 2
+    W_Q = np.asarray(model.heads.W_Q[layer, head], np.float64)  # (d_model, d_head)
+    null, _ = ag.null_space(W_Q.T)
+    assert null.dim == model.arch.d_model - model.arch.d_head
+    plain = model.forward(ids, dtype=np.float64, keep=("q",), layers=[layer])
+    f = model.forward(ids, dtype=np.float64, keep=("q",), layers=[layer],
+                      interventions=[Project("attn_in", layer, null)])
+    np.testing.assert_allclose(f.q[0][:, head], plain.q[0][:, head], rtol=0, atol=1e-12 * np.abs(plain.q).max())
+    others = [h for h in range(model.arch.n_heads) if h != head]
+    assert np.abs(f.q[0][:, others] - plain.q[0][:, others]).max() > 1e-3
