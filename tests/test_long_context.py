@@ -423,3 +423,13 @@ def test_copy_on_write_maps_keep_their_edits(tmp_path):
     w[:] = 0
     release_pages(w)
     assert w.max() == 0
+
+
+def test_forward_and_model_print_in_a_few_lines(models):
+    m = models["llama"]
+    f = m.forward(np.arange(6), keep=("logits", "attention_stats"))
+    text = repr(f)
+    assert text.startswith("Forward(6 tokens, layers [0, 1]") and len(text.splitlines()) <= 6
+    assert f"logits: (6, {VOCAB}) float32" in text and "attention_stats: (2, 4, 6)" in text
+    assert "not kept: hidden_states, attentions" in text
+    assert repr(m).startswith("Model(llama from ") and "2 layers x 4 heads (kv heads 2)" in repr(m)

@@ -263,3 +263,15 @@ def test_import_attngeom_does_not_import_torch():
     code = "import sys, attngeom, attngeom.experiments; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_worse_whitened_arm_reads_as_fully_as_a_better_one(tiny, monkeypatch):
+    """The verdict keeps its headline (arm, baseline, losses) whichever way perplexity moves."""
+    s = dict(tiny.summary())
+    base = tiny.baseline_arm()
+    for factor, word in ((1.25, "higher"), (0.8, "lower")):
+        s["perplexity_whitened"] = s[f"perplexity_{base}"] * factor
+        monkeypatch.setattr(type(tiny), "summary", lambda self, s=dict(s): s)
+        line = next(v for v in tiny.verdicts() if v.startswith("- **whitened vs"))
+        assert f"- **whitened vs {base}, final loss:**" in line and "nats/char" in line
+        assert f"perplexity {abs(100 * (1 - factor)):.1f}% {word} (paper: 19.7% lower" in line

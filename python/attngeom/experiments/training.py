@@ -557,10 +557,9 @@ class TrainingResult(ExperimentResult):
             note = ("" if clear is None else " (more than twice the larger seed standard deviation, "
                     f"{spread:.3f})" if clear else f" (within twice the larger seed standard deviation, {spread:.3f})")
             paper_gain = {"whitened": 19.7, "whitened_half": 19.4}[arm]
+            change = (f"{100 * ppl_gain:.1f}% lower" if ppl_gain >= 0 else f"{-100 * ppl_gain:.1f}% higher")
             lines.append(f"- **{arm} vs {base}, final loss:** {ours:.3f} vs {theirs:.3f} nats/char, {sign}{note}; "
-                         f"perplexity {100 * ppl_gain:.1f}% lower (paper: {paper_gain}% lower at 100k iterations)."
-                         if ppl_gain >= 0 else f"perplexity {-100 * ppl_gain:.1f}% higher (paper: {paper_gain}% lower "
-                         f"at 100k iterations).")
+                         f"perplexity {change} (paper: {paper_gain}% lower at 100k iterations).")
             it, sec = s[f"iters_to_baseline_{arm}"], s[f"time_to_baseline_s_{arm}"]
             it_base, sec_base = s[f"iters_to_baseline_{base}"], s[f"time_to_baseline_s_{base}"]
             paper_it = PAPER_TABLE_2[arm][0]

@@ -30,7 +30,7 @@ _LAYER = {"axes": "layer"}   # (layers, [batch,] ...): the batch axis is axis 1
 _BATCH = {"axes": "batch"}   # ([batch,] ...): the batch axis is axis 0
 
 
-@dataclass
+@dataclass(repr=False)
 class Forward:
     """What one forward pass computed, in the library's layout (tokens are rows).
 
@@ -133,6 +133,24 @@ class Forward:
         if self.logits_positions is None and self.logits is not None:
             n = self.positions.shape[-1]
             self.logits_positions = np.broadcast_to(np.arange(n), self.positions.shape).copy()
+
+    def __repr__(self) -> str:
+        """A few lines: the batch, the layers held, each kept field's shape, what was not kept."""
+        shape = self.positions.shape
+        lines = [f"Forward({'x'.join(map(str, shape))} tokens, layers {self.layers.tolist()}"]
+        missing = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("positions", "attention_mask", "layers"):
+                continue
+            if value is None:
+                missing.append(f.name)
+            else:
+                lines.append(f"  {f.name}: {tuple(value.shape)}" + ("" if isinstance(value, AttentionStats)
+                                                                      else f" {value.dtype}"))
+        if missing:
+            lines.append(f"  not kept: {', '.join(missing)}")
+        return "\n".join(lines) + ")"
 
     @property
     def n_layers(self) -> int:

@@ -74,6 +74,11 @@ class Model:
             self._heads = heads_from_checkpoint(self._checkpoint)
         return self._heads
 
+    def __repr__(self) -> str:
+        a = self.arch
+        return (f"Model({a.model_type} from {self.path!r}: {a.n_layers} layers x {a.n_heads} heads (kv heads "
+                f"{a.n_kv_heads}), d_model {a.d_model}, d_head {a.d_head}, vocabulary {a.vocab_size})")
+
     @property
     def n_layers(self) -> int:
         """Number of layers."""
