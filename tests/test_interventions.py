@@ -1,14 +1,18 @@
 """Interventions in Model.forward (Ablate, Project, Patch, Hook) and head_ablation_effects.
 
-Checked against transformers with forward hooks doing the same on the same GPT-2 and Llama
-checkpoints (1e-4 in float32), identities of the projections (bitwise and 1e-10), and the
+Checked against transformers with forward hooks doing the same on the same GPT-2, Llama and
+BERT checkpoints (1e-4 in float32; BERT's last hidden state, it has no logits), identities of the projections (bitwise and 1e-10), and the
 planted induction circuit (known answers).
 """
+import json
+import os
+
 import numpy as np
 import pytest
 
 import attngeom as ag
 from attngeom.models import Ablate, Hook, Patch, Project, head_ablation_effects, load_model
+from attngeom.models.interventions import SITE_FIELDS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -20,9 +24,9 @@ N = 9
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    """{layout: (Model, transformers model)} for GPT-2 and Llama."""
+    """{layout: (Model, transformers model)} for GPT-2, Llama and BERT."""
     out = {}
-    for layout in ("gpt2", "llama"):
+    for layout in ("gpt2", "llama", "bert"):
         folder = tmp_path_factory.mktemp(layout)
         hf = build(layout, folder)
         out[layout] = (load_model(folder), hf)
@@ -34,30 +38,40 @@ def _ids(seed=0, batch=2):
 
 
 def _blocks(hf, layout):
-    return hf.transformer.h if layout == "gpt2" else hf.model.layers
+    return {"gpt2": lambda: hf.transformer.h, "llama": lambda: hf.model.layers, "bert": lambda: hf.encoder.layer}[layout]()
 
 
 def _o_proj(hf, layout, layer):
     block = _blocks(hf, layout)[layer]
-    return block.attn.c_proj if layout == "gpt2" else block.self_attn.o_proj
+    return {"gpt2": lambda: block.attn.c_proj, "llama": lambda: block.self_attn.o_proj,
+            "bert": lambda: block.attention.output.dense}[layout]()
 
 
 def _attn(hf, layout, layer):
+    """The module whose output (first element) is the attention block's output after W_O."""
     block = _blocks(hf, layout)[layer]
-    return block.attn if layout == "gpt2" else block.self_attn
+    return {"gpt2": lambda: block.attn, "llama": lambda: block.self_attn,
+            "bert": lambda: block.attention.output.dense}[layout]()
 
 
 def _hf_logits(hf, ids, hooks):
+    """The logits (BERT: the last hidden state) of transformers' forward with the hooks."""
     handles = [h() for h in hooks]
     try:
         with torch.no_grad():
-            return hf(torch.tensor(ids)).logits.numpy()
+            out = hf(torch.tensor(ids))
+            return (out.last_hidden_state if out.get("logits") is None else out.logits).numpy()
     finally:
         for handle in handles:
             handle.remove()
 
 
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def _out(f):
+    """A Forward's logits, or for BERT its last hidden state."""
+    return f.hidden_states[-1] if f.logits is None else f.logits
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
 def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     ids, (layer, head), dh = _ids(), (1, 2), model.arch.d_head
@@ -69,26 +83,29 @@ def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
 
     ref = _hf_logits(hf, ids, [lambda: _o_proj(hf, layout, layer).register_forward_pre_hook(pre)])
     f = model.forward(ids, interventions=[Ablate("z", layer, heads=[head])])
-    np.testing.assert_allclose(f.logits, ref, rtol=1e-4, atol=1e-4)
-    assert np.abs(f.logits - model.forward(ids).logits).max() > 1e-3  # the ablation matters
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
+    assert np.abs(_out(f) - _out(model.forward(ids))).max() > 1e-3  # the ablation matters
 
 
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
 def test_mean_ablating_attn_out_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     ids, layer = _ids(1), 0
-    clean = model.forward(ids, keep=("attn_out", "logits"))
+    clean = model.forward(ids, keep=("attn_out", "logits", "hidden_states"))
     mean = clean.attn_out[layer].mean(axis=(0, 1))
 
     def post(module, args, output):
+        if isinstance(output, torch.Tensor):  # BERT's W_O, a Linear
+            return torch.broadcast_to(torch.tensor(mean), output.shape).clone()
         return (torch.broadcast_to(torch.tensor(mean), output[0].shape).clone(),) + tuple(output[1:])
 
     ref = _hf_logits(hf, ids, [lambda: _attn(hf, layout, layer).register_forward_hook(post)])
     f = model.forward(ids, interventions=[Ablate("attn_out", layer, mode="mean", reference=clean)])
-    np.testing.assert_allclose(f.logits, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
+    assert np.abs(_out(f) - _out(clean)).max() > 1e-3
 
 
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
 def test_patching_resid_pre_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     clean, corrupt = _ids(2), _ids(3)
@@ -107,9 +124,91 @@ def test_patching_resid_pre_equals_transformers(pairs, layout):
 
     ref = _hf_logits(hf, corrupt, [lambda: _blocks(hf, layout)[layer].register_forward_pre_hook(pre, with_kwargs=True)])
     f = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source, positions=positions)])
-    np.testing.assert_allclose(f.logits, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
     full = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source)])  # every position
-    np.testing.assert_allclose(full.logits, model.forward(clean).logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_out(full), _out(model.forward(clean)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def bridges(pairs):
+    """{layout: TransformerLens TransformerBridge} over the same transformers models (GPT-2,
+    Llama); skipped where transformer-lens (4.x, with TransformerBridge) is not installed."""
+    tl = pytest.importorskip("transformer_lens.model_bridge")
+    tokenizers = pytest.importorskip("tokenizers")
+    import transformers
+
+    def words():  # one per bridge: booting sets the tokenizer's special tokens from the model's config
+        vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
+
+    return {layout: tl.TransformerBridge.boot_transformers(pairs[layout][0].folder, hf_model=pairs[layout][1],
+                                                          tokenizer=words(), device="cpu")
+            for layout in ("gpt2", "llama")}
+
+
+def _tl_site(cache, layout, site, layer, n_heads):
+    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
+    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
+    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
+             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
+             "z": "attn.hook_z", "v": "attn.hook_v",
+             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
+             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
+    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
+    if site in ("q", "k", "v", "z"):
+        value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
+    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
+        value = np.repeat(value, n_heads // value.shape[1], axis=1)
+    return value
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
+    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
+    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
+    logits (1e-4, float32)."""
+    model, _ = pairs[layout]
+    bridge = bridges[layout]
+    ids = _ids(5)
+    t = torch.tensor(ids)
+    with torch.no_grad():
+        tl_logits, cache = bridge.run_with_cache(t)
+    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
+                                 "attn_out", "mlp_out", "resid_post"))
+    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
+    for site, field in SITE_FIELDS.items():
+        for layer in range(model.n_layers):
+            ours = getattr(f, field)[layer]
+            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
+
+    layer, head = 1, 2
+
+    def zero(z, hook):
+        z[:, :, head] = 0
+        return z
+
+    mean = torch.tensor(f.attn_out[0].mean(axis=(0, 1)))
+
+    def average(out, hook):
+        return torch.broadcast_to(mean, out.shape).clone()
+
+    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
+    positions = [2, 5]
+
+    def patch(x, hook):
+        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
+        return x
+
+    cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),
+             ([("blocks.0.hook_attn_out", average)], [Ablate("attn_out", 0, mode="mean", reference=f)]),
+             ([(f"blocks.{layer}.hook_resid_pre", patch)], [Patch("resid_pre", layer, source, positions=positions)])]
+    for hooks, interventions in cases:
+        with torch.no_grad():
+            theirs = bridge.run_with_hooks(t, fwd_hooks=hooks).numpy()
+        ours = model.forward(ids, interventions=interventions, keep=("logits",)).logits
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(interventions[0]))
+        assert np.abs(ours - f.logits).max() > 1e-3  # each intervention matters
 
 
 def test_projections_identities(pairs):
@@ -314,3 +413,163 @@ def test_removing_a_heads_query_null_space_leaves_its_queries(pairs, layout):
     np.testing.assert_allclose(f.q[0][:, head], plain.q[0][:, head], rtol=0, atol=1e-12 * np.abs(plain.q).max())
     others = [h for h in range(model.arch.n_heads) if h != head]
     assert np.abs(f.q[0][:, others] - plain.q[0][:, others]).max() > 1e-3
+
+
+def _gauged(folder, layer, transforms, keys=True):
+    """A Model of the checkpoint in folder whose heads of one layer are gauge transformed in its
+    weights: transforms {query head: (A, M)} maps W_Q -> W_Q A, b_Q -> b_Q A, W_K -> W_K A^{-T},
+    b_K -> b_K A^{-T} (A per key/value head: the heads of a group share it) and W_V -> W_V M,
+    b_V -> b_V M, W_O[h] -> M^{-1} W_O[h] (M None: no value gauge). keys=False leaves W_K and b_K
+    as they are (then it is no gauge)."""
+    m = load_model(folder)
+    a = m.arch
+    H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
+    w = {k: None if v is None else np.array(v, np.float64) for k, v in m.decoder.w["layers"][layer].items()}
+    if a.family == "gpt2":  # the fused (d, 3 H dh) c_attn and its bias
+        for i, role in enumerate("qkv"):
+            w[role] = w["qkv"][:, i * H * dh:(i + 1) * H * dh]
+            w["b_" + role] = None if w["b_qkv"] is None else w["b_qkv"][i * H * dh:(i + 1) * H * dh]
+    done = set()  # key/value heads transformed (the heads of a group share them, and A and M)
+    for h, (A, M) in transforms.items():
+        g = h // (H // K)  # its key/value head
+        q, kv = slice(h * dh, (h + 1) * dh), slice(g * dh, (g + 1) * dh)
+        w["q"][:, q] = w["q"][:, q] @ A
+        if w["b_q"] is not None:
+            w["b_q"][q] = w["b_q"][q] @ A
+        if M is not None:
+            w["o"][q] = np.linalg.solve(M, w["o"][q])
+        if g in done:
+            continue
+        done.add(g)
+        for role, T in (("k", np.linalg.inv(A).T if keys else None), ("v", M)):
+            if T is not None:
+                w[role][:, kv] = w[role][:, kv] @ T
+                if w["b_" + role] is not None:
+                    w["b_" + role][kv] = w["b_" + role][kv] @ T
+    if a.family == "gpt2":
+        w["qkv"] = np.concatenate([w["q"], w["k"], w["v"]], axis=1)
+        if w["b_qkv"] is not None:
+            w["b_qkv"] = np.concatenate([w["b_q"], w["b_k"], w["b_v"]])
+        for role in ("q", "k", "v", "b_q", "b_k", "b_v"):
+            del w[role]
+    m.decoder.w["layers"][layer] = w
+    return m
+
+
+def _conditioned(rng, n, low=0.5, high=2.0):
+    """A random n x n matrix with singular values in [low, high]."""
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return u @ np.diag(rng.uniform(low, high, n)) @ v.T
+
+
+def _commuting(rng, dh):
+    """A random invertible d_head x d_head matrix commuting with every rotate-half rotation:
+    on each frequency's pair (i, i + d_head / 2), a I + b J (a complex scalar)."""
+    half, A = dh // 2, np.zeros((dh, dh))
+    for i in range(half):
+        r, t = rng.uniform(0.5, 2.0), rng.uniform(0, 2 * np.pi)
+        a, b = r * np.cos(t), r * np.sin(t)
+        A[i, i] = A[i + half, i + half] = a
+        A[i, i + half], A[i + half, i] = b, -b
+    return A
+
+
+@pytest.mark.parametrize("which", ["gpt2", "planted"])
+def test_a_gauge_transform_leaves_the_output_unchanged(pairs, tmp_path, which):
+    """Laplace-Radon s.9.4 / s.13.3 on whole models: (W_Q, W_K) -> (W_Q A, W_K A^{-T}) and
+    (W_V, W_O) -> (W_V M, M^{-1} W_O) for every head of a layer leave the logits unchanged to
+    rounding (float64), though every weight changed; W_Q -> W_Q A alone (no gauge) does not."""
+    folder = pairs["gpt2"][0].folder if which == "gpt2" else ag.models.planted_induction_model(tmp_path / "p")
+    rng = np.random.default_rng(7)
+    plain = load_model(folder)
+    ids = np.random.default_rng(8).integers(0, min(plain.arch.vocab_size, 48), (2, N))
+    clean = plain.forward(ids, dtype=np.float64, keep=("logits",)).logits
+    dh, layer = plain.arch.d_head, plain.n_layers - 1
+    gauges = {h: (_conditioned(rng, dh), _conditioned(rng, dh)) for h in range(plain.arch.n_heads)}
+    gauged = _gauged(folder, layer, gauges).forward(ids, dtype=np.float64, keep=("logits",)).logits
+    np.testing.assert_allclose(gauged, clean, rtol=0, atol=1e-11 * np.abs(clean).max())
+    # W_Q -> W_Q A alone is no gauge: the logits change
+    changed = _gauged(folder, layer, {0: (gauges[0][0], None)}, keys=False).forward(ids, dtype=np.float64,
+                                                                                 keep=("logits",)).logits
+    assert np.abs(changed - clean).max() > 1e-6 * np.abs(clean).max()
+
+
+def test_a_rotary_heads_gauge_is_the_commutant_of_its_rotations(pairs):
+    """Under rotary embedding q_i k_j^T = x_i W_Q R(i - j) W_K^T x_j^T: A survives as a gauge
+    only if it commutes with every rotation (a complex scalar per frequency pair): such an A
+    leaves the logits unchanged to rounding (float64), a generic A changes them."""
+    model, _ = pairs["llama"]
+    rng = np.random.default_rng(11)
+    ids = _ids(12)
+    clean = model.forward(ids, dtype=np.float64, keep=("logits",)).logits
+    a, layer = model.arch, 1
+    group = a.n_heads // a.n_kv_heads
+    for make, invariant in ((_commuting, True), (_conditioned, False)):
+        per_kv = [make(rng, a.d_head) for _ in range(a.n_kv_heads)]
+        m = _gauged(model.folder, layer, {h: (per_kv[h // group], None) for h in range(a.n_heads)})
+        out = m.forward(ids, dtype=np.float64, keep=("logits",)).logits
+        err = np.abs(out - clean).max() / np.abs(clean).max()
+        assert (err < 1e-12) if invariant else (err > 1e-4), (make.__name__, err)
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_removing_what_a_head_cannot_read_leaves_its_logits(pairs, layout):
+    """The head's attention logits read x only through x W_Q and x W_K: removing
+    ker W_Q^T and ker W_K^T's intersection from attn_in leaves its logits (hence its pattern)
+    unchanged to rounding while the other heads' patterns change; removing the complement of
+    ker B = ker W_K^T (the columns of W_K) changes them."""
+    model, _ = pairs[layout]
+    ids, layer, head = _ids(13), 1, 1
+    W_Q, W_K = (np.asarray(w[layer, head], np.float64) for w in (model.heads.W_Q, model.heads.W_K))
+    unread, _ = ag.null_space(np.hstack([W_Q, W_K]).T)
+    ker_b, _ = ag.null_space(W_K.T)
+    assert unread.dim == model.arch.d_model - 2 * model.arch.d_head
+
+    def pattern(ivs):
+        return model.forward(ids, dtype=np.float64, keep=("attentions",), layers=[layer], interventions=ivs).attentions[0]
+
+    plain = pattern([])
+    kept = pattern([Project("attn_in", layer, unread)])
+    np.testing.assert_allclose(kept[:, head], plain[:, head], rtol=0, atol=1e-12)
+    others = [h for h in range(model.arch.n_heads) if h != head]
+    assert np.abs(kept[:, others] - plain[:, others]).max() > 1e-3
+    lost = pattern([Project("attn_in", layer, ker_b.complement())])
+    assert np.abs(lost[:, head] - plain[:, head]).max() > 1e-3
+
+
+def test_heads_report_with_effects(tmp_path, capsys):
+    """attngeom heads --effects on the planted induction model: the planted heads rank first,
+    the invariance checks hold (gauge and unread component at rounding, the keys' span not),
+    and the figures, JSON, summary.md and report.html carry the causal section."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("matplotlib")
+    from attngeom import cli
+
+    folder = ag.models.planted_induction_model(tmp_path / "p")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(48)}, unk_token="t0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "p" / "tokenizer.json"))
+    half = " ".join(f"t{i}" for i in np.random.default_rng(0).integers(0, 48, 20))
+    (tmp_path / "text.txt").write_text(f"{half} {half}")
+    out = tmp_path / "r"
+    assert cli.main(["heads", folder, "--text", str(tmp_path / "text.txt"), "--effects", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "causal effects (40 tokens" in printed
+    files = set(os.listdir(out))
+    assert {"ablation_effects.png", "spectrum_vs_effect.png", "directions_L1_H0.png", "directions_L0_H0.png"} <= files
+    effects = json.load(open(out / "heads.json"))["effects"]
+    ranked = sorted(effects["heads"]["heads"], key=lambda r: r["rank"])
+    assert {(r["layer"], r["head"]) for r in ranked[:2]} == {(1, 0), (0, 0)}
+    assert [d["layer"] for d in effects["directions"]][:2] in ([1, 0], [0, 1])
+    checks = {(r["layer"], r["head"], r["check"]): r for r in effects["invariances"]}
+    for layer, head in ((1, 0), (0, 0)):
+        assert checks[layer, head, "gauge"]["measured"] < 1e-12
+        assert checks[layer, head, "unread removed"]["measured"] < 1e-12
+        assert checks[layer, head, "ker B complement removed"]["measured"] > 1e-2
+    assert "## Causal effects" in (out / "summary.md").read_text()
+    assert "Invariances (Laplace-Radon" in (out / "report.html").read_text()
+    # refused before any computation: no text, or a model without an lm_head
+    assert cli.main(["heads", folder, "--effects", "--out", str(tmp_path / "r2")]) == 2
+    assert "--effects measures the model's loss on a text" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()

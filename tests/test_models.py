@@ -991,6 +991,10 @@ def test_forward_pass_refuses_other_architectures(tmp_path, rng):
         json.dump({**cfg, key: value}, open(cfg_path, "w"))
         with pytest.raises(ValueError, match=key):
             BertEncoder.from_checkpoint(tmp_path / "b")
+        if key == "position_embedding_type":  # load_model refuses it too (roberta is an unknown model type there)
+            json.dump({**cfg, "model_type": "bert", "vocab_size": len(VOCAB), key: value}, open(cfg_path, "w"))
+            with pytest.raises(ValueError, match="position_embedding_type 'relative_key' is not supported"):
+                ag.load_model(tmp_path / "b")
     json.dump(cfg, open(cfg_path, "w"))
     assert BertEncoder.from_checkpoint(tmp_path / "b").heads.n_layers == 2
 

@@ -7,14 +7,16 @@
     attngeom report <run folder>  print a run's summary table
     attngeom demo [--out DIR]     the main experiment (tomography) into DIR
     attngeom config               the build configuration
-    attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --activations DIR] [--out DIR]
+    attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --activations DIR] [--effects] [--out DIR]
         every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
         with activations, radii, tilt coverage, routing ranks and attention entropies) into
         DIR: heads.json (with a glossary of its fields and the tokens), attention.npz,
         PNGs (per-layer distributions, layer x head grids, chosen heads' spectra, heat maps
         with tokens and Laplace-Radon panels), summary.md and a self-contained report.html;
         <checkpoint> is a .safetensors file, a folder, or a packaged model name. --text may
-        be repeated, and the data statistics are means over all texts with their spread
+        be repeated, and the data statistics are means over all texts with their spread;
+        --effects adds every head's ablation effect on the loss of the first text, the
+        singular-direction curves and invariance checks of the heads that matter most
     attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
         corpus statistics of every head, in-process or on a Dask cluster, into DIR
         (summary.json, heads.csv, layers.png); --state DIR resumes; --write-store STORE runs
@@ -296,11 +298,24 @@ def _read_texts(paths, split, option):
     return texts
 
 
+#: Tokens of the first text the heads report's --effects runs on (each head costs a pass).
+EFFECT_TOKENS = 256
+
+
 def _heads(args) -> int:
-    from .models import BertEncoder, head_report, load_activations, load_heads, load_model, text_activations
+    from .models import (BertEncoder, causal_effects, head_report, load_activations, load_heads, load_model,
+                         text_activations)
 
     chosen = None if args.heads is None else _heads_list(args.heads)
     texts = _read_texts(args.text, args.split, "--text")
+    effects_model = None
+    if args.effects:  # refused before any computation: a text and a model with an lm_head are needed
+        if not texts:
+            raise ValueError("--effects measures the model's loss on a text: give --text FILE")
+        effects_model = load_model(args.checkpoint)
+        if not effects_model.decoder.has_unembedding:
+            raise ValueError(f"--effects measures the next-token loss, and this {effects_model.arch.model_type} "
+                             f"checkpoint has no lm_head")
     done = {}
 
     def write(staging):
@@ -309,7 +324,7 @@ def _heads(args) -> int:
         x, tokens, source = None, None, "weights"
         if texts:
             reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
-                     if heads.layout == "bert" else {"model": load_model(args.checkpoint)})
+                     if heads.layout == "bert" else {"model": effects_model or load_model(args.checkpoint)})
             x, tokens = [], []
             for text in texts:
                 xi, ti = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads,
@@ -324,6 +339,9 @@ def _heads(args) -> int:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
         report = head_report(heads, x, tokens=tokens, source=source, chosen=chosen)
+        if effects_model is not None:
+            ids, _ = effects_model.tokenize(texts[0], max_length=min(args.max_tokens or EFFECT_TOKENS, EFFECT_TOKENS))
+            report.effects = causal_effects(effects_model, ids, top=3)
         t1 = time.perf_counter()
         paths = report.save(staging)
         done.update(report=report, source=source, names=[os.path.basename(p) for p in paths],
@@ -343,6 +361,10 @@ def _heads(args) -> int:
     print("per layer, mean over heads:\n  layer " + " ".join(f"{k[:14]:>14}" for k in keys))
     for row in layers:
         print(f"  {row['layer']:5d} " + " ".join(f"{row[k]:14.3g}" for k in keys))
+    if report.effects is not None:
+        ranked = sorted(report.effects.heads.table(), key=lambda r: r["rank"])[:5]
+        print(f"causal effects ({report.effects.n_tokens} tokens, baseline loss {report.effects.heads.baseline:.4g}): "
+              + ", ".join(f"L{r['layer']}H{r['head']} {r['effect']:+.3g}" for r in ranked))
     print(f"analysis {done['analysis']:.2f} s, figures {done['figures']:.2f} s; wrote {args.out}/: "
           f"{', '.join(done['names'])}")
     return 0
@@ -486,6 +508,10 @@ def main(argv=None) -> int:
     p.add_argument("--split", **_SPLIT)
     p.add_argument("--heads", default=None, metavar="L.H,...", help="heads to draw in detail (default: extremes)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
+    p.add_argument("--effects", action="store_true",
+                   help=f"add causal effects on the first text (at most {EFFECT_TOKENS} tokens): every head's "
+                        "mean-ablation effect on the loss, the singular-direction curves and invariance checks of "
+                        "the three heads that matter most, a spectrum-vs-effect figure (models with an lm_head)")
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
     p.set_defaults(func=_heads)
     p = sub.add_parser("corpus", help="corpus statistics of every head, in-process or on a Dask cluster")

@@ -29,7 +29,8 @@
 * Causal tests of the geometry: :mod:`.interventions` (:class:`Ablate`, :class:`Project`,
   :class:`Patch`, :class:`Hook` at TransformerLens-named sites of ``Model.forward``) and
   :mod:`.effects` (:func:`head_ablation_effects`, :func:`direction_effects`,
-  :func:`activation_patching`).
+  :func:`activation_patching`, :func:`head_invariances`, and :func:`causal_effects`, the
+  heads report's causal part).
 """
 from .activations import load_activations, split_texts, text_activations
 from .adapters import from_transformer_lens, from_transformers
@@ -63,8 +64,8 @@ from .spectra import WeightSpectra, weight_spectra
 from .latent import LatentKeyCache, latent_key_cache
 from .routing import RouterStatistics, router_statistics
 from .interventions import Ablate, Hook, Patch, Project
-from .effects import (DirectionEffects, HeadEffects, PatchingResult, activation_patching, direction_effects,
-                      head_ablation_effects)
+from .effects import (CausalEffects, DirectionEffects, HeadEffects, PatchingResult, activation_patching,
+                      causal_effects, direction_effects, head_ablation_effects, head_invariances)
 
 __all__ = [
     "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -79,5 +80,5 @@ __all__ = [
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
     "RouterStatistics", "router_statistics", "Ablate", "Project", "Patch", "Hook", "HeadEffects",
-    "head_ablation_effects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
+    "head_ablation_effects", "head_invariances", "causal_effects", "CausalEffects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
 ]

@@ -297,6 +297,9 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
                       scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)))
     elif family == "bert":
         act = config.get("hidden_act", "gelu")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{where}: position_embedding_type {config['position_embedding_type']!r} is not "
+                             f"supported (BERT's absolute position table is)")
         common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_eps", 1e-12)), activation=act,
                       gated=False, rope=None, qk_norm=False, tie_word_embeddings=True,
                       max_positions=_int(config, where, "max_position_embeddings", default=512))

@@ -172,6 +172,35 @@ class Decoder:
                     "down": take(s + "mlp.c_proj.weight", (ff, d)),
                     "b_down": take(s + "mlp.c_proj.bias", (d,), required=False),
                 })
+        elif a.family == "bert":
+            p = prefix
+
+            def either(name, shape):  # LayerNorm weight / bias, or the older gamma / beta
+                old = name.replace(".weight", ".gamma").replace(".bias", ".beta")
+                return take(name, shape) if ck.mapped(old) is None else take(old, shape)
+
+            w["embed"] = take(p + "embeddings.word_embeddings.weight", (V, d))
+            w["pos"] = take(p + "embeddings.position_embeddings.weight", (a.max_positions, d))
+            w["type"] = take(p + "embeddings.token_type_embeddings.weight")
+            if w["type"].ndim != 2 or w["type"].shape[1] != d:
+                raise ValueError(f"tensor {p + 'embeddings.token_type_embeddings.weight'!r} has shape "
+                                 f"{tuple(w['type'].shape)}, but config.json (hidden_size={d}) implies (types, {d})")
+            w["embed_norm_w"] = either(p + "embeddings.LayerNorm.weight", (d,))
+            w["embed_norm_b"] = either(p + "embeddings.LayerNorm.bias", (d,))
+            w["norm_w"] = w["norm_b"] = None  # post-norm: the last layer's norm is the output's
+            for i in range(a.n_layers):
+                s = f"{p}encoder.layer.{i}."
+                t = s + "attention."
+                up = take(s + "intermediate.dense.weight")
+                ff = up.shape[0] if up.ndim == 2 else -1
+                layers.append({
+                    **_projections(take, (t + "self.query", t + "self.key", t + "self.value", t + "output.dense"), a),
+                    # post-norm: ln1 normalises h + attention, ln2 h' + MLP
+                    "ln1_w": either(t + "output.LayerNorm.weight", (d,)), "ln1_b": either(t + "output.LayerNorm.bias", (d,)),
+                    "up": take(s + "intermediate.dense.weight", (ff, d)).T, "b_up": take(s + "intermediate.dense.bias", (ff,)),
+                    "down": take(s + "output.dense.weight", (d, ff)).T, "b_down": take(s + "output.dense.bias", (d,)),
+                    "ln2_w": either(s + "output.LayerNorm.weight", (d,)), "ln2_b": either(s + "output.LayerNorm.bias", (d,)),
+                })
         else:
             p = prefix
             w["embed"] = take(p + "embed_tokens.weight", (V, d))
@@ -200,14 +229,7 @@ class Decoder:
                 if a.mla:  # multi-head latent attention (:mod:`.mla`)
                     attn = mla_weights(take, s, a)
                 else:
-                    attn = {
-                        "q": take(t + "q_proj.weight", (H * dh, d)).T, "k": take(t + "k_proj.weight", (K * dh, d)).T,
-                        "v": take(t + "v_proj.weight", (K * dh, d)).T, "o": take(t + "o_proj.weight", (d, H * dh)).T,
-                        "b_q": take(t + "q_proj.bias", (H * dh,), required=False),
-                        "b_k": take(t + "k_proj.bias", (K * dh,), required=False),
-                        "b_v": take(t + "v_proj.bias", (K * dh,), required=False),
-                        "b_o": take(t + "o_proj.bias", (d,), required=False),
-                    }
+                    attn = _projections(take, tuple(t + f"{r}_proj" for r in "qkvo"), a)
                 layer = {
                     "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None, **attn,
                     "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None, **mlp,
@@ -216,8 +238,9 @@ class Decoder:
                     layer["q_norm"] = take(t + "q_norm.weight", (dh,))
                     layer["k_norm"] = take(t + "k_norm.weight", (dh,))
                 layers.append(layer)
-        head = take(root + "lm_head.weight", (V, d), required=False)
-        w["unembed"] = w["embed"] if a.tie_word_embeddings or head is None and a.family == "gpt2" else head
+        head = None if a.family == "bert" else take(root + "lm_head.weight", (V, d), required=False)
+        w["unembed"] = (None if a.family == "bert" else  # an encoder: no language-model head
+                        w["embed"] if a.tie_word_embeddings or head is None and a.family == "gpt2" else head)
         w["layers"] = layers
         return cls(a, w)
 
@@ -299,9 +322,12 @@ class Decoder:
         if resume is None:
             h = cast(w["embed"][ids])
             release_pages(w["embed"])
-            if a.family == "gpt2":
+            if a.family in ("gpt2", "bert"):
                 h = h + cast(w["pos"][positions])
                 release_pages(w["pos"])
+            if a.family == "bert":  # every token of segment 0, then the embedding's norm
+                h = normalize(h + cast(w["type"][[0]]), cast(w["embed_norm_w"]), cast(w["embed_norm_b"]),
+                              a.norm_eps, a.norm)
         else:
             h = np.asarray(resume[1], dt)
         # (b n, 1, d_head), a row per token; MLA rotates its own rotary columns (:mod:`.mla`)
@@ -318,6 +344,7 @@ class Decoder:
                             **{name: kept for name in KEEPABLE if name not in ("hidden_states", "router_logits")}})
         scales = []
         single = plan.single
+        post = a.family == "bert"  # post-norm and bidirectional (module docstring)
         for li, stored in enumerate(w["layers"]):
             if li < first:
                 continue
@@ -330,8 +357,10 @@ class Decoder:
             if "resid_pre" in sites:
                 h = apply(todo, "resid_pre", h, single)
             L = {key: cast(value) for key, value in stored.items()}
-            x = None
-            if a.mla or "attn_in" in sites:
+            x = h if post else None  # post-norm: attention reads the stream itself
+            if "attn_in" in sites and post:
+                x = apply(todo, "attn_in", x, single)
+            elif a.mla or "attn_in" in sites:
                 x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
                 if "attn_in" in sites:
                     x = apply(todo, "attn_in", x, single)
@@ -358,7 +387,7 @@ class Decoder:
                 scale /= li + 1
             want_s = here and plan.wants("attention_stats")
             want_p = here and plan.wants("attentions") or "pattern" in sites
-            res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=True,
+            res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=not post,
                                     scale=scale, return_weights=want_p, return_stats=want_s, layout="bhnd")
             y = res[0] if want_p or want_s else res
             if "pattern" in sites:  # the changed weights give the heads' outputs (and the statistics)
@@ -382,17 +411,21 @@ class Decoder:
             if here and plan.wants("attn_out"):
                 out.put("attn_out", o)
             h = h + o
+            if post:
+                h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
             if "router" in L:  # mixture of experts (:mod:`.moe`)
                 mlp, router = moe_mlp(normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a, act)
                 if here and plan.wants("router_logits"):
                     out.put("router_logits", router)
             else:
-                mlp = _dense_mlp(h, L, a, act)
+                mlp = _dense_mlp(h, L, a, act, pre_norm=not post)
             if "mlp_out" in sites:
                 mlp = apply(todo, "mlp_out", mlp, single)
             if here and plan.wants("mlp_out"):
                 out.put("mlp_out", mlp)
             h = h + mlp
+            if post:
+                h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
             if "resid_post" in sites:
                 h = apply(todo, "resid_post", h, single)
             if here and plan.wants("resid_post"):
@@ -403,7 +436,9 @@ class Decoder:
             for value in stored.values():  # the layer is done: its mapped pages leave the resident set
                 release_pages(value)
         final = None
-        if plan.wants("hidden_states") or plan.wants("logits"):
+        if post:
+            final = h
+        elif plan.wants("hidden_states") or plan.wants("logits"):
             final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
         if plan.wants("hidden_states"):
             out.put("hidden_states", final)
@@ -480,13 +515,28 @@ class Decoder:
         return out
 
 
-def _dense_mlp(h, L, a, act):
-    """The dense MLP of residual streams h (b, n, d): Norm, then down(act(gate) * up) or
-    down(act(up)), biases where stored, block of tokens by block of tokens on the thread
-    budget (norm, products and nonlinearity together), at most MLP_ROWS tokens a block (the
-    hidden units of a long input would otherwise take (n, d_ff) arrays several times over)."""
+def _projections(take, names, a: Architecture) -> dict:
+    """The attention's q, k, v, o weights in (in, out) orientation and their biases (None where
+    not stored), from torch Linear tensors "<name>.weight" (out, in) and "<name>.bias"."""
+    d, H, K, dh = a.d_model, a.n_heads, a.n_kv_heads, a.d_head
+    rows = {"q": H * dh, "k": K * dh, "v": K * dh, "o": d}
+    cols = {"q": d, "k": d, "v": d, "o": H * dh}
+    out = {}
+    for role, name in zip("qkvo", names):
+        out[role] = take(name + ".weight", (rows[role], cols[role])).T
+        out["b_" + role] = take(name + ".bias", (rows[role],), required=False)
+    return out
+
+
+def _dense_mlp(h, L, a, act, pre_norm=True):
+    """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
+    down(act(gate) * up) or down(act(up)), biases where stored, block of tokens by block of
+    tokens on the thread budget (norm, products and nonlinearity together), at most MLP_ROWS
+    tokens a block (the hidden units of a long input would otherwise take (n, d_ff) arrays
+    several times over)."""
     def block(rows):
-        return _mlp_block(normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a.gated, act)
+        x = normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm) if pre_norm else rows
+        return _mlp_block(x, L, a.gated, act)
 
     return map_rows(block, h, h.shape[-1], max_rows=MLP_ROWS)
 

@@ -16,14 +16,31 @@ from typing import Optional
 
 import numpy as np
 
+from .._operands import count
+from ..spectral import null_space
 from .forward import check_layers
-from .interventions import Ablate
+from .interventions import HEAD_SITES, SITE_FIELDS, Ablate, Hook, Patch, Project
 
 METRICS = ("loss", "logit_diff")
 
 
+class _Saved:
+    """A result that writes its :meth:`to_dict` as JSON."""
+
+    def to_json(self, path) -> str:
+        """Write :meth:`to_dict` to path as JSON; returns the path."""
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        return str(path)
+
+
+def _floats(a) -> list:
+    """An array as nested lists with NaN as None (JSON has no NaN)."""
+    return np.where(np.isfinite(a), a, None).tolist() if np.size(a) else []
+
+
 @dataclass
-class HeadEffects:
+class HeadEffects(_Saved):
     """The change in a metric when each head is ablated.
 
     Attributes
@@ -53,12 +70,11 @@ class HeadEffects:
         return [{"layer": l, "head": h, "effect": float(self.effects[l, h]), "rank": int(rank[l * H + h])}
                 for l in range(L) for h in range(H)]
 
-    def to_json(self, path) -> str:
-        """Write {"metric", "mode", "baseline", "effects", "heads"} to path; returns the path."""
-        with open(path, "w") as f:
-            json.dump({"metric": self.metric, "mode": self.mode, "baseline": self.baseline,
-                       "effects": self.effects.tolist(), "heads": self.table()}, f, indent=1)
-        return str(path)
+    def to_dict(self) -> dict:
+        """{"metric", "mode", "baseline", "effects" (n_layers x n_heads, null where not ablated),
+        "heads" (:meth:`table`)}."""
+        return {"metric": self.metric, "mode": self.mode, "baseline": self.baseline,
+                "effects": _floats(self.effects), "heads": self.table()}
 
     def plot(self, ax=None):
         """A layer x head map of the effects (diverging colours, zero white).
@@ -133,6 +149,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     """
     import time
 
+    _needs_logits(model, "head_ablation_effects")
     if mode not in ("mean", "zero"):
         raise ValueError(f"mode must be 'mean' or 'zero', got {mode!r}")
     if metric not in METRICS:
@@ -158,7 +175,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
 
 
 @dataclass
-class DirectionEffects:
+class DirectionEffects(_Saved):
     """The effect of each singular direction of one head's OV or QK circuit.
 
     Attributes
@@ -195,6 +212,13 @@ class DirectionEffects:
         return [{"direction": i, "singular_value": float(s), "removed": float(self.removed[i]),
                  "kept": float(self.kept[i + 1])} for i, s in enumerate(self.singular_values)]
 
+    def to_dict(self) -> dict:
+        """{"layer", "head", "circuit", "metric", "baseline", "singular_values", "removed",
+        "kept"}."""
+        return {"layer": self.layer, "head": self.head, "circuit": self.circuit, "metric": self.metric,
+                "baseline": self.baseline, "singular_values": _floats(self.singular_values),
+                "removed": _floats(self.removed), "kept": _floats(self.kept)}
+
     def plot(self, axes=None):
         """The effect of removing each direction beside its singular value, and the metric with
         the top k directions kept against k. Returns the matplotlib figure."""
@@ -202,8 +226,12 @@ class DirectionEffects:
 
         fig, axes = panel_row(axes, 2, 4.2)
         i = np.arange(len(self.singular_values))
-        axes[0].scatter(self.singular_values, self.removed, s=12)
-        axes[0].set_xlabel("singular value")
+        rel = self.singular_values / (self.singular_values[0] if i.size else 1.0)
+        axes[0].scatter(rel, self.removed, s=12)
+        axes[0].ticklabel_format(axis="x", useOffset=False)
+        if i.size and rel.min() > 1 - 1e-6:  # equal singular values (an isotropic circuit)
+            axes[0].set_xlim(0.9, 1.1)
+        axes[0].set_xlabel("singular value / largest")
         axes[0].set_ylabel(f"change in {self.metric} when removed")
         axes[1].plot(np.arange(len(self.kept)), self.kept, marker="o", ms=3)
         axes[1].axhline(self.baseline, color="k", lw=0.8, ls="--", label="clean")
@@ -269,16 +297,12 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
     >>> d.kept[-1] == pytest.approx(d.baseline)  # doctest: +SKIP
     True
     """
-    from .interventions import Hook
-
+    _needs_logits(model, "direction_effects")
     if circuit not in ("OV", "QK"):
         raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    L, H = model.arch.n_layers, model.arch.n_heads
-    for name, value, size in (("layer", layer, L), ("head", head, H)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
-            raise ValueError(f"{name} must be an integer in 0..{size - 1}, got {value!r}")
+    _check_head(model, layer, head)
     if circuit == "QK" and model.arch.rope is not None:
         raise ValueError("circuit='QK': a rotary model's W_Q R(i - j) W_K^T depends on the offset; use 'OV', or a "
                          "model without rotary embedding")
@@ -309,6 +333,18 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
     return DirectionEffects(int(layer), int(head), circuit, s, removed, kept, baseline, metric)
 
 
+def _check_head(model, layer, head) -> None:
+    for name, value, size in (("layer", layer, model.arch.n_layers), ("head", head, model.arch.n_heads)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
+            raise ValueError(f"{name} must be an integer in 0..{size - 1}, got {value!r}")
+
+
+def _needs_logits(model, what: str) -> None:
+    if not model.decoder.has_unembedding:
+        raise ValueError(f"model: {what} measures the model's next-token output, and this {model.arch.model_type} "
+                         f"checkpoint has no unembedding (lm_head)")
+
+
 def _answers(metric, answers, ids):
     if metric == "logit_diff":
         if answers is None or len(answers) != 2:
@@ -320,7 +356,7 @@ def _answers(metric, answers, ids):
 
 
 @dataclass
-class PatchingResult:
+class PatchingResult(_Saved):
     """Activation patching: how much of the clean metric each patched activation restores.
 
     Attributes
@@ -351,6 +387,11 @@ class PatchingResult:
             row["restored"] = float(self.restored[index])
             out.append(row)
         return out
+
+    def to_dict(self) -> dict:
+        """{"site", "metric", "clean", "corrupt", "restored" (null where not patched)}."""
+        return {"site": self.site, "metric": self.metric, "clean": self.clean, "corrupt": self.corrupt,
+                "restored": _floats(self.restored)}
 
     def plot(self, ax=None, tokens=None):
         """A layer x position map of the restored fraction (the mean over heads for per-head
@@ -409,9 +450,8 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     >>> r.restored.shape  # doctest: +SKIP
     (12, 15)
     """
-    from .forward import check_layers
-    from .interventions import HEAD_SITES, SITE_FIELDS, Patch
 
+    _needs_logits(model, "activation_patching")
     clean_ids, corrupt_ids = (np.asarray(a) for a in (clean_ids, corrupt_ids))
     clean_ids = clean_ids[None] if clean_ids.ndim == 1 else clean_ids
     corrupt_ids = corrupt_ids[None] if corrupt_ids.ndim == 1 else corrupt_ids
@@ -441,3 +481,219 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
                 value = (_metric(f.logits, corrupt_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
                 restored[(layer, p) if h is None else (layer, p, h)] = value
     return PatchingResult(site, restored, m_clean, m_corrupt, metric)
+
+
+def _gauge_matrix(arch, rng) -> np.ndarray:
+    """A random invertible d_head x d_head gauge (singular values in [0.5, 2]): generic without
+    rotary embedding; with it, one commuting with every rotation (a complex scalar a I + b J on
+    each frequency's pair of coordinates, rotate-half pairs (i, i + d_head/2))."""
+    dh = arch.d_head
+    if arch.rope is None:
+        u, _ = np.linalg.qr(rng.standard_normal((dh, dh)))
+        v, _ = np.linalg.qr(rng.standard_normal((dh, dh)))
+        return u @ np.diag(rng.uniform(0.5, 2.0, dh)) @ v.T
+    half, A = dh // 2, np.zeros((dh, dh))
+    for i in range(half):
+        r, t = rng.uniform(0.5, 2.0), rng.uniform(0.0, 2.0 * np.pi)
+        A[i, i] = A[i + half, i + half] = r * np.cos(t)
+        A[i, i + half], A[i + half, i] = r * np.sin(t), -r * np.sin(t)
+    return A
+
+
+def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float64, seed: int = 0) -> list:
+    """Exact invariances of one head (Laplace-Radon s.5-6, s.9.4) measured on the model.
+
+    Three checks, each a dict {"layer", "head", "check", "expected", "measured", "others"}:
+
+    * ``gauge``: (q, k) -> (q A, k A^{-T}) for the head's queries and keys with a random
+      invertible A (without rotary embedding or q/k norm this is the parameter gauge W_Q A,
+      W_K A^{-T}; under rotation A commutes with every rotation). ``measured``: the largest
+      change of the logits relative to their largest magnitude; expected at rounding level.
+    * ``unread removed``: remove from what attention reads (attn_in) its component in
+      ker W_Q^T and ker W_K^T's intersection, which the head's logits never see.
+      ``measured``: the largest change of the head's attention weights (rounding level);
+      ``others``: that of the other heads of the layer (which read that component).
+    * ``ker B complement removed``: remove the complement of ker B = ker W_K^T (the span of
+      W_K's columns, everything the head's keys read). ``measured``: the largest change of
+      the head's weights (order one).
+
+    Parameters
+    ----------
+    model : Model
+        A model with per-head weights and an unembedding.
+    token_ids : array_like of int, shape (n,) or (batch, n)
+        The prompts (no padding).
+    layer, head : int
+        The head.
+    dtype : {np.float64, np.float32}, default np.float64
+    seed : int, default 0
+        Seed of the gauge matrix.
+
+    Returns
+    -------
+    list of dict
+        The three checks.
+
+    Examples
+    --------
+    >>> rows = ag.models.head_invariances(model, ids, 1, 0)  # doctest: +SKIP
+    >>> [r["check"] for r in rows]  # doctest: +SKIP
+    ['gauge', 'unread removed', 'ker B complement removed']
+    """
+    _needs_logits(model, "head_invariances")
+    _check_head(model, layer, head)
+    ids = np.asarray(token_ids)
+    ids = ids[None] if ids.ndim == 1 else ids
+    W_Q, W_K = (np.asarray(w[layer, head], np.float64) for w in (model.heads.W_Q, model.heads.W_K))
+    A = _gauge_matrix(model.arch, np.random.default_rng(seed))
+    inv_t = np.linalg.inv(A).T
+    clean = model.forward(ids, dtype=dtype, keep=("logits", "hidden_states", "attentions"), layers=[layer])
+
+    def on_head(M):
+        def fn(value):
+            out = value.copy()
+            out[..., head, :, :] = value[..., head, :, :] @ M.astype(value.dtype)
+            return out
+        return fn
+
+    # hidden_states[0] enters the one kept layer
+    gauged = model._resume(ids, layer, clean.hidden_states[0], [Hook("q", layer, on_head(A)),
+                                                               Hook("k", layer, on_head(inv_t))], dtype)
+    top = float(np.abs(clean.logits).max()) or 1.0
+    rows = [{"layer": int(layer), "head": int(head), "check": "gauge", "expected": "unchanged (rounding)",
+             "measured": float(np.abs(gauged.logits - clean.logits).max()) / top, "others": None}]
+    P = clean.attentions[0]
+    others = [h for h in range(model.arch.n_heads) if h != head]
+    unread, _ = null_space(np.hstack([W_Q, W_K]).T)
+    ker_b, _ = null_space(W_K.T)
+    for check, space, expected in (("unread removed", unread, "head's weights unchanged (rounding)"),
+                                   ("ker B complement removed", ker_b.complement(), "head's weights change")):
+        f = model.forward(ids, dtype=dtype, keep=("attentions",), layers=[layer],
+                          interventions=[Project("attn_in", layer, space)])
+        change = np.abs(f.attentions[0] - P)
+        rows.append({"layer": int(layer), "head": int(head), "check": check, "expected": expected,
+                     "measured": float(change[:, head].max()),
+                     "others": float(change[:, others].max()) if others else None})
+    return rows
+
+
+@dataclass
+class CausalEffects(_Saved):
+    """The causal part of the heads report (``attngeom heads --effects``).
+
+    Attributes
+    ----------
+    heads : HeadEffects
+        Every head's ablation effect on the loss.
+    directions : list of DirectionEffects
+        The OV circuit's singular directions of the most important heads.
+    invariances : list of dict
+        :func:`head_invariances` of those heads.
+    n_tokens : int
+        Tokens of the text the effects were measured on.
+    """
+
+    heads: HeadEffects
+    directions: list
+    invariances: list
+    n_tokens: int
+
+    def to_dict(self) -> dict:
+        """{"n_tokens", "heads" (:meth:`HeadEffects.to_dict`), "directions", "invariances"}."""
+        return {"n_tokens": self.n_tokens, "heads": self.heads.to_dict(),
+                "directions": [d.to_dict() for d in self.directions], "invariances": self.invariances}
+
+    def plot_spectrum_vs_effect(self, ax=None):
+        """Each singular direction of the chosen heads' OV circuits: its singular value (x,
+        relative to the head's largest) against the change in loss when it is removed (y).
+        Returns the matplotlib figure."""
+        from ..plotting import axes_or_new
+
+        fig, ax = axes_or_new(ax, figsize=(5.0, 3.6))
+        for d in self.directions:
+            s = d.singular_values / (d.singular_values[0] if d.singular_values.size else 1.0)
+            ax.scatter(s, d.removed, s=12, label=f"L{d.layer}H{d.head}")
+        ax.set_xscale("log")
+        ax.set_xlabel("singular value / largest (OV circuit)")
+        ax.set_ylabel(f"change in {self.heads.metric} when removed")
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.legend(fontsize=7)
+        ax.set_title("does the spectrum predict the effect?", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+    def figures(self) -> dict:
+        """{file name: figure}: ablation_effects.png, directions_L<l>_H<h>.png per chosen head,
+        spectrum_vs_effect.png."""
+        figs = {"ablation_effects.png": self.heads.plot()}
+        for d in self.directions:
+            figs[f"directions_L{d.layer}_H{d.head}.png"] = d.plot()
+        if self.directions:
+            figs["spectrum_vs_effect.png"] = self.plot_spectrum_vs_effect()
+        return figs
+
+    def markdown(self) -> str:
+        """The summary.md section: the heads that matter most, their direction curves in
+        numbers, and the invariance checks."""
+        ranked = sorted(self.heads.table(), key=lambda r: r["rank"])[:10]
+        lines = ["## Causal effects", "",
+                 f"{self.heads.mode.capitalize()}-ablating each head's output z on the first text "
+                 f"({self.n_tokens} tokens); baseline {self.heads.metric} {self.heads.baseline:.4g}.", "",
+                 "| rank | layer | head | effect |", "|---|---|---|---|"]
+        lines += [f"| {r['rank']} | {r['layer']} | {r['head']} | {r['effect']:.4g} |" for r in ranked]
+        for d in self.directions:
+            k = _directions_to_recover(d)
+            lines += ["", f"L{d.layer}H{d.head} OV circuit: {d.singular_values.size} directions; removing the top "
+                      f"one changes the {d.metric} by {d.removed[0]:.4g} (largest change: direction "
+                      f"{int(np.argmax(np.abs(d.removed)))}); keeping the top {k} recovers 90% of the head's effect."]
+        lines += ["", "| layer | head | check | expected | measured | other heads |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['head']} | {r['check']} | {r['expected']} | {r['measured']:.3g} | "
+                  f"{'' if r['others'] is None else format(r['others'], '.3g')} |" for r in self.invariances]
+        return "\n".join(lines) + "\n"
+
+
+def _directions_to_recover(d: DirectionEffects, fraction: float = 0.9) -> int:
+    """The fewest top directions whose kept-only metric recovers `fraction` of the way from
+    none kept to the baseline."""
+    gap = d.kept[0] - d.baseline
+    if gap == 0:
+        return 0
+    done = np.flatnonzero(np.abs(d.kept - d.baseline) <= (1 - fraction) * abs(gap))
+    return int(done[0]) if done.size else len(d.kept) - 1
+
+
+def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=np.float64) -> CausalEffects:
+    """Head ablation effects on the loss, the OV singular-direction curves and the invariance
+    checks of the ``top`` heads whose ablation changes the loss most (the heads report's
+    ``--effects``).
+
+    Parameters
+    ----------
+    model : Model
+        A model with an unembedding and per-head weights.
+    token_ids : array_like of int, shape (n,) or (batch, n)
+        The text(s), at least 2 tokens.
+    top : int, default 3
+        How many heads get direction curves and invariance checks.
+    mode : {"mean", "zero"}, default "mean"
+        The head ablation.
+    dtype : {np.float64, np.float32}, default np.float64
+
+    Returns
+    -------
+    CausalEffects
+
+    Examples
+    --------
+    >>> c = ag.models.causal_effects(model, ids, top=2)  # doctest: +SKIP
+    >>> sorted(c.figures())  # doctest: +SKIP
+    ['ablation_effects.png', 'directions_L1_H0.png', 'directions_L0_H0.png', 'spectrum_vs_effect.png']
+    """
+    top = count("top", top, 1)
+    heads = head_ablation_effects(model, token_ids, mode=mode, dtype=dtype)
+    ranked = sorted(heads.table(), key=lambda r: r["rank"])[:top]
+    directions, invariances = [], []
+    for r in ranked:
+        directions.append(direction_effects(model, token_ids, r["layer"], r["head"], dtype=dtype))
+        invariances += head_invariances(model, token_ids, r["layer"], r["head"], dtype=dtype)
+    return CausalEffects(heads, directions, invariances, int(np.asarray(token_ids).shape[-1]))

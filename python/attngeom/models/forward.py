@@ -347,7 +347,7 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
     """Bytes a forward pass allocates: each kept field's size, and "working" for the arrays
     one layer needs while it runs (queries, keys and values, the MLP's hidden units of the
     blocks running at once, the residual stream, P where it is kept or intervened on, a
-    sliding window's mask; BERT's per-sequence weights).
+    sliding window's mask).
 
     Parameters
     ----------
@@ -397,8 +397,6 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
     pattern = any(r.item.site == "pattern" for todo in plan.interventions.values() for r in todo)
     working = item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * ff + 4 * b * n * d
                       + (weights if "attentions" in plan.keep else 0) + (2 * weights if pattern else 0))
-    if a.family == "bert":  # every sequence's (n_layers, H, n, n) weights are held while the batch runs
-        working += item * a.n_layers * weights
     if a.sliding_layers:  # the window's (b, 1, n, n) boolean mask
         working += b * n * n
     out["working"] = int(working)

@@ -167,7 +167,7 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
     [(0, 0)]
     """
     m = resolve_model(model)
-    if m.decoder is None:
+    if m.arch.family == "bert":
         raise ValueError(f"model: induction scores need a causal decoder, got a {m.arch.model_type} encoder")
     V = m.arch.vocab_size
     T = count("seq_len", seq_len, 2)

@@ -132,8 +132,6 @@ class Resolved:
     heads: Optional[np.ndarray]
     positions: Optional[np.ndarray]
     values: Optional[np.ndarray] = None  # what Ablate(mean / resample) and Patch write
-    basis: Optional[np.ndarray] = None  # Project: an orthonormal basis of the stored side
-    complement: bool = False
 
 
 def check_interventions(interventions, arch, shape, single: bool) -> dict:
@@ -210,8 +208,6 @@ def check_interventions(interventions, arch, shape, single: bool) -> dict:
             if iv.subspace.ambient_dim != want:
                 raise ValueError(f"{label}: subspace lives in R^{iv.subspace.ambient_dim}, the site's vectors in "
                                  f"R^{want}")
-            r.complement = iv.subspace.stores_complement
-            r.basis = iv.subspace._stored
         elif isinstance(iv, Hook):
             if not callable(iv.fn):
                 raise TypeError(f"{label}: fn must be callable, got {type(iv.fn).__name__}")
@@ -306,9 +302,7 @@ def apply(resolved, site: str, value: np.ndarray, single: bool) -> np.ndarray:
         sel = _selection(value.ndim, per_head, r.heads, r.positions)
         if isinstance(iv, Project):
             x = value[sel]
-            q = r.basis.astype(x.dtype, copy=False)
-            along = (x @ q) @ q.T
-            inside = x - along if r.complement else along
+            inside = iv.subspace.project(x)
             value[sel] = x - inside if iv.remove else inside
         elif isinstance(iv, Ablate) and iv.mode == "zero":
             value[sel] = 0

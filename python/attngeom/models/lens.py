@@ -163,7 +163,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
     array([4, 7, 3])
     """
     m = resolve_model(model)
-    if m.decoder is None or not m.decoder.has_unembedding:
+    if not m.decoder.has_unembedding:
         raise ValueError(f"model: the logit lens needs a decoder with an unembedding (lm_head), "
                          f"got a {m.arch.model_type} checkpoint without one")
     V = m.arch.vocab_size

@@ -1,10 +1,11 @@
 """A checkpoint ready to run: ``load_model(path_or_name)`` -> :class:`Model`.
 
 One API for every supported architecture (:data:`SUPPORTED_ARCHITECTURES`): the decoders
-(GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral, DeepSeek-V2) run :class:`attngeom.models.Decoder`, BERT runs
-:class:`attngeom.models.BertEncoder`. ``Model.forward(token_ids)`` returns a
+(GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral, DeepSeek-V2) and the BERT encoder all run
+:class:`attngeom.models.Decoder` (BERT as its post-norm, bidirectional case, without
+logits). ``Model.forward(token_ids)`` returns a
 :class:`Forward` with logits, hidden states, attentions and the per-layer q, k, v the
-attention uses. NumPy and the library's attention kernel only: no PyTorch. Decoder weights are memory-mapped
+attention uses. NumPy and the library's attention kernel only: no PyTorch. Weights are memory-mapped
 (:meth:`Checkpoint.mapped`): loading reads only the headers, and each layer's weights are
 cast to the computation dtype (bfloat16 widened) when the forward pass reaches that layer.
 
@@ -21,7 +22,6 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from .architecture import Architecture, architecture_from_config
-from .bert import BertEncoder
 from .decoder import Decoder
 from ..attention import softmax_attention
 from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
@@ -59,8 +59,7 @@ class Model:
         self.folder = ck.folder
         self._checkpoint = ck
         self._heads = heads
-        self._bert = {}
-        self.decoder = None if arch.family == "bert" else Decoder.from_checkpoint(ck, arch, prefix)
+        self.decoder = Decoder.from_checkpoint(ck, arch, prefix)
 
     @property
     def heads(self) -> ModelHeads:
@@ -88,12 +87,6 @@ class Model:
     def max_length(self) -> Optional[int]:
         """The longest sequence an absolute position table allows (None for rotary models)."""
         return self.arch.max_positions
-
-    def _encoder(self, dtype) -> BertEncoder:
-        key = np.dtype(dtype).name
-        if key not in self._bert:
-            self._bert[key] = BertEncoder.from_checkpoint(self._checkpoint, dtype=dtype)
-        return self._bert[key]
 
     def tokenize(self, text: str, *, max_length: Optional[int] = None) -> Tuple[List[int], List[str]]:
         """Token ids and token strings of ``text`` with the checkpoint's tokenizer files.
@@ -145,8 +138,7 @@ class Model:
             The :class:`Forward` fields to compute and return (the others are None and never
             allocated): any of :data:`attngeom.models.forward.KEEPABLE`. Default: every field
             but ``attention_stats`` and the block outputs, which are kept only when named.
-            Without "attentions" a decoder forms no (n, n) weights (BERT, limited to 512
-            tokens, does): ``keep=("attention_stats", "logits")`` with
+            Without "attentions" the pass forms no (n, n) weights: ``keep=("attention_stats", "logits")`` with
             ``logits_at="last"`` analyses every head of a long document in the memory of the
             weights plus a few layer-sized arrays.
         layers : int or sequence of int, optional
@@ -160,7 +152,7 @@ class Model:
         interventions : sequence of Ablate, Project, Patch, Hook, optional
             Changes to the activations at named sites, applied in order as the pass runs
             (:mod:`attngeom.models.interventions`); the kept fields hold the changed values.
-            Decoders only. Without interventions the pass is bitwise the plain one.
+            Without interventions the pass is bitwise the plain one.
 
         Returns
         -------
@@ -226,15 +218,9 @@ class Model:
             raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
                              f"{limit} positions of the model's position table (config.json "
                              f"{'n_positions' if self.arch.family == 'gpt2' else 'max_position_embeddings'})")
-        if interventions and self.decoder is None:
-            raise ValueError("interventions: the forward pass of BERT encoders does not take interventions yet "
-                             "(decoders do)")
         plan = plan_forward(self.arch, mask, dt, keep=keep, layers=layers, logits_at=logits_at,
                             interventions=interventions, single=single)
-        if self.decoder is not None:
-            out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
-        else:
-            out = self._bert_forward(ids, mask, positions, dt, plan)
+        out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         return out.sequence(0) if single else out
 
     def _resume(self, ids, layer: int, h, interventions, dtype) -> Forward:
@@ -246,56 +232,6 @@ class Model:
         plan = plan_forward(self.arch, mask, np.dtype(dtype), keep=("logits",), layers=[layer],
                             interventions=interventions)
         return self.decoder.forward(ids.astype(np.int64), mask, positions, np.dtype(dtype), plan, resume=(layer, h))
-
-    def _bert_forward(self, ids, mask, positions, dt, plan: ForwardPlan) -> Forward:
-        """BERT through :class:`BertEncoder`, one sequence at a time on its real tokens."""
-        enc = self._encoder(dt)
-        H = enc.heads
-        b, n = ids.shape
-        nh, d, dh = H.n_heads, H.d_model, H.d_head
-        kept = list(plan.layers)
-        Lk = len(kept)
-
-        def zeros(name, shape, dtype=dt):
-            return np.zeros(shape, dtype) if plan.wants(name) else None
-
-        hidden = zeros("hidden_states", (Lk + 1, b, n, d))
-        inputs = zeros("attention_inputs", (Lk, b, n, d))
-        attn = zeros("attentions", (Lk, b, nh, n, n))
-        q, k, v, q_pre, k_pre = (zeros(name, (Lk, b, nh, n, dh)) for name in ("q", "k", "v", "q_prerotary",
-                                                                               "k_prerotary"))
-        stats = [] if plan.wants("attention_stats") else None
-        heads_needed = any(plan.wants(name) for name in ("q", "k", "v", "q_prerotary", "k_prerotary",
-                                                         "attention_stats"))
-        runs = []
-        for s in range(b):
-            real = np.flatnonzero(mask[s])
-            o = enc.forward(ids[s, real].astype(np.int64))
-            runs.append((real, o))
-            if hidden is not None:
-                hidden[:-1, s, real] = o.hidden_states[kept]
-                hidden[-1, s, real] = o.hidden_states[-1]
-            if inputs is not None:
-                inputs[:, s, real] = o.hidden_states[kept]
-            if attn is not None:
-                attn[:, s][:, :, real[:, None], real[None, :]] = o.attention[kept]
-        for i, layer in enumerate(kept if heads_needed else ()):
-            qkv = np.zeros((3, b, nh, n, dh), dt)  # this layer's padded queries, keys, values
-            for s, (real, o) in enumerate(runs):
-                x = o.hidden_states[layer]
-                qkv[0, s][:, real], qkv[1, s][:, real] = H.queries_keys(x, layer)
-                qkv[2, s][:, real] = x[None] @ H.W_V[layer] + (0.0 if H.b_V is None else H.b_V[layer][:, None, :])
-            for out, value in ((q, qkv[0]), (q_pre, qkv[0]), (k, qkv[1]), (k_pre, qkv[1]), (v, qkv[2])):
-                if out is not None:
-                    out[i] = value
-            if stats is not None:  # the kernel's statistics over the padded sequence, padded keys hidden
-                stats.append(softmax_attention(qkv[0], qkv[1], qkv[2], mask=mask[:, None, None, :],
-                                               return_stats=True)[-1])
-        if stats is not None:
-            stats = AttentionStats(*(np.stack([getattr(st, name) for st in stats]) for name in STATS_FIELDS))
-        scale = np.full(Lk, 1.0 / np.sqrt(dh))
-        return Forward(None, hidden, attn, inputs, q, k, v, q_pre, k_pre, scale, positions, mask,
-                       attention_stats=stats, layers=np.asarray(kept), logits_positions=plan.logits_at)
 
 
 def load_model(path, *, backend: str = "auto") -> Model:

@@ -19,7 +19,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -128,6 +128,9 @@ class HeadReport:
         text, from the streaming statistics (the attention_profile.png figure).
     window : int or None
         The tokens per text the P- and radius-based fields use (None when no text is longer).
+    effects : CausalEffects or None
+        Ablation effects, singular-direction curves and invariance checks
+        (:func:`attngeom.models.causal_effects`; ``attngeom heads --effects``).
     """
 
     model: dict
@@ -142,6 +145,7 @@ class HeadReport:
     queries: Dict[Tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     profiles: Optional[Dict[str, np.ndarray]] = field(default=None, repr=False)
     window: Optional[int] = None
+    effects: Any = field(default=None, repr=False)
 
     @property
     def n_texts(self) -> int:
@@ -233,7 +237,8 @@ class HeadReport:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"summary": self.summary(), "fields": self.fields(), "tokens": self.tokens,
-                       "heads": self.table(), "profiles": self.binned_profiles()}, f, indent=2)
+                       "heads": self.table(), "profiles": self.binned_profiles(),
+                       "effects": None if self.effects is None else self.effects.to_dict()}, f, indent=2)
         return str(path)
 
     def to_dataframe(self):
@@ -333,6 +338,8 @@ class HeadReport:
                     title=f"L{layer}H{head} attention" + (" (text 0)" if self.n_texts > 1 else ""))
             if (layer, head) in self.queries:
                 figs[f"laplace_radon_L{layer}_H{head}.png"] = self.plot_laplace_radon(layer, head)
+        if self.effects is not None:
+            figs.update(self.effects.figures())
         return figs
 
     def markdown(self, figure_names: Sequence[str] = ()) -> str:
@@ -356,6 +363,8 @@ class HeadReport:
             r = rows[layer, head]
             text = ", ".join(f"{k} {r[k]:.4g}" for k, _ in CROSS_LAYER if k in r)
             lines.append(f"- L{layer}H{head}: {text}")
+        if self.effects is not None:
+            lines += ["", self.effects.markdown().rstrip()]
         if figure_names:
             lines += ["", "## Files", "", "heads.json (table, field glossary, tokens), attention.npz (tokens and "
                       "attention matrices), report.html (everything in one page), "
@@ -486,6 +495,8 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
         out.append(f"<h3>L{layer}H{head}</h3>")
         for prefix in ("spectra", "attention", "laplace_radon"):
             img(f"{prefix}_L{layer}_H{head}.png")
+    if report.effects is not None:
+        _html_effects(report.effects, out, img)
     if report.tokens is not None:
         out.append("<h2>Tokens</h2>")
         for t, toks in enumerate(report.tokens):
@@ -493,6 +504,34 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
     out.append("<h2>Fields</h2><dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in fields.items())
                + f"</dl><script>{_SORT_JS}</script></body></html>")
     return "\n".join(out)
+
+
+def _html_effects(effects, out: list, img) -> None:
+    """The causal section of report.html: the ablation map, the ranked heads, the direction
+    curves, the spectrum-vs-effect scatter and the invariance checks."""
+    from html import escape
+
+    h = effects.heads
+    out.append(f"<h2>Causal effects</h2><p>{escape(h.mode)}-ablating each head's output z on the first text "
+               f"({effects.n_tokens} tokens); baseline {escape(h.metric)} {h.baseline:.4g}.</p>")
+    img("ablation_effects.png")
+    out.append("<table class='sortable'><thead><tr><th>rank</th><th>layer</th><th>head</th><th>effect</th></tr>"
+               "</thead><tbody>")
+    for r in sorted(h.table(), key=lambda r: r["rank"]):
+        out.append("<tr>" + "".join(f"<td data-v='{r[k]}'>{_fmt(r[k])}</td>"
+                                    for k in ("rank", "layer", "head", "effect")) + "</tr>")
+    out.append("</tbody></table><h3>Singular directions of the heads that matter most</h3>")
+    img("spectrum_vs_effect.png")
+    for d in effects.directions:
+        img(f"directions_L{d.layer}_H{d.head}.png")
+    out.append("<h3>Invariances (Laplace-Radon s.5-6)</h3><table><thead><tr>"
+               + "".join(f"<th>{k}</th>" for k in ("layer", "head", "check", "expected", "measured", "other heads"))
+               + "</tr></thead><tbody>")
+    for r in effects.invariances:
+        others = "" if r["others"] is None else f"{r['others']:.3g}"
+        out.append(f"<tr><td>{r['layer']}</td><td>{r['head']}</td><td>{escape(r['check'])}</td>"
+                   f"<td>{escape(r['expected'])}</td><td>{r['measured']:.3g}</td><td>{others}</td></tr>")
+    out.append("</tbody></table>")
 
 
 def _default_chosen(d: HeadDiagnostics) -> List[Tuple[int, int]]:
