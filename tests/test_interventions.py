@@ -313,14 +313,16 @@ def test_head_ablation_effects_find_the_planted_circuit(tmp_path):
     rng = np.random.default_rng(0)
     half = rng.integers(0, 48, (4, 20))
     ids = np.concatenate([half, half], axis=1)
-    eff = head_ablation_effects(model, ids, mode="mean")
+    eff = head_ablation_effects(model, ids, mode="mean")  # float32, as Model.forward
+    np.testing.assert_allclose(eff.effects, head_ablation_effects(model, ids, dtype=np.float64).effects, rtol=1e-4,
+                               atol=1e-5)
     ranked = sorted(eff.table(), key=lambda r: r["rank"])
     assert {(r["layer"], r["head"]) for r in ranked[:2]} == {(1, 0), (0, 0)}
     assert eff.effects[1, 0] > 1.0 and eff.effects[0, 0] > 1.0
     assert np.abs(np.delete(eff.effects.ravel(), [0, model.arch.n_heads])).max() < 0.2 * eff.effects[1, 0]
     # each ablation reuses the clean pass up to its layer: equal to a full ablated pass
     full = model.forward(ids, dtype=np.float64, interventions=[Ablate("z", 1, heads=[0])]).logits
-    zero = head_ablation_effects(model, ids, mode="zero", layers=[1])
+    zero = head_ablation_effects(model, ids, mode="zero", layers=[1], dtype=np.float64)
     assert np.isnan(zero.effects[0]).all()
     z = np.asarray(full[:, :-1], np.float64)
     logp = z - z.max(-1, keepdims=True)
@@ -358,7 +360,7 @@ def test_direction_effects_find_the_planted_rank(planted):
     48 directions, the curve of the top k kept reaches the clean loss at k = 48 (1e-8), and
     keeping none of them costs as much as ablating the head."""
     model, ids = planted
-    d = ag.models.direction_effects(model, ids, 1, 0)
+    d = ag.models.direction_effects(model, ids, 1, 0, dtype=np.float64)
     W = np.asarray(model.heads.W_V[1, 0], np.float64) @ np.asarray(model.heads.W_O[1, 0], np.float64)
     assert d.singular_values.size == np.linalg.matrix_rank(W) == 48
     assert d.kept[48] == pytest.approx(d.baseline, abs=1e-8)
@@ -370,7 +372,7 @@ def test_direction_effects_find_the_planted_rank(planted):
     assert len(d.table()) == 48 and d.plot() is not None
     with pytest.raises(ValueError, match="head must be an integer in 0..3, got 4"):
         ag.models.direction_effects(model, ids, 1, 4)
-    qk = ag.models.direction_effects(model, ids, 1, 0, circuit="QK")  # GPT-2: no rotation
+    qk = ag.models.direction_effects(model, ids, 1, 0, circuit="QK", dtype=np.float64)  # GPT-2: no rotation
     assert qk.kept[-1] == pytest.approx(qk.baseline, abs=1e-8) and qk.kept[0] - qk.baseline > 1.0
 
 
@@ -378,7 +380,7 @@ def test_activation_patching_equals_the_patched_pass(planted):
     model, ids = planted
     clean, corrupt = ids[0], ids[0].copy()
     corrupt[:20] = np.random.default_rng(1).integers(0, 48, 20)
-    r = ag.models.activation_patching(model, clean, corrupt, metric="loss")
+    r = ag.models.activation_patching(model, clean, corrupt, metric="loss", dtype=np.float64)
     assert r.restored.shape == (2, 40) and r.corrupt > r.clean
     source = model.forward(clean, dtype=np.float64, keep=("hidden_states",))
     for layer, p in [(0, 3), (1, 25)]:

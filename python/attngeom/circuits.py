@@ -661,7 +661,7 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
 # -- MLP as key-value memory ---------------------------------------------------------------
 _ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda z: np.maximum(z, 0),
-    "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3))),
+    "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * (z * z * z)))),
     "silu": lambda z: z / (1 + np.exp(-z)),
     "identity": lambda z: z,
 }

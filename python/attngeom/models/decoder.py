@@ -45,7 +45,18 @@ from .safetensors import release_pages
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in place on one temporary (x * x * x:
+    NumPy's x ** 3 on float32 takes the general power routine, some 60 ns an element)."""
+    t = x * x
+    t *= x
+    t *= 0.044715
+    t += x
+    t *= math.sqrt(2.0 / math.pi)
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    t *= 0.5
+    return t
 
 
 def _activation(name):

@@ -94,21 +94,23 @@ class HeadEffects(_Saved):
 
 
 def _metric(logits: np.ndarray, ids: np.ndarray, metric: str, answers) -> float:
-    """metric of logits (b, n, V) for token ids (b, n)."""
-    z = np.asarray(logits, np.float64)
+    """metric of logits (b, n, V) for token ids (b, n), in the logits' dtype with float64 sums
+    (no float64 copy of the (b, n, V) logits)."""
+    z = np.asarray(logits)
     if metric == "loss":
         z = z[:, :-1]
         top = z.max(-1, keepdims=True)
-        logp = z - top - np.log(np.exp(z - top).sum(-1, keepdims=True))
-        target = ids[:, 1:]
-        return float(-np.take_along_axis(logp, target[..., None], -1).mean())
+        mass = np.exp(z - top).sum(-1, dtype=np.float64)  # (b, n - 1)
+        target = np.take_along_axis(z, ids[:, 1:, None], -1)[..., 0]
+        logp = target.astype(np.float64) - top[..., 0] - np.log(mass)
+        return float(-logp.mean())
     right, wrong = answers
-    last = z[:, -1]
+    last = z[:, -1].astype(np.float64)
     return float(np.mean(last[np.arange(len(last)), right] - last[np.arange(len(last)), wrong]))
 
 
 def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str = "loss", answers=None,
-                          layers=None, dtype=np.float64) -> HeadEffects:
+                          layers=None, dtype=np.float32) -> HeadEffects:
     """The change in the model's loss (or logit difference) when each head's output is ablated.
 
     Parameters
@@ -126,8 +128,8 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
         (right, wrong) token ids per sequence, for "logit_diff".
     layers : sequence of int, optional
         The layers whose heads are ablated (default all).
-    dtype : {np.float64, np.float32}, default np.float64
-        The computation dtype.
+    dtype : {np.float32, np.float64}, default np.float32
+        The computation dtype (float64 where effects are compared at rounding level).
 
     Returns
     -------
@@ -254,7 +256,7 @@ def _circuit_maps(A: np.ndarray, B: np.ndarray):
 
 
 def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str = "OV", metric: str = "loss",
-                      answers=None, dtype=np.float64) -> DirectionEffects:
+                      answers=None, dtype=np.float32) -> DirectionEffects:
     """The causal effect of every singular direction of one head's OV or QK circuit.
 
     For the OV circuit W_OV = W_V W_O = U S V^T, removing direction i removes the component
@@ -278,7 +280,8 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
         As :func:`head_ablation_effects`.
     answers : (array_like, array_like), optional
         (right, wrong) token ids for "logit_diff".
-    dtype : {np.float64, np.float32}, default np.float64
+    dtype : {np.float32, np.float64}, default np.float32
+        The computation dtype (float64 where effects are compared at rounding level).
 
     Returns
     -------
@@ -411,7 +414,7 @@ class PatchingResult(_Saved):
 
 
 def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", *, metric: str = "logit_diff",
-                        answers=None, layers=None, heads: bool = False, dtype=np.float64) -> PatchingResult:
+                        answers=None, layers=None, heads: bool = False, dtype=np.float32) -> PatchingResult:
     """Patch the clean pass's activation at one site, layer by layer and position by position
     (and head by head), into the corrupted pass, and measure how much of the metric returns.
 
@@ -431,7 +434,8 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
         The layers patched (default all).
     heads : bool, default False
         For per-head sites, patch one head at a time (a (layers, n, heads) grid).
-    dtype : {np.float64, np.float32}, default np.float64
+    dtype : {np.float32, np.float64}, default np.float32
+        The computation dtype (float64 where effects are compared at rounding level).
 
     Returns
     -------
@@ -662,7 +666,7 @@ def _directions_to_recover(d: DirectionEffects, fraction: float = 0.9) -> int:
     return int(done[0]) if done.size else len(d.kept) - 1
 
 
-def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=np.float64) -> CausalEffects:
+def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=np.float32) -> CausalEffects:
     """Head ablation effects on the loss, the OV singular-direction curves and the invariance
     checks of the ``top`` heads whose ablation changes the loss most (the heads report's
     ``--effects``).
@@ -677,7 +681,8 @@ def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=
         How many heads get direction curves and invariance checks.
     mode : {"mean", "zero"}, default "mean"
         The head ablation.
-    dtype : {np.float64, np.float32}, default np.float64
+    dtype : {np.float32, np.float64}, default np.float32
+        The dtype of the effects and direction curves (the invariance checks run in float64).
 
     Returns
     -------
@@ -695,5 +700,5 @@ def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=
     directions, invariances = [], []
     for r in ranked:
         directions.append(direction_effects(model, token_ids, r["layer"], r["head"], dtype=dtype))
-        invariances += head_invariances(model, token_ids, r["layer"], r["head"], dtype=dtype)
+        invariances += head_invariances(model, token_ids, r["layer"], r["head"])  # float64: rounding level
     return CausalEffects(heads, directions, invariances, int(np.asarray(token_ids).shape[-1]))
