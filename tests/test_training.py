@@ -184,6 +184,36 @@ def test_checkpoint_round_trip(tmp_path):
         assert again.params == model.params and json.load(open(tmp_path / variant / "config.json"))["vocab"][0] == "a"
 
 
+def test_load_model_runs_the_trained_softmax_arm(tmp_path):
+    """ag.load_model reads attngeom's own checkpoints: the NumPy forward pass equals the torch
+    GPT's logits (float64, 1e-12), the heads carry its rotation (queries_keys gives the q the
+    attention used), text is tokenized by the stored characters, interventions apply; the
+    other arms are refused with a pointer to load_checkpoint."""
+    torch.manual_seed(0)
+    model = GPT(7, d_model=16, n_blocks=2, n_heads=2, context=12)
+    with torch.no_grad():  # away from the zero biases and unit norms of the initialisation
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    folder = save_checkpoint(model.eval(), tmp_path / "standard", vocab="abcdefg")
+    m = ag.load_model(folder)
+    ids = np.random.default_rng(0).integers(0, 7, (3, 12))
+    with torch.no_grad():
+        ref = model.double()(torch.tensor(ids)).numpy()
+    f = m.forward(ids, dtype=np.float64, keep=("logits", "q", "attention_inputs"))
+    np.testing.assert_allclose(f.logits, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    q, _ = m.heads.queries_keys(f.attention_inputs[1, 0], 1)
+    np.testing.assert_allclose(q, f.q[1, 0], rtol=0, atol=1e-12)
+    assert m.tokenize("cab") == ([2, 0, 1], ["c", "a", "b"])
+    with pytest.raises(ValueError, match="characters outside the model's vocabulary: 'xz'"):
+        m.tokenize("zax")
+    ablated = m.forward(ids, dtype=np.float64, interventions=[ag.models.Ablate("z", 1, heads=[0])]).logits
+    assert np.abs(ablated - f.logits).max() > 1e-3
+    folder = save_checkpoint(GPT(7, d_model=16, n_blocks=1, n_heads=2, context=12, variant="whitened"),
+                             tmp_path / "whitened")
+    with pytest.raises(ValueError, match="the 'whitened' arm: the NumPy forward pass runs softmax attention"):
+        ag.load_model(folder)
+
+
 def test_whitened_block_is_the_bridge_module():
     """The GPT's whitened attention sub-layer computes MultiheadSelfAttention(variant="whitened")."""
     from attngeom.torch.nn import MultiheadSelfAttention

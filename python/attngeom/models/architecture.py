@@ -15,6 +15,8 @@ qwen3        llama     RMSNorm    SwiGLU      RoPE      q_norm / k_norm (RMSNorm
 mixtral      llama     RMSNorm    MoE SwiGLU  RoPE      grouped-query; top-k routed experts (:mod:`.moe`)
 deepseek_v2  llama     RMSNorm    MoE SwiGLU  RoPE      multi-head latent attention (:mod:`.mla`):
                                   + shared              compressed KV latent, decoupled RoPE keys
+attngeom-    llama     LayerNorm  GELU        RoPE      what ``attngeom run training`` trains
+gpt                                                     (:mod:`attngeom.torch.gpt`; softmax arm)
 ===========  ========  =========  ==========  ========  ==========================================
 
 DeepSeek-V2 is read as transformers implements it: q LoRA optional (``q_lora_rank`` null
@@ -41,7 +43,7 @@ from typing import Optional, Tuple
 
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
-                           "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama"}
+                           "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama", "attngeom-gpt": "llama"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
@@ -303,6 +305,11 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
         common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_eps", 1e-12)), activation=act,
                       gated=False, rope=None, qk_norm=False, tie_word_embeddings=True,
                       max_positions=_int(config, where, "max_position_embeddings", default=512))
+    elif model_type == "attngeom-gpt":  # attngeom.torch.gpt: pre-LN, 4x GELU MLP, rotate-half RoPE, no biases
+        act = "gelu"
+        common = dict(norm="layernorm", norm_eps=1e-5, activation=act, gated=False,
+                      rope={"rope_type": "default", "rope_theta": 10000.0}, qk_norm=False, tie_word_embeddings=False,
+                      max_positions=None)
     else:
         act = config.get("hidden_act", "silu")
         window = config.get("sliding_window")

@@ -214,13 +214,23 @@ class Decoder:
                 })
         else:
             p = prefix
+            ours = a.model_type == "attngeom-gpt"  # LayerNorm biases, a 4x GELU MLP (fc_in, fc_out)
+            if ours and a.config.get("variant", "standard") != "standard":
+                raise ValueError(f"{ck.path!r}: an attngeom-gpt checkpoint of the {a.config['variant']!r} arm: the "
+                                 f"NumPy forward pass runs softmax attention (the 'standard' arm); rebuild this one "
+                                 f"with attngeom.torch.gpt.load_checkpoint")
             w["embed"] = take(p + "embed_tokens.weight", (V, d))
-            w["norm_w"], w["norm_b"] = take(p + "norm.weight", (d,)), None
+            w["norm_w"] = take(p + "norm.weight", (d,))
+            w["norm_b"] = take(p + "norm.bias", (d,)) if ours else None
             want_ff = a.config.get("intermediate_size")
             for i in range(a.n_layers):
                 s = f"{p}layers.{i}."
                 if i in a.moe_layers:
                     mlp = moe_weights(take, s, a)
+                elif ours:
+                    up = take(s + "mlp.fc_in.weight", (4 * d, d))
+                    mlp = {"up": up.T, "b_up": take(s + "mlp.fc_in.bias", (4 * d,)),
+                           "down": take(s + "mlp.fc_out.weight", (d, 4 * d)).T, "b_down": take(s + "mlp.fc_out.bias", (d,))}
                 else:
                     gate = take(s + "mlp.gate_proj.weight")
                     ff = gate.shape[0]
@@ -242,8 +252,10 @@ class Decoder:
                 else:
                     attn = _projections(take, tuple(t + f"{r}_proj" for r in "qkvo"), a)
                 layer = {
-                    "ln1_w": take(s + "input_layernorm.weight", (d,)), "ln1_b": None, **attn,
-                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)), "ln2_b": None, **mlp,
+                    "ln1_w": take(s + "input_layernorm.weight", (d,)),
+                    "ln1_b": take(s + "input_layernorm.bias", (d,)) if ours else None, **attn,
+                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)),
+                    "ln2_b": take(s + "post_attention_layernorm.bias", (d,)) if ours else None, **mlp,
                 }
                 if a.qk_norm:
                     layer["q_norm"] = take(t + "q_norm.weight", (dh,))

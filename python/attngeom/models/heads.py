@@ -547,7 +547,9 @@ def heads_from_checkpoint(ck: Checkpoint, *, n_heads: Optional[int] = None, n_kv
         return np.stack([w[key] for w in per_layer]).astype(dtype, copy=False)
 
     rotary, q_norm, k_norm, eps = None, None, None, 1e-6
-    if lay.name == "llama" and SUPPORTED_ARCHITECTURES.get(ck.config.get("model_type")) == "llama":
+    # a whitened attngeom-gpt arm stores its heads d_model wide (zero-padded): its rotation is per d_head block
+    padded = ck.config.get("model_type") == "attngeom-gpt" and ck.config.get("variant") == "whitened"
+    if lay.name == "llama" and SUPPORTED_ARCHITECTURES.get(ck.config.get("model_type")) == "llama" and not padded:
         arch = architecture_from_config(ck.config, where=os.path.join(ck.folder, "config.json"))
         rotary = Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]),
                         attention_factor=yarn_factors(arch.rope)[0])
@@ -564,6 +566,10 @@ def heads_from_checkpoint(ck: Checkpoint, *, n_heads: Optional[int] = None, n_kv
                                      f"({first['W_Q'].shape[2]},), got {t.shape}")
             q_norm = np.stack(norms[: len(layers)]).astype(dtype)
             k_norm = np.stack(norms[len(layers):]).astype(dtype)
+    elif padded:
+        warnings.warn(f"{ck.path!r}: the whitened arm of attngeom run training stores its heads d_model wide "
+                      f"(zero-padded) and rotates each d_head block: queries_keys and diagnostics use un-rotated "
+                      f"queries and keys", stacklevel=3)
     elif lay.name == "llama":
         warnings.warn(f"{ck.path!r}: a llama-layout checkpoint without a config.json model_type of "
                       f"{', '.join(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == 'llama')}: its rotary "

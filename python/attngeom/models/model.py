@@ -91,8 +91,9 @@ class Model:
     def tokenize(self, text: str, *, max_length: Optional[int] = None) -> Tuple[List[int], List[str]]:
         """Token ids and token strings of ``text`` with the checkpoint's tokenizer files.
 
-        tokenizer.json through the ``tokenizers`` package (vocab.txt WordPiece for BERT);
-        decoders are truncated by dropping the tail.
+        tokenizer.json through the ``tokenizers`` package (vocab.txt WordPiece for BERT; one
+        token per character for the models ``attngeom run training`` trains, from the
+        vocabulary in their config.json); decoders are truncated by dropping the tail.
 
         Parameters
         ----------
@@ -114,6 +115,13 @@ class Model:
         """
         if self.arch.family == "bert":
             return tokenize(self.folder, text, max_length=max_length)
+        vocab = self.arch.config.get("vocab")
+        if self.arch.model_type == "attngeom-gpt" and isinstance(vocab, list):  # one token per character
+            unknown = sorted(set(text) - set(vocab))
+            if unknown:
+                raise ValueError(f"text has characters outside the model's vocabulary: {''.join(unknown[:20])!r}")
+            ids = [vocab.index(ch) for ch in text[:max_length]]
+            return ids, [vocab[i] for i in ids]
         if not os.path.isfile(os.path.join(self.folder, "tokenizer.json")):
             raise ValueError(f"folder {self.folder!r} has no tokenizer.json; pass token ids to forward() instead")
         ids, tokens = tokenize(self.folder, text, backend="tokenizers")
