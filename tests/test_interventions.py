@@ -17,16 +17,17 @@ from attngeom.models.interventions import SITE_FIELDS
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from builders import VOCAB, build  # noqa: E402
+from builders import LAYOUTS, VOCAB, build  # noqa: E402
 
 N = 9
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    """{layout: (Model, transformers model)} for GPT-2, Llama and BERT."""
+    """{layout: (Model, transformers model)} for every layout of the builders (GPT-2, the Llama
+    family with its rope types, Mistral, Qwen2, Qwen3, BERT)."""
     out = {}
-    for layout in ("gpt2", "llama", "bert"):
+    for layout in LAYOUTS:
         folder = tmp_path_factory.mktemp(layout)
         hf = build(layout, folder)
         out[layout] = (load_model(folder), hf)
@@ -38,20 +39,20 @@ def _ids(seed=0, batch=2):
 
 
 def _blocks(hf, layout):
-    return {"gpt2": lambda: hf.transformer.h, "llama": lambda: hf.model.layers, "bert": lambda: hf.encoder.layer}[layout]()
+    return {"gpt2": lambda: hf.transformer.h, "bert": lambda: hf.encoder.layer}.get(layout, lambda: hf.model.layers)()
 
 
 def _o_proj(hf, layout, layer):
     block = _blocks(hf, layout)[layer]
-    return {"gpt2": lambda: block.attn.c_proj, "llama": lambda: block.self_attn.o_proj,
-            "bert": lambda: block.attention.output.dense}[layout]()
+    return {"gpt2": lambda: block.attn.c_proj, "bert": lambda: block.attention.output.dense}.get(
+        layout, lambda: block.self_attn.o_proj)()
 
 
 def _attn(hf, layout, layer):
     """The module whose output (first element) is the attention block's output after W_O."""
     block = _blocks(hf, layout)[layer]
-    return {"gpt2": lambda: block.attn, "llama": lambda: block.self_attn,
-            "bert": lambda: block.attention.output.dense}[layout]()
+    return {"gpt2": lambda: block.attn, "bert": lambda: block.attention.output.dense}.get(
+        layout, lambda: block.self_attn)()
 
 
 def _hf_logits(hf, ids, hooks):
@@ -71,7 +72,7 @@ def _out(f):
     return f.hidden_states[-1] if f.logits is None else f.logits
 
 
-@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     ids, (layer, head), dh = _ids(), (1, 2), model.arch.d_head
