@@ -189,20 +189,25 @@ def test_load_model_runs_the_trained_softmax_arm(tmp_path):
     GPT's logits (float64, 1e-12), the heads carry its rotation (queries_keys gives the q the
     attention used), text is tokenized by the stored characters, interventions apply; the
     other arms are refused with a pointer to load_checkpoint."""
-    torch.manual_seed(0)
-    model = GPT(7, d_model=16, n_blocks=2, n_heads=2, context=12)
-    with torch.no_grad():  # away from the zero biases and unit norms of the initialisation
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    folder = save_checkpoint(model.eval(), tmp_path / "standard", vocab="abcdefg")
-    m = ag.load_model(folder)
     ids = np.random.default_rng(0).integers(0, 7, (3, 12))
-    with torch.no_grad():
-        ref = model.double()(torch.tensor(ids)).numpy()
-    f = m.forward(ids, dtype=np.float64, keep=("logits", "q", "attention_inputs"))
-    np.testing.assert_allclose(f.logits, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
-    q, _ = m.heads.queries_keys(f.attention_inputs[1, 0], 1)
-    np.testing.assert_allclose(q, f.q[1, 0], rtol=0, atol=1e-12)
+    for mlp, positions in ((True, "rope"), (False, "rope"), (False, "learned")):  # the last two: run induction's
+        torch.manual_seed(0)
+        model = GPT(7, d_model=16, n_blocks=2, n_heads=2, context=12, mlp=mlp, positions=positions)
+        with torch.no_grad():  # away from the zero biases and unit norms of the initialisation
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        folder = save_checkpoint(model.eval(), tmp_path / f"{mlp}_{positions}", vocab="abcdefg")
+        torch.testing.assert_close(load_checkpoint(folder)(torch.tensor(ids)), model(torch.tensor(ids)), rtol=0,
+                                   atol=0)
+        m = ag.load_model(folder)
+        with torch.no_grad():
+            ref = model.double()(torch.tensor(ids)).numpy()
+        f = m.forward(ids, dtype=np.float64, keep=("logits", "q", "attention_inputs"))
+        np.testing.assert_allclose(f.logits, ref, rtol=0, atol=1e-12 * np.abs(ref).max(), err_msg=f"{mlp} {positions}")
+        q, _ = m.heads.queries_keys(f.attention_inputs[1, 0], 1)
+        np.testing.assert_allclose(q, f.q[1, 0], rtol=0, atol=1e-12)
+        assert (m.heads.rotary is None) == (positions == "learned") and m.max_length == (12 if positions == "learned"
+                                                                                         else None)
     assert m.tokenize("cab") == ([2, 0, 1], ["c", "a", "b"])
     with pytest.raises(ValueError, match="characters outside the model's vocabulary: 'xz'"):
         m.tokenize("zax")

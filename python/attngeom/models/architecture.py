@@ -307,9 +307,11 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
                       max_positions=_int(config, where, "max_position_embeddings", default=512))
     elif model_type == "attngeom-gpt":  # attngeom.torch.gpt: pre-LN, 4x GELU MLP, rotate-half RoPE, no biases
         act = "gelu"
+        learned = config.get("positions", "rope") == "learned"  # a position table instead of RoPE
         common = dict(norm="layernorm", norm_eps=1e-5, activation=act, gated=False,
-                      rope={"rope_type": "default", "rope_theta": 10000.0}, qk_norm=False, tie_word_embeddings=False,
-                      max_positions=None)
+                      rope=None if learned else {"rope_type": "default", "rope_theta": 10000.0}, qk_norm=False,
+                      tie_word_embeddings=False,
+                      max_positions=_int(config, where, "max_position_embeddings") if learned else None)
     else:
         act = config.get("hidden_act", "silu")
         window = config.get("sliding_window")

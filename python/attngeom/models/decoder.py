@@ -220,6 +220,8 @@ class Decoder:
                                  f"NumPy forward pass runs softmax attention (the 'standard' arm); rebuild this one "
                                  f"with attngeom.torch.gpt.load_checkpoint")
             w["embed"] = take(p + "embed_tokens.weight", (V, d))
+            if ours and a.max_positions is not None:  # learned positions
+                w["pos"] = take(p + "embed_positions.weight", (a.max_positions, d))
             w["norm_w"] = take(p + "norm.weight", (d,))
             w["norm_b"] = take(p + "norm.bias", (d,)) if ours else None
             want_ff = a.config.get("intermediate_size")
@@ -227,6 +229,8 @@ class Decoder:
                 s = f"{p}layers.{i}."
                 if i in a.moe_layers:
                     mlp = moe_weights(take, s, a)
+                elif ours and not a.config.get("mlp", True):  # attention-only
+                    mlp = {}
                 elif ours:
                     up = take(s + "mlp.fc_in.weight", (4 * d, d))
                     mlp = {"up": up.T, "b_up": take(s + "mlp.fc_in.bias", (4 * d,)),
@@ -254,8 +258,8 @@ class Decoder:
                 layer = {
                     "ln1_w": take(s + "input_layernorm.weight", (d,)),
                     "ln1_b": take(s + "input_layernorm.bias", (d,)) if ours else None, **attn,
-                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)),
-                    "ln2_b": take(s + "post_attention_layernorm.bias", (d,)) if ours else None, **mlp,
+                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)) if mlp else None,
+                    "ln2_b": take(s + "post_attention_layernorm.bias", (d,)) if ours and mlp else None, **mlp,
                 }
                 if a.qk_norm:
                     layer["q_norm"] = take(t + "q_norm.weight", (dh,))
@@ -345,7 +349,7 @@ class Decoder:
         if resume is None:
             h = cast(w["embed"][ids])
             release_pages(w["embed"])
-            if a.family in ("gpt2", "bert"):
+            if w.get("pos") is not None:  # an absolute position table
                 h = h + cast(w["pos"][positions])
                 release_pages(w["pos"])
             if a.family == "bert":  # every token of segment 0, then the embedding's norm
@@ -440,6 +444,8 @@ class Decoder:
                 mlp, router = moe_mlp(normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a, act)
                 if here and plan.wants("router_logits"):
                     out.put("router_logits", router)
+            elif "up" not in L:  # an attention-only model
+                mlp = np.zeros_like(h)
             else:
                 mlp = _dense_mlp(h, L, a, act, pre_norm=not post)
             if "mlp_out" in sites:

@@ -551,8 +551,8 @@ def heads_from_checkpoint(ck: Checkpoint, *, n_heads: Optional[int] = None, n_kv
     padded = ck.config.get("model_type") == "attngeom-gpt" and ck.config.get("variant") == "whitened"
     if lay.name == "llama" and SUPPORTED_ARCHITECTURES.get(ck.config.get("model_type")) == "llama" and not padded:
         arch = architecture_from_config(ck.config, where=os.path.join(ck.folder, "config.json"))
-        rotary = Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]),
-                        attention_factor=yarn_factors(arch.rope)[0])
+        rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, first["W_Q"].shape[2]),
+                                                       attention_factor=yarn_factors(arch.rope)[0])
         eps = arch.norm_eps
         names = [f"{prefix}layers.{i}.self_attn.{which}_norm.weight" for which in ("q", "k") for i in layers]
         if arch.qk_norm:

@@ -35,6 +35,10 @@ Attention variants (all causal, heads of width d_head = d_model / n_heads):
   position; the dimension module studies the unnormalised map, this normalisation is a
   per-query rescaling and leaves the function class per position unchanged.
 
+Two options make the attention-only models of Olsson et al. (2022) that ``attngeom run
+induction`` trains: ``mlp=False`` drops the blocks' MLPs (and LN_2), ``positions="learned"``
+replaces RoPE by a learned position table added to the token embedding.
+
 Everything runs on CPU tensors in float32 or float64 (the core's kernels).
 """
 from __future__ import annotations
@@ -53,6 +57,7 @@ from .nn import HeadProjections
 from .rope import rotary_embedding
 
 VARIANTS = ("standard", "whitened", "projection", "cauchy", "stable", "lightning")
+POSITIONS = ("rope", "learned")  # rotary queries and keys, or a learned table added to the embedding
 
 # the variant parameters each variant reads, with their defaults
 VARIANT_PARAMS = {"projection": {"sigma": 0.01}, "cauchy": {"gamma": 1.0}, "stable": {"alpha": 1.5, "c": 1.0}}
@@ -110,7 +115,7 @@ class CausalSelfAttention(HeadProjections):
     (1, 5, 16)
     """
 
-    def __init__(self, d_model: int, n_heads: int, variant: str = "standard", **params):
+    def __init__(self, d_model: int, n_heads: int, variant: str = "standard", *, rotary: bool = True, **params):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not (d_model >= 2 and n_heads >= 1 and d_model % (2 * n_heads) == 0):
@@ -124,13 +129,15 @@ class CausalSelfAttention(HeadProjections):
         super().__init__(d_model, n_heads, whitened=variant == "whitened")
         self.params = {**wanted, **{k: float(v) for k, v in params.items()}}
         self.variant = variant
+        self.rotary = rotary
 
     def forward(self, a: Tensor):
         """(base, delta) for the layer-normed stream a (batch, n, d_model); see the class docstring."""
         n = a.shape[1]
         stream, q, k, v = self.heads(a)  # whitened: v is the whitened stream (seed eq. 4: no W_V)
         base = stream if self.variant == "whitened" else None
-        q, k = rotary_embedding(q), rotary_embedding(k)
+        if self.rotary:
+            q, k = rotary_embedding(q), rotary_embedding(k)
         p = self.params
         if self.variant in ("standard", "whitened"):
             y = F.softmax_attention(q, k, v, causal=True)
@@ -162,18 +169,20 @@ class Block(nn.Module):
     (2, 5, 16)
     """
 
-    def __init__(self, d_model: int, n_heads: int, variant: str = "standard", **params):
+    def __init__(self, d_model: int, n_heads: int, variant: str = "standard", *, mlp: bool = True,
+                 rotary: bool = True, **params):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, variant, **params)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.attn = CausalSelfAttention(d_model, n_heads, variant, rotary=rotary, **params)
+        self.ln2 = nn.LayerNorm(d_model) if mlp else None
+        self.mlp = (nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+                    if mlp else None)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (batch, n, d_model) -> the block's output, same shape."""
         base, delta = self.attn(self.ln1(x))
         h = (x if base is None else base) + delta
-        return h + self.mlp(self.ln2(h))
+        return h if self.mlp is None else h + self.mlp(self.ln2(h))
 
 
 class GPT(nn.Module):
@@ -194,6 +203,10 @@ class GPT(nn.Module):
         for sampling and checkpoints).
     variant : str, default "standard"
         Attention variant, one of :data:`VARIANTS`.
+    mlp : bool, default True
+        Whether the blocks have MLPs (False: an attention-only model).
+    positions : {"rope", "learned"}, default "rope"
+        Rotary queries and keys, or a learned (context, d_model) table added to the embedding.
     **params
         The variant's parameters (``sigma`` for projection, ``gamma`` for cauchy, ``alpha``
         and ``c`` for stable).
@@ -214,15 +227,19 @@ class GPT(nn.Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, n_blocks: int = 2, n_heads: int = 2, context: int = 64,
-                 variant: str = "standard", **params):
+                 variant: str = "standard", *, mlp: bool = True, positions: str = "rope", **params):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("n_blocks", n_blocks), ("context", context)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.vocab_size, self.d_model, self.n_blocks, self.n_heads = vocab_size, d_model, n_blocks, n_heads
-        self.context, self.variant = context, variant
+        self.context, self.variant, self.mlp, self.positions = context, variant, bool(mlp), positions
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList([Block(d_model, n_heads, variant, **params) for _ in range(n_blocks)])
+        self.embed_positions = nn.Embedding(context, d_model) if positions == "learned" else None
+        self.blocks = nn.ModuleList([Block(d_model, n_heads, variant, mlp=self.mlp, rotary=positions == "rope", **params)
+                                     for _ in range(n_blocks)])
         self.params = dict(self.blocks[0].attn.params)
         self.ln_f = nn.LayerNorm(d_model)
         self.unembed = nn.Linear(d_model, vocab_size, bias=False)
@@ -235,7 +252,7 @@ class GPT(nn.Module):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for block in self.blocks:
-            for proj in (block.attn.out, block.mlp[2]):
+            for proj in (block.attn.out,) + (() if block.mlp is None else (block.mlp[2],)):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_blocks))
 
     def forward(self, idx: Tensor, *, return_block_inputs: bool = False):
@@ -249,6 +266,8 @@ class GPT(nn.Module):
             raise ValueError(f"idx must have shape (batch, n) with n <= context = {self.context}, "
                              f"got {tuple(idx.shape)}")
         x = self.embed(idx)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions.weight[:idx.shape[1]]
         inputs = []
         for block in self.blocks:
             if return_block_inputs:
@@ -333,10 +352,11 @@ def checkpoint_tensors(model: GPT) -> Dict[str, np.ndarray]:
     Layout (every matrix stored (out, in) as torch.nn.Linear, y = x W^T + b), float32:
 
     * ``embed_tokens.weight`` (vocab, d_model); ``norm.{weight,bias}``; ``lm_head.weight``
-      (vocab, d_model).
+      (vocab, d_model); ``embed_positions.weight`` (context, d_model) for learned positions.
     * ``layers.N.input_layernorm.{weight,bias}`` (LN_1), ``layers.N.post_attention_layernorm.
       {weight,bias}`` (LN_2), ``layers.N.mlp.fc_in.{weight,bias}`` (4d, d) and
-      ``layers.N.mlp.fc_out.{weight,bias}`` (d, 4d).
+      ``layers.N.mlp.fc_out.{weight,bias}`` (d, 4d); the last three absent in an attention-only
+      model (``mlp=False``).
     * ``layers.N.self_attn.{q,k,v,o}_proj.weight``: for every variant but whitened, q, k, v
       (d_model, d_model) and o (d_model, d_model) with head h in rows (of q, k, v) / columns
       (of o) h d_head .. (h + 1) d_head. For whitened, whose heads read and return d_model-wide
@@ -371,13 +391,16 @@ def checkpoint_tensors(model: GPT) -> Dict[str, np.ndarray]:
     d, h, dh = model.d_model, model.n_heads, model.d_model // model.n_heads
     out = {"embed_tokens.weight": _np(model.embed.weight), "norm.weight": _np(model.ln_f.weight),
            "norm.bias": _np(model.ln_f.bias), "lm_head.weight": _np(model.unembed.weight)}
+    if model.embed_positions is not None:
+        out["embed_positions.weight"] = _np(model.embed_positions.weight)
     for i, block in enumerate(model.blocks):
         p = f"layers.{i}."
         out[p + "input_layernorm.weight"], out[p + "input_layernorm.bias"] = _np(block.ln1.weight), _np(block.ln1.bias)
-        out[p + "post_attention_layernorm.weight"] = _np(block.ln2.weight)
-        out[p + "post_attention_layernorm.bias"] = _np(block.ln2.bias)
-        out[p + "mlp.fc_in.weight"], out[p + "mlp.fc_in.bias"] = _np(block.mlp[0].weight), _np(block.mlp[0].bias)
-        out[p + "mlp.fc_out.weight"], out[p + "mlp.fc_out.bias"] = _np(block.mlp[2].weight), _np(block.mlp[2].bias)
+        if block.mlp is not None:
+            out[p + "post_attention_layernorm.weight"] = _np(block.ln2.weight)
+            out[p + "post_attention_layernorm.bias"] = _np(block.ln2.bias)
+            out[p + "mlp.fc_in.weight"], out[p + "mlp.fc_in.bias"] = _np(block.mlp[0].weight), _np(block.mlp[0].bias)
+            out[p + "mlp.fc_out.weight"], out[p + "mlp.fc_out.bias"] = _np(block.mlp[2].weight), _np(block.mlp[2].bias)
         att = block.attn
         a = p + "self_attn."
         if model.variant == "whitened":
@@ -430,7 +453,9 @@ def save_checkpoint(model: GPT, folder, *, vocab: Optional[Sequence[str]] = None
               "variant_params": model.params, "vocab_size": model.vocab_size, "hidden_size": d,
               "num_hidden_layers": model.n_blocks, "num_attention_heads": h, "num_key_value_heads": h,
               "head_dim": d if model.variant == "whitened" else d // h, "qk_head_dim": d // h,
-              "max_position_embeddings": model.context, "position_embedding": "rope (rotate-half, base 10000)",
+              "max_position_embeddings": model.context, "mlp": model.mlp, "positions": model.positions,
+              "position_embedding": ("rope (rotate-half, base 10000)" if model.positions == "rope" else
+                                     "learned (embed_positions, added to the token embedding)"),
               "causal": True, "vocab": None if vocab is None else list(vocab), **(extra or {})}
     write_safetensors(os.path.join(folder, "model.safetensors"), checkpoint_tensors(model),
                       metadata={"format": "attngeom-gpt", "variant": model.variant})
@@ -468,16 +493,19 @@ def load_checkpoint(folder) -> GPT:
                          f"{cfg.get('model_type')!r})")
     model = GPT(cfg["vocab_size"], d_model=cfg["hidden_size"], n_blocks=cfg["num_hidden_layers"],
                 n_heads=cfg["num_attention_heads"], context=cfg["max_position_embeddings"], variant=cfg["variant"],
-                **cfg.get("variant_params", {}))
+                mlp=cfg.get("mlp", True), positions=cfg.get("positions", "rope"), **cfg.get("variant_params", {}))
     t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
          read_safetensors(os.path.join(folder, "model.safetensors")).items()}
     d, h, dh = model.d_model, model.n_heads, model.d_model // model.n_heads
     state = {"embed.weight": t["embed_tokens.weight"], "ln_f.weight": t["norm.weight"], "ln_f.bias": t["norm.bias"],
              "unembed.weight": t["lm_head.weight"]}
+    if model.embed_positions is not None:
+        state["embed_positions.weight"] = t["embed_positions.weight"]
     for i in range(model.n_blocks):
         p, s = f"layers.{i}.", f"blocks.{i}."
-        for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
-                             ("mlp.0", "mlp.fc_in"), ("mlp.2", "mlp.fc_out")):
+        parts = (("ln1", "input_layernorm"),) + ((("ln2", "post_attention_layernorm"), ("mlp.0", "mlp.fc_in"),
+                                                  ("mlp.2", "mlp.fc_out")) if model.mlp else ())
+        for ours, theirs in parts:
             state[f"{s}{ours}.weight"], state[f"{s}{ours}.bias"] = t[f"{p}{theirs}.weight"], t[f"{p}{theirs}.bias"]
         a = p + "self_attn."
         state[s + "attn.out.weight"] = t[a + "o_proj.weight"]
