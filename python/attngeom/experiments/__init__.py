@@ -4,6 +4,7 @@ figure (``figures()`` gives them all). ``EXPERIMENTS`` maps the CLI names to
 (config class, run function)."""
 from .dimension import DimensionConfig, DimensionSweepResult, run_dimension
 from .identity import IdentityConfig, IdentityResult, run_identity
+from .induction import InductionConfig, InductionResult, run_induction
 from .inverse import InverseConfig, InverseResult, run_inverse
 from .projection import ProjectionConfig, ProjectionResult, run_projection
 from .random_features import RandomFeaturesConfig, RandomFeaturesResult, run_random_features
@@ -20,10 +21,12 @@ EXPERIMENTS = {
     "random_features": (RandomFeaturesConfig, run_random_features),
     "inverse": (InverseConfig, run_inverse),
     "training": (TrainingConfig, run_training),
+    "induction": (InductionConfig, run_induction),
 }
 
 __all__ = ["EXPERIMENTS", "IdentityConfig", "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult",
            "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig",
            "ProjectionResult", "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening",
            "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features", "InverseConfig", "InverseResult",
-           "run_inverse", "TrainingConfig", "TrainingResult", "run_training"]
+           "run_inverse", "TrainingConfig", "TrainingResult", "run_training", "InductionConfig", "InductionResult",
+           "run_induction"]

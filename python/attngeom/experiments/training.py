@@ -823,7 +823,9 @@ def _equal_width(config: TrainingConfig, vocab_size: int) -> int:
     return best
 
 
-def _lr(config: TrainingConfig, it: int) -> float:
+def learning_rate(config, it: int) -> float:
+    """The learning rate at iteration `it` (0-based) under config.schedule ("constant" or linear
+    warmup then cosine to min_lr_ratio lr), from config.lr, warmup, iterations, min_lr_ratio."""
     c = config
     if c.schedule == "constant":
         return c.lr
@@ -833,7 +835,9 @@ def _lr(config: TrainingConfig, it: int) -> float:
     return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def _optimizer(model, config: TrainingConfig):
+def make_optimizer(model, config):
+    """AdamW (config.lr, beta1, beta2) with weight decay config.weight_decay on the weight
+    matrices of the linear maps only."""
     import torch
 
     decay, no_decay = [], []
@@ -844,6 +848,27 @@ def _optimizer(model, config: TrainingConfig):
     return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=config.lr, betas=(config.beta1, config.beta2))
+
+
+def train_step(model, opt, xy, config, it: int, what: str) -> float:
+    """One optimisation step on the batch xy (batch, context + 1) of token ids: the learning
+    rate of iteration `it`, the next-token loss, its gradient clipped to config.grad_clip (0:
+    no clipping), the optimizer's step. Returns the loss; FloatingPointError naming `what`
+    when it is not finite."""
+    import torch
+
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(config, it)
+    loss = model.loss(xy[:, :-1], xy[:, 1:])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    opt.step()
+    value = loss.item()
+    if not math.isfinite(value):
+        raise FloatingPointError(f"{what}: the training loss is {value} at iteration {it + 1}")
+    return value
 
 
 def _windows(ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
@@ -863,7 +888,7 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
                                          "stable": ("alpha",)}.get(variant, ())}
     torch.manual_seed(seed)
     model = GPT(len(corpus.vocab), setup["d_model"], c.n_blocks, c.n_heads, c.context, variant, **params)
-    opt = _optimizer(model, c)
+    opt = make_optimizer(model, c)
     rng = np.random.default_rng(seed)  # the data order: shared by every arm of this seed
     batch = setup["batch"]
     n_eval = len(eval_points)
@@ -903,18 +928,8 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
         starts = rng.integers(0, len(corpus.train) - c.context - 1, size=batch)
         xy = torch.from_numpy(_windows(corpus.train, starts, c.context + 1))
         t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = _lr(c, it)
-        loss = model.loss(xy[:, :-1], xy[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if c.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-        opt.step()
+        value = train_step(model, opt, xy, c, it, f"arm {arm!r}, seed {seed}")
         elapsed += time.perf_counter() - t0
-        value = loss.item()
-        if not math.isfinite(value):
-            raise FloatingPointError(f"arm {arm!r}, seed {seed}: the training loss is {value} at iteration {it + 1}")
         running, count = running + value, count + 1
         if e < n_eval and it + 1 == eval_points[e]:
             evaluate(e)
@@ -940,20 +955,25 @@ def _worker_threads(threads: int) -> None:
     set_num_threads(threads)
 
 
-def _parallel_runs(runs: list, config: TrainingConfig):
-    """The results of _train_run for each argument tuple of `runs`, in order, computed by
-    `config.workers` processes (spawned: torch's threads do not survive a fork). Each run is
-    seeded by its arguments alone, so the results equal the serial ones bit for bit; the
-    processes share the machine's cores, which the per-iteration times include."""
+def parallel_runs(fn, runs: list, config, describe=None):
+    """``fn(*run)`` for each argument tuple of `runs`, in order: serially when config.workers is
+    1 (or there is one run), else computed by `config.workers` processes (spawned: torch's
+    threads do not survive a fork) with config.threads threads each. Each run is seeded by
+    its arguments alone, so the results equal the serial ones bit for bit; the processes share
+    the machine's cores, which the per-iteration times include. ``describe(run, out)`` gives
+    the progress bar's note after a run (a worker's own bars are off)."""
+    if config.workers <= 1 or len(runs) <= 1:
+        yield from (fn(*run) for run in runs)
+        return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=min(config.workers, len(runs)), initializer=_worker_threads,
                              initargs=(config.threads,), mp_context=multiprocessing.get_context("spawn")) as pool:
-        bar = progress(pool.map(_train_run, *zip(*runs)), desc="training runs", total=len(runs))
+        bar = progress(pool.map(fn, *zip(*runs)), desc="training runs", total=len(runs))
         for run, out in zip(runs, bar):
-            if hasattr(bar, "set_postfix_str"):  # the current loss: the finished run's last validation loss
-                bar.set_postfix_str(f"{run[0]} seed {run[1]}: val {out[0]['val_loss'][-1]:.3f}")
+            if describe is not None and hasattr(bar, "set_postfix_str"):
+                bar.set_postfix_str(describe(run, out))
             yield out
 
 
@@ -966,7 +986,7 @@ def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_si
     c = config
     torch.manual_seed(c.seed)
     model = GPT(vocab_size, d_model, c.n_blocks, c.n_heads, context, variant)
-    opt = _optimizer(model, c)
+    opt = make_optimizer(model, c)
     g = torch.Generator().manual_seed(c.seed)
     x = torch.randint(0, vocab_size, (c.batch, context + 1), generator=g)
     times = []
@@ -1053,10 +1073,9 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
         geometry, models = {}, {arm: [] for arm in arms}
         jobs = [(s, arm) for s in range(c.seeds) for arm in arms]  # seeds outermost, as a partial run wants
         runs = [(arm, c.seed + s, c, corpus, setup[arm], val_x, val_y, geo_x, eval_points) for s, arm in jobs]
-        if c.workers > 1 and len(runs) > 1:
-            outputs = _parallel_runs(runs, c)
-        else:
-            outputs = (_train_run(*run) for run in runs)
+        # the bar's note: the finished run's last validation loss
+        outputs = parallel_runs(_train_run, runs, c, lambda run, out: f"{run[0]} seed {run[1]}: val "
+                                                                         f"{out[0]['val_loss'][-1]:.3f}")
         for (s, arm), (curves, geo, model) in zip(jobs, outputs):
             for k in names:
                 results[k][arm][s] = curves[k]

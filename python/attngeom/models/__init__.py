@@ -65,7 +65,8 @@ from .latent import LatentKeyCache, latent_key_cache
 from .routing import RouterStatistics, router_statistics
 from .interventions import Ablate, Hook, Patch, Project
 from .effects import (CausalEffects, DirectionEffects, HeadEffects, PatchingResult, activation_patching,
-                      causal_effects, direction_effects, head_ablation_effects, head_invariances)
+                      causal_effects, direction_effects, head_ablation_effects, head_invariances,
+                      next_token_losses)
 
 __all__ = [
     "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
@@ -80,5 +81,5 @@ __all__ = [
     "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
     "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
     "RouterStatistics", "router_statistics", "Ablate", "Project", "Patch", "Hook", "HeadEffects",
-    "head_ablation_effects", "head_invariances", "causal_effects", "CausalEffects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
+    "head_ablation_effects", "head_invariances", "next_token_losses", "causal_effects", "CausalEffects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
 ]

@@ -93,17 +93,44 @@ class HeadEffects(_Saved):
         return fig
 
 
-def _metric(logits: np.ndarray, ids: np.ndarray, metric: str, answers) -> float:
-    """metric of logits (b, n, V) for token ids (b, n), in the logits' dtype with float64 sums
-    (no float64 copy of the (b, n, V) logits)."""
+def next_token_losses(logits, token_ids) -> np.ndarray:
+    """The cross-entropy of each next token: -log softmax(logits[:, i])[token_ids[:, i + 1]].
+
+    Parameters
+    ----------
+    logits : array_like, shape (batch, n, vocab)
+        A forward pass's logits (:meth:`Model.forward`), float32 or float64.
+    token_ids : array_like of int, shape (batch, n)
+        The tokens the logits were computed on.
+
+    Returns
+    -------
+    ndarray, shape (batch, n - 1), float64
+        Loss at positions 0..n-2 (nats), in the logits' dtype with float64 sums (no float64
+        copy of the logits). Their mean is the loss of :func:`head_ablation_effects`; the
+        mean at a late minus an early position is Olsson et al.'s in-context-learning score.
+
+    Examples
+    --------
+    >>> ag.models.next_token_losses(np.zeros((1, 3, 4)), [[0, 1, 2]]).round(4)
+    array([[1.3863, 1.3863]])
+    """
     z = np.asarray(logits)
+    ids = np.asarray(token_ids)
+    if z.ndim != 3 or ids.shape != z.shape[:2]:
+        raise ValueError(f"logits must be (batch, n, vocab) and token_ids (batch, n), got {z.shape} and {ids.shape}")
+    z = z[:, :-1]
+    top = z.max(-1, keepdims=True)
+    mass = np.exp(z - top).sum(-1, dtype=np.float64)  # (b, n - 1)
+    target = np.take_along_axis(z, ids[:, 1:, None], -1)[..., 0]
+    return -(target.astype(np.float64) - top[..., 0] - np.log(mass))
+
+
+def _metric(logits: np.ndarray, ids: np.ndarray, metric: str, answers) -> float:
+    """metric of logits (b, n, V) for token ids (b, n)."""
     if metric == "loss":
-        z = z[:, :-1]
-        top = z.max(-1, keepdims=True)
-        mass = np.exp(z - top).sum(-1, dtype=np.float64)  # (b, n - 1)
-        target = np.take_along_axis(z, ids[:, 1:, None], -1)[..., 0]
-        logp = target.astype(np.float64) - top[..., 0] - np.log(mass)
-        return float(-logp.mean())
+        return float(next_token_losses(logits, ids).mean())
+    z = np.asarray(logits)
     right, wrong = answers
     last = z[:, -1].astype(np.float64)
     return float(np.mean(last[np.arange(len(last)), right] - last[np.arange(len(last)), wrong]))
