@@ -41,6 +41,21 @@ def small_demo(monkeypatch):
     monkeypatch.setitem(EXPERIMENTS, "tomography", (EXPERIMENTS["identity"][0], run))
 
 
+@pytest.mark.parametrize("error, needle", [
+    (MemoryError("Unable to allocate 572. GiB for an array with shape (100000000, 768)"), "out of memory: Unable"),
+    (ImportError("the training experiment needs PyTorch: pip install 'attngeom[torch]'"), "pip install"),
+])
+def test_memory_and_missing_dependency_errors_are_one_line(monkeypatch, capsys, tmp_path, error, needle):
+    """Sizes beyond the machine and a missing optional dependency end in one line, exit status 2."""
+    def run(config):
+        raise error
+
+    monkeypatch.setitem(EXPERIMENTS, "identity", (EXPERIMENTS["identity"][0], run))
+    assert cli.main(["run", "identity", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, needle)
+    assert not os.listdir(tmp_path)
+
+
 def _one_line_error(capsys, *needles):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err

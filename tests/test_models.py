@@ -1034,3 +1034,6 @@ def test_missing_checkpoint_names_the_argument(tmp_path):
             call("x")
     with pytest.raises(ValueError, match="^model: cannot load .*path must be a checkpoint"):
         ag.logit_lens(str(tmp_path / "nowhere"), [1, 2])
+    # a bare name such as "gpt2" is also a hub name: the message says where the cache was looked up
+    with pytest.raises(ValueError, match="'gpt2', which does not exist; as a Hugging Face name: .*Hugging Face cache"):
+        ag.load_model("gpt2")

@@ -163,6 +163,14 @@ def test_induction_scores_on_random_checkpoints(random_models, layout):
     assert ((0 <= s.induction) & (s.induction <= 1)).all()
 
 
+def test_induction_scores_defaults_fit_the_model(planted):
+    """The default length is 50 where the model allows it, else what its 48 tokens and 60
+    positions allow: 30 (two copies), 29 with a bos token."""
+    s = ag.induction_scores(planted)
+    assert s.token_ids.shape == (4, 60) and s.induction[1, 0] > 0.95  # 0.98 here (0.99 with a bos sink)
+    assert ag.induction_scores(planted, bos=0).token_ids.shape == (4, 59)
+
+
 def test_induction_bad_arguments(planted):
     with pytest.raises(ValueError, match="seq_len"):
         ag.induction_scores(planted, seq_len=1)

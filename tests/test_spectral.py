@@ -218,6 +218,18 @@ def test_factored_svd_errors(rng):
 
 
 # -- parameter nulls -----------------------------------------------------------------------
+def test_parameter_nulls_refuse_transposed_weights(rng):
+    """A (d_head, d_model) pair (a torch Linear's weights, not transposed) is refused, not read
+    as d_model = d_head with an empty null space."""
+    wq, wk = rng.standard_normal((2, 4, 16))
+    with pytest.raises(ValueError, match=r"W_Q must be oriented \(\.\.\., d_model, d_head\).*got \(4, 16\).*pass its "
+                                         r"transpose"):
+        ag.parameter_nulls(wq, wk)
+    assert ag.parameter_nulls(wq.T, wk.T).ker_B.dim == 12
+    with pytest.raises(ValueError, match="W_Q must be oriented"):
+        ag.gauge_transform(wq, wk, np.eye(16))
+
+
 def test_parameter_nulls_full_rank(rng):
     d_model, d_k = 48, 12
     W_Q = rng.standard_normal((d_model, d_k))

@@ -234,6 +234,10 @@ class ParameterNulls:
 
 def _head_weights(name: str, w, d_model: Optional[int] = None) -> np.ndarray:
     a = operand(name, w, "(..., d_model, d_head)")
+    if d_model is None and a.ndim >= 2 and a.shape[-2] < a.shape[-1]:
+        raise ValueError(f"{name} must be oriented (..., d_model, d_head) (queries are x {name}, d_head <= d_model); "
+                         f"got {a.shape}, which reads as d_model {a.shape[-2]} < d_head {a.shape[-1]} (a torch "
+                         f"Linear's weight is (d_head, d_model): pass its transpose)")
     if d_model is not None and a.shape[-2] != d_model:
         raise ValueError(f"{name} must have shape (..., {d_model}, d_head), got {a.shape}")
     return a

@@ -118,7 +118,7 @@ def _repeated_random_tokens(vocab_size: int, seq_len: int, n_repeats: int, n_seq
     return ids.astype(np.int64)
 
 
-def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequences: int = 4, bos: Optional[int] = None,
+def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2, n_sequences: int = 4, bos: Optional[int] = None,
                      threshold: float = 0.4, seed=0) -> InductionScores:
     """Induction and previous-token scores of every head, and K-composition from weights.
 
@@ -130,8 +130,10 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
     ----------
     model : Model or str or path-like
         A causal decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3) or its checkpoint.
-    seq_len : int, default 50
-        Length of the random sequence (distinct tokens; at most the vocabulary size).
+    seq_len : int, optional
+        Length of the random sequence (distinct tokens; at most the vocabulary size). Default
+        50, or less where the vocabulary (less bos) or the position table (n_repeats copies,
+        plus bos) is smaller.
     n_repeats : int, default 2
         Copies of it (>= 2).
     n_sequences : int, default 4
@@ -170,11 +172,14 @@ def induction_scores(model, *, seq_len: int = 50, n_repeats: int = 2, n_sequence
     if m.arch.family == "bert":
         raise ValueError(f"model: induction scores need a causal decoder, got a {m.arch.model_type} encoder")
     V = m.arch.vocab_size
-    T = count("seq_len", seq_len, 2)
     R = count("n_repeats", n_repeats, 2, 10 ** 6)
     B = count("n_sequences", n_sequences, 1, 10 ** 6)
     if bos is not None:
         bos = count("bos", bos, 0, V - 1)
+    if seq_len is None:  # 50, within the vocabulary and the position table
+        room = m.arch.max_positions
+        seq_len = min(50, V - (bos is not None), 50 if room is None else (room - (bos is not None)) // R)
+    T = count("seq_len", seq_len, 2)
     threshold = scalar("threshold", threshold)
     offset = 0 if bos is None else 1
     if T > V - offset:

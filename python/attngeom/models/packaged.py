@@ -104,5 +104,10 @@ def resolve_checkpoint(spec) -> str:
         if found is None:
             raise ValueError(hub_not_found_message(path))
         return found
+    bare = "/" not in path and os.sep not in path and not path.endswith(".safetensors")  # "gpt2": a hub name too
+    found = hub_snapshot(path) if bare else None
+    if found is not None:
+        return found
     raise ValueError(f"path must be a checkpoint: a safetensors file, a folder holding one, or one of the packaged "
-                     f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist")
+                     f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist"
+                     + (f"; as a Hugging Face name: {hub_not_found_message(path)}" if bare else ""))
