@@ -1,6 +1,8 @@
-"""One NumPy forward pass for the pre-norm decoders: GPT-2 and the Llama family.
+"""One NumPy forward pass for every supported family: GPT-2, the Llama family, attngeom's own
+checkpoints and the BERT encoder.
 
-The network is parametrised by its :class:`Architecture` (no class per family):
+The network is parametrised by its :class:`Architecture` (no class per family). The pre-norm
+decoders:
 
     h_0     = E[ids] (+ P[positions] for GPT-2's absolute positions)
     x_l     = Norm(h_l)                       LayerNorm (GPT-2) or RMSNorm (Llama family)
@@ -15,7 +17,11 @@ The network is parametrised by its :class:`Architecture` (no class per family):
 DeepSeek-V2's multi-head latent attention replaces the q, k, v line (:mod:`.mla`: keys and
 values expanded from a normed latent c_KV, a decoupled rotary key shared by the heads), and
 its MLP is dense in the first layers and routed plus shared experts after (:mod:`.moe`).
-Grouped-query keys and values are repeated for every query head of their group. Every
+BERT is the post-norm, bidirectional case: h_0 = LN(E[ids] + P[positions] + T[0]),
+h'_l = LN_1(h_l + a_l) with a_l read from h_l itself, h_{l+1} = LN_2(h'_l + MLP(h'_l)), no
+final norm and no logits. attngeom-gpt checkpoints (:mod:`attngeom.torch.gpt`) are the Llama
+path with LayerNorm biases, a 4x GELU MLP (none in attention-only models) and RoPE or a learned
+position table. Grouped-query keys and values are repeated for every query head of their group. Every
 attention is one call of :func:`attngeom.softmax_attention` (causal, with a boolean key mask
 for padding and a band for sliding-window layers). Weights stay as stored, memory-mapped
 (:meth:`Checkpoint.mapped`: float16 kept, bfloat16 as a :class:`BFloat16Array`), and each
@@ -203,7 +209,7 @@ class Decoder:
                 s = f"{p}encoder.layer.{i}."
                 t = s + "attention."
                 up = take(s + "intermediate.dense.weight")
-                ff = up.shape[0] if up.ndim == 2 else -1
+                ff = up.shape[0] if up.ndim == 2 else -1  # its shape is checked below against d_model
                 layers.append({
                     **_projections(take, (t + "self.query", t + "self.key", t + "self.value", t + "output.dense"), a),
                     # post-norm: ln1 normalises h + attention, ln2 h' + MLP
