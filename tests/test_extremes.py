@@ -275,3 +275,247 @@ def test_rescale_when_only_the_powers_overflow():
     As, Vs = [a.T @ b for b, a, _ in w], [v for _, _, v in w]
     _, V2 = ag.rescale(As, Vs, [1e40, 1e-100, 1.0])
     np.testing.assert_allclose(V2[-1], 1e-60 * Vs[-1], rtol=1e-14)
+
+
+# --- the outside fuzz campaign's last findings: huge float32 values, absurd scales and counts,
+# --- one-element masks, grown sample arrays, NaN sample points ---
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _near_max(shape, dtype, seed=0):
+    """Values whose largest magnitude is 0.9 of the dtype's largest finite number."""
+    x = np.random.default_rng(seed).standard_normal(shape)
+    return (x / np.abs(x).max() * 0.9 * float(np.finfo(dtype).max)).astype(dtype)
+
+
+def test_radon_adjoint_of_a_float32_sinogram_near_the_maximum():
+    s = np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32)
+    # Scaled by 2^120 (entries up to ~1e37): the result is the scaled result, bitwise, in float32.
+    big = ag.radon_adjoint(np.ldexp(s, 120))
+    assert big.dtype == np.float32 and np.all(np.isfinite(big))
+    np.testing.assert_array_equal(big, np.ldexp(ag.radon_adjoint(s), 120))
+    # Near the float32 maximum the sums pass the range: refused, never inf.
+    with pytest.raises(ValueError, match="sinogram has entries up to"):
+        ag.radon_adjoint(_near_max((16, 16), np.float32))
+
+
+@pytest.mark.parametrize("func, name", [(ag.null_space, "M"), (ag.routing_nulls, "routing"),
+                                        (ag.numerical_rank, "J"), (ag.singular_values, "x")])
+def test_spectra_beyond_the_float_range_are_refused(func, name):
+    # An (8, 1) column of entries near 1.6e308 has a singular value sqrt(8) times larger.
+    with pytest.raises(ValueError, match=rf"\b{name} has entries up to"):
+        func(_near_max((8, 1), np.float64))
+    # One power of two lower it is representable, and the answer is the exact scaled one.
+    x = _near_max((8, 1), np.float64) / 4
+    np.testing.assert_allclose(ag.singular_values(x), [np.linalg.norm(x / 2**1000) * 2**1000], rtol=1e-15)
+    assert ag.numerical_rank(x).rank == 1 and ag.null_space(x.T)[0].dim == 7
+
+
+def test_numerical_rank_of_a_zero_or_empty_matrix():
+    # Rank 0 is exact; the gap ratio (no singular value above zero) is inf, as documented.
+    for J in (np.zeros((4, 4)), np.zeros((0, 3))):
+        rank, s, gap = ag.numerical_rank(J)
+        assert rank == 0 and np.all(s == 0) and s.size == min(J.shape) and gap == math.inf
+
+
+def test_gauge_transform_overflow_is_refused():
+    W = RNG.standard_normal((2, 3, 3))
+    with pytest.raises(ValueError, match="has entries up to"):
+        ag.gauge_transform(W * 1e200, W, W * 1e200)
+
+
+def test_path_expansion_refuses_too_many_paths_before_any_work():
+    P, W, x = np.full((8, 8, 4, 4), 0.25), np.full((8, 8, 2, 2), 0.01), np.ones((4, 2))
+    J = np.full((8, 2, 2), 0.01)
+    with pytest.raises(ValueError, match="max_length"):  # 9^8 2^8 = 1.1e10 paths
+        ag.path_expansion(P, W, x, mlp_jacobians=J)
+    ex = ag.path_expansion(P, W, x, mlp_jacobians=J, max_length=2)  # 1 + 72 + C(paths of two) = 2,449
+    assert len(ex.paths) == 1 + 72 + (72 * 72 - 8 * 8 * 8 - 8) // 2
+    with pytest.raises(ValueError, match="W_OV has entries up to"):  # float32 products overflow
+        ag.path_expansion(P[:2, :2].astype(np.float32), _near_max((2, 2, 2, 2), np.float32) / 8,
+                          x.astype(np.float32))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_random_features_refuse_a_feature_exponent_beyond_the_range(backward):
+    q, k, v = RNG.standard_normal((3, 50, 4))
+    call = (lambda **kw: ag.random_feature_attention_backward(q, k * 1e3, v, v, **kw)) if backward else \
+        (lambda **kw: ag.random_feature_attention(q, k * 1e3, v, return_log_partition=True, **kw))
+    with pytest.raises(ValueError, match="scale"):
+        call(scale=1e308)
+    q32 = q.astype(np.float32)
+    with pytest.raises(ValueError, match=r"scale .*3\.4e\+38"):
+        ag.random_feature_attention(q32, q32 * 1e3, q32, scale=1e35)
+    out = call(scale=1e9)  # large but representable: finite
+    assert all(np.all(np.isfinite(a)) for a in out)
+
+
+@pytest.mark.parametrize("mask", [np.zeros((1, 1), bool), np.full((1, 1), -np.inf)])
+def test_a_one_element_mask_hiding_every_key_gives_the_documented_outputs(mask):
+    # Every query sees no key: y = 0, P = 0, log Z = -inf (the exact log of an empty sum),
+    # statistics 0 with argmax -1, and zero gradients, for every attention that takes a mask.
+    q, k, v = RNG.standard_normal((3, 4, 2))
+    dy = RNG.standard_normal((4, 2))
+    y, P, log_z, stats = ag.softmax_attention(q, k, v, mask=mask, return_weights=True, return_log_partition=True,
+                                              return_stats=True)
+    assert np.all(y == 0) and np.all(P == 0) and np.all(log_z == -np.inf)
+    assert np.all(stats.log_z == -np.inf) and np.all(stats.argmax == -1)
+    assert all(np.all(getattr(stats, f) == 0) for f in ("entropy", "max_weight", "sink_weight", "mean_distance"))
+    for out in (ag.kernel_attention(q, k, v, mask=mask, kernel="gaussian", return_weights=True,
+                                    return_log_partition=True),
+                ag.laplace_radon_attention(*ag.tilt_radius(q), k, v, mask=mask, return_weights=True,
+                                           return_log_partition=True)):
+        assert np.all(out[0] == 0) and np.all(out[1] == 0) and np.all(out[2] == -np.inf)
+    y, P = ag.projection_attention(q, k, v, mask=mask, return_weights=True)
+    assert np.all(y == 0) and np.all(P == 0)
+    for grads in (ag.softmax_attention_backward(q, k, v, dy, mask=mask),
+                  ag.kernel_attention_backward(q, k, v, dy, mask=mask, kernel="cauchy"),
+                  ag.projection_attention_backward(q, k, v, dy, mask=mask)):
+        assert all(np.all(g == 0) for g in grads)
+
+
+def test_fit_exponential_sum_pads_nothing_for_one_problem():
+    # Many more samples than nodes, and a lone delta sample whose pencil eigenvalue is 0 (no
+    # node): the single problem's nodes are exactly the ones found, all finite.
+    t = np.arange(32) * 0.1
+    f = np.exp(-t)
+    f[0] += 1.0
+    fit = ag.fit_exponential_sum(t, f, pencil=3)
+    assert fit.order == 1 and fit.nodes.shape == (1,) and abs(fit.nodes[0] + 1) < 1e-6
+    assert all(np.all(np.isfinite(np.asarray(a))) for a in (fit.nodes, fit.weights, fit.residual))
+
+
+def test_wasserstein1_grid_checks_and_scale():
+    g, p, q = np.linspace(0, 1, 5), np.ones(5), 1.0 + np.arange(5.0)
+    bad = g.copy()
+    bad[2] = np.nan
+    with pytest.raises(ValueError, match=r"\bs\b"):
+        ag.wasserstein1(bad, p, q)
+    w = ag.wasserstein1(g, p, q)
+    # W1 scales with the grid: exact powers of two, from subnormal steps to near the maximum.
+    for e in (-1070, -1000, 1000):
+        assert ag.wasserstein1(np.ldexp(g, e), p, q) == np.ldexp(w, e)
+    assert ag.wasserstein1(g, p * 1e308, q) == w  # each density is normalised first
+    with pytest.raises(ValueError, match="has entries up to"):  # the distance itself passes the range
+        ag.wasserstein1(np.array([-1.5, -0.5, 0.5, 1.5]) * 1e308, np.array([1.0, 0, 0, 0]), np.array([0, 0, 0, 1.0]))
+
+
+def test_iradon_output_size_and_sart_counts_are_checked():
+    s = RNG.standard_normal((8, 6))
+    with pytest.raises(ValueError, match="output_size"):
+        ag.iradon(s, output_size=1e308)
+    with pytest.raises(ValueError, match="iterations"):  # refused up front, not after hours
+        ag.iradon_sart(s, iterations=10 ** 9)
+    with pytest.raises(TypeError, match="clip"):
+        ag.iradon_sart(s, clip=2147483648)
+    with pytest.raises(ValueError, match="clip"):
+        ag.iradon_sart(s, clip=(math.nan, 1.0))
+
+
+def test_sart_is_scale_equivariant_up_to_the_float_maximum():
+    img = ag.shepp_logan_phantom(16)
+    theta = np.linspace(0, 180, 24, endpoint=False)
+    s = ag.radon(img, theta)
+    ref = ag.iradon_sart(s, theta, iterations=2, clip=(0.0, 1.0))
+    # Near 1e308 and near the subnormals: the same reconstruction, scaled, bitwise.
+    for e in (1000, -1000):
+        out = ag.iradon_sart(np.ldexp(s, e), theta, iterations=2, clip=(0.0, math.ldexp(1.0, e)))
+        np.testing.assert_array_equal(out, np.ldexp(ref, e))
+    huge = ag.iradon_sart(_near_max((8, 8), np.float64), np.arange(0.0, 180, 22.5))
+    assert np.all(np.isfinite(huge))
+    np.testing.assert_array_equal(ag.iradon_sart(s, theta, clip=(0.0, math.inf)), ag.iradon_sart(s, theta, clip=(0.0, 1e300)))
+
+
+def test_stable_density_log_below_the_float_range_is_minus_inf():
+    # log f of the Gaussian (alpha = 2, c = 1) is -x^2 / 4 - log(2 sqrt(pi)): below -1.8e308
+    # for |x| > ~2.7e154, where the documented result is -inf; finite and exact up to there.
+    x = np.array([1e100, 2e154, 1e200, 1e300])
+    out = ag.stable_density(x, 2.0, log=True)
+    np.testing.assert_allclose(out[:2], -(x[:2] / 2) ** 2 - math.log(2 * math.sqrt(math.pi)), rtol=1e-14)
+    assert np.all(out[2:] == -np.inf)
+    assert np.all(np.isfinite(ag.stable_density(x, 1.5, log=True)))  # power-law tails stay in range
+
+
+def test_complex_radii_with_projections_beyond_the_range_are_refused():
+    u = RNG.standard_normal((8, 3))
+    with pytest.raises(ValueError, match="u.k"):
+        ag.laplace_radon_transform(u, 1e-8j * np.ones(8), _near_max((2, 3), np.float64), log_domain=True)
+    with pytest.raises(ValueError, match="tau"):
+        ag.laplace_radon_transform(u, 1e300j * np.ones(8), np.full((2, 3), 1e10), log_domain=True)
+
+
+def test_a_ragged_list_is_a_type_error_naming_the_argument():
+    with pytest.raises(TypeError, match=r"\bq must be a real array"):
+        ag.softmax_attention_backward([[1.0], [2.0, 3.0]], np.ones((2, 3)), np.ones((2, 2)), np.ones((8, 2)))
+
+
+def test_log_partition_gradient_when_only_q_dot_k_overflows():
+    # q.k ~ 1e318 is beyond float64 while scale q.k is not: the same gradient as the
+    # representable problem with q / 2^1000 and scale 2^1000 times larger, up to rounding.
+    q, k = RNG.standard_normal((2, 2, 3, 4))
+    x = ag.log_partition_gradient(np.ldexp(q, 1020), k * 1e10, scale=np.ldexp(1e-10, -1000))
+    y = ag.log_partition_gradient(np.ldexp(q, 20), k * 1e10, scale=1e-10)
+    np.testing.assert_allclose(np.ldexp(x, 1000), y, rtol=1e-12, atol=1e-12 * np.abs(y).max())
+    with pytest.raises(ValueError, match="scale"):  # a float32 tau cannot hold the scale
+        ag.log_partition_gradient(q.astype(np.float32), k.astype(np.float32), scale=-1e308)
+
+
+def test_orthogonal_feature_matrices_have_a_block_limit():
+    with pytest.raises(ValueError, match="num_features"):  # 1e9 QR factorisations: refused at once
+        ag.feature_matrix(1, 10 ** 9, orthogonal=True)
+    assert ag.feature_matrix(1, 10 ** 6, orthogonal=False).shape == (10 ** 6, 1)
+
+
+def test_choice_arguments_that_are_arrays_are_refused_by_name():
+    x = np.ones((3, 2))
+    for call, name in ((lambda: ag.fourier_filter(8, filter=np.array([-1, 0])), "filter"),
+                       (lambda: ag.mlp_key_value(x, np.ones((2, 4)), np.ones((4, 2)), activation=np.array(1.0)),
+                        "activation"),
+                       (lambda: ag.effective_rank(np.ones(8), spectrum=np.ones(3)), "spectrum"),
+                       (lambda: ag.Subspace(np.eye(3)[:, :1], complement=np.ones(2)), "complement"),
+                       (lambda: ag.function_discrepancy(([np.eye(2)], [np.eye(2)]), ([np.eye(2)], [np.eye(2)]),
+                                                        np.ones((5, 3, 2)), kind=np.ones(3)), "kind")):
+        with pytest.raises((TypeError, ValueError), match=rf"\b{name} must be"):
+            call()
+
+
+def test_subspace_refuses_columns_that_are_not_unit_vectors():
+    b = np.zeros((8, 2))
+    b[0, 0], b[1, 1] = 1e154, 1.0
+    for basis in (b, 2 * np.eye(8)[:, :2]):
+        with pytest.raises(ValueError, match="orthonormal columns"):
+            ag.Subspace(basis)
+    assert ag.Subspace.span(2 * np.eye(8)[:2]).dim == 2  # arbitrary vectors go through span
+
+
+def test_broadcast_failures_name_the_arguments():
+    with pytest.raises(ValueError, match=r"W_OV \(3,\)"):
+        ag.head_operator(np.ones((2, 3, 8)), np.ones((3, 5, 3)), np.ones((2, 8, 5)))
+    with pytest.raises(ValueError, match=r"tau \(3, 3, 0\), s \(2, 3, 0\)"):
+        ag.psi(np.ones((3, 3, 0)), np.ones((2, 3, 0)))
+    with pytest.raises(ValueError, match=r"q \(2,\), k \(3,\)"):
+        ag.projection_attention_backward(np.ones((2, 3, 1)), np.ones((3, 1, 1)), None, np.ones((2, 3, 1)))
+
+
+def test_point_reconstruction_with_directions_near_the_maximum():
+    keys = np.array([[1.0, 2.0], [-1.0, 0.5], [0.3, -0.7]])
+    U = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    ref = ag.reconstruct_points(U, [U[j] @ keys.T for j in range(3)]).points
+    big = U * 2.0 ** 1000  # projections 2^1000 larger: the same points
+    out = ag.reconstruct_points(big, [big[j] @ keys.T for j in range(3)]).points
+    np.testing.assert_allclose(out, ref, rtol=1e-14, atol=1e-15)  # LAPACK rescales huge right-hand sides
+    with pytest.raises(TypeError, match="nodes"):
+        ag.reconstruct_points(U, None)
+
+
+def test_block_cholesky_with_an_overflowing_schur_complement_is_not_definite():
+    lam0 = np.eye(3) * 2
+    with pytest.raises(ValueError, match="not positive definite"):
+        ag.block_cholesky_factors(lam0, _near_max((3, 3), np.float64), 2)
+
+
+def test_sart_image_beyond_a_float32_sinogram_is_refused():
+    s = RNG.standard_normal((4, 2)).astype(np.float32)
+    with pytest.raises(ValueError, match="image"):
+        ag.iradon_sart(s, image=np.full((4, 4), 1e154))

@@ -4,9 +4,11 @@ Each public function (``attngeom.__all__``: functions and the classes that compu
 result dataclasses) has a hypothesis strategy in ``SPECS`` below; a public function without
 one fails ``test_every_public_function_has_a_strategy``, so new functions cannot escape.
 Inputs mix well-shaped operands with hostile ones: random shapes (0-d, empty), magnitudes
-from 1e-300 to 1e300, NaN and inf, float16/32/64, int and bool dtypes, Fortran-ordered,
-strided, reversed and broadcast (read-only, zero-stride) views, scalars at the extremes,
-None, wrong types and huge integers.
+from 1e-300 to 1e300, arrays scaled to 0.9 of their dtype's largest number (float32 near
+3e38), NaN and inf, float16/32/64, int and bool dtypes, Fortran-ordered, strided, reversed
+and broadcast (read-only, zero-stride) views, one-element masks broadcast to every (query,
+key) pair, sample grids grown long (up to 32 points) or holding a NaN point, scalars at the
+extremes (scale = 1e308), None, wrong types and huge integers (10**9 iterations, 2**63).
 
 Every call runs in a worker subprocess with faulthandler enabled; the cases are pickled to
 it through a pipe, many per process. Outcomes:
@@ -339,11 +341,18 @@ NONFINITE_ALLOWED = {
     # and y are the exact fields (documented).
     "sampled_attention": ("Z, Z_variance and N overflow with the partition sum",
                           _finite_except("Z", "Z_variance", "N")),
-    # Problems of a batch have their own orders: nodes beyond a problem's order are NaN.
-    "fit_exponential_sum": ("nodes beyond a problem's order are NaN padding",
-                            lambda out: all(_finite(getattr(out, f.name)) for f in dataclasses.fields(out) if f.name != "nodes")),
-    # sigma_r / sigma_{r+1} is infinite when sigma_{r+1} = 0 (an exactly rank-deficient J).
-    "numerical_rank": ("the gap ratio is inf at an exact rank deficiency", _finite_except("gap_ratio")),
+    # log f(x) of the Gaussian (alpha = 2) lies below the float range beyond |x| ~ 2.7e154
+    # sqrt(c): -inf there, documented (the density itself is 0).
+    "stable_density": ("log f(x) below the float range is -inf", _only_minus_inf),
+    # Problems of a batch have their own orders: a problem of lower order than the batch's
+    # largest is padded with NaN beyond its order (a single problem never is).
+    "fit_exponential_sum": ("nodes beyond a problem's order in a batch are NaN padding", lambda out: (
+        all(_finite(getattr(out, f.name)) for f in dataclasses.fields(out) if f.name != "nodes")
+        and np.array_equal(np.isnan(out.nodes), np.arange(out.nodes.shape[-1]) >= np.asarray(out.order)[..., None])
+        and np.ndim(out.order) > 0)),
+    # The gap ratio of a zero or empty J (rank 0 exactly, no singular value above zero) is inf.
+    "numerical_rank": ("the gap ratio of a zero or empty J is inf",
+                       lambda out: out.rank == 0 and _finite((out.singular_values,)) and out.gap_ratio == math.inf),
 }
 
 
@@ -588,9 +597,12 @@ HUGE_INTS = [0, -1, 1, 2, 3, 2**31, 2**63, -2**63, 10**9, 10**18, 10**30]
 MAGNITUDES = [1.0] * 6 + [1e-300, 1e300, 1e-30, 1e30, 1e154, 1e-160, 1e200, 1e-8, 1e8]
 DTYPES = ["float64"] * 5 + ["float32"] * 2 + ["float16", "int64", "bool"]
 LAYOUTS = ["C"] * 5 + ["F", "strided", "reversed", "broadcast"]
-SPECIALS = ["none"] * 6 + ["nan", "inf", "-inf", "zeros", "one-huge"]
+SPECIALS = ["none"] * 6 + ["nan", "inf", "-inf", "zeros", "one-huge", "near-max"]
 VALID_DTYPES = ["float64"] * 4 + ["float32"] * 2 + ["int64"]
-VALID_SPECIALS = ["none"] * 6 + ["zeros", "one-huge"]
+# "near-max": every value scaled so that the largest is 0.9 of the dtype's largest finite
+# number (float32 arrays near 3e38, float64 ones near 1.6e308): finite input whose products
+# and sums overflow unless the function scales.
+VALID_SPECIALS = ["none"] * 6 + ["zeros", "one-huge", "near-max"]
 
 
 def _strategies():
@@ -664,6 +676,10 @@ def _strategies():
                 note += f" {special}"
                 if special == "zeros":
                     x[...] = 0.0
+                elif special == "near-max":
+                    top = np.abs(x).max()
+                    if dtype in ("float16", "float32", "float64") and top > 0:
+                        x = x / top * (0.9 * float(np.finfo(dtype).max))
                 elif special == "one-huge":
                     x.flat[rng.integers(x.size)] = 1e300
                 else:
@@ -718,6 +734,9 @@ def _strategies():
 
         def mask(self, *dims):
             kind = self.draw(st.sampled_from(["bool", "additive"]))
+            if self.draw(st.integers(0, 4)) == 0:  # one element broadcast to every (query, key)
+                return self.array((1, 1), dtype="bool" if kind == "bool" else "float64",
+                                  special=self.draw(st.sampled_from(["zeros", "none", "-inf"])))
             if kind == "bool":
                 return self.arr(*dims, dtype="bool")
             return self.arr(*dims, dtype=self.draw(st.sampled_from(["float64", "float32"])))
@@ -1066,10 +1085,16 @@ def _extend_generator(G, st):
         """A uniform grid (sometimes hostile): the sample points of the inverse problems."""
         if self.hostile_now():
             return self.hostile()
+        if symbol not in self.sizes:  # sample grids also grow long (more samples than a pencil needs)
+            self.sizes[symbol] = self.draw(st.sampled_from([1, 2, 3, 3, 4, 5, 8, 0, 12, 17, 32]))
         n = self.size(symbol)
         step = self.draw(st.sampled_from([0.1, 1.0, 1e-300, 1e300, 0.0, -0.5]))
         x = np.arange(n) * step - n * step / 2
-        return Arr(x * 1j if imaginary else x, "C", f"step {step:g}")
+        note = f"step {step:g}"
+        if n and not self.valid and self.draw(st.integers(0, 4)) == 0:  # a NaN sample point
+            x[self.draw(st.integers(0, n - 1))] = math.nan
+            note += " nan"
+        return Arr(x * 1j if imaginary else x, "C", note)
 
     def spd(self, symbol):
         """Usually symmetric positive definite (covariance blocks), sometimes not."""

@@ -326,7 +326,10 @@ double StableDensity::d_log_density(double x) const {
 double StableDensity::log_density(double x) const {
   if (std::isnan(x)) return x;
   if (std::isinf(x)) return -std::numeric_limits<double>::infinity();  // f -> 0 at +-inf
-  if (alpha_ == 2.0) return -x * x / (4 * c_) - std::log(2 * std::sqrt(kPi * c_));
+  if (alpha_ == 2.0) {  // -x^2 / (4c), with z = x / (2 sqrt c) so that x^2 cannot overflow first
+    const double z = x / (2 * std::sqrt(c_));
+    return -z * z - std::log(2 * std::sqrt(kPi * c_));
+  }
   const double u = unit(x, inv_scale_, log_scale_);
   if (std::isinf(u)) {
     // u = |x| / s beyond the float range (s = c^(1/alpha) tiny): the tail, evaluated at log u.

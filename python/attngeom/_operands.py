@@ -54,20 +54,35 @@ def _foreign_dtype_hint(name: str, x) -> Optional[str]:
     return None
 
 
+def as_array(name: str, x, what: str = "an array") -> np.ndarray:
+    """np.asarray(x), or a TypeError naming the argument where NumPy cannot make one array of
+    it (ragged lists and the like)."""
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"{name} must be {what}, got {type(x).__name__}: {exc}") from None
+
+
 def real_array(name: str, x, *, allow_bool: bool = False) -> np.ndarray:
     """x as a real ndarray (no dtype change yet); TypeError for complex, object, string input."""
     hint = _foreign_dtype_hint(name, x)
     if hint is not None:
         raise TypeError(hint)
-    try:
-        a = np.asarray(x)
-    except Exception as exc:  # ragged lists and the like
-        raise TypeError(f"{name} must be a real array, got {type(x).__name__}: {exc}") from None
+    a = as_array(name, x, "a real array")
     if a.dtype.kind == "b" and allow_bool:
         return a
     if a.dtype.kind not in _FLOAT_KINDS:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {a.dtype}")
     return a
+
+
+def _shape(name: str, x) -> tuple:
+    """np.shape(x), or real_array's error naming the argument (a ragged list has no shape)."""
+    try:
+        return np.shape(x)
+    except ValueError:
+        real_array(name, x)
+        raise
 
 
 def compute_dtype(*arrays: np.ndarray) -> np.dtype:
@@ -171,6 +186,24 @@ def count(name: str, value, minimum: int = 1, maximum: Optional[int] = None) -> 
     return int(value)
 
 
+def choice(name: str, value, options, expected: Optional[str] = None):
+    """`value` when it is one of `options` (strings, None); a ValueError naming the argument
+    otherwise, an array or another unhashable value included. `expected` is the message's
+    text after "must be" (default: "one of <options>")."""
+    if isinstance(value, (str, type(None))) and value in options:
+        return value
+    text = f"{name} must be {expected or f'one of {tuple(options)}'}, got {value!r}"
+    raise ValueError(text if len(text) <= 300 else text[:300] + "...")
+
+
+def flag(name: str, value) -> bool:
+    """A True / False argument (NumPy's bool too); TypeError naming it otherwise (an array's
+    truth value is ambiguous, and 0 / 1 are not read as flags)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}"[:200])
+    return bool(value)
+
+
 def sequence(name: str, value, *, length: Optional[int] = None, nonempty: bool = True) -> list:
     """A list or tuple argument (of matrices, layers, ...), as a list; TypeError naming the
     argument otherwise, ValueError when empty or of the wrong length."""
@@ -246,7 +279,7 @@ def causal_code(causal) -> int:
 def uniform_grid(name: str, tau, minimum: int = 3) -> tuple:
     """A uniformly spaced real or purely imaginary 1-D grid: (grid as complex128, step, kind)
     with kind "real" or "imaginary"."""
-    t = np.asarray(tau)
+    t = as_array(name, tau, "a real or complex array")
     if t.dtype.kind not in "fiuc":
         raise TypeError(f"{name} must be a real or complex array, got dtype {t.dtype}")
     if t.ndim != 1 or t.size < minimum:
@@ -591,7 +624,9 @@ def finite_result(func=None, *, name=None):
     @functools.wraps(func)
     def inner(*args, **kwargs):
         try:
-            out = func(*args, **kwargs)
+            # NumPy's overflow warnings would only repeat what the refusal below says.
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = func(*args, **kwargs)
         except (ResultOverflow, NonFiniteOperand, np.linalg.LinAlgError) as e:
             found = culprit(args, kwargs)
             if found is None:
@@ -696,7 +731,7 @@ def to_bhnd(layout, func: str, operands: Sequence[tuple]) -> tuple:
         raise ValueError(f"{func}: layout must be 'bhnd' (..., heads, n, d) or 'bnhd' (..., n, heads, d), "
                          f"got {layout!r}")
     if layout is None:
-        shapes = [np.shape(x) for _, x, kind in operands if kind == "v" and x is not None][:3]
+        shapes = [_shape(name, x) for name, x, kind in operands if kind == "v" and x is not None][:3]
         if shapes and looks_token_major(*shapes):
             name = next(n for n, x, kind in operands if kind == "v" and x is not None)
             warnings.warn(f"{func}: {name} has shape {shapes[0]}, which looks like (batch, pos, head, d_head) "

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._operands import finite_result, operand, renamed_arguments, scalar
+from ._operands import broadcast_batch, check_size, choice, finite_result, operand, renamed_arguments, scalar
 from .subspace import Subspace
 
 
@@ -32,6 +32,7 @@ def _product(*factors):
         if a.shape[-1] != b.shape[-2]:
             raise ValueError(f"{right} must have shape {expected} with {a.shape[-1]} rows (the columns of {left} "
                              f"{a.shape}), got {b.shape}")
+    broadcast_batch([(name, a, 2) for (name, _, _), a in zip(factors, arrays)])
     return arrays
 
 
@@ -155,8 +156,7 @@ def composition_scores(W_Q, W_K, W_V, W_O, mode: str = "Q") -> np.ndarray:
     >>> S.shape, bool(np.all(S[1] == 0)), bool(np.all(S[0, :, 1] > 0))
     ((2, 2, 2, 2), True, True)
     """
-    if mode not in ("Q", "K", "V"):
-        raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
+    choice("mode", mode, ("Q", "K", "V"), "'Q', 'K' or 'V'")
     names = ("W_Q", "W_K", "W_V", "W_O")
     Q, K, V, O = (operand(n, w, "(n_layers, n_heads, ...)", ndim=4) for n, w in zip(names, (W_Q, W_K, W_V, W_O)))
     L, H, d_model, d_head = Q.shape
@@ -220,6 +220,21 @@ class PathExpansion:
         return dict(sorted(((p, float(np.linalg.norm(c))) for p, c in self.paths.items()), key=lambda kv: -kv[1]))
 
 
+#: The most paths path_expansion holds (each an (n, d_model) array computed by one product).
+MAX_PATHS = 2 ** 20
+
+
+def _path_count(sizes, max_length) -> int:
+    """Paths that choose at most one of sizes[i] components in each sublayer and at most
+    max_length components in all (None: no bound)."""
+    longest = len(sizes) if max_length is None else min(int(max_length), len(sizes))
+    counts = [1] + [0] * longest  # counts[k]: paths through k components
+    for c in sizes:
+        for k in range(longest, 0, -1):
+            counts[k] += c * counts[k - 1]
+    return sum(counts)
+
+
 @finite_result
 def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional[int] = None) -> PathExpansion:
     """Expand a network with frozen attention into residual paths.
@@ -242,7 +257,9 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
         Frozen MLP Jacobians.
     max_length : int, optional
         Keep paths through at most this many components (None: all; then the contributions
-        sum to ``forward`` exactly).
+        sum to ``forward`` exactly). A network of L layers of H heads has (1 + H)^L paths
+        ((1 + H)^L 2^L with MLPs): more than MAX_PATHS (2^20) paths, or paths whose arrays
+        exceed the size limit, are refused (ValueError naming max_length) before any work.
 
     Returns
     -------
@@ -275,6 +292,13 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                    or max_length < 0):
         raise ValueError(f"max_length must be a non-negative integer or None, got {max_length!r}")
+
+    sizes = [H, 1] * L if J is not None else [H] * L
+    n_paths = _path_count(sizes, max_length)
+    if n_paths > MAX_PATHS:
+        raise ValueError(f"path_expansion: {n_paths:.3g} paths of at most {max_length if max_length is not None else len(sizes)} "
+                         f"components, beyond the limit of MAX_PATHS = {MAX_PATHS}: pass a smaller max_length")
+    check_size("max_length (the number of paths)", n_paths * n * d, np.result_type(P, W, X).itemsize)
 
     def apply(component, r):
         layer, which = component
@@ -736,10 +760,8 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
         raise ValueError(f"W2 must have shape ({A.shape[1]}, d_model), got {B.shape}")
     if callable(activation):
         phi = activation
-    elif activation in _ACTIVATIONS:
-        phi = _ACTIVATIONS[activation]
     else:
-        raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)} or a callable, got {activation!r}")
+        phi = _ACTIVATIONS[choice("activation", activation, _ACTIVATIONS, f"one of {tuple(_ACTIVATIONS)} or a callable")]
     biases = [None if b is None else operand(name, b, f"({size},)", ndim=1)
               for name, b, size in (("b1", b1, A.shape[1]), ("b2", b2, B.shape[1]))]
     for name, b, size in zip(("b1", "b2"), biases, (A.shape[1], B.shape[1])):

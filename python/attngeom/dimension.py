@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _core
 from ._docstrings import filler
-from ._operands import check_size, count, finite_result, generator, operand, scalar, sequence
+from ._operands import ResultOverflow, check_size, count, finite_result, generator, operand, scalar, sequence
 from .lightning import deep_lightning, network_kind
 
 # The layer widths of a deep network, as most functions here take them.
@@ -308,8 +308,15 @@ def numerical_rank(J, block_rows=None) -> NumericalRank:
     singular_values : ndarray
         The singular values after block scaling, descending.
     gap_ratio : float
-        sigma_r / sigma_{r+1} at the chosen rank; inf when sigma_{r+1} = 0 (an exactly
-        rank-deficient J). The three come as a named tuple, NumericalRank.
+        sigma_r / sigma_{r+1} at the chosen rank (sigma_{r+1} taken no smaller than the floor,
+        so at most 1 / eps); inf for a zero or empty J, whose rank 0 is exact (no singular
+        value is above zero). The three come as a named tuple, NumericalRank.
+
+    Raises
+    ------
+    ResultOverflow
+        A ValueError when the singular values lie beyond the float range (entries near the
+        float maximum); the rank does not depend on the scale, so ``J / max |J_ij|`` answers.
 
     Examples
     --------
@@ -342,7 +349,12 @@ def numerical_rank(J, block_rows=None) -> NumericalRank:
     gaps = np.log(ext[:-1]) - np.log(ext[1:])
     r = int(np.argmax(gaps)) + 1
     with np.errstate(over="ignore"):
-        return NumericalRank(r, s * big, float(ext[r - 1] / ext[r]))
+        s = s * big
+        gap = float(ext[r - 1] / ext[r])
+    if not np.all(np.isfinite(s)):
+        raise ResultOverflow(f"numerical_rank: the singular values are beyond the float range for these inputs: "
+                             f"J has entries up to {big:.3g}; rescale it (the rank does not depend on the scale)")
+    return NumericalRank(r, s, gap)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._operands import (check_finite, check_nonempty, check_size, count, finite_result, real_array, scalar,
+from ._operands import (as_array, check_finite, check_nonempty, check_size, count, finite_result, real_array, scalar,
                         uniform_grid)
 
 
@@ -33,7 +33,9 @@ class ExponentialSum:
     Attributes
     ----------
     nodes
-        (..., M) ascending projected coordinates s_i; NaN beyond each problem's order.
+        (..., M) ascending projected coordinates s_i, M the largest order found (a single
+        problem's nodes are all finite; in a batch, a problem of lower order is padded with
+        NaN beyond its order, so a padded node cannot be mistaken for a found one).
     weights
         (..., M) or (..., M, C) the weights c_i (multiplicities for Z, value-weighted
         for N); 0 beyond the order.
@@ -120,7 +122,7 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     """
     t, step, kind = uniform_grid("tau", tau)
     N = t.size
-    f = np.asarray(values)
+    f = as_array("values", values, "a real or complex array")
     if f.dtype.kind not in "fiuc":
         raise TypeError(f"values must be a real or complex array, got dtype {f.dtype}")
     if vector is None:
@@ -170,9 +172,11 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     # sort each problem's nodes ascending (NaN padding last)
     idx = np.argsort(s, axis=1)
     s = np.take_along_axis(s, idx, axis=1)
+    M = int(orders.max()) if B else 0  # no padding beyond the largest order found
+    s = s[:, :M]
     s_c = np.ascontiguousarray(np.nan_to_num(s), dtype=np.complex128)
     w = _core.exp_sum_weights(t, s_c, orders.astype(np.int64), fb).real
-    valid = np.arange(Mmax)[None, None, :] < orders[:, None, None]
+    valid = np.arange(M)[None, None, :] < orders[:, None, None]
     basis = np.exp(np.einsum("k,bm->bkm", t, s_c)) * valid  # (B, N, M)
     model = np.einsum("bkm,bmc->bck", basis, w)
     norm = np.linalg.norm(fb.reshape(B, -1), axis=1)
@@ -182,7 +186,7 @@ def fit_exponential_sum(tau, values, *, order: Optional[int] = None, rtol: Optio
     if not (np.all(np.isfinite(kept)) and np.all(np.isfinite(weights)) and np.all(np.isfinite(residual))):
         raise ValueError(f"tau and values give nodes or weights beyond the float range (tau step {step:.3g}, "
                          f"largest |value| {float(np.max(np.abs(fb))):.3g}): rescale tau or values")
-    return ExponentialSum(nodes=s.reshape(batch + (Mmax,)), weights=weights.reshape(batch + weights.shape[1:]),
+    return ExponentialSum(nodes=s.reshape(batch + (M,)), weights=weights.reshape(batch + weights.shape[1:]),
                           order=orders.reshape(batch), singular_values=sv.reshape(batch + sv.shape[1:]),
                           residual=residual.reshape(batch))
 
@@ -337,8 +341,16 @@ def wasserstein1(s, p, q) -> float:
     0.0
     """
     s = real_array("s", s).astype(np.float64).ravel()
-    if s.size < 2 or np.any(np.diff(s) <= 0):
-        raise ValueError(f"s must be increasing with at least 2 points, got shape {s.shape}")
+    check_finite("s", s)
+    with np.errstate(over="ignore"):
+        if s.size < 2 or np.any(np.diff(s) <= 0):
+            raise ValueError(f"s must be increasing with at least 2 points, got shape {s.shape}")
+    # The grid is scaled by a power of two (exact) so that its steps neither overflow nor
+    # vanish, each density by its largest entry (the CDFs are normalised anyway).
+    e = int(np.frexp(np.max(np.abs(s)))[1])
+    step = np.diff(np.ldexp(s, -e))
+    if np.any(step <= 0):
+        raise ValueError(f"s must be increasing at a resolution the float grid scaled by 2^{-e} keeps")
     cdfs = []
     for name, d in (("p", p), ("q", q)):
         d = real_array(name, d).astype(np.float64)
@@ -346,7 +358,9 @@ def wasserstein1(s, p, q) -> float:
             raise ValueError(f"{name} must have the grid's shape {s.shape}, got {d.shape}")
         if np.any(d < 0) or not np.all(np.isfinite(d)) or d.sum() <= 0:
             raise ValueError(f"{name} must be a finite non-negative density with positive mass")
-        c = np.concatenate([[0.0], np.cumsum(0.5 * (d[1:] + d[:-1]) * np.diff(s))])
+        d = d / d.max()
+        c = np.concatenate([[0.0], np.cumsum(0.5 * (d[1:] + d[:-1]) * step)])
         cdfs.append(c / c[-1])
     gap = np.abs(cdfs[0] - cdfs[1])
-    return float(np.sum(0.5 * (gap[1:] + gap[:-1]) * np.diff(s)))
+    with np.errstate(over="ignore"):
+        return float(np.ldexp(np.sum(0.5 * (gap[1:] + gap[:-1]) * step), e))

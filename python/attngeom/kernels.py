@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._operands import check_finite, compute_dtype, finite_result, real_array, scalar
+from ._operands import broadcast_batch, check_finite, choice, compute_dtype, finite_result, real_array, scalar
 from .stable_density import ALPHA_MIN, stable_density
 
 KERNELS = ("exp", "gaussian", "cauchy", "stable")
@@ -35,8 +35,7 @@ def kernel_params(kernel, params: dict) -> tuple:
     """
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string, one of {KERNELS}, got {type(kernel).__name__}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    choice("kernel", kernel, KERNELS)
     allowed = _DEFAULTS[kernel]
     unknown = set(params) - set(allowed)
     if unknown:
@@ -84,6 +83,7 @@ def psi(tau, s, kernel: str = "exp", **params) -> np.ndarray:
     tau, s = real_array("tau", tau), real_array("s", s)
     check_finite("tau", tau)
     check_finite("s", s)
+    broadcast_batch([("tau", tau, 0), ("s", s, 0)])
     dt = compute_dtype(tau, s)
     t, x = tau.astype(np.float64), s.astype(np.float64)
     if name == "exp":

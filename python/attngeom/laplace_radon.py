@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, ResultOverflow, check_bound, check_finite,
+from ._operands import (AttentionOperands, Operand, ResultOverflow, check_bound, check_finite,
                         check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
                         operand, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
@@ -222,6 +222,11 @@ def _within_range(t: Transform) -> Transform:
 def _transform_complex(u, tau, k, v, log_domain):
     check_finite("tau", tau)
     pr = AttentionOperands(u, k, v, qname="u", tau=tau.real)  # shapes, checks and broadcasting
+    # The projections s = u.k and the exponents tau s must be representable.
+    s_max = max_row_norm(pr.q.array) * max_row_norm(pr.k.array)
+    check_bound(s_max, pr.dtype, "the projections u.k", "rescale u or k")
+    check_bound(float(np.max(np.abs(tau), initial=0.0)) * s_max, pr.dtype, "the exponents tau u.k",
+                "rescale tau, u or k")
     ctype = np.complex64 if pr.dtype == np.float32 else np.complex128
     tau_b = np.broadcast_to(tau, tau.shape[:-1] + (pr.n_q,)) if tau.shape[-1] == 1 else tau
     tau_flat = np.ascontiguousarray(tau_b.reshape((-1,) + tau_b.shape[-1:]), dtype=ctype)
@@ -383,6 +388,7 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
     layout, (q, k) = to_bhnd(layout, "log_partition_gradient", [("q", q, "v"), ("k", k, "v")])
     q = operand("q", q, "(..., n_q, d_k)", dtype=None, nonempty=False, finite=False)
     scale = logit_scale(scale, q.shape[-1])
+    check_bound(abs(scale), compute_dtype(q), "scale", "pass float64 q and k, or a smaller scale")
     tau = np.full(q.shape[:-1], scale, dtype=compute_dtype(q))
     pr = AttentionOperands(q, k, None, qname="q", tau=tau)
     # The logits, the gradient scale E_p[k] and the Hessian scale^2 Cov_p(k) must be representable.
@@ -391,6 +397,14 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
                 "rescale q, k or scale")
     grad_max = abs(scale) * key_max
     check_bound(grad_max, pr.dtype, "scale |k| (the gradient's scale)", "rescale k or scale")
+    query_max, limit = max_row_norm(pr.q.array), float(np.finfo(pr.dtype).max)
+    if not query_max * key_max <= limit:
+        # q.k alone passes the range though scale q.k does not: the kernel forms tau (q.k), so
+        # q is scaled by 2^-e and tau by 2^e (exact): |q 2^-e| <= 1 and tau 2^e ~ scale |q|.
+        e = int(np.frexp(query_max)[1])
+        check_bound(abs(scale) * 2.0 ** e, pr.dtype, "scale |q|", "rescale q or scale")
+        pr.q = Operand(np.ldexp(pr.q.array, -e).astype(pr.dtype), pr.q.index)
+        pr.tau = Operand((pr.tau.array * pr.dtype.type(2.0 ** e)).astype(pr.dtype), pr.tau.index)
     if hessian:
         check_bound(grad_max * grad_max, pr.dtype, "scale^2 |k|^2 (the Hessian's scale)", "rescale k or scale")
     mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, check_bound, compute_dtype, finite_result, from_bhnd, max_row_norm, operand,
+from ._operands import (AttentionOperands, check_bound, choice, compute_dtype, finite_result, from_bhnd, max_row_norm, operand,
                         scalar, to_bhnd)
 from .attention import AttentionGrads, softmax_attention
 
@@ -42,8 +42,7 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
         warnings.warn(f"{func}(): normalize= is deprecated, use kind='softmax' (normalize=True) or "
                       "kind='lightning' (normalize=False)", DeprecationWarning, stacklevel=3)
         kind = "softmax" if normalize else "lightning"
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    choice("kind", kind, KINDS)
     return kind
 
 

@@ -62,6 +62,8 @@ def _node_lists(name, nodes, m, masks=None):
             raise ValueError(f"{name} must be padded like the nodes ({len(masks[0])} per direction), got {arr.shape}")
         lists = [row[mk] for row, mk in zip(arr, masks)]
     else:
+        if not isinstance(nodes, (list, tuple)):
+            raise TypeError(f"{name} must be an (m, n) array or a list of m arrays, got {type(nodes).__name__}")
         if len(nodes) != m:
             raise ValueError(f"{name} must hold one array per direction (m = {m}), got {len(nodes)}")
         lists = [np.asarray(x, dtype=np.float64) for x in nodes]
@@ -146,6 +148,10 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     zero = np.flatnonzero(~np.any(D != 0, axis=1))
     if zero.size:
         raise ValueError(f"directions[{zero[0]}] is zero: every projection needs a nonzero direction")
+    # D x = s is solved for x' = 2^e x with D' = D / 2^e (exact), so that the SVD of the
+    # directions neither overflows nor underflows; the points are scaled back at the end.
+    e = int(np.frexp(np.max(np.abs(D)))[1])
+    D = np.ldexp(D, -e)
     S, masks = _node_lists("nodes", nodes, m)
     if any(len(x) == 0 for x in S):
         raise ValueError("nodes must hold at least one projection per direction")
@@ -179,7 +185,9 @@ def reconstruct_points(directions, nodes, weights=None, values=None, *, tol: Opt
     pred = y @ Dr.T  # (n, m)
     residual = np.max(np.stack([_nearest_gap(S[j], pred[:, j]) for j in range(m)], axis=1), axis=1) \
         if len(y) else np.zeros(0)
-    return PointSet(points=y @ basis.T, weights=w, values=vals, residual=residual, rank=r)
+    with np.errstate(over="ignore", under="ignore"):
+        points = np.ldexp(y @ basis.T, -e)
+    return PointSet(points=points, weights=w, values=vals, residual=residual, rank=r)
 
 
 def _solve_points(Dr, rows):
@@ -404,7 +412,10 @@ def recover_keys(probe: Callable, directions, tau_grid, *, order: Optional[int] 
     if not (np.all(np.isfinite(Z)) and np.all(np.isfinite(N))):
         raise ValueError("probe returned NaN or inf in Z or N for these directions and tau_grid")
     stacked = np.concatenate([Z[..., None], N], axis=-1)  # (m, T, 1 + d_v)
-    fits = fit_exponential_sum(t, stacked, order=order, rtol=rtol, vector=True)
+    try:
+        fits = fit_exponential_sum(t, stacked, order=order, rtol=rtol, vector=True)
+    except ValueError as e:  # the fit's arguments are this call's tau_grid and the probe's values
+        raise ValueError(f"recover_keys: the probe's transforms on tau_grid cannot be fitted: {e}") from e
     nodes = [fits.nodes[j, : fits.order[j]] for j in range(D.shape[0])]
     mult = [fits.weights[j, : fits.order[j], 0] for j in range(D.shape[0])]
     vals = [fits.weights[j, : fits.order[j], 1:] for j in range(D.shape[0])]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import (attention_kinds, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
+from ._operands import (attention_kinds, broadcast_batch, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
                         max_row_norm, operand, query_key_value, real_array, reduce_to_shape, scalar, to_bhnd)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
@@ -84,6 +84,7 @@ def _centered(q, k, v, sigma, mask):
     qa, ka, va = query_key_value(q, k, v, width="d")
     if v is None:
         v = va = ka
+    broadcast_batch([("q", qa, 2), ("k", ka, 2), ("v", va, 2)])
     dt = compute_dtype(qa, ka, va)
     qa, ka = qa.astype(dt, copy=False), ka.astype(dt, copy=False)
     center = ka.mean(axis=-2, keepdims=True)

@@ -27,7 +27,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import ResultOverflow, check_finite, check_size, count, operand, real_array, scalar
+from ._operands import ResultOverflow, check_finite, choice, check_size, count, operand, real_array, scalar, sequence
+
+#: The most pixel updates iradon_sart runs: iterations * n_angles * (detectors^2 + 128).
+MAX_SART_UPDATES = 2 ** 35
 
 FILTERS = ("ramp", "shepp-logan", "cosine", "hamming", "hann", None)
 
@@ -155,19 +158,25 @@ def circle_mask(size: int) -> np.ndarray:
 
 def _linear(func):
     """For a map linear in its first argument: an argument whose largest entry lies beyond
-    2^(+-256) is scaled by a power of two first (exact) and the result scaled back, so the
-    filtering and the sums neither overflow nor lose digits to subnormals; a result beyond
-    the float range raises ResultOverflow naming the argument."""
+    2^(+-256) (2^(+-32) in float32 and float16: a quarter of the dtype's exponent range) is
+    scaled by a power of two first (exact, in the argument's own float dtype) and the result
+    scaled back, so the filtering and the sums neither overflow nor lose digits to
+    subnormals; a result beyond the float range raises ResultOverflow naming the argument."""
 
     @functools.wraps(func)
     def inner(x, *args, **kwargs):
-        a = np.asarray(x) if isinstance(x, np.ndarray) or np.ndim(x) else None
+        try:
+            a = np.asarray(x) if isinstance(x, np.ndarray) or np.ndim(x) else None
+        except ValueError:  # a ragged list: the function's own checks name it
+            a = None
         if a is None or a.dtype.kind not in "fiu" or a.size == 0 or not np.all(np.isfinite(a)):
             return func(x, *args, **kwargs)  # the function's own checks speak
+        if a.dtype.kind != "f":
+            a = a.astype(np.float64)
         e = int(np.frexp(np.max(np.abs(a)))[1]) if np.any(a) else 0
-        if abs(e) <= 256:
+        if abs(e) <= np.finfo(a.dtype).maxexp // 4:
             return func(x, *args, **kwargs)
-        out = func(np.ldexp(a.astype(np.float64), -e), *args, **kwargs)
+        out = func(np.ldexp(a, -e).astype(a.dtype), *args, **kwargs)
         with np.errstate(over="ignore", under="ignore"):
             out = np.ldexp(out, e)
         if not np.all(np.isfinite(out)):
@@ -283,8 +292,7 @@ def fourier_filter(size: int, filter: Optional[str] = "ramp") -> np.ndarray:
     >>> f.shape, bool(f[0] < f[4])  # the ramp rises from zero frequency
     ((8,), True)
     """
-    if filter not in FILTERS:
-        raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
+    choice("filter", filter, FILTERS)
     size = count("size", size, 2)
     if size % 2:
         raise ValueError(f"size must be even (the padded projection length), got {size}")
@@ -350,16 +358,13 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
     """
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
-    if filter not in FILTERS:
-        raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
+    choice("filter", filter, FILTERS)
     detectors = s.shape[0]
     if detectors < 2:
         raise ValueError(f"sinogram must have at least 2 detectors, got shape {s.shape}")
     if output_size is None:
         output_size = detectors if circle else int(math.floor(math.sqrt(detectors ** 2 / 2.0)))
-    output_size = int(output_size)
-    if output_size < 1:
-        raise ValueError(f"output_size must be >= 1, got {output_size}")
+    output_size = count("output_size", output_size)
     check_size("output_size", output_size * output_size)
     work = _circle_to_square(s) if circle else s
     size = max(64, int(2 ** math.ceil(math.log2(2 * work.shape[0]))))
@@ -415,7 +420,9 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
     theta : array_like, shape (n_angles,), optional
         Angles in degrees; default evenly spaced on [0, 180).
     iterations : int, default 1
-        Sweeps over all angles.
+        Sweeps over all angles. A run of more than MAX_SART_UPDATES (2^35) pixel updates,
+        counted as iterations * n_angles * (detectors^2 + 128) (the 128 stands for each
+        angle's fixed cost), is refused before it starts (ValueError naming iterations).
     image : array_like, shape (detectors, detectors), optional
         Initial estimate (default zeros).
     relaxation : float in (0, 2), default 1.0
@@ -451,15 +458,43 @@ def iradon_sart(sinogram, theta=None, *, iterations: int = 1, image=None, relaxa
         if x.shape != (n, n):
             raise ValueError(f"image must have shape ({n}, {n}) to match the sinogram, got {x.shape}")
         check_finite("image", x)
-        x = np.array(x, dtype=s.dtype, order="C")
+        with np.errstate(over="ignore"):
+            x = np.array(x, dtype=s.dtype, order="C")
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"image has entries beyond the range of the sinogram's dtype {s.dtype} (the "
+                             "reconstruction's): rescale it or pass a float64 sinogram")
+    updates = iterations * th.size * (n * n + 128)
+    if updates > MAX_SART_UPDATES:
+        raise ValueError(f"iterations = {iterations} over {th.size} angles of a {n} x {n} image ask for {updates:.3g} "
+                         f"pixel updates, beyond the limit of MAX_SART_UPDATES = 2^35: lower iterations")
     lo, hi, use_clip = 0.0, 0.0, clip is not None
     if use_clip:
-        if len(clip) != 2 or not clip[0] <= clip[1]:
+        pair = sequence("clip", list(clip) if isinstance(clip, np.ndarray) and clip.ndim == 1 else clip, length=2)
+        if any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.integer, np.floating))
+               for c in pair):
+            raise TypeError(f"clip must be a pair of real numbers (lo, hi), got {clip!r}")
+        lo, hi = float(pair[0]), float(pair[1])
+        if not lo <= hi:  # NaN fails too; infinite bounds are allowed (one-sided clipping)
             raise ValueError(f"clip must be a pair (lo, hi) with lo <= hi, got {clip!r}")
-        lo, hi = float(clip[0]), float(clip[1])
     mask = circle_mask(n).astype(s.dtype)
     x *= mask
-    return _core.sart(s, np.deg2rad(th), golden_ratio_order(th), mask, x, iterations, relaxation, use_clip, lo, hi)
+    # SART is homogeneous of degree 1 in (sinogram, image, clip): entries beyond a quarter of
+    # the exponent range are scaled by a power of two (exact) so the residuals neither
+    # overflow nor fall to subnormals, and the result is scaled back.
+    big = max([float(np.max(np.abs(s))), float(np.max(np.abs(x)))] + [abs(c) for c in (lo, hi) if math.isfinite(c)])
+    e = int(np.frexp(big)[1]) if big > 0 else 0
+    if abs(e) <= np.finfo(s.dtype).maxexp // 4:
+        e = 0
+    s, x = np.ldexp(s, -e).astype(s.dtype), np.ldexp(x, -e).astype(s.dtype)
+    lo, hi = math.ldexp(lo, -e), math.ldexp(hi, -e)
+    out = _core.sart(s, np.deg2rad(th), golden_ratio_order(th), mask, x, iterations, relaxation, use_clip, lo, hi)
+    if e:
+        with np.errstate(over="ignore", under="ignore"):
+            out = np.ldexp(out, e).astype(s.dtype)
+        if not np.all(np.isfinite(out)):
+            raise ResultOverflow(f"iradon_sart: the reconstruction is beyond the float range for these inputs: "
+                                 f"sinogram has entries up to {big:.3g}; rescale it")
+    return out
 
 
 def rms_error(reconstruction, image) -> float:

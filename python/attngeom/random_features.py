@@ -29,8 +29,8 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, causal_code, check_size, count, finite_result, from_bhnd, generator,
-                        logit_scale, operand, to_bhnd)
+from ._operands import (AttentionOperands, causal_code, check_bound, check_size, count, finite_result, from_bhnd,
+                        generator, logit_scale, max_row_norm, operand, to_bhnd)
 from .attention import AttentionGrads
 
 
@@ -47,7 +47,8 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
     num_features : int
         Number m of features (rows).
     orthogonal : bool, default True
-        Orthogonalise blocks of up to `dim` rows (norms redrawn from the chi distribution).
+        Orthogonalise blocks of up to `dim` rows (norms redrawn from the chi distribution);
+        at most MAX_ORTHOGONAL_BLOCKS (2^20) blocks, i.e. num_features <= 2^20 dim.
     seed : int, default 0
         Seed of the NumPy generator (also None, a SeedSequence or a Generator). An integer seed
         fixes W, which is then drawn once per process and cached.
@@ -66,11 +67,19 @@ def feature_matrix(dim: int, num_features: int, *, orthogonal: bool = True, seed
     return _feature_matrix(dim, num_features, orthogonal, seed, np.float64).copy()
 
 
+#: The most orthogonal blocks (one QR factorisation each) a feature matrix is drawn in.
+MAX_ORTHOGONAL_BLOCKS = 2 ** 20
+
+
 def _feature_matrix(dim, num_features, orthogonal, seed, dtype) -> np.ndarray:
     """W (num_features, dim), C-contiguous in `dtype`; read-only and cached when `seed` is an
     integer."""
     dim, m = count("dim", dim), count("num_features", num_features)
     check_size("dim, num_features", dim * max(m, dim) * 2)
+    if orthogonal and -(-m // dim) > MAX_ORTHOGONAL_BLOCKS:
+        raise ValueError(f"num_features = {m} in orthogonal blocks of dim = {dim} rows ask for {-(-m // dim)} QR "
+                         f"factorisations, beyond the limit of MAX_ORTHOGONAL_BLOCKS = 2^20 (about half a minute): "
+                         "use fewer features or orthogonal=False")
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)) and seed >= 0:
         return _cached_feature_matrix(dim, m, bool(orthogonal), int(seed), np.dtype(dtype).str)
     return np.ascontiguousarray(_draw_feature_matrix(dim, m, orthogonal, generator(seed)), dtype=dtype)
@@ -216,13 +225,24 @@ def _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale):
     m = count("num_features", num_features)
     causal_code(causal)
     p = AttentionOperands(q, k, v, causal=causal)
-    root = math.sqrt(logit_scale(scale, p.d_k, positive=True))
+    root = _feature_root(p, scale)
     W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
     y, log_z = _core.favor_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index, W,
                                      root, p.causal, _CAUSAL_CHUNK)
     empty = np.isneginf(log_z)
     log_z[empty] = 0
     return p.shaped(y, p.n_q, p.d_v), p.shaped(log_z, p.n_q), p.shaped(empty, p.n_q)
+
+
+def _feature_root(p: AttentionOperands, scale) -> float:
+    """sqrt(scale), the factor of x' = sqrt(scale) x in the features phi(x') = exp(W x' -
+    |x'|^2 / 2): refused (ValueError) when |x'|^2 / 2 may overflow the kernel's dtype, where
+    every feature of a row would underflow to 0 and the row read as if it saw no key."""
+    scale = logit_scale(scale, p.d_k, positive=True)
+    largest = max(max_row_norm(p.q.array), max_row_norm(p.k.array))
+    check_bound(0.5 * scale * largest * largest, p.dtype, "the feature exponent scale |x|^2 / 2",
+                "rescale q, k or scale")
+    return math.sqrt(scale)
 
 
 _CAUSAL_CHUNK = 64  # queries per chunk of the causal forward (one masked diagonal block each)
@@ -275,7 +295,7 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     causal_code(causal)
     shapes = [np.shape(a) for a in (q, k, v)]
     p = AttentionOperands(q, k, v, causal=causal)
-    root = math.sqrt(logit_scale(scale, p.d_k, positive=True))
+    root = _feature_root(p, scale)
     W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
     dq, dk, dv = _core.favor_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
                                                 p.v.index, W, root, p.causal, _CAUSAL_CHUNK, p.cotangent(dy))

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import (ResultOverflow, check_bound, check_size, count, from_bhnd, generator, logit_scale,
+from ._operands import (ResultOverflow, check_bound, choice, check_size, count, from_bhnd, generator, logit_scale,
                         max_row_norm, query_key_value, scalar, to_bhnd)
 
 PROPOSALS = ("uniform", "tilted")
@@ -107,8 +107,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     """
     count("num_samples", num_samples, minimum=2)  # the variance estimates need two
     layout, (q, k, v) = to_bhnd(layout, "sampled_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
-    if proposal not in PROPOSALS:
-        raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+    choice("proposal", proposal, PROPOSALS)
     qa, ka, va = query_key_value(q, k, v)
     d_k, n_k = qa.shape[-1], ka.shape[-2]
     if va.shape[:-2] != ka.shape[:-2]:

@@ -25,8 +25,8 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (batch_operands, broadcast_batch, check_finite, check_size, compute_dtype, count,
-                        finite_result, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
+from ._operands import (batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
+                        finite_result, flag, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
@@ -169,6 +169,7 @@ def _null_from_svd(s, vh, n, rank) -> Subspace:
     return Subspace(vh[:rank].T, complement=True)
 
 
+@finite_result
 def null_space(M, *, rtol=None):
     """Orthonormal basis of ker(M) = {z : M z = 0} by SVD, batched over leading axes.
 
@@ -306,8 +307,7 @@ def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
 # -- effective ranks -----------------------------------------------------------------------
 def _spectrum(x, spectrum: Optional[bool]) -> np.ndarray:
     a = operand("x", x, "(..., k) singular values or (..., m, n) matrices", min_ndim=1, dtype=None)
-    if spectrum is None:
-        spectrum = a.ndim == 1
+    spectrum = a.ndim == 1 if spectrum is None else flag("spectrum", spectrum)
     if spectrum:
         s = a.astype(compute_dtype(a), copy=False)
         if np.any(s < 0):
@@ -351,8 +351,7 @@ def effective_rank(x, *, kind: str = "entropy", spectrum: Optional[bool] = None)
     >>> round(ag.effective_rank(np.array([1.0, 0.0, 0.0])), 6)
     1.0
     """
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    choice("kind", kind, _KINDS)
     s = _scaled(_spectrum(x, spectrum).astype(np.float64))
     if kind == "participation":
         e = s * s
@@ -707,6 +706,7 @@ class RoutingNulls:
 
 
 @renamed_arguments(P="routing")
+@finite_result
 def routing_nulls(routing, *, rtol=None) -> RoutingNulls:
     """Rank, nullity, null space and spectrum of attention (routing) matrices P.
 
@@ -744,6 +744,7 @@ def routing_nulls(routing, *, rtol=None) -> RoutingNulls:
 
 
 # -- gauge symmetry ------------------------------------------------------------------------
+@finite_result
 def gauge_transform(W_Q, W_K, A):
     """The gauge map (W_Q, W_K) -> (W_Q A, W_K A^{-T}) that leaves B = W_Q W_K^T unchanged.
 

@@ -46,7 +46,10 @@ def stable_density(x, alpha, c=1.0, *, log=False):
     c : float, default 1.0
         Scale (> 0).
     log : bool, default False
-        Return log f(x), accurate where f underflows.
+        Return log f(x), accurate where f underflows. Where log f(x) itself lies below the
+        float range (only the Gaussian alpha = 2 falls that fast: x^2 / (4c) > 1.8e308, i.e.
+        ``|x|`` beyond about 2.7e154 sqrt(c)) the result is -inf, the representation IEEE
+        arithmetic gives a negative number too large to hold (as log of the density's 0).
 
     Returns
     -------

@@ -13,11 +13,12 @@ the library's token convention.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
 
-from ._operands import check_finite, finite_result, real_array, scalar
+from ._operands import check_finite, finite_result, flag, real_array, scalar
 
 
 def _orthogonal_complement(q: np.ndarray) -> np.ndarray:
@@ -79,6 +80,15 @@ class Subspace:
         check_finite("basis", basis)
         basis = basis.astype(np.float32 if basis.dtype == np.float32 else np.float64, copy=False)
         n, k = basis.shape
+        complement = flag("complement", complement)
+        # The cheap part of orthonormality (O(n k)): every column has unit norm.
+        if k:
+            eps = float(np.finfo(basis.dtype).eps)
+            with np.errstate(over="ignore"):
+                norms = np.linalg.norm(basis.astype(np.float64), axis=0)
+            if not np.all(np.abs(norms - 1) <= max(math.sqrt(eps), 10 * n * eps)):
+                raise ValueError(f"basis must have orthonormal columns (column norms up to {np.max(norms):.3g}); "
+                                 "Subspace.span(vectors) takes arbitrary vectors")
         if 2 * k > n:  # store the smaller side
             basis, complement = _orthogonal_complement(basis), not complement
         self._stored = np.ascontiguousarray(basis)

@@ -323,9 +323,13 @@ def _cholesky_blocks(Lambda0, Lambda1):
         yield L, M
         while True:
             i += 1
-            M = np.linalg.solve(L, lam1.T).T  # M_i = Lambda_1 L_{i-1}^{-T}
-            schur = lam0 - M @ M.T
+            with np.errstate(over="ignore", invalid="ignore"):
+                M = np.linalg.solve(L, lam1.T).T  # M_i = Lambda_1 L_{i-1}^{-T}
+                schur = lam0 - M @ M.T
             try:
+                # M M^T beyond the float range exceeds every entry of Lambda0: not definite.
+                if not np.all(np.isfinite(schur)):
+                    raise np.linalg.LinAlgError
                 L = np.linalg.cholesky((schur + schur.T) / 2)
             except np.linalg.LinAlgError:
                 raise ValueError(

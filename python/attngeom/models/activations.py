@@ -12,6 +12,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from .._operands import choice
 from .bert import BertEncoder
 from .heads import Checkpoint
 from .jsonfile import read_json_object
@@ -199,8 +200,7 @@ def split_texts(text: str, *, by: str = "paragraph") -> List[str]:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if by not in ("paragraph", "line"):
-        raise ValueError(f"by must be 'paragraph' or 'line', got {by!r}")
+    choice("by", by, ("paragraph", "line"), "'paragraph' or 'line'")
     text = text.replace("\r\n", "\n")
     if by == "line":
         return [line.strip() for line in text.splitlines() if line.strip()]

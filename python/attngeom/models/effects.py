@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._operands import count
+from .._operands import choice, count
 from ..spectral import null_space
 from .forward import check_layers
 from .interventions import HEAD_SITES, SITE_FIELDS, Ablate, Hook, Patch, Project
@@ -179,10 +179,8 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     import time
 
     _needs_logits(model, "head_ablation_effects")
-    if mode not in ("mean", "zero"):
-        raise ValueError(f"mode must be 'mean' or 'zero', got {mode!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    choice("mode", mode, ("mean", "zero"), "'mean' or 'zero'")
+    choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
     ids = np.asarray(token_ids)
     ids = ids[None] if ids.ndim == 1 else ids
     answers = _answers(metric, answers, ids)
@@ -328,10 +326,8 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
     True
     """
     _needs_logits(model, "direction_effects")
-    if circuit not in ("OV", "QK"):
-        raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    choice("circuit", circuit, ("OV", "QK"), "'OV' or 'QK'")
+    choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
     _check_head(model, layer, head)
     if circuit == "QK" and model.arch.rope is not None:
         raise ValueError("circuit='QK': a rotary model's W_Q R(i - j) W_K^T depends on the offset; use 'OV', or a "
@@ -489,10 +485,9 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     if clean_ids.shape != corrupt_ids.shape:
         raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {clean_ids.shape} and "
                          f"{corrupt_ids.shape}")
-    if site not in SITE_FIELDS or site == "pattern":
-        raise ValueError(f"site must be one of {', '.join(s for s in SITE_FIELDS if s != 'pattern')}, got {site!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    sites = tuple(s for s in SITE_FIELDS if s != "pattern")
+    choice("site", site, sites, f"one of {', '.join(sites)}")
+    choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
     answers = _answers(metric, answers, clean_ids)
     L, H, n = model.arch.n_layers, model.arch.n_heads, clean_ids.shape[1]
     chosen = check_layers(layers, L)

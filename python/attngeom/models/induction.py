@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .._operands import count, generator, scalar
+from .._operands import choice, count, generator, scalar
 from ..circuits import composition_scores
 from .prompt import resolve_model
 
@@ -86,8 +86,8 @@ class InductionScores:
         >>> s.top(1)[0][:2]
         (1, 0)
         """
-        if by not in ("induction", "previous_token", "k_composition_with_previous"):
-            raise ValueError(f"by must be 'induction', 'previous_token' or 'k_composition_with_previous', got {by!r}")
+        choice("by", by, ("induction", "previous_token", "k_composition_with_previous"),
+               "'induction', 'previous_token' or 'k_composition_with_previous'")
         values = getattr(self, by)
         if values is None:
             raise ValueError(f"by: {by!r} is not available for this model (multi-head latent attention has no "

@@ -22,7 +22,7 @@ from typing import List, Optional
 import numpy as np
 
 from .._docstrings import fill_doc
-from .._operands import count, scalar
+from .._operands import choice, count, scalar
 from ..spectral import cumulative_energy, effective_rank, factored_svd
 from .heads import ModelHeads
 from .prompt import encode_prompt, resolve_model
@@ -83,8 +83,7 @@ class WeightSpectra:
         level = scalar("level", level, positive=True)
         if level > 1:
             raise ValueError(f"level must be in (0, 1], got {level}")
-        if which not in ("ov", "qk"):
-            raise ValueError(f"which must be 'ov' or 'qk', got {which!r}")
+        choice("which", which, ("ov", "qk"), "'ov' or 'qk'")
         e = self.ov_energy if which == "ov" else self.qk_energy
         k = np.argmax(e >= level - 1e-12, axis=-1) + 1
         return np.where(e[..., -1] > 0, k, 0)

@@ -12,6 +12,7 @@ import os
 import unicodedata
 from typing import List, Optional, Tuple
 
+from .._operands import choice
 from .jsonfile import read_json_object
 
 
@@ -130,8 +131,7 @@ def tokenize(folder, text: str, *, max_length: Optional[int] = None, backend: st
     >>> tokenize(packaged_model_path(), "The cat sat.", backend="wordpiece")  # needs the models extra
     ([101, 1996, 4937, 2938, 1012, 102], ['[CLS]', 'the', 'cat', 'sat', '.', '[SEP]'])
     """
-    if backend not in ("auto", "tokenizers", "wordpiece"):
-        raise ValueError(f"backend must be 'auto', 'tokenizers' or 'wordpiece', got {backend!r}")
+    choice("backend", backend, ("auto", "tokenizers", "wordpiece"), "'auto', 'tokenizers' or 'wordpiece'")
     folder = os.fspath(folder)
     tj, vocab = os.path.join(folder, "tokenizer.json"), os.path.join(folder, "vocab.txt")
     if backend in ("auto", "tokenizers") and os.path.isfile(tj):
