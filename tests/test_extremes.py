@@ -519,3 +519,42 @@ def test_sart_image_beyond_a_float32_sinogram_is_refused():
     s = RNG.standard_normal((4, 2)).astype(np.float32)
     with pytest.raises(ValueError, match="image"):
         ag.iradon_sart(s, image=np.full((4, 4), 1e154))
+
+
+def test_factored_svd_scales_its_factors_exactly():
+    A, B = RNG.standard_normal((5, 3)), RNG.standard_normal((3, 4))
+    ref, big = ag.factored_svd(A, B), ag.factored_svd(np.ldexp(A, 900), np.ldexp(B, -1000))
+    np.testing.assert_array_equal(np.ldexp(ref.S, -100), big.S)
+    np.testing.assert_array_equal(ref.U, big.U)
+    with pytest.raises(ValueError, match="W_Q has entries up to"):  # B = W_Q W_K^T itself overflows
+        ag.parameter_nulls(np.array([[1e300]]), np.array([[1e300]]))
+
+
+def test_steady_state_and_whitening_near_the_maximum():
+    out = ag.steady_state_factor(np.array([[1.6e308]]), np.zeros((1, 1)))
+    assert out.converged and np.isfinite(out.L).all() and out.L[0, 0] == pytest.approx(math.sqrt(1.6e308))
+    with pytest.raises(ValueError, match=r"\bx has entries up to"):
+        ag.full_whitening(_near_max((5, 2, 2), np.float64))
+
+
+def test_tilt_coverage_refuses_token_factors_beyond_the_range_instead_of_hanging():
+    # A non-finite matrix can send LAPACK's SVD into an endless loop; the overflow is refused.
+    u = np.asfortranarray(_near_max((2, 3, 3, 5), np.float64))
+    with pytest.raises(ValueError, match="has entries up to"):
+        ag.tilt_coverage(u, W_K=_near_max((3, 5), np.float64, seed=1))
+
+
+def test_hessian_of_log_z_when_only_scale_squared_overflows():
+    # scale = 1e200: scale^2 alone is beyond float64, scale^2 Cov(k) with |k| ~ 1e-150 is not.
+    q, k = np.zeros((1, 2)), RNG.standard_normal((4, 2)) * 1e-150
+    grad, hess = ag.log_partition_gradient(q, k, scale=1e200, hessian=True)
+    centred = k - k.mean(0)
+    np.testing.assert_allclose(hess[0], (centred.T @ centred / 4) * 1e200 * 1e200, rtol=1e-12)
+
+
+def test_tilted_sampling_of_keys_near_the_maximum():
+    # The sketch's principal directions do not depend on the keys' scale.
+    q, k, v = RNG.standard_normal((3, 6, 4))
+    a = ag.sampled_attention(q, k, v, num_samples=8, proposal="tilted", seed=1)
+    b = ag.sampled_attention(q, np.ldexp(k, 600), v, num_samples=8, proposal="tilted", seed=1, scale=0.5 * 2.0 ** -600)
+    np.testing.assert_allclose(a.y, b.y, rtol=1e-12)

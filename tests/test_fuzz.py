@@ -337,6 +337,7 @@ NONFINITE_ALLOWED = {
     "softmax_attention": ("log Z of a fully masked row is -inf", _only_minus_inf),
     "kernel_attention": ("log Z of a fully masked row is -inf", _only_minus_inf),
     "laplace_radon_attention": ("log Z of a fully masked row is -inf", _only_minus_inf),
+    "random_feature_attention": ("log Z of a query that sees no key (causal alignment) is -inf", _only_minus_inf),
     # Z, its variance and N = Z y overflow where the partition sum is beyond float64; log_Z
     # and y are the exact fields (documented).
     "sampled_attention": ("Z, Z_variance and N overflow with the partition sum",

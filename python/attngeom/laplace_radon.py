@@ -17,6 +17,7 @@ log_partition_gradient also take (batch, pos, head, d_head) activations with ``l
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -402,9 +403,9 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
         # q.k alone passes the range though scale q.k does not: the kernel forms tau (q.k), so
         # q is scaled by 2^-e and tau by 2^e (exact): |q 2^-e| <= 1 and tau 2^e ~ scale |q|.
         e = int(np.frexp(query_max)[1])
-        check_bound(abs(scale) * 2.0 ** e, pr.dtype, "scale |q|", "rescale q or scale")
+        check_bound(math.ldexp(abs(scale), e), pr.dtype, "scale |q|", "rescale q or scale")
         pr.q = Operand(np.ldexp(pr.q.array, -e).astype(pr.dtype), pr.q.index)
-        pr.tau = Operand((pr.tau.array * pr.dtype.type(2.0 ** e)).astype(pr.dtype), pr.tau.index)
+        pr.tau = Operand(np.ldexp(pr.tau.array, e).astype(pr.dtype), pr.tau.index)
     if hessian:
         check_bound(grad_max * grad_max, pr.dtype, "scale^2 |k|^2 (the Hessian's scale)", "rescale k or scale")
     mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
@@ -412,7 +413,9 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)
     if not hessian:
         return from_bhnd(layout, grad, "v")
-    return from_bhnd(layout, (grad, pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale * scale)), "vm")
+    # scale^2 Cov as two products: scale * scale alone may overflow where the Hessian does not.
+    hess = pr.shaped(cov, pr.n_q, pr.d_k, pr.d_k) * pr.dtype.type(scale) * pr.dtype.type(scale)
+    return from_bhnd(layout, (grad, hess), "vm")
 
 
 def head_probe(k, v) -> Callable:

@@ -29,8 +29,8 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, causal_code, check_bound, check_size, count, finite_result, from_bhnd,
-                        generator, logit_scale, max_row_norm, operand, to_bhnd)
+from ._operands import (AttentionOperands, causal_code, check_bound, check_size, count, finite_result, flag,
+                        from_bhnd, generator, logit_scale, max_row_norm, operand, to_bhnd)
 from .attention import AttentionGrads
 
 
@@ -75,6 +75,7 @@ def _feature_matrix(dim, num_features, orthogonal, seed, dtype) -> np.ndarray:
     """W (num_features, dim), C-contiguous in `dtype`; read-only and cached when `seed` is an
     integer."""
     dim, m = count("dim", dim), count("num_features", num_features)
+    orthogonal = flag("orthogonal", orthogonal)
     check_size("dim, num_features", dim * max(m, dim) * 2)
     if orthogonal and -(-m // dim) > MAX_ORTHOGONAL_BLOCKS:
         raise ValueError(f"num_features = {m} in orthogonal blocks of dim = {dim} rows ask for {-(-m // dim)} QR "
@@ -160,6 +161,7 @@ def random_features(x, num_features: int, *, orthogonal: bool = True, seed=0, pe
     a = operand("x", x, "(..., n, d)")
     num_features = count("num_features", num_features)
     check_size("num_features", a.size // max(a.shape[-1], 1) * num_features)
+    per_row = flag("per_row", per_row)
     W = _feature_matrix(a.shape[-1], num_features, orthogonal, seed, a.dtype)
     return RandomFeatures(*_features(a, W, 1.0, per_row))
 

@@ -132,7 +132,11 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
         r = max(1, d_k // 2) if sketch_rank is None else count("sketch_rank", sketch_rank)
         if not 1 <= r <= d_k:
             raise ValueError(f"sketch_rank must be in [1, d_k = {d_k}], got {sketch_rank!r}")
-        centred = kf - kf.mean(-2, keepdims=True)
+        # The principal directions do not depend on the keys' scale: taken from the keys over
+        # a power of two near their largest entry, so the mean and the SVD cannot overflow.
+        big = float(np.max(np.abs(kf))) if kf.size else 0.0
+        unit = np.ldexp(kf, -int(np.frexp(big)[1])) if big > 0 else kf
+        centred = unit - unit.mean(-2, keepdims=True)
         P = np.linalg.svd(centred, full_matrices=False)[2][..., :r, :]  # (..., r, d_k)
         sketch = scale * (qf @ np.swapaxes(P, -1, -2)) @ np.swapaxes(kf @ np.swapaxes(P, -1, -2), -1, -2)
         log_probs = _log_softmax(sketch)  # (..., n_q, n_k)

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
+from ._operands import (ResultOverflow, batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
                         finite_result, flag, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
 from .subspace import Subspace
 
@@ -154,9 +154,23 @@ def factored_svd(A, B) -> SVD:
         raise ValueError(f"A (..., m, r) and B (..., r, p) must share r: got A {a.shape}, B {b.shape}")
     batch = broadcast_batch([("A", a, 2), ("B", b, 2)])
     dt = compute_dtype(a, b)
-    oa, ob = batch_operands(batch, [a, b], [2, 2], [dt, dt])
+    # Each factor whose largest entry lies beyond 2^(+-max_exponent / 4) is scaled by a power
+    # of two (exact), so the QR / SVD steps neither overflow nor lose digits to subnormals;
+    # the singular values are scaled back (and refused where they pass the float range).
+    limit, shift = np.finfo(dt).maxexp // 4, 0
+    scaled = []
+    for x in (a, b):
+        big = float(np.max(np.abs(x))) if x.size else 0.0
+        e = int(np.frexp(big)[1]) if big > 0 else 0
+        e = e if abs(e) > limit else 0
+        scaled.append(np.ldexp(x.astype(dt, copy=False), -e).astype(dt, copy=False) if e else x)
+        shift += e
+    oa, ob = batch_operands(batch, scaled, [2, 2], [dt, dt])
     total = int(np.prod(batch, dtype=np.int64))
     s, u, vh = _core.factored_svd(total, oa.array, oa.index, ob.array, ob.index, True)
+    if shift:
+        with np.errstate(over="ignore", under="ignore"):
+            s = np.ldexp(s, shift).astype(s.dtype, copy=False)
     k = s.shape[-1]
     return SVD(u.reshape(batch + (a.shape[-2], k)), s.reshape(batch + (k,)), vh.reshape(batch + (k, b.shape[-1])))
 
@@ -593,9 +607,14 @@ def _coverage_results(R, count, total, wk, rtol, eps, centered) -> list:
     if wk is not None:
         wk = np.broadcast_to(wk, (h,) + wk.shape[-2:])
         # n = W_K u: E[n n^T] = (W_K factor)(W_K factor)^T; span(N) = W_K span(U).
-        ST = np.linalg.svd(wk @ factor, compute_uv=False)
+        # (A non-finite matrix can send LAPACK's SVD into an endless loop: refused first.)
+        with np.errstate(over="ignore", invalid="ignore"):
+            token_factor, token_rows = wk @ factor, R @ np.swapaxes(wk, -1, -2)
+        if not (np.all(np.isfinite(token_factor)) and np.all(np.isfinite(token_rows))):
+            raise ResultOverflow("tilt coverage: W_K u is beyond the float range; rescale W_K")
+        ST = np.linalg.svd(token_factor, compute_uv=False)
         # span(N)^perp from the tilts' own factor: the row space of R W_K^T.
-        _, SN, VHN = np.linalg.svd(R @ np.swapaxes(wk, -1, -2), full_matrices=False)
+        _, SN, VHN = np.linalg.svd(token_rows, full_matrices=False)
         for i, res in enumerate(out):
             res.token_eigenvalues = ST[i] * ST[i]
             res.effective_dim_token = _participation(res.token_eigenvalues)

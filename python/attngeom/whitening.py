@@ -330,7 +330,7 @@ def _cholesky_blocks(Lambda0, Lambda1):
                 # M M^T beyond the float range exceeds every entry of Lambda0: not definite.
                 if not np.all(np.isfinite(schur)):
                     raise np.linalg.LinAlgError
-                L = np.linalg.cholesky((schur + schur.T) / 2)
+                L = np.linalg.cholesky(schur / 2 + schur.T / 2)  # halves first: no overflow near the maximum
             except np.linalg.LinAlgError:
                 raise ValueError(
                     f"Lambda0 and Lambda1 give a block-tridiagonal covariance model that is not positive "
@@ -460,6 +460,7 @@ def block_diagonal_factor(Lambda0):
         raise ValueError("Lambda0 is not positive definite") from None
 
 
+@finite_result
 @_fill_doc
 def full_whitening(x) -> np.ndarray:
     """The exact whitening W = Lambda_X^{-1/2} (X - mu) for small T * D (eq. 3, 10), the reference.
