@@ -1,7 +1,7 @@
 """The package's import structure (DESIGN "Layout"): no module imports another module's private
 names. Private infrastructure modules exist to be imported: the operand layer, the docstring
-fragments, the compiled core, its configuration, and the experiment drivers' shared result and
-progress helpers.
+fragments, the compiled core, its configuration, durable (atomic, checksummed) files, and the
+experiment drivers' shared result, progress and resume helpers.
 Benchmarks use the public API (and the core for their GEMM ceiling), never private helpers."""
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ INFRASTRUCTURE = {
     "attngeom._docstrings",
     "attngeom._core",
     "attngeom._config",
+    "attngeom._durable",
     "attngeom.experiments._result",
     "attngeom.experiments._progress",
+    "attngeom.experiments._resume",
 }
 
 

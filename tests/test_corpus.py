@@ -453,6 +453,94 @@ def test_worker_killed_mid_run(checkpoint, texts, reference, client, tmp_path):
     assert_same(res, reference)
 
 
+def test_worker_process_killed_from_outside(checkpoint, texts, reference, client, tmp_path):
+    # SIGKILL to one worker's process once the first partition is saved: Dask reruns its tasks
+    # on the surviving (and the restarted) worker, and the result is exact.
+    import signal
+    import threading
+    import time
+
+    pids = list(client.run(os.getpid).values())
+    out, folder = {}, tmp_path / "s"
+    thread = threading.Thread(target=lambda: out.update(res=corpus_statistics(
+        checkpoint, texts, partitions=[1] * 30 + [len(texts) - 30], batch_tokens=16, client=client, state_dir=folder)))
+    thread.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not (folder.exists() and any(f.suffix == ".pkl" for f in folder.iterdir())):
+        time.sleep(0.01)
+    os.kill(pids[0], signal.SIGKILL)
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "res" in out
+    assert_same(out["res"], reference)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker for the next tests
+
+
+def test_a_run_killed_in_a_subprocess_resumes(checkpoint, texts, reference, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "s"
+    np.save(tmp_path / "texts.npy", np.array(texts, dtype=object), allow_pickle=True)
+    code = ("import numpy as np, attngeom as ag; "
+            f"texts = list(np.load({str(tmp_path / 'texts.npy')!r}, allow_pickle=True)); "
+            f"ag.corpus_statistics({checkpoint!r}, texts, partitions=[1] * 40 + [len(texts) - 40], batch_tokens=16, "
+            f"state_dir={str(folder)!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if folder.exists() and sum(f.suffix == ".pkl" for f in folder.iterdir()) >= 5:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = sum(f.suffix == ".pkl" for f in folder.iterdir())
+    assert 5 <= saved < 41, saved  # killed mid-run, with partitions saved
+    assert_same(corpus_statistics(checkpoint, texts, partitions=[1] * 40 + [len(texts) - 40], batch_tokens=16,
+                                  state_dir=folder), reference)
+
+
+def test_damaged_partition_states_are_named_and_recomputed(checkpoint, texts, reference, tmp_path):
+    folder = tmp_path / "s"
+    corpus_statistics(checkpoint, texts, partitions=6, state_dir=folder)
+    flipped, cut = folder / "partition_000002.pkl", folder / "partition_000004.pkl"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one bit, in place
+    flipped.write_bytes(bytes(data))
+    cut.write_bytes(cut.read_bytes()[:100])  # truncated
+    calls = []
+    real = corpus_run.partition_states
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus_run, "partition_states", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+        with pytest.warns(RuntimeWarning, match=r"partition 2 cannot be used .*digest") as record:
+            res = corpus_statistics(checkpoint, texts, partitions=6, state_dir=folder)
+    assert any("partition 4" in str(w.message) for w in record)
+    assert len(calls) == 2  # exactly the two damaged partitions ran again
+    assert_same(res, reference)
+
+
+def test_a_second_run_on_one_state_folder_is_refused(checkpoint, texts, tmp_path):
+    folder = tmp_path / "s"
+    holder = corpus_run._StateFolder(str(folder), "fingerprint")  # a run in progress holds the lock
+    try:
+        with pytest.raises(ValueError, match=r"state_dir .* is in use by another corpus run \(process \d+\)"):
+            corpus_statistics(checkpoint, texts, partitions=6, state_dir=folder)
+        from attngeom import cli
+
+        assert cli.main(["corpus", checkpoint, "--corpus", _corpus_file(tmp_path), "--state", str(folder),
+                         "--out", str(tmp_path / "r")]) == 2
+    finally:
+        holder.close()
+    corpus_statistics(checkpoint, texts[:10], partitions=2, state_dir=tmp_path / "t")  # released: usable
+
+
+def _corpus_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("one text here\n\nand another one\n")
+    return str(path)
+
+
 # -- the command line --------------------------------------------------------------------------
 def test_cli_corpus(checkpoint, tmp_path, capsys, client):
     pytest.importorskip("matplotlib")

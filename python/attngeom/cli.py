@@ -133,18 +133,25 @@ def _publish(staging: str, final: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_folder(final: str, marker: str, write) -> None:
+def _write_folder(final: str, marker: str, write, *, staging: str = None, keep=None) -> None:
     """`write(folder)` into a staging folder, then published as `final`; the staging folder is
-    removed when writing fails (a full disk, an interrupt), so `final` is never half-written."""
+    removed when writing fails (a full disk, an interrupt), so `final` is never half-written.
+
+    `staging` continues an earlier staging folder instead of a new one; `keep(staging)` is
+    called when writing fails and, returning True, keeps the folder (a resumable run's saved
+    states) instead of removing it."""
     final = os.path.abspath(final)
     if os.path.dirname(final) == final:
         raise ValueError(f"--out {final!r} is the root of the file system, not an output folder")
-    staging = _stage(final, marker)
+    staging = staging or _stage(final, marker)
+    published = False
     try:
         write(staging)
         _publish(staging, final)
+        published = True
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not published and not (keep is not None and keep(staging)):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _new_run_folder(out: str, name: str) -> str:
@@ -159,32 +166,82 @@ def _new_run_folder(out: str, name: str) -> str:
     return folder
 
 
-def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, quiet=False) -> str:
+_RESUME = "resume.json"  # in the staging folder of a resumable run: the experiment and its run folder
+_STATE = "state"  # the runs' saved states, inside that staging folder
+
+
+def _resumable(run) -> bool:
+    """Whether an experiment's run function saves states it can continue from (``state_dir=``)."""
+    import inspect
+
+    return "state_dir" in inspect.signature(run).parameters
+
+
+def _resume_point(name, resume: str):
+    """(name, config values, final folder) of the interrupted run whose staging folder is
+    `resume`; ValueError naming --resume when it is not one."""
+    record = os.path.join(resume, _RESUME)
+    if not os.path.isfile(record):
+        raise ValueError(f"--resume {resume!r} is not the folder of an interrupted run (no {_RESUME}); an interrupted "
+                         f"run leaves a hidden folder '.<run>.<random>{_PARTIAL}' next to its run folder")
+    with open(record) as f:
+        info = json.load(f)
+    with open(os.path.join(resume, "config.json")) as f:
+        values = json.load(f)
+    if name is not None and name != info["experiment"]:
+        raise ValueError(f"--resume {resume!r} is an interrupted {info['experiment']!r} run, not {name!r}")
+    return info["experiment"], values, info["final"]
+
+
+def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, quiet=False, resume=None) -> str:
     """Run experiment `name` and write its run folder; returns the folder's path.
 
     The config and the output location are checked before the experiment runs (ValueError
     naming the field or the folder); the folder appears only once everything is written.
     `folder` (the run folder itself) overrides `out` (its parent); an existing `folder` is
     replaced when it is empty or an earlier run folder.
+
+    Experiments that train (training, induction) save each run's state in the hidden staging
+    folder as they go; when such a run is interrupted (an exception, Ctrl-C, or the process
+    killed) that folder stays, and ``resume=<staging folder>`` (``attngeom run NAME --resume
+    FOLDER``) continues it with its own config to the result an uninterrupted run gives
+    (`seed` and `overrides` are then not allowed: the saved config is the run's).
     """
     from .experiments import EXPERIMENTS
     from .experiments._result import check_config
 
+    staging = None
+    if resume is not None:
+        if seed is not None or overrides:
+            raise ValueError("--resume continues a run with its saved config: --seed and --set are not allowed")
+        staging = os.path.abspath(resume)
+        name, values, folder = _resume_point(name, staging)
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; try: {', '.join(EXPERIMENTS)}")
     config_cls, run = EXPERIMENTS[name]
-    values = dict(overrides or {})
-    if seed is not None:
-        values["seed"] = seed
+    if resume is None:
+        values = dict(overrides or {})
+        if seed is not None:
+            values["seed"] = seed
     config = config_cls(**values)
     check_config(config)
     if folder is None:
         folder = _new_run_folder(out, name)
+    resumable = _resumable(run)
     written = {}
 
     def write(staging):
         t0 = time.perf_counter()
-        result = run(config)
+        if resumable:  # what --resume needs, before the first state is saved
+            with open(os.path.join(staging, "config.json"), "w") as f:
+                json.dump(dataclasses.asdict(config), f, indent=2)
+            with open(os.path.join(staging, _RESUME), "w") as f:
+                json.dump({"experiment": name, "final": os.path.abspath(folder)}, f, indent=2)
+            result = run(config, state_dir=os.path.join(staging, _STATE))
+            shutil.rmtree(os.path.join(staging, _STATE), ignore_errors=True)
+            os.remove(os.path.join(staging, _RESUME))
+        else:
+            result = run(config)
         written["elapsed"] = time.perf_counter() - t0
         with open(os.path.join(staging, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=2)
@@ -200,7 +257,14 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
             save_artifacts(staging)
         result.to_json(os.path.join(staging, "summary.json"))  # last: the run's marker
 
-    _write_folder(folder, "summary.json", write)
+    def keep(staging):
+        if resumable and os.path.isdir(os.path.join(staging, _STATE)):
+            print(f"attngeom run {name}: interrupted; `attngeom run {name} --resume {staging}` continues it from "
+                  "the last saved state", file=sys.stderr)
+            return True
+        return False
+
+    _write_folder(folder, "summary.json", write, staging=staging, keep=keep)
     if not quiet:
         names = written["figures"]
         print(f"{name} ({written['elapsed']:.1f} s), seed {config.seed}")
@@ -216,7 +280,7 @@ def _run(args) -> int:
     if args.experiment not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {args.experiment!r}; try: {', '.join(EXPERIMENTS)}")
     overrides = _parse_sets(EXPERIMENTS[args.experiment][0], args.set)
-    run_experiment(args.experiment, out=args.out, seed=args.seed, overrides=overrides)
+    run_experiment(args.experiment, out=args.out, seed=args.seed, overrides=overrides, resume=args.resume)
     return 0
 
 
@@ -356,11 +420,7 @@ def _heads(args) -> int:
           f"W_OV effective rank {mean['ov_effective_rank']:.2f}, ker B dim {mean['ker_B_dim']:.0f}"
           + (f", routing effective rank {mean['routing_effective_rank_mean']:.2f}, tilt effective dim "
              f"{mean['tilt_effective_dim']:.2f}" if "routing_effective_rank_mean" in mean else ""))
-    layers = report.layer_means()
-    keys = [k for k in layers[0] if k != "layer"]
-    print("per layer, mean over heads:\n  layer " + " ".join(f"{k[:14]:>14}" for k in keys))
-    for row in layers:
-        print(f"  {row['layer']:5d} " + " ".join(f"{row[k]:14.3g}" for k in keys))
+    print(layer_table(report.layer_means()))
     if report.effects is not None:
         ranked = sorted(report.effects.heads.table(), key=lambda r: r["rank"])[:5]
         print(f"causal effects ({report.effects.n_tokens} tokens, baseline loss {report.effects.heads.baseline:.4g}): "
@@ -476,7 +536,21 @@ _SPLIT = dict(choices=("paragraph", "line"), default="paragraph",
                    "of a paragraph are joined) or 'line' (one text per non-empty line)")
 
 
-def main(argv=None) -> int:
+def layer_table(layers: list, width: int = 12) -> str:
+    """Per-layer means as text, one quantity per row with its full name and the layers as
+    columns (at most `width` layers to a block), so no name is cut to a column's width."""
+    keys = [k for k in layers[0] if k != "layer"]
+    name = max(len(k) for k in keys)
+    lines = ["per layer, mean over heads:"]
+    for start in range(0, len(layers), width):
+        block = layers[start:start + width]
+        lines.append(f"  {'layer':<{name}} " + " ".join(f"{r['layer']:>9d}" for r in block))
+        lines += [f"  {k:<{name}} " + " ".join(f"{r[k]:9.3g}" for r in block) for k in keys]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (``attngeom run | list | report | demo | heads | corpus | config``)."""
     parser = argparse.ArgumentParser(prog="attngeom", description="The geometry of attention.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run a synthetic experiment into a run folder")
@@ -484,6 +558,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default="runs", help="parent directory of the run folder (default runs)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--resume", default=None, metavar="FOLDER",
+                   help="continue an interrupted training or induction run from its hidden '.<run>.<random>.partial' "
+                        "folder (its saved config; the result equals an uninterrupted run's)")
     p.set_defaults(func=_run)
     p = sub.add_parser("list", help="list the experiments")
     p.set_defaults(func=_list)
@@ -534,7 +611,11 @@ def main(argv=None) -> int:
     p.set_defaults(func=_corpus)
     p = sub.add_parser("config", help="print the build configuration")
     p.set_defaults(func=_config)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, OSError) as exc:  # misuse, unreadable input, unwritable output: one line, no traceback

@@ -23,10 +23,12 @@ import hashlib
 import json
 import os
 import pickle
+import warnings
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .._durable import DamagedFile, read_checked, write_checked
 from .._operands import float_dtype
 from .cumulants import CumulantStatistic
 from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
@@ -143,30 +145,58 @@ def _fingerprint(path: str, ids, protos, bounds, batch_tokens, dtype) -> str:
 
 
 class _StateFolder:
-    """Per-partition pickled states under a folder, valid for one run's fingerprint."""
+    """Per-partition pickled states under a folder, valid for one run's fingerprint.
+
+    Each state file is written whole or not at all, with its digest (:mod:`attngeom._durable`):
+    a damaged one is named in a warning and its partition recomputed. One run at a time: the
+    folder is locked (``flock`` on ``lock``) until :meth:`close`, and a second run on it is
+    refused with a one-line error instead of both writing the same files."""
 
     def __init__(self, folder: Optional[str], fingerprint: str):
         self.folder = None if folder is None else os.fspath(folder)
+        self._lock = None
         if self.folder is None:
             return
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise ValueError(f"state_dir {self.folder!r} exists and is not a folder")
         os.makedirs(self.folder, exist_ok=True)
+        self._acquire()
         manifest = os.path.join(self.folder, "manifest.json")
         if os.path.exists(manifest):
             with open(manifest) as f:
                 if json.load(f).get("fingerprint") != fingerprint:
+                    self.close()
                     raise ValueError(f"state_dir {self.folder!r} holds the states of another run (other texts, model, "
                                      "statistics or partitions); choose a new folder")
         else:
-            self._atomic(manifest, json.dumps({"fingerprint": fingerprint}).encode())
+            tmp = f"{manifest}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"fingerprint": fingerprint}, f)
+            os.replace(tmp, manifest)
 
-    @staticmethod
-    def _atomic(path: str, data: bytes) -> None:
-        tmp = f"{path}.{os.getpid()}.partial"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+    def _acquire(self) -> None:
+        import fcntl
+
+        lock = open(os.path.join(self.folder, "lock"), "a+")
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise ValueError(f"state_dir {self.folder!r} is in use by another corpus run ({holder}); wait for it to "
+                             "finish or choose another folder") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()}")
+        lock.flush()
+        self._lock = lock
+
+    def close(self) -> None:
+        """Release the folder's lock (also released when the process ends)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _path(self, i: int) -> str:
         return os.path.join(self.folder, f"partition_{i:06d}.pkl")
@@ -175,14 +205,20 @@ class _StateFolder:
         return self.folder is not None and os.path.exists(self._path(i))
 
     def load(self, i: int):
+        """Partition i's saved states, or None (not saved, or damaged: then recomputed)."""
         if not self.has(i):
             return None
-        with open(self._path(i), "rb") as f:
-            return pickle.load(f)
+        try:
+            return pickle.loads(read_checked(self._path(i)))
+        except (DamagedFile, pickle.UnpicklingError, EOFError) as exc:
+            warnings.warn(f"state_dir: the saved states of partition {i} cannot be used ({exc}); partition {i} is "
+                          "recomputed", RuntimeWarning, stacklevel=2)
+            os.remove(self._path(i))
+            return None
 
     def save(self, i: int, states) -> None:
         if self.folder is not None:
-            self._atomic(self._path(i), pickle.dumps(states))
+            write_checked(self._path(i), pickle.dumps(states))
 
 
 def _progress_bar(progress, total: int, done: int):
@@ -244,7 +280,10 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         workers without it (config ``distributed.worker.profile.enabled: False``).
     state_dir : str or path-like, optional
         Save every finished partition's states here; a rerun with the same arguments loads
-        them and only runs the partitions that are missing (resume after an interruption).
+        them and only runs the partitions that are missing (resume after an interruption or
+        a killed process). Each file is written atomically with its SHA-256 digest: a damaged
+        one is named in a RuntimeWarning and its partition recomputed. The folder is locked
+        while a run uses it: a second run on it raises ValueError.
     progress : bool, default False
         A tqdm progress bar over partitions.
     dtype : {np.float64, np.float32}, default np.float64
@@ -322,6 +361,7 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         else:
             merged = _on_cluster(client, str(path), ids, bounds, protos, batch_tokens, dt, folder, bar, workers)
     finally:
+        folder.close()
         if bar is not None:
             bar.close()
     a = m.arch

@@ -45,6 +45,7 @@ from typing import List, Optional
 import numpy as np
 
 from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._resume import RunState, checkpoint_due
 from .training import TrainingConfig, load_corpus, make_optimizer, parallel_runs, train_step
 
 
@@ -81,6 +82,7 @@ class InductionConfig(ExperimentConfig):
     threads: int = 1  # torch and attngeom threads per run
     workers: int = 2  # runs trained at once in worker processes; results do not depend on it
     checkpoints: bool = True  # keep every evaluation's weights for the run folder
+    checkpoint_every: int = 100  # iterations between a run's saved states, for resuming (and at the end)
 
 
 def _arms(layers: str) -> List[int]:
@@ -212,19 +214,25 @@ def measure(model, probes: dict, config: InductionConfig) -> dict:
 
 
 def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab: List[str], probes: dict,
-         eval_points: np.ndarray):
-    """One run: trains, and at every evaluation saves a checkpoint and measures it."""
+         eval_points: np.ndarray, state_dir: Optional[str] = None):
+    """One run: trains, and at every evaluation saves a checkpoint and measures it. With
+    `state_dir` it saves its state there every c.checkpoint_every iterations and at the end,
+    and continues from a state found there (:mod:`attngeom.experiments._resume`)."""
     import torch
 
     from ..models import load_model
     from ..torch.gpt import GPT, save_checkpoint
 
+    def new_model():
+        return GPT(len(vocab), c.d_model, n_layers, c.n_heads, c.context, mlp=False, positions=c.positions)
+
     torch.manual_seed(seed)
-    model = GPT(len(vocab), c.d_model, n_layers, c.n_heads, c.context, mlp=False, positions=c.positions)
+    model = new_model()
     opt = make_optimizer(model, c)
     rng = np.random.default_rng(seed)
     records, snapshots, train_loss = [], [], np.full(len(eval_points), np.nan)
     running, count, e = 0.0, 0, 0
+    state = RunState(state_dir, f"{n_layers}layer_seed{seed}")
     with tempfile.TemporaryDirectory() as tmp:
         def evaluate(k):
             model.eval()
@@ -235,15 +243,34 @@ def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab:
             model.train()
             train_loss[k] = running / count if count else np.nan
 
-        evaluate(0)
-        e = 1
-        for it in range(c.iterations):
+        saved = state.load()
+        if saved is None:
+            start = 0
+            evaluate(0)
+            e = 1
+        else:  # every input of the next iteration as it was: the rest runs bit for bit as uninterrupted
+            start = saved["iteration"]
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+            rng.bit_generator.state = saved["rng"]
+            torch.set_rng_state(saved["torch_rng"])
+            records, train_loss = saved["records"], saved["train_loss"]
+            running, count, e = saved["counters"]
+            for weights in saved["snapshots"]:
+                snapshots.append(new_model())
+                snapshots[-1].load_state_dict(weights)
+        for it in range(start, c.iterations):
             xy = torch.from_numpy(_batch(rng, train, c, len(vocab)))
             value = train_step(model, opt, xy, c, it, f"{n_layers}-layer run, seed {seed}")
             running, count = running + value, count + 1
             if e < len(eval_points) and it + 1 == eval_points[e]:
                 evaluate(e)
                 running, count, e = 0.0, 0, e + 1
+            if checkpoint_due(it, c):
+                state.save({"iteration": it + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                            "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "records": records,
+                            "train_loss": train_loss, "counters": (running, count, e),
+                            "snapshots": [m.state_dict() for m in snapshots]})
     return records, train_loss, snapshots
 
 
@@ -438,9 +465,12 @@ class InductionResult(ExperimentResult):
         return paths
 
 
-def run_induction(config: InductionConfig = InductionConfig()) -> InductionResult:
+def run_induction(config: InductionConfig = InductionConfig(), *, state_dir: Optional[str] = None) -> InductionResult:
     """Train the attention-only arms over ``config.seeds`` seeds and measure every evaluation
     (module docstring). Deterministic given the config and the thread count. Needs PyTorch.
+    With `state_dir` every run saves its state there every ``config.checkpoint_every``
+    iterations, and a call with the same config and folder after an interruption continues
+    each run to the same result, bit for bit (``attngeom run induction --resume``).
 
     Example: ``res = run_induction(InductionConfig(iterations=300, seeds=1))``
     """
@@ -468,7 +498,7 @@ def run_induction(config: InductionConfig = InductionConfig()) -> InductionResul
         eval_points = np.unique(np.r_[0, np.arange(c.eval_every, c.iterations + 1, c.eval_every), c.iterations])
         arms = [f"{n}layer" for n in counts]
         jobs = [(s, n) for s in range(c.seeds) for n in counts]
-        runs = [(n, c.seed + s, c, corpus.train, corpus.vocab, probes, eval_points) for s, n in jobs]
+        runs = [(n, c.seed + s, c, corpus.train, corpus.vocab, probes, eval_points, state_dir) for s, n in jobs]
         curves = {arm: {} for arm in arms}
         models = {arm: [None] * c.seeds for arm in arms}
         outputs = parallel_runs(_run, runs, c, lambda run, out: f"{run[0]} layers, seed {run[1]}: ICL "

@@ -40,6 +40,7 @@ from .. import plotting
 from ..whitening import stationarity, whiteness
 from ._progress import progress
 from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._resume import RunState, checkpoint_due
 
 # Table 1 and 2 of seed 004 (s.5): arm -> (parameters, final MCE loss, perplexity, minutes)
 PAPER_TABLE_1 = {"standard": (1.62e6, 1.39, 4.00, 57.0), "whitened": (1.88e6, 1.16, 3.18, 457.0),
@@ -92,6 +93,7 @@ class TrainingConfig(ExperimentConfig):
     threads: int = 1  # torch and attngeom threads per run (at this size one thread is robust on a shared machine)
     workers: int = 2  # runs (arm, seed) trained at once in worker processes; results do not depend on it
     checkpoints: bool = True  # keep each run's final weights for the run folder
+    checkpoint_every: int = 100  # iterations between a run's saved states, for resuming (and at the end)
 
 
 # -- corpora ------------------------------------------------------------------------------------------
@@ -876,8 +878,10 @@ def _windows(ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
 
 
 def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, setup: dict, val_x, val_y,
-               geo_x, eval_points: np.ndarray):
-    """One run: returns the curves (n_eval,) and the trained model."""
+               geo_x, eval_points: np.ndarray, state_dir: Optional[str] = None):
+    """One run: returns the curves (n_eval,) and the trained model. With `state_dir` it saves
+    its state there every config.checkpoint_every iterations and at the end, and continues
+    from a state found there (:mod:`attngeom.experiments._resume`)."""
     import torch
 
     from ..torch.gpt import GPT
@@ -919,11 +923,29 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
         curves["train_loss"][k] = running / count if count else np.nan
         curves["train_time"][k] = elapsed
 
-    evaluate(0)
-    e = 1
+    state = RunState(state_dir, f"{arm}_seed{seed}")
+    saved = state.load()
+    if saved is None:
+        start = 0
+        evaluate(0)
+        e = 1
+    else:  # every input of the next iteration as it was: the rest runs bit for bit as uninterrupted
+        start = saved["iteration"]
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        rng.bit_generator.state = saved["rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        curves, geo = saved["curves"], saved["geo"]
+        elapsed, running, count, e = saved["counters"]
+
+    def save(it):
+        state.save({"iteration": it + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "curves": curves,
+                    "geo": geo, "counters": (elapsed, running, count, e)})
+
     # In a worker process the parent's bar reports the runs (two bars on one terminal garble it).
-    bar = range(c.iterations) if _IN_WORKER else progress(range(c.iterations), desc=f"{arm} seed {seed}",
-                                                          total=c.iterations)
+    bar = range(start, c.iterations) if _IN_WORKER else progress(range(start, c.iterations), desc=f"{arm} seed {seed}",
+                                                                 total=c.iterations - start)
     for it in bar:
         starts = rng.integers(0, len(corpus.train) - c.context - 1, size=batch)
         xy = torch.from_numpy(_windows(corpus.train, starts, c.context + 1))
@@ -936,6 +958,8 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
             if hasattr(bar, "set_postfix_str"):
                 bar.set_postfix_str(f"train {running / count:.3f} val {curves['val_loss'][e]:.3f}")
             running, count, e = 0.0, 0, e + 1
+        if checkpoint_due(it, c):
+            save(it)
     return curves, geo, model
 
 
@@ -1027,11 +1051,14 @@ def _check(config: TrainingConfig) -> List[str]:
     return arms
 
 
-def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
+def run_training(config: TrainingConfig = TrainingConfig(), *, state_dir: Optional[str] = None) -> TrainingResult:
     """Train every arm over ``config.seeds`` seeds and measure Fig. 3-4 and Tables 1-3 of seed 004.
 
     Deterministic given the config and the thread count (the losses, accuracies and the
-    whiteness series; the timings are wall-clock). Needs PyTorch.
+    whiteness series; the timings are wall-clock). Needs PyTorch. With `state_dir` every run
+    saves its state there every ``config.checkpoint_every`` iterations, and a call with the
+    same config and folder after an interruption continues each run from its last state to
+    the same final weights and measurements, bit for bit (``attngeom run training --resume``).
 
     Example: ``res = run_training(TrainingConfig(corpus="markov", iterations=200, seeds=1))``
     """
@@ -1072,7 +1099,8 @@ def run_training(config: TrainingConfig = TrainingConfig()) -> TrainingResult:
         results = {k: {arm: np.empty((c.seeds, len(eval_points))) for arm in arms} for k in names}
         geometry, models = {}, {arm: [] for arm in arms}
         jobs = [(s, arm) for s in range(c.seeds) for arm in arms]  # seeds outermost, as a partial run wants
-        runs = [(arm, c.seed + s, c, corpus, setup[arm], val_x, val_y, geo_x, eval_points) for s, arm in jobs]
+        runs = [(arm, c.seed + s, c, corpus, setup[arm], val_x, val_y, geo_x, eval_points, state_dir)
+                for s, arm in jobs]
         # the bar's note: the finished run's last validation loss
         outputs = parallel_runs(_train_run, runs, c, lambda run, out: f"{run[0]} seed {run[1]}: val "
                                                                          f"{out[0]['val_loss'][-1]:.3f}")
