@@ -558,3 +558,21 @@ def test_tilted_sampling_of_keys_near_the_maximum():
     a = ag.sampled_attention(q, k, v, num_samples=8, proposal="tilted", seed=1)
     b = ag.sampled_attention(q, np.ldexp(k, 600), v, num_samples=8, proposal="tilted", seed=1, scale=0.5 * 2.0 ** -600)
     np.testing.assert_allclose(a.y, b.y, rtol=1e-12)
+
+
+def test_scale_zero_gives_zero_gradient_and_hessian_whatever_the_keys():
+    # scale 0: uniform weights, gradient scale E[k] = 0 and Hessian scale^2 Cov(k) = 0 exactly,
+    # even where Cov(k) itself is beyond float32.
+    q, k = _near_max((3, 4), np.float32), _near_max((4, 4), np.float32, seed=1)
+    grad, hess = ag.log_partition_gradient(q, k, scale=0.0, hessian=True)
+    assert grad.shape == (3, 4) and hess.shape == (3, 4, 4) and not grad.any() and not hess.any()
+
+
+def test_flag_and_choice_arguments_of_the_readers_and_tomography(tmp_path):
+    with pytest.raises(TypeError, match="circle must be True or False"):
+        ag.iradon(np.ones((5, 2)), circle=np.ones((0, 0, 4, 4)))
+    with pytest.raises(TypeError, match="circle must be True or False"):
+        ag.radon(np.ones((4, 4)), circle=np.array([1.0]))
+    path = ag.models.write_safetensors(str(tmp_path / "t.safetensors"), {"x": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="backend must be 'auto', 'package' or 'python'"):
+        ag.models.read_safetensors(path, backend=np.ones((4, 0, 3)))

@@ -401,13 +401,19 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
     query_max, limit = max_row_norm(pr.q.array), float(np.finfo(pr.dtype).max)
     if not query_max * key_max <= limit:
         # q.k alone passes the range though scale q.k does not: the kernel forms tau (q.k), so
-        # q is scaled by 2^-e and tau by 2^e (exact): |q 2^-e| <= 1 and tau 2^e ~ scale |q|.
-        e = int(np.frexp(query_max)[1])
+        # q is scaled by 2^-e and tau by 2^e (exact), e the smallest power that brings |q| |k|
+        # to half the range; then tau 2^e <= 2 scale |q| |k| / limit <= 2.
+        e = int(math.ceil(math.log2(query_max) + math.log2(key_max) - math.log2(limit))) + 1
         check_bound(math.ldexp(abs(scale), e), pr.dtype, "scale |q|", "rescale q or scale")
         pr.q = Operand(np.ldexp(pr.q.array, -e).astype(pr.dtype), pr.q.index)
         pr.tau = Operand(np.ldexp(pr.tau.array, e).astype(pr.dtype), pr.tau.index)
     if hessian:
         check_bound(grad_max * grad_max, pr.dtype, "scale^2 |k|^2 (the Hessian's scale)", "rescale k or scale")
+    if scale == 0:  # the gradient scale E[k] and the Hessian scale^2 Cov(k) are exactly 0, whatever k holds
+        grad = np.zeros(pr.batch_shape + (pr.n_q, pr.d_k), pr.dtype)
+        if not hessian:
+            return from_bhnd(layout, grad, "v")
+        return from_bhnd(layout, (grad, np.zeros(grad.shape + (pr.d_k,), pr.dtype)), "vm")
     mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                         pr.k.index, "exp", {}, bool(hessian))
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)

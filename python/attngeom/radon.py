@@ -27,7 +27,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import ResultOverflow, check_finite, choice, check_size, count, operand, real_array, scalar, sequence
+from ._operands import (ResultOverflow, check_finite, check_size, choice, count, flag, operand, real_array, scalar,
+                        sequence)
 
 #: The most pixel updates iradon_sart runs: iterations * n_angles * (detectors^2 + 128).
 MAX_SART_UPDATES = 2 ** 35
@@ -220,6 +221,7 @@ def radon(image, theta=None, *, circle: bool = True) -> np.ndarray:
     """
     img = operand("image", image, "(M, N)", ndim=2, contiguous=True)
     th = _theta(theta, None, True)
+    circle = flag("circle", circle)
     if circle:
         m = min(img.shape)
         starts = [int(math.ceil((s - m) / 2)) for s in img.shape]
@@ -359,6 +361,7 @@ def iradon(sinogram, theta=None, *, output_size: Optional[int] = None, filter: O
     s = operand("sinogram", sinogram, "(detectors, angles)", ndim=2, contiguous=True)
     th = _theta(theta, s.shape[1], False)
     choice("filter", filter, FILTERS)
+    circle = flag("circle", circle)
     detectors = s.shape[0]
     if detectors < 2:
         raise ValueError(f"sinogram must have at least 2 detectors, got shape {s.shape}")

@@ -31,6 +31,8 @@ from typing import Dict, Iterable, Optional
 
 import numpy as np
 
+from .._operands import choice
+
 # safetensors dtype codes -> NumPy dtypes of the stored data (little-endian).
 _DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -324,8 +326,7 @@ class SafetensorsFile:
     """
 
     def __init__(self, path, *, backend: str = "auto"):
-        if backend not in ("auto", "package", "python"):
-            raise ValueError(f"backend must be 'auto', 'package' or 'python', got {backend!r}")
+        choice("backend", backend, ("auto", "package", "python"), "'auto', 'package' or 'python'")
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise ValueError(f"path must be an existing safetensors file, got {self.path!r}")
