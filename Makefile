@@ -17,19 +17,37 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
+# The build folder of make's environments, apart from the one `pip install .` uses
+# (build/<wheel tag>): each keeps its CMake cache pointing at its own pybind11 and Eigen, so
+# neither recompiles the core because the other ran.
+MAKE_BUILD := build/make
+# The versions make installs where the extras give only lower bounds (the torch file on disk
+# instead of the newest release), so test runs are reproducible.
+CONSTRAINTS := -c constraints.txt
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: demo test bench docs notebooks sanitize clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet $(BUILD_DEPS)
+	$(PIP) install --quiet $(CONSTRAINTS) $(BUILD_DEPS)
 	touch $@
 
-# One stamp per set of extras; the build directory persists, so a rebuild only
-# recompiles what changed.
+# One stamp per set of extras; the build directory persists, so a rebuild only recompiles
+# what changed. The compiler's progress ([done/total] per file) is shown, the rest of the
+# build log goes to $(MAKE_BUILD)/build.log (its end is printed if the build fails).
 $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
-	$(PIP) install --quiet --no-build-isolation \
-	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]"
+	@mkdir -p $(MAKE_BUILD)
+	@echo "attngeom: building the C++ core into $(MAKE_BUILD) and installing '.[$*]' into $(VENV)"
+	@echo "attngeom: the first build compiles about 50 files (3 instruction-set levels): about 10 minutes on 2 cores"
+	@$(PIP) install -v $(CONSTRAINTS) --no-build-isolation -Cbuild-dir=$(MAKE_BUILD) \
+	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]" > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
+	  shown=0; while kill -0 $$pid 2>/dev/null; do sleep 2; \
+	    grep -aoE '\[[0-9]+/[0-9]+\] [A-Za-z].*' $(MAKE_BUILD)/build.log | tail -n +$$((shown + 1)) | \
+	      sed -E 's|CMakeFiles/_core_([a-z0-9]+)\.dir/cpp/|\1: |' ; \
+	    shown=$$(grep -acE '\[[0-9]+/[0-9]+\] [A-Za-z]' $(MAKE_BUILD)/build.log); done; \
+	  wait $$pid || { tail -n 40 $(MAKE_BUILD)/build.log; echo "attngeom: the build failed; the log is $(MAKE_BUILD)/build.log"; exit 1; }
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -45,7 +63,7 @@ test: $(VENV)/.installed-$(NATIVE)-test,models
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed: $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install --quiet -Cbuild-dir= ".[bench]"
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(CONSTRAINTS) -Cbuild-dir= ".[bench]"
 	touch $@
 
 bench: $(BENCH_VENV)/.installed

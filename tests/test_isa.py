@@ -131,8 +131,9 @@ def test_use_level_rejects_unsupported():
 
 
 def test_baseline_only_concepts_come_from_the_baseline():
-    # The AVX2 / AVX-512 modules hold the hot kernels only; spectra and the inverse Laplace
-    # solvers are compiled once, into the baseline module, and re-exported at every level.
+    # The AVX2 / AVX-512 modules hold the hot kernels only; spectra, the inverse Laplace
+    # solvers, the Radon projector and the network Jacobians are compiled once, into the
+    # baseline module, and re-exported at every level.
     wide = [level for level in ("avx2", "avx512") if level in _core.SUPPORTED]
     if not wide:
         pytest.skip("no AVX2 / AVX-512 level compiled here")
@@ -141,9 +142,10 @@ def test_baseline_only_concepts_come_from_the_baseline():
     baseline = importlib.import_module("attngeom._core_baseline")
     for level in wide:
         module = importlib.import_module(f"attngeom._core_{level}")
-        assert not hasattr(module, "factored_svd") and not hasattr(module, "matrix_pencil")
+        cold = ("factored_svd", "matrix_pencil", "radon_forward", "sart", "network_jacobian")
+        assert not any(hasattr(module, name) for name in cold)
         assert hasattr(module, "softmax_attention")
         with _core.use_level(level):
-            assert _core.factored_svd is baseline.factored_svd
-            assert _core.matrix_pencil is baseline.matrix_pencil
+            for name in cold:
+                assert getattr(_core, name) is getattr(baseline, name)
             assert _core.softmax_attention is module.softmax_attention

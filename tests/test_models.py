@@ -634,6 +634,42 @@ def test_report_over_several_texts(tmp_path, rng):
     assert "<script>" in page and "http" not in page and "w6" in page and "<th title=" in page
 
 
+def test_report_says_one_thing_once(tmp_path, rng):
+    """The report's title names the model; a field equal for every head is stated once above
+    the heads table, not as a column; the detail figure's tilt number has its own name (it is
+    not the table's tilt_effective_dim); the console table prints every field's full name."""
+    pytest.importorskip("matplotlib")
+    from attngeom.cli import layer_table
+    from attngeom.models import model_name
+    from attngeom.models.report import constant_fields
+
+    t = raw_model("gpt2", rng, 2, 2, 8, 4)
+    H = ag.load_heads(write_model(tmp_path / "gpt2-tiny" / "model", t), n_heads=2)
+    assert H.summary()["name"] == "gpt2-tiny/model"  # a folder called "model" gets its parent's name
+    xs = [rng.standard_normal((2, n, 8)) for n in (5, 7)]
+    r = head_report(H, xs, chosen=[(1, 0)])
+    rows = r.table()
+    constant = constant_fields(rows)
+    assert constant and all(all(row[k] == v for row in rows) for k, v in constant.items())
+    assert "bilinear_effective_rank" not in constant  # it varies between heads
+    r.save(tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<h1>attngeom heads: gpt2-tiny/model</h1>" in page
+    assert "The same for every head: " in page
+    heads_table = page.split("<h2>Heads</h2>")[1].split("</table>")[0]
+    for key in constant:
+        assert f">{key}</th>" not in heads_table and f">{key} " in page
+    assert "# Heads report: gpt2-tiny/model" in (tmp_path / "out" / "summary.md").read_text()
+    titles = [ax.get_title() for ax in r.plot_laplace_radon(1, 0).axes]
+    assert any("centred Cov(u), tokens pooled: participation" in t for t in titles)
+    assert not any("dim" in t and "eff" in t for t in titles)
+    assert "detail figures' 'centred Cov(u), tokens pooled' is another quantity" in r.fields()["tilt_effective_dim"]
+    text = layer_table(r.layer_means())
+    assert all(key in text for key in r.layer_means()[0])  # full names, never cut to a column
+    assert len(layer_table([{"layer": i, "x": 1.0} for i in range(30)]).splitlines()) == 1 + 3 * 2
+    assert model_name(tmp_path / "runs" / "abc123" / "checkpoint") == "abc123/checkpoint"
+
+
 def test_report_inputs_and_dataframe(tmp_path, rng, monkeypatch):
     t = raw_model("gpt2", rng, 2, 2, 8, 4)
     H = ag.load_heads(write_model(tmp_path / "m", t), n_heads=2)

@@ -1,7 +1,7 @@
 // The extension module attngeom._core_<level> (one per instruction-set level, same sources):
 // one bind_<concept> per bindings file. attngeom/_core.py imports the best level. The AVX2
-// and AVX-512 modules (ATTNGEOM_HOT_ONLY) leave out spectral and inverse, which _core.py
-// takes from the baseline module (see CMakeLists.txt).
+// and AVX-512 modules (ATTNGEOM_HOT_ONLY) leave out spectral, inverse, radon and dimension,
+// which _core.py takes from the baseline module (see CMakeLists.txt).
 #include <pybind11/pybind11.h>
 
 #include "attngeom/types.hpp"
@@ -47,11 +47,11 @@ PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
 #endif
   bind_lightning(m);
   bind_random_features(m);
-  bind_dimension(m);
   bind_whitening(m);
 #ifndef ATTNGEOM_HOT_ONLY
+  bind_dimension(m);
   bind_inverse(m);
-#endif
   bind_radon(m);
+#endif
   bind_bench(m);
 }

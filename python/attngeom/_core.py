@@ -69,9 +69,9 @@ def _activate(level: str) -> None:
     """Re-export the functions of ``_core_<level>`` as this module's attributes.
 
     The AVX2 and AVX-512 modules hold only the hot kernels; the concepts compiled into the
-    baseline module alone (the SVD-based spectra and the inverse Laplace solvers, whose
-    Eigen decompositions dominate the compile time and gain little from wider vectors) are
-    taken from it.
+    baseline module alone (the SVD-based spectra, the inverse Laplace solvers, the Radon
+    projector and the network Jacobians, which dominate the compile time and are not hot
+    kernels) are taken from it.
     """
     global LEVEL
     module = _load(level)

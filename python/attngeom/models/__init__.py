@@ -50,7 +50,7 @@ from .heads import Checkpoint, ModelHeads, load_heads
 from .jsonfile import read_json_object
 from .layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .model import Model, load_model
-from .packaged import PACKAGED_MODELS, packaged_model_path, resolve_checkpoint
+from .packaged import PACKAGED_MODELS, model_name, packaged_model_path, resolve_checkpoint
 from .report import CROSS_LAYER, FIELDS, HeadReport, head_report
 from .rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs, yarn_factors
 from .safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
@@ -71,7 +71,7 @@ from .effects import (CausalEffects, DirectionEffects, HeadEffects, PatchingResu
 __all__ = [
     "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
     "read_json_object", "LAYOUTS", "Layout",
-    "detect_layout", "split_layer", "PACKAGED_MODELS", "packaged_model_path", "resolve_checkpoint",
+    "detect_layout", "split_layer", "PACKAGED_MODELS", "model_name", "packaged_model_path", "resolve_checkpoint",
     "HeadReport", "head_report", "CROSS_LAYER", "FIELDS", "BFloat16Array", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
     "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
     "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -60,6 +60,20 @@ class HeadEffects(_Saved):
     metric: str
     mode: str
     seconds: dict = field(default_factory=dict)
+
+    def top(self, n: int = 5) -> List[Tuple[int, int, float]]:
+        """The n heads whose ablation changes the metric most, as (layer, head, effect),
+        largest ``|effect|`` first (heads not ablated, NaN, are left out)."""
+        n = count("n", n)
+        flat = np.where(np.isnan(self.effects), -1.0, np.abs(self.effects)).ravel()
+        order = [i for i in np.argsort(-flat, kind="stable") if flat[i] >= 0][:n]
+        H = self.effects.shape[1]
+        return [(int(i // H), int(i % H), float(self.effects.flat[i])) for i in order]
+
+    def __repr__(self) -> str:
+        top = ", ".join(f"L{l}H{h} {e:+.3g}" for l, h, e in self.top(3))
+        return (f"HeadEffects({self.mode}-ablation of {self.effects.size} heads on {self.metric}, baseline "
+                f"{self.baseline:.4g}; largest changes: {top})")
 
     def table(self) -> list:
         """One dict per head: layer, head, effect, rank (1 = largest change of the metric)."""

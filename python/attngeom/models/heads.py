@@ -44,7 +44,7 @@ from .architecture import SUPPORTED_ARCHITECTURES, architecture_from_config
 from .checkpoint import INDEX, read_index, weight_files
 from .jsonfile import read_json_object
 from .layouts import LAYOUTS, detect_layout, split_layer
-from .packaged import resolve_checkpoint
+from .packaged import model_name, resolve_checkpoint
 from .rotary import Rotary, rope_frequencies, rotary_pairs, yarn_factors
 from .safetensors import SafetensorsFile
 
@@ -264,7 +264,8 @@ class ModelHeads:
         """The model's dimensions and layout as named scalars."""
         out = {"layout": self.layout, "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
                "n_kv_heads": self.n_kv_heads, "d_model": self.d_model, "d_head": self.d_head,
-               "biases": self.b_Q is not None, "path": self.path, "rotary": self.rotary is not None,
+               "biases": self.b_Q is not None, "path": self.path,
+               "name": model_name(self.path) if self.path else "model", "rotary": self.rotary is not None,
                "qk_norm": self.q_norm is not None}
         if self.rotary is not None:
             out["bilinear_note"] = ("rotary model: the bilinear columns are B(0) = W_Q W_K^T, exact at offset 0 "

@@ -64,6 +64,13 @@ class InductionScores:
     threshold: float
     token_ids: np.ndarray = field(repr=False)
 
+    def __repr__(self) -> str:
+        L, H = self.induction.shape
+        best = ", ".join(f"L{l}H{h} {v:.3f}" for l, h, v in self.top(3))
+        prev = ", ".join(f"L{l}H{h}" for l, h in self.previous_token_heads) or "none"
+        return (f"InductionScores({L} layers x {H} heads; induction: {best}; previous-token heads "
+                f"(>= {self.threshold:g}): {prev})")
+
     def top(self, n: int = 5, *, by: str = "induction") -> List[Tuple[int, int, float]]:
         """The n highest-scoring heads as (layer, head, score), best first.
 

@@ -111,3 +111,61 @@ def resolve_checkpoint(spec) -> str:
     raise ValueError(f"path must be a checkpoint: a safetensors file, a folder holding one, or one of the packaged "
                      f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist"
                      + (f"; as a Hugging Face name: {hub_not_found_message(path)}" if bare else ""))
+
+
+# Folder names that say nothing about the model: the name of the folder above is used too.
+_GENERIC_FOLDERS = {"model", "models", "checkpoint", "checkpoints", "weights", "snapshot", "final", "output", "out"}
+
+
+def model_name(path) -> str:
+    """A short human name for a checkpoint, for titles: a packaged model's name; the hub id
+    of a Hugging Face cache snapshot (``org/name``) or of config.json's ``_name_or_path``; else
+    the folder's name, with its parent's where the folder's own name says nothing ("model",
+    "checkpoint", a commit hash).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A checkpoint folder or .safetensors file.
+
+    Returns
+    -------
+    str
+        The name.
+
+    Examples
+    --------
+    >>> ag.models.model_name("/data/runs/induction/checkpoints/2layer/seed0/step000600")
+    'step000600'
+    >>> ag.models.model_name("/data/gpt2-small/model")
+    'gpt2-small/model'
+    """
+    import re
+
+    p = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(p) if p.endswith(".safetensors") else p
+    for name in PACKAGED_MODELS:
+        packaged = packaged_model_path(name)
+        if packaged is not None and os.path.abspath(packaged) == folder:
+            return name
+    parts = [x for x in folder.split(os.sep) if x]
+    for i in range(len(parts) - 1, 0, -1):  # <cache>/models--org--name/snapshots/<commit>
+        if parts[i - 1] == "snapshots" and i >= 2 and parts[i - 2].startswith("models--"):
+            return parts[i - 2][len("models--"):].replace("--", "/")
+    config = os.path.join(folder, "config.json")
+    if os.path.isfile(config):
+        try:
+            import json
+
+            with open(config, encoding="utf-8") as f:
+                given = json.load(f).get("_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            given = None
+        if isinstance(given, str) and given.strip() and not os.path.isabs(given) and not given.startswith("."):
+            return given.strip()
+    if not parts:
+        return "model"
+    base = parts[-1]
+    if (base.lower() in _GENERIC_FOLDERS or re.fullmatch(r"[0-9a-f]{32,64}", base)) and len(parts) > 1:
+        return f"{parts[-2]}/{base}"
+    return base

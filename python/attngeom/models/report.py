@@ -67,7 +67,9 @@ FIELDS = {
     "ov_k99": "singular values of W_OV holding 99% of the energy",
     "radius_mean": "mean Laplace radius tau = |q| / sqrt(d_head) over the tokens (eq. 9, 16)",
     "radius_std": "standard deviation of the radii over the tokens",
-    "tilt_effective_dim": "participation ratio of the eigenvalues of E[u u^T], u = q / |q| the tilts (s.6.2, eq. 58)",
+    "tilt_effective_dim": "participation ratio of the eigenvalues of the uncentred E[u u^T], u = q / |q| the tilts "
+                          "(s.6.2, eq. 58), per text (mean over the texts); the detail figures' 'centred Cov(u), "
+                          "tokens pooled' is another quantity",
     "tilt_rank": "dimension of the span of the tilts in key space",
     "tilt_null_dim": "dimension of the key-space limited-angle null span(U)^perp (eq. 21)",
     "token_effective_dim": "participation ratio of the token-space normals n = W_K u (eq. 22)",
@@ -297,8 +299,9 @@ class HeadReport:
         fig, axes = plotting.panel_row(axes, 3, 4.2, 3.3)
         plotting.radius_vs_chi(tau, d_head, float(np.mean(q * q)), ax=axes[0],
                                title=f"L{layer}H{head} radii ({tau.size} tokens)")
-        plotting.eigen_spectrum(cov.eigenvalues, rf"L{layer}H{head} Cov(u): dim$_{{eff}}$ = {cov.effective_dim:.2f}",
-                                ax=axes[1])
+        # Not the table's tilt_effective_dim (uncentred E[u u^T], per text, averaged): a name of its own.
+        plotting.eigen_spectrum(cov.eigenvalues, f"L{layer}H{head} centred Cov(u), tokens pooled: "
+                                                 f"participation {cov.effective_dim:.2f}", ax=axes[1])
         P = self.routing[layer, head]
         s = singular_values(P)
         plotting.eigen_spectrum(s, f"L{layer}H{head} P (text 0): eff. rank "
@@ -345,7 +348,7 @@ class HeadReport:
     def markdown(self, figure_names: Sequence[str] = ()) -> str:
         """summary.md: the model, the per-layer table (:meth:`layer_means`), the chosen heads."""
         s = self.summary()
-        lines = [f"# Heads report: {os.path.basename(str(self.model.get('path', ''))) or 'model'}", "",
+        lines = [f"# Heads report: {self.model.get('name') or 'model'}", "",
                  f"{s['layout']} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
                  f"d_model {s['d_model']}, d_head {s['d_head']}.", "", f"Source: {self.source}."]
         if self.tokens is not None:
@@ -442,8 +445,19 @@ _SORT_JS = """document.querySelectorAll("table.sortable th").forEach(function (t
 });"""
 
 _CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:12px}
+.wide{overflow-x:auto;max-width:100%}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee;cursor:pointer;position:sticky;top:0}
 img{max-width:100%;border:1px solid #eee;margin:4px 0}dt{font-weight:bold}.tokens{font-family:monospace;font-size:12px}"""
+
+
+def constant_fields(rows: List[dict]) -> Dict[str, float]:
+    """{field: value} of the table's fields that are equal for every head (layer, head and the
+    spreads aside): a report states them once, above the table, instead of in a column."""
+    if len(rows) < 2:
+        return {}
+    return {k: rows[0][k] for k in rows[0]
+            if k not in ("layer", "head") and not k.endswith(_SPREAD)
+            and isinstance(rows[0][k], (int, float)) and all(r.get(k) == rows[0][k] for r in rows)}
 
 
 def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
@@ -452,7 +466,7 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
 
     s = report.summary()
     rows = report.table()
-    title = f"attngeom heads: {escape(os.path.basename(str(report.model.get('path', ''))) or 'model')}"
+    title = f"attngeom heads: {escape(str(report.model.get('name') or 'model'))}"
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style></head><body>",
            f"<h1>{title}</h1>",
            f"<p>{escape(s['layout'])} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
@@ -479,10 +493,19 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
     img("cross_layer.png")
     img("layer_head_grids.png")
     fields = report.fields()
-    keys = [k for k in rows[0] if not k.endswith(_SPREAD)]
-    out.append("<h2>Heads</h2><p>Click a column to sort; hover a column name for its meaning."
+    constant = constant_fields(rows)
+    keys = [k for k in rows[0] if not k.endswith(_SPREAD) and k not in constant]
+    out.append("<h2>Heads</h2>")
+    if constant:
+        out.append("<p>The same for every head: " + "; ".join(
+            f"<span title='{escape(fields[k])}'>{escape(k)} {_fmt(v)}</span>" for k, v in constant.items())
+            + f". The kernels ker_* live in the model's space R^{report.model['d_model']}"
+            + (f"; the token-space nulls in R^{report.model['d_model'] + 1}: the keys are affine in x "
+               "(x W_K + b_K), so they are read in homogeneous coordinates [x, 1]" if "token_space_dim" in rows[0]
+               else "") + ".</p>")
+    out.append("<p>Click a column to sort; hover a column name for its meaning."
                + (" Data fields: mean &plusmn; standard deviation over the texts." if report.n_texts > 1 else "")
-               + "</p><table class='sortable'><thead><tr>"
+               + "</p><div class='wide'><table class='sortable'><thead><tr>"
                + "".join(f"<th title='{escape(fields[k])}'>{escape(k)}</th>" for k in keys) + "</tr></thead><tbody>")
     for r in rows:
         cells = []
@@ -490,7 +513,7 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
             text = _fmt(r[k]) + (f" &plusmn; {_fmt(r[k + _SPREAD])}" if k + _SPREAD in r else "")
             cells.append(f"<td data-v='{float(r[k])}'>{text}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table><h2>Heads drawn in detail</h2>")
+    out.append("</tbody></table></div><h2>Heads drawn in detail</h2>")
     for layer, head in report.chosen:
         out.append(f"<h3>L{layer}H{head}</h3>")
         for prefix in ("spectra", "attention", "laplace_radon"):
