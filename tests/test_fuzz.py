@@ -14,7 +14,8 @@ Every call runs in a worker subprocess with faulthandler enabled; the cases are 
 it through a pipe, many per process. Outcomes:
 
 - ``return``: a result, finite wherever the input was finite (clean);
-- ``error``: ValueError or TypeError whose message names an argument (clean);
+- ``error``: ValueError or TypeError whose message names an argument, or an ImportError that
+  says which optional dependency to install (clean);
 - ``unnamed-error``: ValueError or TypeError that names none of the arguments (bad);
 - ``exception:<Type>``: any other exception type (bad), except a MemoryError for a size
   within the library's stated limit (``MAX_ARRAY_BYTES``), which the worker's capped address
@@ -462,6 +463,12 @@ def _run_case(name, args, kwargs, tmpdir):
         if _names_an_argument(message, _argument_names(name, fn, kwargs), strings):
             return "error", f"{type(e).__name__}: {message[:300]}"
         return "unnamed-error", f"{type(e).__name__}: {message[:300]}"
+    except ImportError as e:
+        # An optional dependency this environment lacks (zarr for activation stores, say): the
+        # library's ImportError names what to install, the right answer there.
+        if "pip install" in str(e):
+            return "error", f"ImportError of a missing optional dependency: {str(e)[:300]}"
+        return "exception:ImportError", f"ImportError: {str(e)[:300]}"
     except MemoryError as e:
         # A size within the library's stated limit that the worker's capped address space
         # cannot hold is the machine's answer, not a finding; beyond the limit it is one.
