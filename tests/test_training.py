@@ -165,6 +165,28 @@ def test_cli_run_folder_and_checkpoints(tmp_path, capsys):
                 ov = heads.W_V[0, h] @ heads.W_O[0, h]
                 np.testing.assert_allclose(ov, block.out.weight.detach().numpy().T[16 * h:16 * h + 16], rtol=1e-6)
         assert ag.head_diagnostics(heads.W_Q[0], heads.W_K[0], heads.W_V[0], heads.W_O[0]) is not None
+    # The softmax arm's checkpoint is a decoder to analyse with no download: load_model runs it
+    # (equal to the torch model), and `attngeom heads` reads it with its rotary embedding and
+    # no warning, the effects included.
+    ck = folder / "checkpoints" / "standard" / "seed2"
+    torch_model, model = load_checkpoint(str(ck)).eval(), ag.load_model(str(ck))
+    ids = np.array([[1, 2, 3, 4, 0, 1, 2, 3]])
+    with torch.no_grad():
+        np.testing.assert_allclose(model.forward(ids, keep=("logits",)).logits,
+                                   torch_model(torch.from_numpy(ids)).numpy(), rtol=1e-5, atol=1e-5)
+    assert ag.load_heads(str(ck)).rotary is not None
+    text = tmp_path / "text.txt"
+    vocab = json.load(open(ck / "config.json"))["vocab"]
+    text.write_text("".join(vocab) * 3 + "\n")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["heads", str(ck), "--text", str(text), "--effects", "--out", str(tmp_path / "h")]) == 0
+    assert not [w for w in caught if "rotary" in str(w.message).lower() or "unknown" in str(w.message).lower()], \
+        [str(w.message) for w in caught]
+    info = json.load(open(tmp_path / "h" / "heads.json"))
+    assert info["summary"]["rotary"] and "effects" in info
 
 
 def test_checkpoint_round_trip(tmp_path):

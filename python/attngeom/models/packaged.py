@@ -120,8 +120,8 @@ _GENERIC_FOLDERS = {"model", "models", "checkpoint", "checkpoints", "weights", "
 def model_name(path) -> str:
     """A short human name for a checkpoint, for titles: a packaged model's name; the hub id
     of a Hugging Face cache snapshot (``org/name``) or of config.json's ``_name_or_path``; else
-    the folder's name, with its parent's where the folder's own name says nothing ("model",
-    "checkpoint", a commit hash).
+    the folder's name, with those above it where its own name says nothing ("model",
+    "checkpoint", a commit hash, "seed0", "step000600"; three folders at most).
 
     Parameters
     ----------
@@ -136,7 +136,7 @@ def model_name(path) -> str:
     Examples
     --------
     >>> ag.models.model_name("/data/runs/induction/checkpoints/2layer/seed0/step000600")
-    'step000600'
+    '2layer/seed0/step000600'
     >>> ag.models.model_name("/data/gpt2-small/model")
     'gpt2-small/model'
     """
@@ -165,7 +165,12 @@ def model_name(path) -> str:
             return given.strip()
     if not parts:
         return "model"
-    base = parts[-1]
-    if (base.lower() in _GENERIC_FOLDERS or re.fullmatch(r"[0-9a-f]{32,64}", base)) and len(parts) > 1:
-        return f"{parts[-2]}/{base}"
-    return base
+
+    def generic(name: str) -> bool:
+        return (name.lower() in _GENERIC_FOLDERS or re.fullmatch(r"[0-9a-f]{32,64}", name) is not None
+                or re.fullmatch(r"(seed|step|epoch|iter|run)[-_]?\d+", name.lower()) is not None)
+
+    name = [parts[-1]]  # with the folders above while the name so far says nothing (at most three)
+    while generic(name[0]) and len(name) < 3 and len(parts) > len(name):
+        name.insert(0, parts[-1 - len(name)])
+    return "/".join(name)
