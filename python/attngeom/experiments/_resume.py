@@ -57,6 +57,27 @@ class RunState:
         write_checked(self.path, buffer.getvalue())
 
 
+def capture(it: int, model, optimizer, rng, **extra) -> dict:
+    """The state after iteration `it` (0-based) of a run: its model, optimiser, the NumPy
+    generator of the data order and torch's RNG, plus the run's own `extra` entries."""
+    import torch
+
+    return {"iteration": it + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), **extra}
+
+
+def restore(saved: dict, model, optimizer, rng) -> int:
+    """Put what :func:`capture` saved back into the model, the optimiser and the generators,
+    so the next iteration runs bit for bit as uninterrupted; returns the iteration to start at."""
+    import torch
+
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    rng.bit_generator.state = saved["rng"]
+    torch.set_rng_state(saved["torch_rng"])
+    return saved["iteration"]
+
+
 def checkpoint_due(it: int, config) -> bool:
     """Whether a run saves its state after iteration `it` (0-based): every
     ``config.checkpoint_every`` iterations, and after the last one."""

@@ -45,7 +45,7 @@ from typing import List, Optional
 import numpy as np
 
 from ._result import ExperimentConfig, ExperimentResult, check_config
-from ._resume import RunState, checkpoint_due
+from ._resume import RunState, capture, checkpoint_due, restore
 from .training import TrainingConfig, load_corpus, make_optimizer, parallel_runs, train_step
 
 
@@ -248,12 +248,8 @@ def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab:
             start = 0
             evaluate(0)
             e = 1
-        else:  # every input of the next iteration as it was: the rest runs bit for bit as uninterrupted
-            start = saved["iteration"]
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-            rng.bit_generator.state = saved["rng"]
-            torch.set_rng_state(saved["torch_rng"])
+        else:
+            start = restore(saved, model, opt, rng)
             records, train_loss = saved["records"], saved["train_loss"]
             running, count, e = saved["counters"]
             for weights in saved["snapshots"]:
@@ -267,10 +263,8 @@ def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab:
                 evaluate(e)
                 running, count, e = 0.0, 0, e + 1
             if checkpoint_due(it, c):
-                state.save({"iteration": it + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "records": records,
-                            "train_loss": train_loss, "counters": (running, count, e),
-                            "snapshots": [m.state_dict() for m in snapshots]})
+                state.save(capture(it, model, opt, rng, records=records, train_loss=train_loss,
+                                   counters=(running, count, e), snapshots=[m.state_dict() for m in snapshots]))
     return records, train_loss, snapshots
 
 

@@ -40,7 +40,7 @@ from .. import plotting
 from ..whitening import stationarity, whiteness
 from ._progress import progress
 from ._result import ExperimentConfig, ExperimentResult, check_config
-from ._resume import RunState, checkpoint_due
+from ._resume import RunState, capture, checkpoint_due, restore
 
 # Table 1 and 2 of seed 004 (s.5): arm -> (parameters, final MCE loss, perplexity, minutes)
 PAPER_TABLE_1 = {"standard": (1.62e6, 1.39, 4.00, 57.0), "whitened": (1.88e6, 1.16, 3.18, 457.0),
@@ -929,19 +929,10 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
         start = 0
         evaluate(0)
         e = 1
-    else:  # every input of the next iteration as it was: the rest runs bit for bit as uninterrupted
-        start = saved["iteration"]
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        rng.bit_generator.state = saved["rng"]
-        torch.set_rng_state(saved["torch_rng"])
+    else:
+        start = restore(saved, model, opt, rng)
         curves, geo = saved["curves"], saved["geo"]
         elapsed, running, count, e = saved["counters"]
-
-    def save(it):
-        state.save({"iteration": it + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "curves": curves,
-                    "geo": geo, "counters": (elapsed, running, count, e)})
 
     # In a worker process the parent's bar reports the runs (two bars on one terminal garble it).
     bar = range(start, c.iterations) if _IN_WORKER else progress(range(start, c.iterations), desc=f"{arm} seed {seed}",
@@ -959,7 +950,7 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
                 bar.set_postfix_str(f"train {running / count:.3f} val {curves['val_loss'][e]:.3f}")
             running, count, e = 0.0, 0, e + 1
         if checkpoint_due(it, c):
-            save(it)
+            state.save(capture(it, model, opt, rng, curves=curves, geo=geo, counters=(elapsed, running, count, e)))
     return curves, geo, model
 
 
