@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import numpy as np
 
 from ._operands import broadcast_batch, check_size, choice, finite_result, operand, renamed_arguments, scalar
+from .nonlinearities import gelu_tanh, relu, silu
 from .subspace import Subspace
 
 
@@ -684,9 +685,9 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
 
 # -- MLP as key-value memory ---------------------------------------------------------------
 _ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "relu": lambda z: np.maximum(z, 0),
-    "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * (z * z * z)))),
-    "silu": lambda z: z / (1 + np.exp(-z)),
+    "relu": relu,
+    "gelu": gelu_tanh,
+    "silu": silu,
     "identity": lambda z: z,
 }
 

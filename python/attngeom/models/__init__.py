@@ -35,7 +35,8 @@
 from .activations import load_activations, split_texts, text_activations
 from .adapters import from_transformer_lens, from_transformers
 from .architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
-from .bert import BertEncoder, BertOutput, gelu
+from .bert import BertEncoder, BertOutput
+from ..nonlinearities import gelu
 from .checkpoint import (
     hub_cache_dirs,
     hub_not_found_message,

@@ -41,12 +41,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from ..nonlinearities import gelu, gelu_tanh, relu, silu
+
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
                            "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama", "attngeom-gpt": "llama"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish", "relu")
+#: config.json's MLP nonlinearities (hidden_act, GPT-2's activation_function) and their functions
+NONLINEARITIES = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "swish": silu,
+                  "relu": relu}
+ACTIVATIONS = tuple(NONLINEARITIES)
 
 
 @dataclass(frozen=True)

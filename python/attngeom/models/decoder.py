@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 
 from ..attention import softmax_attention
-from .architecture import Architecture
+from .architecture import NONLINEARITIES, Architecture
 from ..attention_stats import AttentionStats
 from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
 from .interventions import apply, sites_at
@@ -48,32 +48,6 @@ from .norm import normalize
 from .products import for_row_blocks, map_rows, product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
 from .safetensors import release_pages
-
-
-def _gelu_tanh(x):
-    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in place on one temporary (x * x * x:
-    NumPy's x ** 3 on float32 takes the general power routine, some 60 ns an element)."""
-    t = x * x
-    t *= x
-    t *= 0.044715
-    t += x
-    t *= math.sqrt(2.0 / math.pi)
-    np.tanh(t, out=t)
-    t += 1.0
-    t *= x
-    t *= 0.5
-    return t
-
-
-def _activation(name):
-    if name in ("silu", "swish"):
-        return lambda x: x * (0.5 * (1.0 + np.tanh(0.5 * x)))  # x sigmoid(x) without exp overflow
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return _gelu_tanh
-    if name == "relu":
-        return lambda x: np.maximum(x, 0)
-    from .bert import gelu
-    return gelu
 
 
 _UNEMBED_ROWS = 16384  # vocabulary rows cast at a time (16384 x 4096 float32 = 256 MiB at most)
@@ -154,7 +128,8 @@ class Decoder:
             t = ck.mapped(name)
             if t is None:
                 if required:
-                    raise ValueError(f"{a.model_type} checkpoint {ck.path!r} lacks tensor {name!r}")
+                    raise ValueError(f"{a.model_type} checkpoint {ck.path!r} lacks tensor {name!r} (the forward pass "
+                                     f"needs tensor {name!r})")
                 return None
             if shape is not None and tuple(t.shape) != tuple(shape):
                 raise ValueError(f"tensor {name!r} in {ck.file_of(name)!r} has shape {tuple(t.shape)}, but "
@@ -308,7 +283,7 @@ class Decoder:
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype,
-                plan: Optional[ForwardPlan] = None, resume=None) -> Forward:
+                plan: Optional[ForwardPlan] = None, resume=None, types: Optional[np.ndarray] = None) -> Forward:
         """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
 
         Parameters
@@ -328,6 +303,8 @@ class Decoder:
             (layer, h): start at that layer from the residual stream h (batch, n, d_model)
             entering it (a clean pass's hidden_states[layer]) instead of the embedding; the
             per-layer fields then start at that layer.
+        types : ndarray of int, shape (batch, n), optional
+            BERT's token types (segment ids), checked; default every token of segment 0.
 
         Returns
         -------
@@ -339,9 +316,9 @@ class Decoder:
         >>> f = dec.forward(ids, np.ones(ids.shape, bool), np.arange(ids.shape[1])[None], np.float32)  # doctest: +SKIP
         """
         with product_threads():  # NumPy's products and the attention kernel share the thread budget
-            return self._forward(ids, mask, positions, dtype, plan, resume)
+            return self._forward(ids, mask, positions, dtype, plan, resume, types)
 
-    def _forward(self, ids, mask, positions, dtype, plan, resume) -> Forward:
+    def _forward(self, ids, mask, positions, dtype, plan, resume, types) -> Forward:
         a, w, dt = self.arch, self.w, np.dtype(dtype)
         plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
         b, n = ids.shape
@@ -350,7 +327,7 @@ class Decoder:
         def cast(x):
             return None if x is None else x.astype(dt, copy=False)
 
-        act = _activation(a.activation)
+        act = NONLINEARITIES[a.activation]
         first = 0 if resume is None else int(resume[0])
         if resume is None:
             h = cast(w["embed"][ids])
@@ -358,9 +335,9 @@ class Decoder:
             if w.get("pos") is not None:  # an absolute position table
                 h = h + cast(w["pos"][positions])
                 release_pages(w["pos"])
-            if a.family == "bert":  # every token of segment 0, then the embedding's norm
-                h = normalize(h + cast(w["type"][[0]]), cast(w["embed_norm_w"]), cast(w["embed_norm_b"]),
-                              a.norm_eps, a.norm)
+            if a.family == "bert":  # the token types (default segment 0), then the embedding's norm
+                h = normalize(h + cast(w["type"][[0] if types is None else types]), cast(w["embed_norm_w"]),
+                              cast(w["embed_norm_b"]), a.norm_eps, a.norm)
         else:
             h = np.asarray(resume[1], dt)
         # (b n, 1, d_head), a row per token; MLA rotates its own rotary columns (:mod:`.mla`)
@@ -481,13 +458,9 @@ class Decoder:
         if w["unembed"] is not None and plan.wants("logits"):
             rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
             logits = _unembed(rows, w["unembed"], dt)
-        return Forward(logits, *(out.get(name) for name in ("hidden_states", "attentions", "attention_inputs", "q",
-                                                            "k", "v", "q_prerotary", "k_prerotary")),
-                       np.asarray(scales), positions, mask, router_logits=out.get("router_logits"),
-                       kv_latent=out.get("kv_latent"), rope_keys=out.get("rope_keys"),
-                       attention_stats=out.get("attention_stats"), z=out.get("z"), attn_out=out.get("attn_out"),
-                       mlp_out=out.get("mlp_out"), resid_post=out.get("resid_post"),
-                       layers=np.asarray([i for i in plan.layers if i >= first]), logits_positions=plan.logits_at)
+        return Forward(logits=logits, scale=np.asarray(scales), positions=positions, attention_mask=mask,
+                       layers=np.asarray([i for i in plan.layers if i >= first]), logits_positions=plan.logits_at,
+                       **{name: out.get(name) for name in KEEPABLE if name != "logits"})
 
     def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None) -> dict:
         """The normed residual stream x (b, n, d_model) and q, k, v (b, H, n, d_head) of a
@@ -499,7 +472,7 @@ class Decoder:
         a = self.arch
         b, n, d = h.shape
         H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
-        rows, half = b * n, dh // 2
+        rows = b * n
         flat = h.reshape(rows, d)
         given = None if x is None else x.reshape(rows, d)
         x = np.empty_like(flat) if given is None else given
@@ -529,8 +502,7 @@ class Decoder:
                 before[0][:, lo:hi], before[1][:, lo:hi] = qr.transpose(1, 0, 2), kr.transpose(1, 0, 2)
             if cos_sin is not None:
                 c, s = cos_sin[0][lo:hi], cos_sin[1][lo:hi]
-                qr = qr * c + np.concatenate([-qr[..., half:], qr[..., :half]], axis=-1) * s
-                kr = kr * c + np.concatenate([-kr[..., half:], kr[..., :half]], axis=-1) * s
+                qr, kr = self.rotary.rotate(qr, cos_sin=(c, s)), self.rotary.rotate(kr, cos_sin=(c, s))
             q[:, lo:hi], k[:, lo:hi], v[:, lo:hi] = (t.transpose(1, 0, 2) for t in (qr, kr, vr))
 
         for_row_blocks(block, rows)

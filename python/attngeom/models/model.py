@@ -23,9 +23,7 @@ import numpy as np
 
 from .architecture import Architecture, architecture_from_config
 from .decoder import Decoder
-from ..attention import softmax_attention
-from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
-from .forward import Forward, ForwardPlan, plan_forward
+from .forward import Forward, check_token_ids, plan_forward
 from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
 from .layouts import detect_layout
 from .tokenizer import tokenize
@@ -204,9 +202,7 @@ class Model:
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
         V = self.arch.vocab_size
-        if ids.min() < 0 or ids.max() >= V:
-            raise ValueError(f"token_ids must lie in 0..{V - 1} (config.json vocab_size {V}), got "
-                             f"{ids.min()}..{ids.max()}")
+        check_token_ids("token_ids", ids, V, f" (config.json vocab_size {V})")
         if attention_mask is None:
             mask = np.ones(ids.shape, dtype=bool)
         else:

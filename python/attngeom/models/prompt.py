@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from .forward import check_token_ids
 from .model import Model, load_model
 
 
@@ -144,9 +145,7 @@ def encode_prompt(model: Model, prompt, *, max_length: Optional[int] = None) -> 
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise ValueError(f"prompt must be a text or a non-empty (n,) integer array of token ids, got shape "
                          f"{ids.shape}, dtype {ids.dtype}")
-    V = model.arch.vocab_size
-    if ids.min() < 0 or ids.max() >= V:
-        raise ValueError(f"prompt: token ids must lie in 0..{V - 1}, got {ids.min()}..{ids.max()}")
+    check_token_ids("prompt: token ids", ids, model.arch.vocab_size)
     if max_length is not None:
         ids = ids[:max_length]
     ids = ids.astype(np.int64)

@@ -200,7 +200,7 @@ class Rotary:
         cos, sin = (np.cos(angles), np.sin(angles)) if a == 1 else (a * np.cos(angles), a * np.sin(angles))
         return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
-    def rotate(self, x, positions) -> np.ndarray:
+    def rotate(self, x, positions=None, *, cos_sin=None) -> np.ndarray:
         """x R(m): rotate head vectors x (..., n, d_head) at positions (..., n) (broadcasting).
 
         Parameters
@@ -209,6 +209,9 @@ class Rotary:
             Queries or keys, one per row.
         positions : array_like of int, shape broadcastable to (..., n)
             The position of every row.
+        cos_sin : (ndarray, ndarray), optional
+            :meth:`cos_sin` of the positions in x's dtype, computed once for many calls at
+            the same positions (`positions` is then not read).
 
         Returns
         -------
@@ -224,7 +227,7 @@ class Rotary:
         x = np.asarray(x)
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x must have shape (..., n, {self.d_head}), got {x.shape}")
-        cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64)
+        cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64) if cos_sin is None else cos_sin
         if self.interleaved:  # (a, b) -> (-b, a) within each neighbour pair
             rotated_half = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
         else:
