@@ -162,3 +162,35 @@ def test_the_core_uses_no_stream_or_locale_objects():
             if any(h in code for h in STREAM_HEADERS) or "std::cout" in code or "stringstream" in code:
                 bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not bad, "stream or locale objects in the core:\n" + "\n".join(bad)
+
+
+TESTS = ROOT / "tests"
+
+
+def _test_file_imports(path: pathlib.Path) -> list:
+    """(line, module) for every import, at any level, of another test file (test_*.py)."""
+    test_files = {p.stem for p in TESTS.glob("test_*.py")}
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        out += [(node.lineno, n.strip(".")) for n in names if n.rpartition(".")[2] in test_files]
+    return out
+
+
+def test_no_test_file_imports_another():
+    """Shared builders, references and checks live in the helper modules (tests/*.py that are
+    neither test files nor conftest); a test file imports only those."""
+    bad = [f"{p.name}:{line}: {module}" for p in sorted(TESTS.glob("*.py")) for line, module in _test_file_imports(p)]
+    assert not bad, "test files importing test files:\n" + "\n".join(bad)
+
+
+def test_the_checker_catches_test_file_imports(tmp_path):
+    bad = tmp_path / "test_bad.py"
+    bad.write_text("import builders\nfrom test_attention import x\nfrom tests import test_mla\n\n"
+                   "def f():\n    import tests.test_cli\n")
+    assert sorted(_test_file_imports(bad)) == [(2, "test_attention"), (3, "tests.test_mla"), (6, "tests.test_cli")]

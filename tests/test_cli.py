@@ -2,8 +2,7 @@
 found before any computation starts; run folders are written whole or not at all (a failed
 write leaves nothing that ``attngeom report`` shows as a run).
 
-The checkpoint misuses of ``attngeom heads`` are in test_models.py, next to the synthetic
-checkpoints.
+The checkpoint misuses of ``attngeom heads`` are in test_cli_heads.py.
 """
 import dataclasses
 import errno

@@ -361,7 +361,7 @@ def test_fused_expert_tensors(tmp_path):
     """Experts stored fused (mlp.experts.gate_up_proj, down_proj: transformers' in-memory
     format) load to the same model as one tensor per expert."""
     from attngeom.models import read_safetensors
-    from test_research import assert_same_model
+    from checkpoints import assert_same_model
 
     deepseek(tmp_path / "m")
     t = read_safetensors(tmp_path / "m" / "model.safetensors")

@@ -4,13 +4,13 @@ circuit (:func:`attngeom.models.planted_induction_model`) and from identities (t
 layer's lens is the model's logits; Eckart-Young); every function also runs on random GPT-2,
 Llama and Qwen3 checkpoints built as in test_decoders (nothing is downloaded).
 """
-import os
 
 import numpy as np
 import pytest
 
 import attngeom as ag
 from attngeom.models import load_model, planted_induction_model
+from checkpoints import assert_same_model
 
 RANDOM_LAYOUTS = ["gpt2", "llama", "qwen3"]
 
@@ -446,19 +446,3 @@ def test_mixtral_fused_expert_tensors(tmp_path):
         fused[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([t[f"{s}experts.{e}.w2.weight"] for e in range(4)])
     assert_same_model(tmp_path / "m", tmp_path / "f", fused)
     assert json.load(open(tmp_path / "f" / "config.json"))["model_type"] == "mixtral"
-
-
-def assert_same_model(folder, other, tensors):
-    """Write ``tensors`` with folder's config.json into ``other``: its forward pass (logits and
-    router logits) equals folder's bit for bit."""
-    import shutil
-
-    from attngeom.models import write_safetensors
-
-    os.makedirs(other)
-    write_safetensors(os.path.join(other, "model.safetensors"), tensors)
-    shutil.copy(os.path.join(folder, "config.json"), os.path.join(other, "config.json"))
-    ids = np.arange(1, 9)
-    a, b = load_model(folder).forward(ids), load_model(other).forward(ids)
-    np.testing.assert_array_equal(a.logits, b.logits)
-    np.testing.assert_array_equal(a.router_logits, b.router_logits)

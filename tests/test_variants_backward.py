@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from conftest import rel_err
-from test_attention_backward import check_fd, draw, finite_difference
+from gradients import check_fd, draw, finite_difference
 
 import attngeom as ag
 
