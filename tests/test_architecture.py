@@ -145,6 +145,52 @@ def test_no_import_cycles():
             visit(node)
 
 
+MODEL_LAYERS = ("io", "nn", "analysis")  # attngeom.models' layers, each importing only those before it
+
+
+def _model_layer(module: str):
+    """The models layer of a module name ("io", "nn", "analysis"), None outside them."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["attngeom", "models"] and len(parts) > 2 and parts[2] in MODEL_LAYERS else None
+
+
+def _layer_violations(path: pathlib.Path) -> list:
+    """The attngeom.models modules `path` imports from a layer above its own (or the package)."""
+    layer = _model_layer(_module_name(path))
+    allowed = MODEL_LAYERS[: MODEL_LAYERS.index(layer) + 1]
+    return sorted(m for m in _module_imports(path)
+                  if m.startswith("attngeom.models") and _model_layer(m) not in allowed)
+
+
+def _model_sources():
+    return [p for p in sorted((PACKAGE / "models").rglob("*.py")) if "__pycache__" not in p.parts
+            and p != PACKAGE / "models" / "__init__.py"]
+
+
+@pytest.mark.parametrize("path", _model_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_models_layers_import_only_the_layers_before_them(path):
+    """io (formats, checkpoints) imports nothing of nn or analysis; nn (the transformer) imports
+    io; analysis imports io and nn. Only attngeom.models/__init__.py re-exports all three."""
+    assert _model_layer(_module_name(path)) is not None, f"{path.relative_to(ROOT)} is in no layer of {MODEL_LAYERS}"
+    bad = _layer_violations(path)
+    assert not bad, f"{path.relative_to(ROOT)} imports a later layer: {', '.join(bad)}"
+
+
+def test_the_checker_catches_layer_violations(tmp_path):
+    global PACKAGE
+    for sub in MODEL_LAYERS:
+        (tmp_path / "models" / sub).mkdir(parents=True)
+        (tmp_path / "models" / sub / "m.py").write_text("")
+    bad = tmp_path / "models" / "nn" / "bad.py"
+    bad.write_text("from ..io.m import a\nfrom . import m\n\ndef f():\n    from ..analysis import m\n")
+    saved, PACKAGE = PACKAGE, tmp_path
+    try:
+        found = _layer_violations(bad)
+    finally:
+        PACKAGE = saved
+    assert found == ["attngeom.models.analysis.m"]
+
+
 STREAM_HEADERS = ("<iostream>", "<sstream>", "<fstream>", "<istream>", "<ostream>", "<locale>", "<iomanip>")
 
 

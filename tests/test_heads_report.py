@@ -117,7 +117,7 @@ def test_report_says_one_thing_once(tmp_path, rng):
     pytest.importorskip("matplotlib")
     from attngeom.cli import layer_table
     from attngeom.models import model_name
-    from attngeom.models.report import constant_fields
+    from attngeom.models.analysis.report import constant_fields
 
     t = raw_model("gpt2", rng, 2, 2, 8, 4)
     H = ag.load_heads(write_model(tmp_path / "gpt2-tiny" / "model", t), n_heads=2)

@@ -12,7 +12,7 @@ import pytest
 
 import attngeom as ag
 from attngeom.models import Ablate, Hook, Patch, Project, head_ablation_effects, load_model
-from attngeom.models.interventions import SITE_FIELDS
+from attngeom.models.nn.interventions import SITE_FIELDS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

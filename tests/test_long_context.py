@@ -13,7 +13,7 @@ import pytest
 
 import attngeom as ag
 from attngeom.models import load_model
-from attngeom.models.forward import KEEPABLE, plan_forward
+from attngeom.models.nn.forward import KEEPABLE, plan_forward
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -193,7 +193,7 @@ def test_the_same_bits_at_any_thread_count(models):
 
 
 def test_products_split_by_rows(monkeypatch):
-    from attngeom.models import products
+    from attngeom.models.nn import products
 
     rng = np.random.default_rng(0)
     x, W = rng.standard_normal((2, 100, 16)), rng.standard_normal((16, 24))
@@ -207,7 +207,7 @@ def test_products_split_by_rows(monkeypatch):
 
 def test_mlp_in_blocks_of_rows(models, monkeypatch):
     """Beyond MLP_ROWS rows the MLP runs in row blocks: the same function of each row."""
-    from attngeom.models import decoder
+    from attngeom.models.nn import decoder
 
     ids = np.random.default_rng(4).integers(0, VOCAB, (2, 40))
     whole = models["llama"].forward(ids, keep=("logits",))
@@ -320,7 +320,7 @@ def _resident_kb(path):
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
 def test_released_pages_leave_the_resident_set_and_keep_their_values(tmp_path):
     from attngeom.models import SafetensorsFile, write_safetensors
-    from attngeom.models.safetensors import release_pages
+    from attngeom.models.io.safetensors import release_pages
 
     values = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
     path = write_safetensors(tmp_path / "w.safetensors", {"w": values})
@@ -360,7 +360,7 @@ def test_the_estimate_counts_windows_patterns_and_bert(models):
     """A sliding window's (b, 1, n, n) mask, a pattern intervention's P and BERT's per-sequence
     weights are working memory the estimate counts."""
     from attngeom.models import Ablate
-    from attngeom.models.forward import forward_bytes
+    from attngeom.models.nn.forward import forward_bytes
 
     mask = np.ones((1, 4000), bool)
     mistral, llama = models["mistral"].arch, models["llama"].arch
@@ -378,7 +378,7 @@ def test_the_estimate_counts_windows_patterns_and_bert(models):
 def test_the_product_pool_survives_nesting_threads_and_fork(monkeypatch):
     import threading
 
-    from attngeom.models import products
+    from attngeom.models.nn import products
 
     monkeypatch.setattr(products, "_processors", lambda: 8)
     rng = np.random.default_rng(0)
@@ -416,7 +416,7 @@ def test_the_product_pool_survives_nesting_threads_and_fork(monkeypatch):
 
 
 def test_copy_on_write_maps_keep_their_edits(tmp_path):
-    from attngeom.models.safetensors import release_pages
+    from attngeom.models.io.safetensors import release_pages
 
     np.save(tmp_path / "a.npy", np.ones((1024, 1024)))
     w = np.load(tmp_path / "a.npy", mmap_mode="c")

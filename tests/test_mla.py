@@ -103,7 +103,7 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     router = np.stack([r.numpy().reshape(3, 7, 4) for r in out.router_logits])
     assert f.router_logits.shape == (len(a.moe_layers), 3, 7, 4)
     assert np.abs(f.router_logits - router)[:, mask].max() <= tol
-    from attngeom.models.moe import route
+    from attngeom.models.nn.moe import route
     for layer, (_, weights, indices) in enumerate(chosen):
         R = route(f.router_logits[layer].reshape(-1, 4), a)
         expected = np.zeros_like(R)
@@ -276,7 +276,7 @@ def _softmax(x):
 
 def test_group_limited_routing_keeps_the_best_groups():
     from attngeom.models import architecture_from_config
-    from attngeom.models.moe import route
+    from attngeom.models.nn.moe import route
 
     cfg = json.loads(_config(topk_method="group_limited_greedy", n_group=2, topk_group=1).to_json_string())
     a = architecture_from_config(cfg)

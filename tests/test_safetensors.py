@@ -155,7 +155,7 @@ def test_header_duplicate_names(tmp_path):
 
 
 def test_header_cap(tmp_path, monkeypatch):
-    from attngeom.models import safetensors as st
+    from attngeom.models.io import safetensors as st
 
     # a header above the cap is refused from its length field, before it is read
     cap = st.MAX_HEADER_BYTES

@@ -113,7 +113,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
     # the forward keeps only what the statistics read (and its defaults when one does not say)
     keep = {f for s in statistics for f in (s.fields or ())}
     if any(s.fields is None for s in statistics):
-        from ..models.forward import KEEP_DEFAULT
+        from ..models.nn.forward import KEEP_DEFAULT
 
         keep |= set(KEEP_DEFAULT)
     keep = sorted(keep)

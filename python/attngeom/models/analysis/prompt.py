@@ -15,8 +15,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .forward import check_token_ids
-from .model import Model, load_model
+from ..nn.forward import check_token_ids
+from ..nn.model import Model, load_model
 
 
 def resolve_model(model) -> Model:

@@ -26,8 +26,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .._operands import choice, count, generator, scalar
-from ..circuits import composition_scores
+from ..._operands import choice, count, generator, scalar
+from ...circuits import composition_scores
 from .prompt import resolve_model
 
 

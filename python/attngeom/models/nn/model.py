@@ -21,12 +21,13 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..io.checkpoint import Checkpoint
+from ..io.layouts import detect_layout
+from ..io.tokenizer import tokenize
 from .architecture import Architecture, architecture_from_config
 from .decoder import Decoder
 from .forward import Forward, check_token_ids, plan_forward
-from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
-from .layouts import detect_layout
-from .tokenizer import tokenize
+from .heads import ModelHeads, heads_from_checkpoint
 
 
 class Model:
@@ -142,7 +143,7 @@ class Model:
             The computation dtype (weights of any stored precision are cast to it).
         keep : str or sequence of str, optional
             The :class:`Forward` fields to compute and return (the others are None and never
-            allocated): any of :data:`attngeom.models.forward.KEEPABLE`. Default: every field
+            allocated): any of :data:`attngeom.models.nn.forward.KEEPABLE`. Default: every field
             but ``attention_stats`` and the block outputs, which are kept only when named.
             Without "attentions" the pass forms no (n, n) weights: ``keep=("attention_stats", "logits")`` with
             ``logits_at="last"`` analyses every head of a long document in the memory of the
@@ -157,7 +158,7 @@ class Model:
             (vocab, d_model) product per position, is applied only there.
         interventions : sequence of Ablate, Project, Patch, Hook, optional
             Changes to the activations at named sites, applied in order as the pass runs
-            (:mod:`attngeom.models.interventions`); the kept fields hold the changed values.
+            (:mod:`attngeom.models.nn.interventions`); the kept fields hold the changed values.
             Without interventions the pass is bitwise the plain one.
 
         Returns

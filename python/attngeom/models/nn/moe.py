@@ -25,7 +25,7 @@ with the router ``block_sparse_moe.gate.weight`` (Mixtral), as
 read. DeepSeek's shared experts are ``mlp.shared_experts.{gate,up,down}_proj``.
 
 The router logits of every layer are in :attr:`Forward.router_logits`;
-:func:`attngeom.router_statistics` (:mod:`attngeom.models.routing`) summarises them.
+:func:`attngeom.router_statistics` (:mod:`attngeom.models.analysis.routing`) summarises them.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..circuits import topk_routing
+from ...circuits import topk_routing
 from .products import product
 
 
@@ -116,7 +116,7 @@ def route(logits, arch) -> np.ndarray:
     Examples
     --------
     >>> from attngeom.models import architecture_from_config
-    >>> from attngeom.models.moe import route
+    >>> from attngeom.models.nn.moe import route
     >>> a = architecture_from_config({"model_type": "mixtral", "hidden_size": 8, "num_attention_heads": 2,
     ...                               "num_hidden_layers": 1, "vocab_size": 10, "num_local_experts": 4,
     ...                               "num_experts_per_tok": 2})

@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._config import blas_controller, get_num_threads
+from ..._config import blas_controller, get_num_threads
 
 #: Blocks have at least this many rows (fewer rows: one product on the calling thread).
 MIN_ROWS_PER_BLOCK = 32
@@ -104,7 +104,7 @@ def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
 
     Examples
     --------
-    >>> from attngeom.models.products import for_row_blocks
+    >>> from attngeom.models.nn.products import for_row_blocks
     >>> out = np.zeros(100)
     >>> for_row_blocks(lambda lo, hi: out.__setitem__(slice(lo, hi), np.arange(lo, hi)), 100)
     >>> bool(np.all(out == np.arange(100)))
@@ -146,7 +146,7 @@ def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, d
 
     Examples
     --------
-    >>> from attngeom.models.products import map_rows
+    >>> from attngeom.models.nn.products import map_rows
     >>> map_rows(lambda r: 2 * r, np.arange(6.0).reshape(3, 2), 2).tolist()
     [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
     """
@@ -179,7 +179,7 @@ def product(x: np.ndarray, W) -> np.ndarray:
 
     Examples
     --------
-    >>> from attngeom.models.products import product
+    >>> from attngeom.models.nn.products import product
     >>> product(np.ones((4, 3)), np.ones((3, 2))).tolist()
     [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """

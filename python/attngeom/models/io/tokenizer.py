@@ -12,7 +12,7 @@ import os
 import unicodedata
 from typing import List, Optional, Tuple
 
-from .._operands import choice
+from ..._operands import choice
 from .jsonfile import read_json_object
 
 

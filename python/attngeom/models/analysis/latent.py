@@ -39,10 +39,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from .._docstrings import fill_doc
-from .._operands import count, rtol_arg
-from ..circuits import LatentFactorization, latent_factorization
-from ..spectral import effective_rank, singular_values, spectrum_rank
+from ..._docstrings import fill_doc
+from ..._operands import count, rtol_arg
+from ...circuits import LatentFactorization, latent_factorization
+from ...spectral import effective_rank, singular_values, spectrum_rank
 from .prompt import encode_prompt, resolve_model
 
 
@@ -157,7 +157,7 @@ class LatentKeyCache:
         >>> cache.plot().axes[0].get_yscale()
         'log'
         """
-        from .. import plotting
+        from ... import plotting
 
         fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.4))
         r = np.arange(self.errors.shape[1])

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from typing import Optional
 
-from .checkpoint import hub_not_found_message, hub_snapshot, looks_like_model_name
+from .files import hub_not_found_message, hub_snapshot, looks_like_model_name
 
 # name -> (importable module, folder inside it, pip requirement)
 PACKAGED_MODELS = {

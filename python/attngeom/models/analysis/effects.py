@@ -16,10 +16,10 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .._operands import choice, count
-from ..spectral import null_space
-from .forward import check_layers
-from .interventions import HEAD_SITES, SITE_FIELDS, Ablate, Hook, Patch, Project
+from ..._operands import choice, count
+from ...spectral import null_space
+from ..nn.forward import check_layers
+from ..nn.interventions import HEAD_SITES, SITE_FIELDS, Ablate, Hook, Patch, Project
 
 METRICS = ("loss", "logit_diff")
 
@@ -95,7 +95,7 @@ class HeadEffects(_Saved):
 
         Returns the matplotlib figure.
         """
-        from ..plotting import axes_or_new
+        from ...plotting import axes_or_new
 
         fig, ax = axes_or_new(ax, figsize=(1.2 + 0.45 * self.effects.shape[1], 1.0 + 0.4 * self.effects.shape[0]))
         top = float(np.abs(self.effects).max()) or 1.0
@@ -263,7 +263,7 @@ class DirectionEffects(_Saved):
     def plot(self, axes=None):
         """The effect of removing each direction beside its singular value, and the metric with
         the top k directions kept against k. Returns the matplotlib figure."""
-        from ..plotting import panel_row
+        from ...plotting import panel_row
 
         fig, axes = panel_row(axes, 2, 4.2)
         i = np.arange(len(self.singular_values))
@@ -436,7 +436,7 @@ class PatchingResult(_Saved):
     def plot(self, ax=None, tokens=None):
         """A layer x position map of the restored fraction (the mean over heads for per-head
         grids). Returns the matplotlib figure."""
-        from ..plotting import axes_or_new
+        from ...plotting import axes_or_new
 
         grid = self.restored if self.restored.ndim == 2 else self.restored.mean(axis=-1)  # NaN rows stay NaN
         fig, ax = axes_or_new(ax, figsize=(1.5 + 0.3 * grid.shape[1], 1.2 + 0.35 * grid.shape[0]))
@@ -647,7 +647,7 @@ class CausalEffects(_Saved):
         """Each singular direction of the chosen heads' OV circuits: its singular value (x,
         relative to the head's largest) against the change in loss when it is removed (y).
         Returns the matplotlib figure."""
-        from ..plotting import axes_or_new
+        from ...plotting import axes_or_new
 
         fig, ax = axes_or_new(ax, figsize=(5.0, 3.6))
         for d in self.directions:

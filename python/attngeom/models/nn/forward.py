@@ -22,9 +22,9 @@ from typing import Optional
 
 import numpy as np
 
-from .._config import get_num_threads
-from .._operands import MAX_ARRAY_BYTES
-from ..attention_stats import FIELDS as STATS_FIELDS, AttentionStats
+from ..._config import get_num_threads
+from ..._operands import MAX_ARRAY_BYTES
+from ...attention_stats import FIELDS as STATS_FIELDS, AttentionStats
 
 _LAYER = {"axes": "layer"}   # (layers, [batch,] ...): the batch axis is axis 1
 _BATCH = {"axes": "batch"}   # ([batch,] ...): the batch axis is axis 0
@@ -225,7 +225,7 @@ class ForwardPlan:
     logits_at : ndarray of int, shape (batch, m), or None
         The token index of every logits row per sequence (None: every position).
     interventions : dict
-        {layer: checked interventions} (:func:`attngeom.models.interventions.check_interventions`).
+        {layer: checked interventions} (:func:`attngeom.models.nn.interventions.check_interventions`).
     single : bool
         Whether the input was one sequence (Hook functions then see no batch axis).
     """

@@ -12,13 +12,13 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .._operands import choice
-from .bert import BertEncoder
-from .heads import Checkpoint
-from .jsonfile import read_json_object
-from .layouts import detect_layout
-from .model import Model, load_model
-from .tokenizer import tokenize
+from ..._operands import choice
+from ..io.checkpoint import Checkpoint
+from ..io.jsonfile import read_json_object
+from ..io.layouts import detect_layout
+from ..io.tokenizer import tokenize
+from ..nn.bert import BertEncoder
+from ..nn.model import Model, load_model
 
 
 def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:

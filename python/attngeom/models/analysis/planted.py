@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-from .._operands import count, generator
+from ..._operands import count, generator
 
 
 def planted_induction_model(folder, *, vocab_size: int = 48, n_heads: int = 4, d_head: int = 64,
@@ -127,7 +127,7 @@ def planted_induction_model(folder, *, vocab_size: int = 48, n_heads: int = 4, d
             p + "mlp.c_fc.weight": np.zeros((d, 4 * d)), p + "mlp.c_fc.bias": np.zeros(4 * d),
             p + "mlp.c_proj.weight": np.zeros((4 * d, d)), p + "mlp.c_proj.bias": np.zeros(d),
         })
-    from .safetensors import write_safetensors
+    from ..io.safetensors import write_safetensors
 
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)

@@ -1,7 +1,7 @@
 """What a checkpoint's config.json says about its network: :class:`Architecture`.
 
 One description covers every supported family, so one decoder implementation
-(:mod:`attngeom.models.decoder`) runs them all:
+(:mod:`attngeom.models.nn.decoder`) runs them all:
 
 ===========  ========  =========  ==========  ========  ==========================================
 model_type   family    norm       MLP         position  attention extras
@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from ..nonlinearities import gelu, gelu_tanh, relu, silu
+from ...nonlinearities import gelu, gelu_tanh, relu, silu
 
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",

@@ -36,7 +36,7 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str) -> np.ndarray:
 
     Examples
     --------
-    >>> from attngeom.models.norm import normalize
+    >>> from attngeom.models.nn.norm import normalize
     >>> normalize(np.array([[3.0, 4.0]]), np.ones(2), None, 0.0, "rmsnorm").round(4)
     array([[0.8485, 1.1314]])
     """

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
+from ..io.checkpoint import Checkpoint
+from ..io.safetensors import BFloat16Array
+from .heads import ModelHeads, heads_from_checkpoint
 from .model import Model, model_from_checkpoint
-from .safetensors import BFloat16Array
 
 
 def _numpy_view(name: str, tensor):

@@ -23,11 +23,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _operands
-from ..attention import softmax_attention
-from ..head_diagnostics import HeadDiagnostics
-from ..spectral import cumulative_energy
-from .heads import ModelHeads, load_heads
+from ... import _operands
+from ...attention import softmax_attention
+from ...head_diagnostics import HeadDiagnostics
+from ...spectral import cumulative_energy
+from ..nn.heads import ModelHeads, load_heads
 
 
 def _energy_count(s: np.ndarray, level: float) -> np.ndarray:
@@ -213,7 +213,7 @@ class HeadReport:
         (n_layers, n_heads, bins) means within the bins as nested lists}; None without data."""
         if self.profiles is None:
             return None
-        from ..plotting import log_position_bins
+        from ...plotting import log_position_bins
 
         n = self.profiles["entropy"].shape[-1]
         edges, centers = log_position_bins(n)
@@ -275,7 +275,7 @@ class HeadReport:
 
     def plot_cross_layer(self, axes=None, *, kind: str = "box"):
         """Per layer, the distribution over heads of each quantity of :data:`CROSS_LAYER`."""
-        from .. import plotting
+        from ... import plotting
 
         return plotting.layer_distributions(self._cross_layer_maps(), axes, kind=kind)
 
@@ -286,8 +286,8 @@ class HeadReport:
         covariance Cov(u) (Fig. 5) over the pooled tokens of every text, and the singular
         values of the attention matrix P on the first text (Fig. 7).
         """
-        from .. import plotting
-        from ..spectral import effective_rank, singular_values, tilt_coverage
+        from ... import plotting
+        from ...spectral import effective_rank, singular_values, tilt_coverage
 
         if (layer, head) not in self.queries:
             raise ValueError(f"(layer, head) must be a chosen head with activations {sorted(self.queries)}, "
@@ -319,7 +319,7 @@ class HeadReport:
         over heads per layer), spectra_L<l>_H<h>.png for every chosen head and, with
         activations, attention_L<l>_H<h>.png (tokens on the axes) and laplace_radon_L<l>_H<h>.png.
         """
-        from .. import plotting
+        from ... import plotting
 
         maps = self._cross_layer_maps()
         figs = {"layer_head_grids.png": plotting.layer_head_grids(maps),
@@ -626,7 +626,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
         Heads, or a checkpoint path / packaged-model name for :func:`load_heads`.
     x : array_like or list of array_like, optional
         Activations, the input of each layer's attention (see
-        :mod:`attngeom.models.activations`): shape (n_layers, n, d_model) for one text,
+        :mod:`attngeom.models.analysis.activations`): shape (n_layers, n, d_model) for one text,
         (n_layers, n_seq, n, d_model) for n_seq texts of one length, or a list of
         (n_layers, n_i, d_model) arrays, one per text.
     tokens : list of str, or list of list of str, optional

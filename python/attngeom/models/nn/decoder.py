@@ -17,7 +17,7 @@ decoders:
 DeepSeek-V2's multi-head latent attention replaces the q, k, v line (:mod:`.mla`: keys and
 values expanded from a normed latent c_KV, a decoupled rotary key shared by the heads), and
 its MLP is dense in the first layers and routed plus shared experts after (:mod:`.moe`).
-BERT is the post-norm, bidirectional case: h_0 = LN(E[ids] + P[positions] + T[0]),
+BERT is the post-norm, bidirectional case: h_0 = LN(E[ids] + P[positions] + T[types]),
 h'_l = LN_1(h_l + a_l) with a_l read from h_l itself, h_{l+1} = LN_2(h'_l + MLP(h'_l)), no
 final norm and no logits. attngeom-gpt checkpoints (:mod:`attngeom.torch.gpt`) are the Llama
 path with LayerNorm biases, a 4x GELU MLP (none in attention-only models) and RoPE or a learned
@@ -36,18 +36,19 @@ from typing import Optional
 
 import numpy as np
 
-from ..attention import softmax_attention
+from ...attention import softmax_attention
+from ...attention_stats import AttentionStats
+from ..io.checkpoint import Checkpoint
+from ..io.layouts import LAYOUTS
+from ..io.safetensors import release_pages
 from .architecture import NONLINEARITIES, Architecture
-from ..attention_stats import AttentionStats
 from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
 from .interventions import apply, sites_at
-from .heads import Checkpoint
 from .mla import mla_attention_inputs, mla_weights
 from .moe import moe_mlp, moe_weights
 from .norm import normalize
 from .products import for_row_blocks, map_rows, product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
-from .safetensors import release_pages
 
 
 _UNEMBED_ROWS = 16384  # vocabulary rows cast at a time (16384 x 4096 float32 = 256 MiB at most)
@@ -153,12 +154,11 @@ class Decoder:
                     raise ValueError(f"tensor {s + 'mlp.c_fc.weight'!r} in {ck.file_of(s + 'mlp.c_fc.weight')!r} has "
                                      f"shape {tuple(fc.shape)}, but config.json (n_embd={d}, n_inner="
                                      f"{a.config.get('n_inner')}) implies {(d, want)}")
+                t = LAYOUTS["gpt2"].names(p, i)  # the attention's tensor names, from the layout's map
                 layers.append({
                     "ln1_w": take(s + "ln_1.weight", (d,)), "ln1_b": take(s + "ln_1.bias", (d,)),
-                    "qkv": take(s + "attn.c_attn.weight", (d, 3 * H * dh)),
-                    "b_qkv": take(s + "attn.c_attn.bias", (3 * H * dh,), required=False),
-                    "o": take(s + "attn.c_proj.weight", (H * dh, d)),
-                    "b_o": take(s + "attn.c_proj.bias", (d,), required=False),
+                    "qkv": take(t["qkv"], (d, 3 * H * dh)), "b_qkv": take(t["bqkv"], (3 * H * dh,), required=False),
+                    "o": take(t["o"], (H * dh, d)), "b_o": take(t["bo"], (d,), required=False),
                     "ln2_w": take(s + "ln_2.weight", (d,)), "ln2_b": take(s + "ln_2.bias", (d,)),
                     "up": fc, "b_up": take(s + "mlp.c_fc.bias", (ff,), required=False),
                     "down": take(s + "mlp.c_proj.weight", (ff, d)),
@@ -186,7 +186,7 @@ class Decoder:
                 up = take(s + "intermediate.dense.weight")
                 ff = up.shape[0] if up.ndim == 2 else -1  # its shape is checked below against d_model
                 layers.append({
-                    **_projections(take, (t + "self.query", t + "self.key", t + "self.value", t + "output.dense"), a),
+                    **_projections(take, LAYOUTS["bert"].names(p, i), a),
                     # post-norm: ln1 normalises h + attention, ln2 h' + MLP
                     "ln1_w": either(t + "output.LayerNorm.weight", (d,)), "ln1_b": either(t + "output.LayerNorm.bias", (d,)),
                     "up": take(s + "intermediate.dense.weight", (ff, d)).T, "b_up": take(s + "intermediate.dense.bias", (ff,)),
@@ -235,7 +235,7 @@ class Decoder:
                 if a.mla:  # multi-head latent attention (:mod:`.mla`)
                     attn = mla_weights(take, s, a)
                 else:
-                    attn = _projections(take, tuple(t + f"{r}_proj" for r in "qkvo"), a)
+                    attn = _projections(take, LAYOUTS["llama"].names(p, i), a)
                 layer = {
                     "ln1_w": take(s + "input_layernorm.weight", (d,)),
                     "ln1_b": take(s + "input_layernorm.bias", (d,)) if ours else None, **attn,
@@ -524,14 +524,15 @@ class Decoder:
 
 def _projections(take, names, a: Architecture) -> dict:
     """The attention's q, k, v, o weights in (in, out) orientation and their biases (None where
-    not stored), from torch Linear tensors "<name>.weight" (out, in) and "<name>.bias"."""
+    not stored), from torch Linear weights (out, in) and biases named by a layout's map
+    (roles q, k, v, o and bq, bk, bv, bo)."""
     d, H, K, dh = a.d_model, a.n_heads, a.n_kv_heads, a.d_head
     rows = {"q": H * dh, "k": K * dh, "v": K * dh, "o": d}
     cols = {"q": d, "k": d, "v": d, "o": H * dh}
     out = {}
-    for role, name in zip("qkvo", names):
-        out[role] = take(name + ".weight", (rows[role], cols[role])).T
-        out["b_" + role] = take(name + ".bias", (rows[role],), required=False)
+    for role in "qkvo":
+        out[role] = take(names[role], (rows[role], cols[role])).T
+        out["b_" + role] = take(names["b" + role], (rows[role],), required=False)
     return out
 
 

@@ -21,11 +21,12 @@ from typing import Optional
 
 import numpy as np
 
+from ..io.checkpoint import Checkpoint
+from ..io.layouts import detect_layout
 from .architecture import architecture_from_config
 from .decoder import Decoder
 from .forward import ForwardPlan, check_token_ids
-from .heads import Checkpoint, ModelHeads, heads_from_checkpoint
-from .layouts import detect_layout
+from .heads import ModelHeads, heads_from_checkpoint
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Dict, Iterable, Optional
 
 import numpy as np
 
-from .._operands import choice
+from ..._operands import choice
 
 # safetensors dtype codes -> NumPy dtypes of the stored data (little-endian).
 _DTYPES = {
@@ -176,7 +176,7 @@ def release_pages(a) -> None:
 
     Examples
     --------
-    >>> from attngeom.models.safetensors import release_pages
+    >>> from attngeom.models.io.safetensors import release_pages
     >>> release_pages(np.ones(3))   # not mapped: nothing happens
     """
     arr = a.bits if isinstance(a, BFloat16Array) else a

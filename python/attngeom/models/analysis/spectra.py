@@ -21,10 +21,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from .._docstrings import fill_doc
-from .._operands import choice, count, scalar
-from ..spectral import cumulative_energy, effective_rank, factored_svd
-from .heads import ModelHeads
+from ..._docstrings import fill_doc
+from ..._operands import choice, count, scalar
+from ...spectral import cumulative_energy, effective_rank, factored_svd
+from ..nn.heads import ModelHeads
 from .prompt import encode_prompt, resolve_model
 
 
@@ -119,7 +119,7 @@ class WeightSpectra:
         >>> len(s.plot(1, 0).axes) >= 3
         True
         """
-        from .. import plotting
+        from ... import plotting
 
         L, H = self.ov_effective_rank.shape
         layer = count("layer", layer, 0, L - 1)

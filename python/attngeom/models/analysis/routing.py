@@ -6,7 +6,7 @@ redundancy". :func:`router_statistics` runs a prompt through a MoE model (Mixtra
 DeepSeek-V2 layout, :mod:`.moe`), takes every MoE layer's router logits g and its top-k
 routing matrix R (the notes' "Definition (top-k routing matrix)", exactly what the model
 uses: topk_routing(g, k) for Mixtral, the unrenormalised, scaled top-k of softmax(g) for
-DeepSeek-V2, :func:`attngeom.models.moe.route`), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the routing
+DeepSeek-V2, :func:`attngeom.models.nn.moe.route`), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the routing
 Gram matrix R^T R and its spectrum (:func:`attngeom.routing_gram`; the notes' "Lemma
 (balanced expert utilization)": with disjoint, equal loads R^T R is diagonal with entries
 kT / n_experts), router entropy and the softmax mass the top k keep before renormalising.
@@ -18,9 +18,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from .._docstrings import fill_doc
-from ..circuits import RoutingGram, routing_gram
-from .moe import route
+from ..._docstrings import fill_doc
+from ...circuits import RoutingGram, routing_gram
+from ..nn.moe import route
 from .prompt import encode_prompt, resolve_model
 
 
@@ -101,7 +101,7 @@ class RouterStatistics:
         --------
         >>> stats.plot()  # doctest: +SKIP
         """
-        from .. import plotting
+        from ... import plotting
 
         fig, axes = plotting.panel_row(axes, 2, 4.6)
         im = axes[0].imshow(self.load_fraction, aspect="auto", cmap="viridis", interpolation="nearest")

@@ -22,7 +22,7 @@ Layouts (``prefix`` is whatever precedes the names below, e.g. ``bert.``, ``tran
   form (at relative offset m it is W_Q R_m W_K^T). Hugging Face's per-head row permutation
   for rotate_half acts identically on q and k and leaves B unchanged.
 * ``mla`` (DeepSeek-V2 multi-head latent attention): ``layers.N.self_attn.kv_a_proj_with_mqa.
-  weight`` and the other tensors of :mod:`attngeom.models.mla`. Recognised so that the
+  weight`` and the other tensors of :mod:`attngeom.models.nn.mla`. Recognised so that the
   forward pass finds its layers; it has no per-head weights in this layout, because every
   key passes through the latent's RMSNorm (kv_a_layernorm), which is not linear in x:
   :func:`split_layer` refuses it with a ValueError, and the forward pass's q and k

@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..subspace import Subspace
+from ...subspace import Subspace
 
 SITES = ("resid_pre", "attn_in", "q", "k", "v", "pattern", "z", "attn_out", "mlp_out", "resid_post")
 HEAD_SITES = ("q", "k", "v", "pattern", "z")

@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .._operands import count
+from ..._operands import count
 from .prompt import encode_prompt, resolve_model, token_strings
 
 
@@ -103,7 +103,7 @@ class LogitLens:
         >>> lens.plot().axes[0].get_ylabel()
         'layer (0 = embedding)'
         """
-        from .. import plotting
+        from ... import plotting
 
         values = self.target_log_probs
         n = values.shape[1]
