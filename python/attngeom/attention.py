@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, finite_result, from_bhnd, logit_scale, operand,
                         reduce_to_shape, scalar, to_bhnd)
@@ -26,7 +27,8 @@ from .kernels import kernel_params
 from .laplace_radon import ridge_attention, tilt_radius
 
 
-def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_routing=False,
                       return_log_partition=False, return_stats=False, layout=None):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
@@ -53,8 +55,9 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
         a cache). Combined with mask by logical and.
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
-    return_weights : bool, default False
-        Also return the routing matrix P, shape (..., n_q, n_k).
+    return_routing : bool, default False
+        Also return the routing matrix P, shape (..., n_q, n_k) (``return_weights`` is its
+        deprecated name).
     return_log_partition : bool, default False
         Also return log Z = logsumexp_j(scale q_i.k_j + mask_ij), shape (..., n_q).
     return_stats : bool, default False
@@ -75,7 +78,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The attention output, in the computation dtype (see `v`). With `return_weights`,
+        The attention output, in the computation dtype (see `v`). With `return_routing`,
         `return_log_partition` or `return_stats` a tuple (y, [P], [log Z], [stats]) in that
         order. A query with no visible key gives y = 0, P = 0 and log Z = -inf (its statistics:
         entropy, max_weight, sink_weight, mean_distance 0 and argmax -1).
@@ -91,7 +94,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     --------
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
-    >>> y, P = ag.softmax_attention(q, k, v, causal=True, return_weights=True)
+    >>> y, P = ag.softmax_attention(q, k, v, causal=True, return_routing=True)
     >>> y.shape, P.shape
     ((5, 3), (5, 7))
     >>> bool(np.allclose(P.sum(-1), 1)), bool(np.all(np.triu(P, 1) == 0))
@@ -102,12 +105,12 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
     y, w, lz, st = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
-                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
+                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_routing),
                                            bool(return_log_partition), want_stats=bool(return_stats))
-    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     if return_stats:
         out = (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st))
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 class AttentionGrads(NamedTuple):
@@ -202,7 +205,8 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
     return from_bhnd(layout, grads, "vvv")
 
 
-def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_routing=False,
                      return_log_partition=False, return_stats=False, layout=None, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
 
@@ -222,9 +226,9 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
         As in :func:`softmax_attention`; an additive mask multiplies psi by exp(mask).
     scale : float, optional
         Radius scale, default 1 / sqrt(d_k).
-    return_weights, return_log_partition : bool, default False
-        As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
-        additive mask).
+    return_routing, return_log_partition : bool, default False
+        As in :func:`softmax_attention` (``return_weights`` is deprecated); log Z is
+        log sum_j psi(tau_i, s_ij) (plus the additive mask).
     return_stats : bool, default False
         As in :func:`softmax_attention`: the statistics of the kernel's weight rows.
     layout : {None, "bhnd", "bnhd"}, optional
@@ -253,9 +257,9 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     q = operand("q", q, "(..., n_q, d_k)", dtype=None)
     u, tau = tilt_radius(q, scale=scale, layout="bhnd")
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
-                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_routing=return_routing, return_log_partition=return_log_partition,
                           return_stats=return_stats)
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 @finite_result

@@ -4,7 +4,7 @@ the layer-norm Jacobian, MoE routing, latent (MLA) factorisation, MLP key-value 
 Source: the lecture notes "linear algebra applications for transformers" (cited by the
 notes' headings). Conventions: tokens are rows, X (n, d_model). A head with attention
 (routing) matrix P (n, n) and OV matrix W_OV maps X to P X W_OV, where W_OV is always the
-library's row-convention map x -> x W_V W_O (d_model x d_model; DESIGN "One vocabulary").
+library's row-convention map x -> x W_V W_O (d_model x d_model; docs/architecture.md, "Glossary").
 The notes and transformer-circuits write the column-convention matrix W_O W_V acting on
 column vectors, which is W_OV^T: their (A (x) W_OV) X is our P X W_OV. Stacked head weights
 use TransformerLens's row convention and layout: W_Q, W_K, W_V (n_layers, n_heads,
@@ -19,7 +19,8 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._operands import broadcast_batch, check_size, choice, finite_result, operand, renamed_arguments, scalar
+from ._deprecation import renamed_arguments, renamed_values
+from ._operands import broadcast_batch, check_size, choice, finite_result, operand, scalar
 from .subspace import Subspace
 
 
@@ -685,7 +686,7 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
 # -- MLP as key-value memory ---------------------------------------------------------------
 _ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda z: np.maximum(z, 0),
-    "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * (z * z * z)))),
+    "gelu_tanh": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * (z * z * z)))),
     "silu": lambda z: z / (1 + np.exp(-z)),
     "identity": lambda z: z,
 }
@@ -716,8 +717,9 @@ class KeyValueMLP:
         return order, norms[order]
 
 
+@renamed_values(activation={"gelu": "gelu_tanh"})
 @finite_result
-def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=None, b2=None) -> KeyValueMLP:
+def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu_tanh", *, b1=None, b2=None) -> KeyValueMLP:
     """The MLP x -> phi(x W1 + b1) W2 + b2 as a sum of neuron writes a_j v_j.
 
     The notes' "Lemma (key-value decomposition)". Row convention: the notes' K = W1^T and
@@ -731,8 +733,9 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
         Input weights (keys k_j are its columns).
     W2 : array_like, shape (d_ff, d_model)
         Output weights (values v_j are its rows).
-    activation : {"relu", "gelu", "silu", "identity"} or callable, default "gelu"
-        phi; "gelu" is the tanh approximation.
+    activation : {"relu", "gelu_tanh", "silu", "identity"} or callable, default "gelu_tanh"
+        The activation function phi; "gelu_tanh" is GELU's tanh approximation ("gelu", the
+        deprecated name of the same function here, is the exact erf form elsewhere).
     b1 : array_like, shape (d_ff,), optional
         Input bias.
     b2 : array_like, shape (d_model,), optional

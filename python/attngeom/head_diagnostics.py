@@ -309,7 +309,7 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol, 
         tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
         tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)
         tilts[sl] = tilt_coverage(q, W_K=wkb[sl], rtol=rtol, batch_ndim=1)
-        _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_weights=True, layout="bhnd")
+        _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_routing=True, layout="bhnd")
         sv[sl] = singular_values(P)
     out.radius_mean = tau_mean.reshape(batch)
     out.radius_std = tau_std.reshape(batch)

@@ -23,6 +23,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, Operand, ResultOverflow, check_bound, check_finite,
                         check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
@@ -129,7 +130,8 @@ def radon_project(u, k, *, layout=None):
         raise ValueError(f"batch dimensions do not broadcast: u {u.shape[:-2]}, k {k.shape[:-2]}") from None
 
 
-def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_routing=False,
                     return_log_partition=False, return_stats=False):
     """The core call behind :func:`laplace_radon_attention` and kernel_attention: weights
     psi(tau_i, u_i.k_j) normalised per row, with the kernel already checked
@@ -141,9 +143,9 @@ def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qn
     keep, bias, mi = pr.mask_args()
     y, w, lz, st = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                          pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel,
-                                         params, bool(return_weights), bool(return_log_partition),
+                                         params, bool(return_routing), bool(return_log_partition),
                                          bool(return_stats))
-    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     return (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st)) if return_stats else out
 
 
@@ -242,7 +244,8 @@ def _transform_complex(u, tau, k, v, log_domain):
         return _within_range(Transform(scale * zs, None if v is None else ns * scale[..., None]))
 
 
-def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_routing=False,
                             return_log_partition=False, return_stats=False, layout=None, **params):
     """Attention from tilts and radii: y = N(u, tau) / Z(u, tau) (Laplace-Radon eq. 14, 42).
 
@@ -264,8 +267,8 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
         The kernel psi of :mod:`attngeom.kernels`.
     mask, causal : optional
         As in :func:`softmax_attention`.
-    return_weights, return_log_partition : bool, default False
-        As in :func:`softmax_attention`.
+    return_routing, return_log_partition : bool, default False
+        As in :func:`softmax_attention` (``return_weights`` is deprecated).
     return_stats : bool, default False
         Also return the :class:`attngeom.AttentionStats` of the weight rows, as in
         :func:`softmax_attention`.
@@ -297,9 +300,9 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
     layout, (u, k, v, tau) = to_bhnd(layout, "laplace_radon_attention",
                                      [("u", u, "v"), ("k", k, "v"), ("v", v, "v"), ("tau", tau, "s")])
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
-                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_routing=return_routing, return_log_partition=return_log_partition,
                           return_stats=return_stats)
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 @finite_result

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import renamed_arguments
+from ._deprecation import renamed_arguments
 
 
 def pyplot():

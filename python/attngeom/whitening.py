@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import filler
 from ._operands import check_finite, check_size, cotangent, count, finite_result, generator, operand, real_array, scalar
 from .attention import softmax_attention
@@ -501,8 +502,9 @@ def full_whitening(x) -> np.ndarray:
 
 
 # -- whitened self-attention ---------------------------------------------------------------
+@renamed_arguments(return_weights="return_routing")
 @finite_result
-def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_weights=False):
+def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_routing=False):
     """Whitened self-attention (eq. 4): WSA(x)_i = sum_j softmax_j(w_i^T Q^T K w_j scale) w_j.
 
     Whitened self-attention s.3, eq. 4: x is whitened by :func:`whiten` with (L, M), queries are
@@ -521,13 +523,14 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
         Causal attention (GPT).
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
-    return_weights : bool, default False
-        Also return the attention matrix, shape (..., T, T).
+    return_routing : bool, default False
+        Also return the routing matrix P, shape (..., T, T) (``return_weights`` is its
+        deprecated name).
 
     Returns
     -------
     y : ndarray, shape (..., T, D)
-        The output, or (y, P) with `return_weights`.
+        The output, or (y, P) with `return_routing`.
 
     Examples
     --------
@@ -544,7 +547,7 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
     if wk.shape != wq.shape:
         raise ValueError(f"W_K must have shape {wq.shape}, got {wk.shape}")
     return softmax_attention(w @ wq.astype(w.dtype), w @ wk.astype(w.dtype), w, causal=causal, scale=scale,
-                             return_weights=return_weights, layout="bhnd")
+                             return_routing=return_routing, layout="bhnd")
 
 
 # -- measures ------------------------------------------------------------------------------
