@@ -28,8 +28,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .._durable import DamagedFile, read_checked, write_checked
+from .._durable import read_checked, write_checked
 from .._operands import float_dtype
+from ..errors import DamagedFile
 from .cumulants import CumulantStatistic
 from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
 from .profile import ProfileStatistic
