@@ -24,10 +24,10 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, Operand, ResultOverflow, check_bound, check_finite,
-                        check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
-                        operand, scalar, to_bhnd)
+from ._operands import (AttentionOperands, Operand, check_bound, check_finite, check_shared_width, compute_dtype,
+                        finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
+from .errors import ResultOverflow
 from .kernels import kernel_params
 
 

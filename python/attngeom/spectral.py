@@ -25,8 +25,9 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (ResultOverflow, batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
+from ._operands import (batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
                         finite_result, flag, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
+from .errors import ResultOverflow
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
