@@ -35,6 +35,6 @@ from .deprecation import renamed_arguments
 from .float_range import check_bound, finite_result, max_row_norm
 from .layouts import ACTIVATION_LAYOUTS, attention_kinds, from_bhnd, looks_token_major, to_bhnd
 from .validation import (COMPUTE, MAX_ARRAY_BYTES, as_array, causal_code, check_finite, check_min_ndim, check_nonempty,
-                         check_shared_width, check_size, choice, compute_dtype, cotangent, count, flag, float_dtype,
-                         generator, logit_scale, operand, query_key_value, real_array, rtol_arg, scalar, sequence,
-                         uniform_grid)
+                         check_shared_width, check_size, check_token_ids, choice, compute_dtype, cotangent, count, flag,
+                         float_dtype, generator, logit_scale, operand, query_key_value, real_array, rtol_arg, scalar,
+                         sequence, uniform_grid)

@@ -149,13 +149,17 @@ def logit_scale(scale, d_k: int, *, positive: bool = False) -> float:
     return 1.0 / math.sqrt(d_k)
 
 
-def count(name: str, value, minimum: int = 1, maximum: Optional[int] = None) -> int:
+def count(name: str, value, minimum: int = 1, maximum: Optional[int] = None, *, allow_none: bool = False,
+          type_error: bool = False) -> Optional[int]:
     """An integer argument in [minimum, maximum] (bool is not an integer here; neither is a
-    float, even inf or 3.0)."""
+    float, even inf or 3.0); None too with allow_none. A ValueError otherwise, or a TypeError
+    with type_error where the value is not an integer at all."""
+    if value is None and allow_none:
+        return None
     bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum
-            or (maximum is not None and value > maximum)):
-        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    not_int = isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+    if not_int or value < minimum or (maximum is not None and value > maximum):
+        raise (TypeError if not_int and type_error else ValueError)(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
 
 
@@ -189,6 +193,13 @@ def sequence(name: str, value, *, length: Optional[int] = None, nonempty: bool =
     if length is not None and len(value) != length:
         raise ValueError(f"{name} must hold {length} items, got {len(value)}")
     return list(value)
+
+
+def check_token_ids(name: str, ids: np.ndarray, vocab_size: int, note: str = "") -> None:
+    """Refuse integer token ids outside the vocabulary 0..vocab_size - 1, naming the argument
+    (`note`, e.g. " (config.json vocab_size 97)", follows the range in the message)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{name} must lie in 0..{vocab_size - 1}{note}, got {ids.min()}..{ids.max()}")
 
 
 #: The largest array a call may allocate (16 GiB): sizes beyond it are refused before any
