@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._operands import broadcast_batch, compute_dtype, finite_result, logit_scale, operand, rtol_arg, scalar
+from ._operands import broadcast_batch, choice, compute_dtype, finite_result, logit_scale, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
@@ -143,8 +143,7 @@ class HeadDiagnostics:
 
         spectra = {"bilinear": self.nulls.singular_values, "ov": self.ov_singular_values,
                    "routing": None if self.routing_singular_values is None else self.routing_singular_values.mean(-2)}
-        if which not in spectra:
-            raise ValueError(f"which must be one of {tuple(spectra)}, got {which!r}")
+        choice("which", which, tuple(spectra))
         if spectra[which] is None:
             raise ValueError(f"no {which} spectra: pass W_O for 'ov' and x for 'routing'")
         s = np.asarray(spectra[which]).reshape(-1, spectra[which].shape[-1])
@@ -156,8 +155,7 @@ class HeadDiagnostics:
         from . import plotting
 
         rows = self.table()
-        if metric not in rows[0] or metric == "head":
-            raise ValueError(f"metric must be one of {[k for k in rows[0] if k != 'head']}, got {metric!r}")
+        choice("metric", metric, tuple(k for k in rows[0] if k != "head"))
         shape = self.batch_shape if len(self.batch_shape) == 2 else (1, len(rows))
         values = np.array([r[metric] for r in rows], dtype=float).reshape(shape)
         return plotting.head_map(values, metric, ax=ax)

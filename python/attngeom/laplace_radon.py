@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, Operand, check_bound, check_finite, check_shared_width, compute_dtype,
+from ._operands import (AttentionOperands, Operand, check_bound, check_finite, check_shared_width, compute_dtype, count,
                         finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
 from .errors import ResultOverflow
@@ -347,8 +347,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **para
     if tau is None:
         raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
-    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
-        raise ValueError(f"order must be an integer in 1..4, got {order!r}")
+    count("order", order, 1, 4)
     layout, (u, k, tau) = to_bhnd(layout, "projected_cumulants", [("u", u, "v"), ("k", k, "v"), ("tau", tau, "s")])
     pr = AttentionOperands(u, k, None, qname="u", tau=tau)
     out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,

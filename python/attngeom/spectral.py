@@ -666,10 +666,7 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
     ((2,), 2)
     """
     a = operand("u", u, "(..., d_k)", dtype=None, finite=False)
-    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)) or \
-            not 0 <= batch_ndim < a.ndim:
-        raise ValueError(f"batch_ndim must be an integer in [0, {a.ndim - 1}] for u of shape {a.shape}, "
-                         f"got {batch_ndim!r}")
+    count("batch_ndim", batch_ndim, 0, a.ndim - 1, bound=f"in [0, {a.ndim - 1}] for u of shape {a.shape}")
     if batch_ndim == 0:
         acc = TiltCoverage(a.shape[-1]).update(a)
         if acc.count == 0:

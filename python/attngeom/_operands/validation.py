@@ -150,13 +150,14 @@ def logit_scale(scale, d_k: int, *, positive: bool = False) -> float:
 
 
 def count(name: str, value, minimum: int = 1, maximum: Optional[int] = None, *, allow_none: bool = False,
-          type_error: bool = False) -> Optional[int]:
+          type_error: bool = False, bound: Optional[str] = None) -> Optional[int]:
     """An integer argument in [minimum, maximum] (bool is not an integer here; neither is a
     float, even inf or 3.0); None too with allow_none. A ValueError otherwise, or a TypeError
-    with type_error where the value is not an integer at all."""
+    with type_error where the value is not an integer at all. `bound` is the message's range
+    where it says where the maximum comes from (e.g. "in [1, n_experts = 8]")."""
     if value is None and allow_none:
         return None
-    bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+    bound = bound or (f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}")
     not_int = isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
     if not_int or value < minimum or (maximum is not None and value > maximum):
         raise (TypeError if not_int and type_error else ValueError)(f"{name} must be an integer {bound}, got {value!r}")
