@@ -22,8 +22,8 @@ from .spectral import (
     ParameterNulls,
     TiltCoverageResult,
     effective_rank,
-    factored_svd,
     parameter_nulls,
+    product_svd,
     singular_values,
     spectrum_rank,
     tilt_coverage,
@@ -240,7 +240,7 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
     out = HeadDiagnostics(batch, d_model, d_head, nulls,
                           np.asarray(effective_rank(nulls.singular_values, kind="entropy", spectrum=True)))
     if wo is not None:
-        s = factored_svd(wv, wo).S
+        s = product_svd(wv, wo).S
         s = np.broadcast_to(s, batch + s.shape[-1:])
         out.ov_singular_values = s
         out.ov_rank = spectrum_rank(s, rtol, d_model, d_model)

@@ -83,10 +83,14 @@ def tilt_radius(q, *, scale=None, layout=None):
     """
     layout, (q,) = to_bhnd(layout, "tilt_radius", [("q", q, "v")])
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
-    scale = logit_scale(scale, q.shape[-1])
-    flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
-    u, tau = _core.tilt_radius(flat, float(scale))
-    return from_bhnd(layout, (u.reshape(q.shape), tau.reshape(q.shape[:-1])), "vs")
+    return from_bhnd(layout, tilts_and_radii(q, logit_scale(scale, q.shape[-1])), "vs")
+
+
+def tilts_and_radii(q: np.ndarray, scale: float) -> tuple:
+    """(u, tau) of :func:`tilt_radius` for checked queries q (..., n, d_k) of the computation
+    dtype and a checked scale, without the checks."""
+    u, tau = _core.tilt_radius(np.ascontiguousarray(q.reshape(-1, q.shape[-1])), float(scale))
+    return u.reshape(q.shape), tau.reshape(q.shape[:-1])
 
 
 @finite_result
