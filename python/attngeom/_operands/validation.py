@@ -123,8 +123,9 @@ def operand(name: str, x, expected: str, *, ndim: Optional[int] = None, min_ndim
     return a if dtype is None else a.astype(dtype, copy=False)
 
 
-def scalar(name: str, x, *, positive: bool = False, allow_none: bool = False) -> Optional[float]:
-    """A finite real scalar (strictly positive when asked)."""
+def scalar(name: str, x, *, positive: bool = False, nonnegative: bool = False,
+           allow_none: bool = False) -> Optional[float]:
+    """A finite real scalar (strictly positive, or >= 0, when asked)."""
     if x is None and allow_none:
         return None
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Real, np.floating, np.integer)):
@@ -137,6 +138,8 @@ def scalar(name: str, x, *, positive: bool = False, allow_none: bool = False) ->
         raise ValueError(f"{name} must be finite, got {x}")
     if positive and x <= 0:
         raise ValueError(f"{name} must be > 0, got {x}")
+    if nonnegative and x < 0:
+        raise ValueError(f"{name} must be >= 0, got {x}")
     return x
 
 
@@ -242,12 +245,7 @@ def float_dtype(name: str, dtype) -> np.dtype:
 
 def rtol_arg(rtol) -> Optional[float]:
     """The rank tolerance of every rank decision: None (the matrix_rank rule) or a float >= 0."""
-    if rtol is None:
-        return None
-    rtol = scalar("rtol", rtol)
-    if rtol < 0:
-        raise ValueError(f"rtol must be >= 0, got {rtol}")
-    return rtol
+    return scalar("rtol", rtol, nonnegative=True, allow_none=True)
 
 
 _CAUSAL = {None: 0, False: 0, True: 1, "top_left": 1, "bottom_right": 2}
