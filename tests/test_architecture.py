@@ -15,6 +15,10 @@ PACKAGE = ROOT / "python" / "attngeom"
 
 INFRASTRUCTURE = {
     "attngeom._operands",
+    "attngeom._operands.validation",
+    "attngeom._operands.broadcast",
+    "attngeom._operands.float_range",
+    "attngeom._operands.layouts",
     "attngeom._docstrings",
     "attngeom._core",
     "attngeom._config",

@@ -24,7 +24,7 @@ from ._operands import (AttentionOperands, finite_result, from_bhnd, logit_scale
                         reduce_to_shape, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
 from .kernels import kernel_params
-from .laplace_radon import ridge_attention, tilt_radius
+from .laplace_radon import ridge_attention, tilts_and_radii
 
 
 @renamed_arguments(return_weights="return_routing")
@@ -254,8 +254,8 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     """
     name, p = kernel_params(kernel, params)
     layout, (q, k, v) = to_bhnd(layout, "kernel_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
-    q = operand("q", q, "(..., n_q, d_k)", dtype=None)
-    u, tau = tilt_radius(q, scale=scale, layout="bhnd")
+    q = operand("q", q, "(..., n_q, d_k)")
+    u, tau = tilts_and_radii(q, logit_scale(scale, q.shape[-1]))
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
                           return_routing=return_routing, return_log_partition=return_log_partition,
                           return_stats=return_stats)
@@ -317,9 +317,9 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
         grads = softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
                                            log_partition=log_partition, layout="bhnd")
         return from_bhnd(layout, grads, "vvv")
-    qa = operand("q", q, "(..., n_q, d_k)", dtype=None)
+    qa = operand("q", q, "(..., n_q, d_k)")
     scale = logit_scale(scale, qa.shape[-1])
-    u, tau = tilt_radius(qa, scale=scale, layout="bhnd")
+    u, tau = tilts_and_radii(qa, scale)
     pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
     keep, bias, mi = pr.mask_args()
 
@@ -335,7 +335,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
     dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
     u = u.astype(pr.dtype, copy=False)
-    norm = tilt_radius(qa.astype(pr.dtype, copy=False), scale=1.0, layout="bhnd")[1][..., None]  # |q|, overflow-safe
+    norm = tilts_and_radii(qa.astype(pr.dtype, copy=False), 1.0)[1][..., None]  # |q|, overflow-safe
     radial = np.sum(u * du, axis=-1, keepdims=True)
     dq = np.divide(du - u * radial, norm, out=np.zeros_like(du), where=norm > 0)
     dq += pr.dtype.type(scale) * dtau[..., None] * u

@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import numpy as np
 
 from ._deprecation import renamed_arguments, renamed_values
-from ._operands import broadcast_batch, check_size, choice, finite_result, operand, scalar
+from ._operands import broadcast_batch, check_size, choice, count, finite_result, operand, scalar
 from .subspace import Subspace
 
 
@@ -290,9 +290,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
         J = operand("mlp_jacobians", mlp_jacobians, "(n_layers, d_model, d_model)", ndim=3)
         if J.shape != (L, d, d):
             raise ValueError(f"mlp_jacobians must have shape {(L, d, d)}, got {J.shape}")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
-                                   or max_length < 0):
-        raise ValueError(f"max_length must be a non-negative integer or None, got {max_length!r}")
+    count("max_length", max_length, 0, allow_none=True, bound=">= 0 or None")
 
     sizes = [H, 1] * L if J is not None else [H] * L
     n_paths = _path_count(sizes, max_length)
@@ -470,8 +468,7 @@ def topk_routing(gate_logits, k: int) -> np.ndarray:
     """
     g = operand("gate_logits", gate_logits, "(..., n_tokens, n_experts)")
     E = g.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= E:
-        raise ValueError(f"k must be an integer in [1, n_experts = {E}], got {k!r}")
+    count("k", k, 1, E, bound=f"in [1, n_experts = {E}]")
     idx = np.argsort(-g, axis=-1, kind="stable")[..., :k]
     top = np.take_along_axis(g, idx, -1)
     w = np.exp(top - top.max(-1, keepdims=True))
@@ -584,8 +581,7 @@ def latent_factorization(K, rank: int) -> LatentFactorization:
     """
     K = operand("K", K, "(m, n)", ndim=2)
     k = min(K.shape)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= k:
-        raise ValueError(f"rank must be an integer in [1, min(m, n) = {k}], got {rank!r}")
+    count("rank", rank, 1, k, bound=f"in [1, min(m, n) = {k}]")
     u, s, vh = np.linalg.svd(K, full_matrices=False)
     if s[rank - 1] == 0:  # U would have a zero column: no rank-r factorisation, kappa(U) = inf
         raise ValueError(f"rank {rank} exceeds the rank of K ({int(np.count_nonzero(s))} nonzero singular values)")

@@ -25,10 +25,10 @@ import numpy as np
 from . import _core
 from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, Operand, ResultOverflow, check_bound, check_finite,
-                        check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
-                        operand, scalar, to_bhnd)
+from ._operands import (AttentionOperands, Operand, check_bound, check_finite, check_shared_width, compute_dtype, count,
+                        finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
+from .errors import ResultOverflow
 from .kernels import kernel_params
 
 
@@ -84,10 +84,14 @@ def tilt_radius(q, *, scale=None, layout=None):
     """
     layout, (q,) = to_bhnd(layout, "tilt_radius", [("q", q, "v")])
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
-    scale = logit_scale(scale, q.shape[-1])
-    flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
-    u, tau = _core.tilt_radius(flat, float(scale))
-    return from_bhnd(layout, (u.reshape(q.shape), tau.reshape(q.shape[:-1])), "vs")
+    return from_bhnd(layout, tilts_and_radii(q, logit_scale(scale, q.shape[-1])), "vs")
+
+
+def tilts_and_radii(q: np.ndarray, scale: float) -> tuple:
+    """(u, tau) of :func:`tilt_radius` for checked queries q (..., n, d_k) of the computation
+    dtype and a checked scale, without the checks."""
+    u, tau = _core.tilt_radius(np.ascontiguousarray(q.reshape(-1, q.shape[-1])), float(scale))
+    return u.reshape(q.shape), tau.reshape(q.shape[:-1])
 
 
 @finite_result
@@ -350,8 +354,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **para
     if tau is None:
         raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
-    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
-        raise ValueError(f"order must be an integer in 1..4, got {order!r}")
+    count("order", order, 1, 4)
     layout, (u, k, tau) = to_bhnd(layout, "projected_cumulants", [("u", u, "v"), ("k", k, "v"), ("tau", tau, "s")])
     pr = AttentionOperands(u, k, None, qname="u", tau=tau)
     out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,

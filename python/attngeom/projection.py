@@ -23,8 +23,9 @@ import numpy as np
 
 from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
-from ._operands import (attention_kinds, broadcast_batch, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
-                        max_row_norm, operand, query_key_value, real_array, reduce_to_shape, scalar, to_bhnd)
+from ._operands import (attention_kinds, broadcast_batch, check_bound, check_nonempty, compute_dtype, count,
+                        finite_result, from_bhnd, max_row_norm, operand, query_key_value, real_array, reduce_to_shape,
+                        scalar, to_bhnd)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
@@ -244,8 +245,7 @@ def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
     if ya.shape[0] != xa.shape[0]:
         raise ValueError(f"y must have shape (n, d') with n = {xa.shape[0]} (from x), got {ya.shape}")
     n = xa.shape[0]
-    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, (int, np.integer)) or not 2 <= n_neighbors <= n:
-        raise ValueError(f"n_neighbors must be an integer in [2, n = {n}], got {n_neighbors!r}")
+    count("n_neighbors", n_neighbors, 2, n, bound=f"in [2, n = {n}]")
     xf, yf = xa.astype(np.float64), ya.astype(np.float64)
     sq = np.sum(xf * xf, axis=1)
     dist = sq[:, None] + sq[None, :] - 2 * xf @ xf.T

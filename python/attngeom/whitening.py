@@ -244,8 +244,7 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
     >>> bool(np.allclose(ag.whiten_scan(x, L, M, block=4), ag.whiten(x, L, M)))
     True
     """
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
+    count("block", block)
     shape, flat, L, M, lower, varying = _filter(x, L, M)
     if varying:
         raise ValueError("whiten_scan needs one (D, D) pair (L, M): the scan chains powers of one affine map")
@@ -711,8 +710,7 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
     ((4000, 3, 2), True)
     """
     B, T, ph, D = _process("Phi", Phi, B, T)
-    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
-        raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
+    count("burn_in", burn_in, 0)
     check_size("B, T, burn_in", (burn_in + T) * B * D * 3)
     # The draws in the order of a step-by-step simulation: (burn_in + T) steps of (B, D).
     e = generator(seed).standard_normal((burn_in + T, B, D)).transpose(1, 0, 2)
