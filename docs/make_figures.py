@@ -34,7 +34,7 @@ def laplace_radon_identity(path):
     s = ag.radon_project(u[:1], k)[0]
     order = np.argsort(s)
     for kernel, params, style in [("exp", {}, "-"), ("gaussian", {"sigma": 0.5}, "--"), ("cauchy", {"gamma": 0.5}, ":")]:
-        _, P = ag.laplace_radon_attention(u[:1], tau[:1], k, v, kernel=kernel, return_weights=True, **params)
+        _, P = ag.laplace_radon_attention(u[:1], tau[:1], k, v, kernel=kernel, return_routing=True, **params)
         label = kernel if not params else f"{kernel} ({', '.join(f'{a}={b}' for a, b in params.items())})"
         ax1.plot(s[order], P[0, order], style, lw=1.5, label=label)
     ax1.set_xlabel("projected coordinate s = u . k of each key (query 0)")

@@ -1,4 +1,4 @@
-"""The package's import structure (DESIGN "Layout"): no module imports another module's private
+"""The package's import structure (docs/architecture.md, "Layers"): no module imports another module's private
 names. Private infrastructure modules exist to be imported: the operand layer, the docstring
 fragments, the compiled core, its configuration, durable (atomic, checksummed) files, and the
 experiment drivers' shared result, progress and resume helpers.
@@ -15,10 +15,15 @@ PACKAGE = ROOT / "python" / "attngeom"
 
 INFRASTRUCTURE = {
     "attngeom._operands",
+    "attngeom._operands.validation",
+    "attngeom._operands.broadcast",
+    "attngeom._operands.float_range",
+    "attngeom._operands.layouts",
     "attngeom._docstrings",
     "attngeom._core",
     "attngeom._config",
     "attngeom._durable",
+    "attngeom._deprecation",
     "attngeom.experiments._result",
     "attngeom.experiments._progress",
     "attngeom.experiments._resume",

@@ -288,7 +288,7 @@ def test_bad_inputs(rng, fn):
 def test_core_finds_non_finite_operands(rng, dtype, bad):
     """softmax_attention leaves the NaN / inf checks to the core (the range pass over q and k,
     the output rows for v): the same NonFiniteOperand, whichever block and thread hold it."""
-    from attngeom._operands import NonFiniteOperand
+    from attngeom.errors import NonFiniteOperand
 
     q, k, v = (rng.standard_normal((6, 2, 300, 16)).astype(dtype) for _ in range(3))  # parallel in the core
     for name, where in [("q", (5, 1, 299, 15)), ("k", (3, 0, 7, 0)), ("v", (0, 1, 150, 3)), ("v", (5, 1, 299, 15))]:
@@ -307,7 +307,7 @@ def test_core_finds_non_finite_operands(rng, dtype, bad):
 def test_core_finds_non_finite_operands_of_ridge_kernels(rng, kernel, params):
     """kernel_attention checks q itself (u and tau come from it); k and v, and the tilts and
     radii given to laplace_radon_attention, are checked by the core."""
-    from attngeom._operands import NonFiniteOperand
+    from attngeom.errors import NonFiniteOperand
 
     q, k, v = (rng.standard_normal((2, 200, 8)) for _ in range(3))
     u, tau = ag.tilt_radius(q)
@@ -336,7 +336,7 @@ def test_values_no_query_sees_do_not_enter(rng):
 def test_output_overflow_is_refused(dtype):
     """Finite values whose weighted running sum passes the float range (|v| near the
     maximum, equal weights) raise ResultOverflow instead of returning inf."""
-    from attngeom._operands import ResultOverflow
+    from attngeom.errors import ResultOverflow
 
     big = np.finfo(dtype).max / 2
     q, k = np.zeros((3, 2), dtype), np.zeros((8, 2), dtype)

@@ -15,6 +15,7 @@ import doctest
 import importlib
 import inspect
 import os
+import pathlib
 import pkgutil
 import re
 import subprocess
@@ -174,3 +175,24 @@ def test_docstring_fragment_filling():
     assert "100%% of %(answer)s inline" in f.__doc__
     with pytest.raises(KeyError, match="missing"):
         filler()(type("C", (), {"__doc__": "A.\n\n    %(missing)s\n"}))
+
+
+CITATION = re.compile(r'docs/(\w+\.md), "([^"]+)"')
+
+
+def test_cited_sections_exist():
+    """Docstrings, comments and tests cite the design notes as ``docs/<file>.md, "<section>"``:
+    the file and a heading of that name exist."""
+    cited = []
+    for folder in ("python", "tests", "cpp", "benchmarks"):
+        for path in sorted(pathlib.Path(ROOT, folder).rglob("*")):
+            if path.suffix in (".py", ".hpp", ".cpp"):
+                cited += [(path.name, *m.groups()) for m in CITATION.finditer(path.read_text())]
+    assert cited
+    missing = []
+    for where, document, section in cited:
+        path = pathlib.Path(ROOT, "docs", document)
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE) if path.exists() else []
+        if section not in headings:
+            missing.append(f'{where}: docs/{document}, "{section}"')
+    assert not missing, missing

@@ -3,7 +3,8 @@ received shape) and one dtype rule."""
 import numpy as np
 import pytest
 
-from attngeom._operands import count, operand, query_key_value, renamed_arguments, rtol_arg, uniform_grid
+from attngeom._deprecation import renamed_arguments
+from attngeom._operands import check_token_ids, count, operand, query_key_value, rtol_arg, uniform_grid
 
 
 def test_operand_reads_the_axes_rule_from_the_expected_shape():
@@ -45,6 +46,11 @@ def test_scalar_arguments():
     for bad in (0, True, 2.0):
         with pytest.raises(ValueError, match="n must be an integer >= 1"):
             count("n", bad)
+    assert count("n", None, allow_none=True) is None
+    with pytest.raises(TypeError, match=r"^n must be an integer >= 1, got 1\.5$"):  # type_error: the kind is wrong
+        count("n", 1.5, type_error=True)
+    with pytest.raises(ValueError, match="^n must be an integer >= 1, got 0$"):
+        count("n", 0, type_error=True)
     assert rtol_arg(None) is None and rtol_arg(0) == 0.0
     with pytest.raises(ValueError, match="rtol must be >= 0"):
         rtol_arg(-1.0)
@@ -52,6 +58,12 @@ def test_scalar_arguments():
     assert kind == "imaginary" and step == 1j
     with pytest.raises(ValueError, match="tau must be uniformly spaced"):
         uniform_grid("tau", np.array([0.0, 1.0, 3.0]))
+
+
+def test_token_ids_lie_in_the_vocabulary():
+    check_token_ids("ids", np.array([0, 4]), 5)
+    with pytest.raises(ValueError, match=r"^ids must lie in 0\.\.4 \(vocab 5\), got 0\.\.5$"):
+        check_token_ids("ids", np.array([0, 5]), 5, " (vocab 5)")
 
 
 def test_renamed_arguments():

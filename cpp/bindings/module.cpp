@@ -27,7 +27,7 @@ PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   // names (ValueError subclasses), so a check made in the core reads as the Python layer's.
   py::register_local_exception_translator([](std::exception_ptr p) {
     const auto raise = [](const char* cls, const char* what) {
-      py::object type = py::module_::import("attngeom._operands").attr(cls);
+      py::object type = py::module_::import("attngeom.errors").attr(cls);
       PyErr_SetString(type.ptr(), what);
     };
     try {

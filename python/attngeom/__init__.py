@@ -32,7 +32,8 @@ for _name, _value in (("GOMP_SPINCOUNT", "10000"), ("OPENBLAS_THREAD_TIMEOUT", "
 del _name, _value
 
 from ._config import __version__, get_num_threads, set_num_threads, show_config  # noqa: E402
-from ._operands import LayoutWarning
+from . import errors
+from .errors import LayoutWarning
 from .attention import (
     AttentionGrads,
     kernel_attention,
@@ -170,7 +171,7 @@ from . import corpus
 from .corpus import CorpusStatistics, corpus_statistics, write_activations
 
 __all__ = [
-    "__version__", "get_num_threads", "set_num_threads", "show_config", "LayoutWarning",
+    "__version__", "get_num_threads", "set_num_threads", "show_config", "errors", "LayoutWarning",
     "softmax_attention", "kernel_attention", "softmax_attention_backward", "kernel_attention_backward",
     "AttentionGrads", "AttentionStats", "projection_attention", "projection_attention_backward", "lightning_attention_backward",
     "random_feature_attention_backward", "local_flatness", "LocalFlatness",

@@ -19,7 +19,7 @@ import textwrap
 from typing import Callable, Mapping
 
 FRAGMENTS = {
-    # operands of the attention functions (DESIGN "Conventions": tokens are rows)
+    # operands of the attention functions (docs/architecture.md, "Conventions": tokens are rows)
     "q_k": """\
         q : array_like, shape (..., n_q, d_k)
             Queries.

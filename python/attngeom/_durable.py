@@ -4,7 +4,7 @@
 then `data` to a temporary file in the same folder, flushes it to disk and renames it over
 `path` (``os.replace`` is atomic on POSIX): a process killed at any moment leaves the old
 file or the new one, never a torn one. ``read_checked(path)`` returns the data and raises
-:class:`DamagedFile` (a ValueError) when the file is truncated or its content no longer
+:class:`attngeom.errors.DamagedFile` (a ValueError) when the file is truncated or its content no longer
 matches its digest (a disk fault, a copy cut short). The saved states of interrupted
 training runs and of corpus partitions are kept this way.
 """
@@ -13,11 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 
+from .errors import DamagedFile
+
 _DIGEST = 64  # hex characters of a SHA-256 digest
-
-
-class DamagedFile(ValueError):
-    """A file written by write_checked that is truncated or whose content does not match its digest."""
 
 
 def write_checked(path: str, data: bytes) -> None:

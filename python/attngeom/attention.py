@@ -18,15 +18,17 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
 from ._operands import (AttentionOperands, finite_result, from_bhnd, logit_scale, operand,
                         reduce_to_shape, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
 from .kernels import kernel_params
-from .laplace_radon import ridge_attention, tilt_radius
+from .laplace_radon import ridge_attention, tilts_and_radii
 
 
-def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_routing=False,
                       return_log_partition=False, return_stats=False, layout=None):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
@@ -53,8 +55,9 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
         a cache). Combined with mask by logical and.
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
-    return_weights : bool, default False
-        Also return the routing matrix P, shape (..., n_q, n_k).
+    return_routing : bool, default False
+        Also return the routing matrix P, shape (..., n_q, n_k) (``return_weights`` is its
+        deprecated name).
     return_log_partition : bool, default False
         Also return log Z = logsumexp_j(scale q_i.k_j + mask_ij), shape (..., n_q).
     return_stats : bool, default False
@@ -75,7 +78,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The attention output, in the computation dtype (see `v`). With `return_weights`,
+        The attention output, in the computation dtype (see `v`). With `return_routing`,
         `return_log_partition` or `return_stats` a tuple (y, [P], [log Z], [stats]) in that
         order. A query with no visible key gives y = 0, P = 0 and log Z = -inf (its statistics:
         entropy, max_weight, sink_weight, mean_distance 0 and argmax -1).
@@ -91,7 +94,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     --------
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
-    >>> y, P = ag.softmax_attention(q, k, v, causal=True, return_weights=True)
+    >>> y, P = ag.softmax_attention(q, k, v, causal=True, return_routing=True)
     >>> y.shape, P.shape
     ((5, 3), (5, 7))
     >>> bool(np.allclose(P.sum(-1), 1)), bool(np.all(np.triu(P, 1) == 0))
@@ -102,12 +105,12 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_we
     scale = logit_scale(scale, pr.d_k)
     keep, bias, mi = pr.mask_args()
     y, w, lz, st = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
-                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_weights),
+                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_routing),
                                            bool(return_log_partition), want_stats=bool(return_stats))
-    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     if return_stats:
         out = (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st))
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 class AttentionGrads(NamedTuple):
@@ -202,7 +205,8 @@ def softmax_attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=No
     return from_bhnd(layout, grads, "vvv")
 
 
-def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=None, return_routing=False,
                      return_log_partition=False, return_stats=False, layout=None, **params):
     """Kernel-swapped attention: weights psi(tau_i, s_ij) on the projected coordinate.
 
@@ -222,9 +226,9 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
         As in :func:`softmax_attention`; an additive mask multiplies psi by exp(mask).
     scale : float, optional
         Radius scale, default 1 / sqrt(d_k).
-    return_weights, return_log_partition : bool, default False
-        As in :func:`softmax_attention`; log Z is log sum_j psi(tau_i, s_ij) (plus the
-        additive mask).
+    return_routing, return_log_partition : bool, default False
+        As in :func:`softmax_attention` (``return_weights`` is deprecated); log Z is
+        log sum_j psi(tau_i, s_ij) (plus the additive mask).
     return_stats : bool, default False
         As in :func:`softmax_attention`: the statistics of the kernel's weight rows.
     layout : {None, "bhnd", "bnhd"}, optional
@@ -250,12 +254,12 @@ def kernel_attention(q, k, v, *, kernel="exp", causal=False, mask=None, scale=No
     """
     name, p = kernel_params(kernel, params)
     layout, (q, k, v) = to_bhnd(layout, "kernel_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
-    q = operand("q", q, "(..., n_q, d_k)", dtype=None)
-    u, tau = tilt_radius(q, scale=scale, layout="bhnd")
+    q = operand("q", q, "(..., n_q, d_k)")
+    u, tau = tilts_and_radii(q, logit_scale(scale, q.shape[-1]))
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal, qname="q",
-                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_routing=return_routing, return_log_partition=return_log_partition,
                           return_stats=return_stats)
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 @finite_result
@@ -313,9 +317,9 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
         grads = softmax_attention_backward(q, k, v, dy, mask=mask, causal=causal, scale=scale, y=y,
                                            log_partition=log_partition, layout="bhnd")
         return from_bhnd(layout, grads, "vvv")
-    qa = operand("q", q, "(..., n_q, d_k)", dtype=None)
+    qa = operand("q", q, "(..., n_q, d_k)")
     scale = logit_scale(scale, qa.shape[-1])
-    u, tau = tilt_radius(qa, scale=scale, layout="bhnd")
+    u, tau = tilts_and_radii(qa, scale)
     pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
     keep, bias, mi = pr.mask_args()
 
@@ -331,7 +335,7 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
     dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
     u = u.astype(pr.dtype, copy=False)
-    norm = tilt_radius(qa.astype(pr.dtype, copy=False), scale=1.0, layout="bhnd")[1][..., None]  # |q|, overflow-safe
+    norm = tilts_and_radii(qa.astype(pr.dtype, copy=False), 1.0)[1][..., None]  # |q|, overflow-safe
     radial = np.sum(u * du, axis=-1, keepdims=True)
     dq = np.divide(du - u * radial, norm, out=np.zeros_like(du), where=norm > 0)
     dq += pr.dtype.type(scale) * dtau[..., None] * u

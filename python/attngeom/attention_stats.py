@@ -1,11 +1,11 @@
-"""Per-query statistics of attention weight rows, computed inside the streaming kernels.
+"""Per-query statistics of the rows of routing matrices, computed inside the streaming kernels.
 
 ``softmax_attention(..., return_stats=True)`` and ``kernel_attention(..., return_stats=True)``
 return an :class:`AttentionStats` computed in the same pass as y, from the same score tiles,
 with no (n_q, n_k) buffer: what a long-context analysis of every head needs (attention sinks,
 long-range heads, how peaked each query's weights are) at lengths where P itself would not fit.
-:meth:`AttentionStats.from_weights` computes the same statistics from a materialised P (for
-weights from elsewhere, and as the reference the kernels are tested against).
+:meth:`AttentionStats.from_routing` computes the same statistics from a materialised P (for
+routing matrices from elsewhere, and as the reference the kernels are tested against).
 
 For the weight row p_i of query i over keys j (log-weights l_ij, log Z_i = log sum_j e^l_ij):
 
@@ -27,6 +27,7 @@ import dataclasses
 
 import numpy as np
 
+from ._deprecation import deprecated
 from ._operands import attention_kinds, from_bhnd, real_array
 
 FIELDS = ("log_z", "entropy", "max_weight", "argmax", "sink_weight", "mean_distance")
@@ -91,21 +92,21 @@ class AttentionStats:
 
         Examples
         --------
-        >>> st = ag.AttentionStats.from_weights(np.eye(3)[None])
+        >>> st = ag.AttentionStats.from_routing(np.eye(3)[None])
         >>> st.map(lambda a: a[0]).shape
         (3,)
         """
         return AttentionStats(*(fn(getattr(self, name)) for name in FIELDS))
 
     @classmethod
-    def from_weights(cls, weights, *, causal=False, log_z=None) -> "AttentionStats":
-        """The statistics of materialised weights P (..., n_q, n_k), in NumPy.
+    def from_routing(cls, routing, *, causal=False, log_z=None) -> "AttentionStats":
+        """The statistics of a materialised routing matrix P (..., n_q, n_k), in NumPy.
 
         Parameters
         ----------
-        weights : array_like, shape (..., n_q, n_k)
-            Rows of attention weights (each sums to 1, or is all 0 for a query that sees no
-            key), e.g. from ``return_weights=True`` or transformers' ``output_attentions``.
+        routing : array_like, shape (..., n_q, n_k)
+            Routing matrices P: rows of weights (each sums to 1, or is all 0 for a query that
+            sees no key), e.g. from ``return_routing=True`` or transformers' ``output_attentions``.
         causal : {False, True, "top_left", "bottom_right"}, default False
             Only "bottom_right" matters: it places query i at key position i + n_k - n_q.
         log_z : array_like, shape (..., n_q), optional
@@ -119,13 +120,24 @@ class AttentionStats:
         Examples
         --------
         >>> P = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.25, 0.25, 0.5]])
-        >>> st = ag.AttentionStats.from_weights(P)
+        >>> st = ag.AttentionStats.from_routing(P)
         >>> st.entropy.round(4).tolist(), st.argmax.tolist(), st.mean_distance.tolist()
         ([0.0, 0.6931, 1.0397], [0, 0, 2], [0.0, 0.5, 0.75])
         """
-        P = real_array("weights", weights)
+        return cls._of_routing("routing", routing, causal, log_z)
+
+    @classmethod
+    def from_weights(cls, weights, *, causal=False, log_z=None) -> "AttentionStats":
+        """Deprecated name of :meth:`from_routing` (its messages name ``weights``)."""
+        deprecated("AttentionStats", "the method", "from_weights", "from_routing")
+        return cls._of_routing("weights", weights, causal, log_z)
+
+    @classmethod
+    def _of_routing(cls, name, routing, causal, log_z) -> "AttentionStats":
+        """:meth:`from_routing`, its messages naming the argument `name`."""
+        P = real_array(name, routing)
         if P.ndim < 2:
-            raise ValueError(f"weights must have shape (..., n_q, n_k), got {P.shape}")
+            raise ValueError(f"{name} must have shape (..., n_q, n_k), got {P.shape}")
         if P.dtype not in (np.float32, np.float64):
             P = P.astype(np.float64)
         n_q, n_k = P.shape[-2:]
@@ -145,11 +157,11 @@ class AttentionStats:
                    mean_distance=(P * distance).sum(-1))
 
 
-def with_stats(layout, out, return_weights: bool, return_log_partition: bool, return_stats: bool):
+def with_stats(layout, out, return_routing: bool, return_log_partition: bool, return_stats: bool):
     """An attention call's result in the caller's layout: `out` (the bhnd result) as
     from_bhnd gives it, followed by the AttentionStats when asked for (out is then the pair
     (result, stats)); the statistics stay (..., heads, n_q) in every layout, as P does."""
-    kinds = attention_kinds(return_weights, return_log_partition)
+    kinds = attention_kinds(return_routing, return_log_partition)
     if not return_stats:
         return from_bhnd(layout, out, kinds)
     result, stats = out

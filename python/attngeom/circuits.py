@@ -4,7 +4,7 @@ the layer-norm Jacobian, MoE routing, latent (MLA) factorisation, MLP key-value 
 Source: the lecture notes "linear algebra applications for transformers" (cited by the
 notes' headings). Conventions: tokens are rows, X (n, d_model). A head with attention
 (routing) matrix P (n, n) and OV matrix W_OV maps X to P X W_OV, where W_OV is always the
-library's row-convention map x -> x W_V W_O (d_model x d_model; DESIGN "One vocabulary").
+library's row-convention map x -> x W_V W_O (d_model x d_model; docs/architecture.md, "Glossary").
 The notes and transformer-circuits write the column-convention matrix W_O W_V acting on
 column vectors, which is W_OV^T: their (A (x) W_OV) X is our P X W_OV. Stacked head weights
 use TransformerLens's row convention and layout: W_Q, W_K, W_V (n_layers, n_heads,
@@ -19,7 +19,8 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._operands import broadcast_batch, check_size, choice, finite_result, operand, renamed_arguments, scalar
+from ._deprecation import renamed_arguments, renamed_values
+from ._operands import broadcast_batch, check_size, choice, count, finite_result, operand, scalar
 from .nonlinearities import gelu_tanh, relu, silu
 from .subspace import Subspace
 
@@ -290,9 +291,7 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
         J = operand("mlp_jacobians", mlp_jacobians, "(n_layers, d_model, d_model)", ndim=3)
         if J.shape != (L, d, d):
             raise ValueError(f"mlp_jacobians must have shape {(L, d, d)}, got {J.shape}")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
-                                   or max_length < 0):
-        raise ValueError(f"max_length must be a non-negative integer or None, got {max_length!r}")
+    count("max_length", max_length, 0, allow_none=True, bound=">= 0 or None")
 
     sizes = [H, 1] * L if J is not None else [H] * L
     n_paths = _path_count(sizes, max_length)
@@ -470,8 +469,7 @@ def topk_routing(gate_logits, k: int) -> np.ndarray:
     """
     g = operand("gate_logits", gate_logits, "(..., n_tokens, n_experts)")
     E = g.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= E:
-        raise ValueError(f"k must be an integer in [1, n_experts = {E}], got {k!r}")
+    count("k", k, 1, E, bound=f"in [1, n_experts = {E}]")
     idx = np.argsort(-g, axis=-1, kind="stable")[..., :k]
     top = np.take_along_axis(g, idx, -1)
     w = np.exp(top - top.max(-1, keepdims=True))
@@ -584,8 +582,7 @@ def latent_factorization(K, rank: int) -> LatentFactorization:
     """
     K = operand("K", K, "(m, n)", ndim=2)
     k = min(K.shape)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= k:
-        raise ValueError(f"rank must be an integer in [1, min(m, n) = {k}], got {rank!r}")
+    count("rank", rank, 1, k, bound=f"in [1, min(m, n) = {k}]")
     u, s, vh = np.linalg.svd(K, full_matrices=False)
     if s[rank - 1] == 0:  # U would have a zero column: no rank-r factorisation, kappa(U) = inf
         raise ValueError(f"rank {rank} exceeds the rank of K ({int(np.count_nonzero(s))} nonzero singular values)")
@@ -686,7 +683,7 @@ def embedding_injectivity(E, P, *, atol: float = 1e-10) -> Injectivity:
 # -- MLP as key-value memory ---------------------------------------------------------------
 _ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": relu,
-    "gelu": gelu_tanh,
+    "gelu_tanh": gelu_tanh,
     "silu": silu,
     "identity": lambda z: z,
 }
@@ -717,8 +714,9 @@ class KeyValueMLP:
         return order, norms[order]
 
 
+@renamed_values(activation={"gelu": "gelu_tanh"})
 @finite_result
-def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=None, b2=None) -> KeyValueMLP:
+def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu_tanh", *, b1=None, b2=None) -> KeyValueMLP:
     """The MLP x -> phi(x W1 + b1) W2 + b2 as a sum of neuron writes a_j v_j.
 
     The notes' "Lemma (key-value decomposition)". Row convention: the notes' K = W1^T and
@@ -732,8 +730,9 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu", *, b1=No
         Input weights (keys k_j are its columns).
     W2 : array_like, shape (d_ff, d_model)
         Output weights (values v_j are its rows).
-    activation : {"relu", "gelu", "silu", "identity"} or callable, default "gelu"
-        phi; "gelu" is the tanh approximation.
+    activation : {"relu", "gelu_tanh", "silu", "identity"} or callable, default "gelu_tanh"
+        The activation function phi; "gelu_tanh" is GELU's tanh approximation ("gelu", the
+        deprecated name of the same function here, is the exact erf form elsewhere).
     b1 : array_like, shape (d_ff,), optional
         Input bias.
     b2 : array_like, shape (d_model,), optional

@@ -23,7 +23,8 @@ import numpy as np
 
 from . import _core
 from ._docstrings import filler
-from ._operands import ResultOverflow, check_size, count, finite_result, generator, operand, scalar, sequence
+from ._operands import check_size, count, finite_result, generator, operand, scalar, sequence
+from .errors import ResultOverflow
 from .lightning import deep_lightning, network_kind
 
 # The layer widths of a deep network, as most functions here take them.

@@ -16,14 +16,14 @@ from typing import Optional
 
 import numpy as np
 
-from ._operands import broadcast_batch, compute_dtype, finite_result, logit_scale, operand, rtol_arg, scalar
+from ._operands import broadcast_batch, choice, compute_dtype, finite_result, logit_scale, operand, rtol_arg, scalar
 from .attention import softmax_attention
 from .spectral import (
     ParameterNulls,
     TiltCoverageResult,
     effective_rank,
-    factored_svd,
     parameter_nulls,
+    product_svd,
     singular_values,
     spectrum_rank,
     tilt_coverage,
@@ -143,8 +143,7 @@ class HeadDiagnostics:
 
         spectra = {"bilinear": self.nulls.singular_values, "ov": self.ov_singular_values,
                    "routing": None if self.routing_singular_values is None else self.routing_singular_values.mean(-2)}
-        if which not in spectra:
-            raise ValueError(f"which must be one of {tuple(spectra)}, got {which!r}")
+        choice("which", which, tuple(spectra))
         if spectra[which] is None:
             raise ValueError(f"no {which} spectra: pass W_O for 'ov' and x for 'routing'")
         s = np.asarray(spectra[which]).reshape(-1, spectra[which].shape[-1])
@@ -156,8 +155,7 @@ class HeadDiagnostics:
         from . import plotting
 
         rows = self.table()
-        if metric not in rows[0] or metric == "head":
-            raise ValueError(f"metric must be one of {[k for k in rows[0] if k != 'head']}, got {metric!r}")
+        choice("metric", metric, tuple(k for k in rows[0] if k != "head"))
         shape = self.batch_shape if len(self.batch_shape) == 2 else (1, len(rows))
         values = np.array([r[metric] for r in rows], dtype=float).reshape(shape)
         return plotting.head_map(values, metric, ax=ax)
@@ -242,7 +240,7 @@ def head_diagnostics(W_Q, W_K, W_V=None, W_O=None, x=None, *, scale=None, causal
     out = HeadDiagnostics(batch, d_model, d_head, nulls,
                           np.asarray(effective_rank(nulls.singular_values, kind="entropy", spectrum=True)))
     if wo is not None:
-        s = factored_svd(wv, wo).S
+        s = product_svd(wv, wo).S
         s = np.broadcast_to(s, batch + s.shape[-1:])
         out.ov_singular_values = s
         out.ov_rank = spectrum_rank(s, rtol, d_model, d_model)
@@ -309,7 +307,7 @@ def _data_diagnostics(out: HeadDiagnostics, wq, wk, x, dt, scale, causal, rtol, 
         tau_mean[sl] = tau.reshape(tau.shape[0], -1).mean(-1)
         tau_std[sl] = tau.reshape(tau.shape[0], -1).std(-1)
         tilts[sl] = tilt_coverage(q, W_K=wkb[sl], rtol=rtol, batch_ndim=1)
-        _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_weights=True, layout="bhnd")
+        _, P = softmax_attention(q, k, None, causal=causal, scale=scale, return_routing=True, layout="bhnd")
         sv[sl] = singular_values(P)
     out.radius_mean = tau_mean.reshape(batch)
     out.radius_std = tau_std.reshape(batch)

@@ -276,9 +276,7 @@ def invert_laplace_density(tau, Z, s_grid, *, regularization: float = 1e-3, nonn
         raise ValueError("Z must be positive (it is the Laplace transform of a non-negative density)")
     if s.size < 3 or np.any(np.diff(s) <= 0):
         raise ValueError(f"s_grid must be increasing with at least 3 points, got shape {s.shape}")
-    lam = scalar("regularization", regularization)
-    if lam < 0:
-        raise ValueError(f"regularization must be >= 0, got {lam}")
+    lam = scalar("regularization", regularization, nonnegative=True)
     w = _trapezoid_weights(s)
     with np.errstate(over="ignore"):
         A = np.exp(np.outer(t, s) - np.log(z)[:, None]) * w[None, :]  # relative rows, formed without overflow

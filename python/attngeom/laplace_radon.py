@@ -23,11 +23,12 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, Operand, ResultOverflow, check_bound, check_finite,
-                        check_shared_width, compute_dtype, finite_result, from_bhnd, logit_scale, max_row_norm,
-                        operand, scalar, to_bhnd)
+from ._operands import (AttentionOperands, Operand, check_bound, check_finite, check_shared_width, compute_dtype, count,
+                        finite_result, from_bhnd, logit_scale, max_row_norm, operand, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
+from .errors import ResultOverflow
 from .kernels import kernel_params
 
 
@@ -83,10 +84,14 @@ def tilt_radius(q, *, scale=None, layout=None):
     """
     layout, (q,) = to_bhnd(layout, "tilt_radius", [("q", q, "v")])
     q = operand("q", q, "(..., n, d_k)", min_ndim=1)
-    scale = logit_scale(scale, q.shape[-1])
-    flat = np.ascontiguousarray(q.reshape(-1, q.shape[-1]))
-    u, tau = _core.tilt_radius(flat, float(scale))
-    return from_bhnd(layout, (u.reshape(q.shape), tau.reshape(q.shape[:-1])), "vs")
+    return from_bhnd(layout, tilts_and_radii(q, logit_scale(scale, q.shape[-1])), "vs")
+
+
+def tilts_and_radii(q: np.ndarray, scale: float) -> tuple:
+    """(u, tau) of :func:`tilt_radius` for checked queries q (..., n, d_k) of the computation
+    dtype and a checked scale, without the checks."""
+    u, tau = _core.tilt_radius(np.ascontiguousarray(q.reshape(-1, q.shape[-1])), float(scale))
+    return u.reshape(q.shape), tau.reshape(q.shape[:-1])
 
 
 @finite_result
@@ -129,7 +134,8 @@ def radon_project(u, k, *, layout=None):
         raise ValueError(f"batch dimensions do not broadcast: u {u.shape[:-2]}, k {k.shape[:-2]}") from None
 
 
-def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qname="u", return_routing=False,
                     return_log_partition=False, return_stats=False):
     """The core call behind :func:`laplace_radon_attention` and kernel_attention: weights
     psi(tau_i, u_i.k_j) normalised per row, with the kernel already checked
@@ -141,9 +147,9 @@ def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qn
     keep, bias, mi = pr.mask_args()
     y, w, lz, st = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
                                          pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel,
-                                         params, bool(return_weights), bool(return_log_partition),
+                                         params, bool(return_routing), bool(return_log_partition),
                                          bool(return_stats))
-    out = pr.attention_outputs(y, w, lz, return_weights, return_log_partition)
+    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     return (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st)) if return_stats else out
 
 
@@ -242,7 +248,8 @@ def _transform_complex(u, tau, k, v, log_domain):
         return _within_range(Transform(scale * zs, None if v is None else ns * scale[..., None]))
 
 
-def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_weights=False,
+@renamed_arguments(return_weights="return_routing")
+def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=False, return_routing=False,
                             return_log_partition=False, return_stats=False, layout=None, **params):
     """Attention from tilts and radii: y = N(u, tau) / Z(u, tau) (Laplace-Radon eq. 14, 42).
 
@@ -264,8 +271,8 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
         The kernel psi of :mod:`attngeom.kernels`.
     mask, causal : optional
         As in :func:`softmax_attention`.
-    return_weights, return_log_partition : bool, default False
-        As in :func:`softmax_attention`.
+    return_routing, return_log_partition : bool, default False
+        As in :func:`softmax_attention` (``return_weights`` is deprecated).
     return_stats : bool, default False
         Also return the :class:`attngeom.AttentionStats` of the weight rows, as in
         :func:`softmax_attention`.
@@ -297,9 +304,9 @@ def laplace_radon_attention(u, tau, k, v, *, kernel="exp", mask=None, causal=Fal
     layout, (u, k, v, tau) = to_bhnd(layout, "laplace_radon_attention",
                                      [("u", u, "v"), ("k", k, "v"), ("v", v, "v"), ("tau", tau, "s")])
     out = ridge_attention(u, tau, k, v, kernel=name, params=p, mask=mask, causal=causal,
-                          return_weights=return_weights, return_log_partition=return_log_partition,
+                          return_routing=return_routing, return_log_partition=return_log_partition,
                           return_stats=return_stats)
-    return with_stats(layout, out, return_weights, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
 
 
 @finite_result
@@ -347,8 +354,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **para
     if tau is None:
         raise TypeError("tau must be an array of radii, got None")
     name, p = kernel_params(kernel, params)
-    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= 4:
-        raise ValueError(f"order must be an integer in 1..4, got {order!r}")
+    count("order", order, 1, 4)
     layout, (u, k, tau) = to_bhnd(layout, "projected_cumulants", [("u", u, "v"), ("k", k, "v"), ("tau", tau, "s")])
     pr = AttentionOperands(u, k, None, qname="u", tau=tau)
     out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import renamed_arguments
+from ._deprecation import renamed_arguments
+from ._operands import choice
 
 
 def pyplot():
@@ -486,8 +487,7 @@ def token_ticks(ax, tokens, axis="x", *, max_labels=60):
     >>> ag.plotting.token_ticks(ax, [f"t{i}" for i in range(130)], max_labels=60)[:4]
     array([0, 3, 6, 9])
     """
-    if axis not in ("x", "y"):
-        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    choice("axis", axis, ("x", "y"), "'x' or 'y'")
     tokens = [str(t) for t in tokens]
     step = max(1, -(-len(tokens) // max(1, int(max_labels))))
     where = np.arange(0, len(tokens), step)
@@ -752,8 +752,7 @@ def layer_distributions(maps, axes=None, *, kind="box"):
     >>> [ax.get_xlabel() for ax in fig.axes if ax.get_visible()]
     ['layer', 'layer']
     """
-    if kind not in ("box", "violin"):
-        raise ValueError(f"kind must be 'box' or 'violin', got {kind!r}")
+    choice("kind", kind, ("box", "violin"), "'box' or 'violin'")
     if not isinstance(maps, dict) or not maps:
         raise ValueError("maps must be a non-empty dict {title: (n_layers, n_heads) array}")
     maps = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in maps.items()}

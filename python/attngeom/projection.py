@@ -21,14 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
-from ._operands import (attention_kinds, broadcast_batch, check_bound, check_nonempty, compute_dtype, finite_result, from_bhnd,
-                        max_row_norm, operand, query_key_value, real_array, reduce_to_shape, scalar, to_bhnd)
+from ._operands import (attention_kinds, broadcast_batch, check_bound, check_nonempty, compute_dtype, count,
+                        finite_result, from_bhnd, max_row_norm, operand, query_key_value, real_array, reduce_to_shape,
+                        scalar, to_bhnd)
 from .attention import AttentionGrads, attention_backward, softmax_attention
 from .spectral import effective_rank, singular_values
 
 
-def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_weights=False, layout=None):
+@renamed_arguments(return_weights="return_routing")
+def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, return_routing=False, layout=None):
     """Gaussian-distance attention y_i = sum_j z_ij v_j, z_ij ~ exp(-``|q_i - k_j|^2`` / (2 sigma^2)).
 
     Sanger, "Scaled Dot-Product Attention implements projection of inputs onto a common
@@ -51,8 +54,9 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
     mask : array_like, optional
         As in :func:`attngeom.softmax_attention` (boolean: True = attend; additive masks are
         added to the log-weights).
-    return_weights : bool, default False
-        Also return z, shape (..., n_q, n_k).
+    return_routing : bool, default False
+        Also return the routing matrix z, shape (..., n_q, n_k) (``return_weights`` is its
+        deprecated name).
     layout : {None, "bhnd", "bnhd"}, optional
         The axes of q, k, v and y, as in :func:`attngeom.softmax_attention` (z keeps
         (..., heads, n_q, n_k)).
@@ -60,7 +64,7 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The output (and z with `return_weights`); dtype as in softmax_attention.
+        The output (and z with `return_routing`); dtype as in softmax_attention.
 
     Examples
     --------
@@ -72,9 +76,9 @@ def projection_attention(q, k, v=None, *, sigma=1.0, causal=False, mask=None, re
     """
     layout, (q, k, v) = to_bhnd(layout, "projection_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     qc, kc, v, bias, scale = _centered(q, k, v, sigma, mask)
-    out = softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_weights=return_weights,
+    out = softmax_attention(qc, kc, v, mask=bias, causal=causal, scale=scale, return_routing=return_routing,
                             layout="bhnd")
-    return from_bhnd(layout, out, attention_kinds(return_weights, False))
+    return from_bhnd(layout, out, attention_kinds(return_routing, False))
 
 
 def _centered(q, k, v, sigma, mask):
@@ -241,8 +245,7 @@ def local_flatness(x, y, *, n_neighbors=10) -> LocalFlatness:
     if ya.shape[0] != xa.shape[0]:
         raise ValueError(f"y must have shape (n, d') with n = {xa.shape[0]} (from x), got {ya.shape}")
     n = xa.shape[0]
-    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, (int, np.integer)) or not 2 <= n_neighbors <= n:
-        raise ValueError(f"n_neighbors must be an integer in [2, n = {n}], got {n_neighbors!r}")
+    count("n_neighbors", n_neighbors, 2, n, bound=f"in [2, n = {n}]")
     xf, yf = xa.astype(np.float64), ya.astype(np.float64)
     sq = np.sum(xf * xf, axis=1)
     dist = sq[:, None] + sq[None, :] - 2 * xf @ xf.T

@@ -27,8 +27,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._operands import (ResultOverflow, check_finite, check_size, choice, count, flag, operand, real_array, scalar,
-                        sequence)
+from ._operands import check_finite, check_size, choice, count, flag, operand, real_array, scalar, sequence
+from .errors import ResultOverflow
 
 #: The most pixel updates iradon_sart runs: iterations * n_angles * (detectors^2 + 128).
 MAX_SART_UPDATES = 2 ** 35

@@ -25,8 +25,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ._docstrings import fill_doc
-from ._operands import (ResultOverflow, check_bound, choice, check_size, count, from_bhnd, generator, logit_scale,
-                        max_row_norm, query_key_value, scalar, to_bhnd)
+from ._operands import (check_bound, choice, check_size, count, from_bhnd, generator, logit_scale, max_row_norm,
+                        query_key_value, scalar, to_bhnd)
+from .errors import ResultOverflow
 
 PROPOSALS = ("uniform", "tilted")
 

@@ -25,8 +25,10 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from ._operands import (ResultOverflow, batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
-                        finite_result, flag, logit_scale, operand, renamed_arguments, rtol_arg, scalar)
+from ._deprecation import renamed_arguments
+from ._operands import (batch_operands, broadcast_batch, check_finite, choice, check_size, compute_dtype, count,
+                        finite_result, flag, logit_scale, operand, rtol_arg, scalar)
+from .errors import ResultOverflow
 from .subspace import Subspace
 
 _KINDS = ("entropy", "energy", "participation")
@@ -152,7 +154,14 @@ def factored_svd(A, B) -> SVD:
     b = operand("B", B, "(..., r, p)")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"A (..., m, r) and B (..., r, p) must share r: got A {a.shape}, B {b.shape}")
-    batch = broadcast_batch([("A", a, 2), ("B", b, 2)])
+    broadcast_batch([("A", a, 2), ("B", b, 2)])
+    return product_svd(a, b)
+
+
+def product_svd(a: np.ndarray, b: np.ndarray) -> SVD:
+    """:func:`factored_svd` of checked operands a (..., m, r) and b (..., r, p) whose batch axes
+    broadcast, without the checks; ResultOverflow where the singular values pass the float range."""
+    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     dt = compute_dtype(a, b)
     # Each factor whose largest entry lies beyond 2^(+-max_exponent / 4) is scaled by a power
     # of two (exact), so the QR / SVD steps neither overflow nor lose digits to subnormals;
@@ -171,6 +180,8 @@ def factored_svd(A, B) -> SVD:
     if shift:
         with np.errstate(over="ignore", under="ignore"):
             s = np.ldexp(s, shift).astype(s.dtype, copy=False)
+        if not np.all(np.isfinite(s)):
+            raise ResultOverflow("factored_svd: the singular values are beyond the float range")
     k = s.shape[-1]
     return SVD(u.reshape(batch + (a.shape[-2], k)), s.reshape(batch + (k,)), vh.reshape(batch + (k, b.shape[-1])))
 
@@ -311,7 +322,7 @@ def parameter_nulls(W_Q, W_K, *, rtol=None) -> ParameterNulls:
 
     ker_q, rank_q = range_complement(wq)
     ker_k, rank_k = range_complement(wk)
-    U, S, Vh = factored_svd(wq, np.swapaxes(wk, -1, -2))
+    U, S, Vh = product_svd(wq, np.swapaxes(wk, -1, -2))
     rank = spectrum_rank(S, rtol, d_model, d_model)
     ker_b = _objects(batch, lambda i: Subspace(Vh[i][: rank[i]].T, complement=True))
     ker_bt = _objects(batch, lambda i: Subspace(U[i][:, : rank[i]], complement=True))
@@ -665,10 +676,7 @@ def tilt_coverage(u, *, W_K=None, rtol=None, centered: bool = False, batch_ndim:
     ((2,), 2)
     """
     a = operand("u", u, "(..., d_k)", dtype=None, finite=False)
-    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)) or \
-            not 0 <= batch_ndim < a.ndim:
-        raise ValueError(f"batch_ndim must be an integer in [0, {a.ndim - 1}] for u of shape {a.shape}, "
-                         f"got {batch_ndim!r}")
+    count("batch_ndim", batch_ndim, 0, a.ndim - 1, bound=f"in [0, {a.ndim - 1}] for u of shape {a.shape}")
     if batch_ndim == 0:
         acc = TiltCoverage(a.shape[-1]).update(a)
         if acc.count == 0:
@@ -866,8 +874,8 @@ def gauge_invariance_error(W_Q, W_K, A, x, *, W_V=None, scale=None) -> GaugeErro
         raise ValueError(f"x must have shape (..., n, {d_model}), got {xs.shape}")
     scale = logit_scale(scale, d_k)
     dt = wq2.dtype
-    diff = factored_svd(np.concatenate([wq, -wq2], axis=1).astype(dt), np.concatenate([wk, wk2], axis=1).T.astype(dt)).S
-    base = factored_svd(wq.astype(dt), wk.T.astype(dt)).S
+    diff = product_svd(np.concatenate([wq, -wq2], axis=1).astype(dt), np.concatenate([wk, wk2], axis=1).T.astype(dt)).S
+    base = product_svd(wq.astype(dt), wk.T.astype(dt)).S
     bilinear = float(np.linalg.norm(diff) / max(np.linalg.norm(base), np.finfo(dt).tiny))
     xs = xs.astype(dt, copy=False)
     q1, k1, q2, k2 = xs @ wq.astype(dt), xs @ wk.astype(dt), xs @ wq2, xs @ wk2

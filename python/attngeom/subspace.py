@@ -111,9 +111,7 @@ class Subspace:
         if v.shape[0] == 0:
             return cls(np.zeros((v.shape[1], 0), v.dtype))
         _, s, vh = np.linalg.svd(v, full_matrices=False)
-        rtol = max(v.shape) * np.finfo(v.dtype).eps if rtol is None else scalar("rtol", rtol)
-        if rtol < 0:
-            raise ValueError(f"rtol must be >= 0, got {rtol}")
+        rtol = max(v.shape) * np.finfo(v.dtype).eps if rtol is None else scalar("rtol", rtol, nonnegative=True)
         rank = int(np.count_nonzero(s > rtol * s[0])) if s.size else 0
         return cls(vh[:rank].T)
 
@@ -189,14 +187,10 @@ class Subspace:
         of one projection). Returns a bool array of shape x.shape[:-1].
         """
         x = self._vectors(x)
-        atol = scalar("atol", atol)
-        if atol < 0:
-            raise ValueError(f"atol must be >= 0, got {atol}")
+        atol = scalar("atol", atol, nonnegative=True)
         if rtol is None:
             rtol = 100 * self.ambient_dim * np.finfo(self._stored.dtype).eps
-        rtol = scalar("rtol", rtol)
-        if rtol < 0:
-            raise ValueError(f"rtol must be >= 0, got {rtol}")
+        rtol = scalar("rtol", rtol, nonnegative=True)
         return self.residual(x) <= atol + rtol * np.linalg.norm(x, axis=-1)
 
     # -- comparisons ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
+from ._deprecation import renamed_arguments
 from ._docstrings import filler
 from ._operands import check_finite, check_size, cotangent, count, finite_result, generator, operand, real_array, scalar
 from .attention import softmax_attention
@@ -243,8 +244,7 @@ def whiten_scan(x, L, M, *, block: int = 64) -> np.ndarray:
     >>> bool(np.allclose(ag.whiten_scan(x, L, M, block=4), ag.whiten(x, L, M)))
     True
     """
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
+    count("block", block)
     shape, flat, L, M, lower, varying = _filter(x, L, M)
     if varying:
         raise ValueError("whiten_scan needs one (D, D) pair (L, M): the scan chains powers of one affine map")
@@ -501,8 +501,9 @@ def full_whitening(x) -> np.ndarray:
 
 
 # -- whitened self-attention ---------------------------------------------------------------
+@renamed_arguments(return_weights="return_routing")
 @finite_result
-def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_weights=False):
+def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_routing=False):
     """Whitened self-attention (eq. 4): WSA(x)_i = sum_j softmax_j(w_i^T Q^T K w_j scale) w_j.
 
     Whitened self-attention s.3, eq. 4: x is whitened by :func:`whiten` with (L, M), queries are
@@ -521,13 +522,14 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
         Causal attention (GPT).
     scale : float, optional
         Logit scale, default 1 / sqrt(d_k).
-    return_weights : bool, default False
-        Also return the attention matrix, shape (..., T, T).
+    return_routing : bool, default False
+        Also return the routing matrix P, shape (..., T, T) (``return_weights`` is its
+        deprecated name).
 
     Returns
     -------
     y : ndarray, shape (..., T, D)
-        The output, or (y, P) with `return_weights`.
+        The output, or (y, P) with `return_routing`.
 
     Examples
     --------
@@ -544,7 +546,7 @@ def whitened_attention(x, W_Q, W_K, L, M, *, causal=True, scale=None, return_wei
     if wk.shape != wq.shape:
         raise ValueError(f"W_K must have shape {wq.shape}, got {wk.shape}")
     return softmax_attention(w @ wq.astype(w.dtype), w @ wk.astype(w.dtype), w, causal=causal, scale=scale,
-                             return_weights=return_weights, layout="bhnd")
+                             return_routing=return_routing, layout="bhnd")
 
 
 # -- measures ------------------------------------------------------------------------------
@@ -708,8 +710,7 @@ def vector_ar1(Phi, B: int, T: int, *, seed=0, burn_in: int = 200) -> np.ndarray
     ((4000, 3, 2), True)
     """
     B, T, ph, D = _process("Phi", Phi, B, T)
-    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
-        raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
+    count("burn_in", burn_in, 0)
     check_size("B, T, burn_in", (burn_in + T) * B * D * 3)
     # The draws in the order of a step-by-step simulation: (burn_in + T) steps of (B, D).
     e = generator(seed).standard_normal((burn_in + T, B, D)).transpose(1, 0, 2)

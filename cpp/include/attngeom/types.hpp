@@ -47,7 +47,7 @@ struct Mask {
 
 // An operand holds NaN or inf (NonFiniteOperand in Python), or a result is beyond the float
 // range for finite operands (ResultOverflow): the bindings raise the Python classes of
-// attngeom._operands, so the kernels' own checks read as the Python layer's.
+// attngeom.errors, so the kernels' own checks read as the Python layer's.
 struct NonFiniteOperand : std::invalid_argument {
   explicit NonFiniteOperand(const std::string& name)
       : std::invalid_argument(name + " contains NaN or infinite values") {}

@@ -10,17 +10,8 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from .._operands import check_token_ids, count
 from .protocol import Statistic
-
-
-def positive_int(name, x, allow_none=False):
-    if x is None and allow_none:
-        return None
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive integer, got {type(x).__name__}")
-    if x < 1:
-        raise ValueError(f"{name} must be a positive integer, got {x}")
-    return int(x)
 
 
 def token_ids(model, texts, limit: int) -> List[np.ndarray]:
@@ -48,8 +39,7 @@ def token_ids(model, texts, limit: int) -> List[np.ndarray]:
                 raise ValueError(f"texts[{i}] must be a string or a 1-D integer array of token ids, got "
                                  f"shape {a.shape}, dtype {a.dtype}")
             ids = a.astype(np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= V):
-                raise ValueError(f"texts[{i}]: token ids must lie in 0..{V - 1}, got {ids.min()}..{ids.max()}")
+            check_token_ids(f"texts[{i}]: token ids", ids, V)
         if ids.size:
             out.append(ids[:limit])
     if not out:
@@ -74,12 +64,12 @@ def partition_bounds(lengths: np.ndarray, partitions, batch_tokens: int, workers
         stops = np.cumsum(sizes)
         return [(int(a), int(b)) for a, b in zip(np.concatenate([[0], stops[:-1]]), stops)]
     if partitions is None:
-        count = max(1, -(-int(lengths.sum()) // (8 * batch_tokens)), 2 * workers)
+        parts = max(1, -(-int(lengths.sum()) // (8 * batch_tokens)), 2 * workers)
     else:
-        count = positive_int("partitions", partitions)
-    count = min(count, n)
+        parts = count("partitions", partitions)
+    parts = min(parts, n)
     cum = np.cumsum(lengths)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, count) / count, side="left") + 1
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, side="left") + 1
     cuts = np.unique(np.clip(cuts, 1, n - 1)) if n > 1 else np.array([], int)
     edges = np.concatenate([[0], cuts, [n]]).astype(int)
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]

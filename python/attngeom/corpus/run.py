@@ -28,10 +28,11 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .._durable import DamagedFile, read_checked, write_checked
-from .._operands import float_dtype
+from .._durable import read_checked, write_checked
+from .._operands import count, float_dtype
+from ..errors import DamagedFile
 from .cumulants import CumulantStatistic
-from .partitions import batches, blas_limit, merge_states, partition_bounds, positive_int, results, token_ids
+from .partitions import batches, blas_limit, merge_states, partition_bounds, results, token_ids
 from .profile import ProfileStatistic
 from .protocol import Batch, Statistic
 from .radius import RadiusStatistic
@@ -327,9 +328,9 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
             raise ValueError("state_dir and max_length do not apply to an activation store")
         return CorpusStatistics(*store_statistics(model, protos, batch_tokens=batch_tokens, partitions=partitions,
                                                   client=client, blas_threads=blas_threads))
-    batch_tokens = positive_int("batch_tokens", 1024 if batch_tokens is None else batch_tokens)
-    blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
-    max_length = positive_int("max_length", max_length, allow_none=True)
+    batch_tokens = count("batch_tokens", 1024 if batch_tokens is None else batch_tokens, type_error=True)
+    blas_threads = count("blas_threads", blas_threads, allow_none=True, type_error=True)
+    max_length = count("max_length", max_length, allow_none=True, type_error=True)
     dt = float_dtype("dtype", dtype)
     if isinstance(model, Model):
         m = model

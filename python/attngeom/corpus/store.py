@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._operands import float_dtype
+from .._operands import count, float_dtype
 from .profile import stats_from_weights
 from .protocol import Batch
 
@@ -131,12 +131,12 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
     6
     """
     from ..models import Model, load_model
-    from .partitions import blas_limit, positive_int, token_ids
+    from .partitions import blas_limit, token_ids
 
-    batch_tokens = positive_int("batch_tokens", batch_tokens)
-    blas_threads = positive_int("blas_threads", blas_threads, allow_none=True)
-    max_length = positive_int("max_length", max_length, allow_none=True)
-    chunk_tokens = positive_int("chunk_tokens", chunk_tokens)
+    batch_tokens = count("batch_tokens", batch_tokens, type_error=True)
+    blas_threads = count("blas_threads", blas_threads, allow_none=True, type_error=True)
+    max_length = count("max_length", max_length, allow_none=True, type_error=True)
+    chunk_tokens = count("chunk_tokens", chunk_tokens, type_error=True)
     dt = float_dtype("dtype", dtype)
     if not isinstance(store, (str, os.PathLike)):
         raise TypeError(f"store must be a path, got {type(store).__name__}")
@@ -253,12 +253,13 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
     import dask
     import dask.array as da
 
-    from .partitions import blas_limit, merge_states, partition_bounds, positive_int, results
+    from .partitions import blas_limit, merge_states, partition_bounds, results
 
     path = os.fspath(store)
     root = _zarr().open_group(path, mode="r")
     attrs = dict(root.attrs)
-    batch_tokens = positive_int("batch_tokens", int(attrs["batch_tokens"]) if batch_tokens is None else batch_tokens)
+    batch_tokens = count("batch_tokens", int(attrs["batch_tokens"]) if batch_tokens is None else batch_tokens,
+                         type_error=True)
     if attrs.get("version") != VERSION:
         raise ValueError(f"store {path!r} has format version {attrs.get('version')}, this attngeom reads version "
                          f"{VERSION}; write it again with ag.write_activations")
@@ -287,7 +288,7 @@ def store_statistics(store, protos, *, batch_tokens: Optional[int] = None, parti
                       batch_tokens)
         merged = states if merged is None else merge(merged, states)
     if client is None:
-        with blas_limit(positive_int("blas_threads", blas_threads, allow_none=True)):
+        with blas_limit(count("blas_threads", blas_threads, allow_none=True, type_error=True)):
             (merged,) = dask.compute(merged, scheduler="sync")
     else:
         merged = client.compute(merged).result()

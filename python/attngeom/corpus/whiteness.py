@@ -244,9 +244,7 @@ class WhitenessStatistic(Statistic):
 
     def __init__(self, window: int = 4, max_lag: Optional[int] = None):
         super().__init__()
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 2:
-            raise ValueError(f"window must be an integer >= 2, got {window!r}")
-        self.window = int(window)
+        self.window = _count("window", window, 2)
         self.max_lag = None if max_lag is None else _count("max_lag", max_lag, 1, self.window - 1)
 
     def config(self) -> dict:

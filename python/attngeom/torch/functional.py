@@ -12,7 +12,6 @@ CUDA tensors raise ValueError. Leading (batch) axes broadcast as in the NumPy AP
 """
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -20,25 +19,31 @@ import torch
 from torch import Tensor
 
 from .. import attention as _attention
+from .._operands import causal_code, logit_scale, scalar
 from ..attention_stats import AttentionStats
 from .. import lightning as _lightning
 from .. import projection as _projection
 from .. import whitening as _whitening
 from ..kernels import kernel_params
 
-_CAUSAL = {False: "none", None: "none", True: "top_left", "top_left": "top_left", "bottom_right": "bottom_right"}
+_CAUSAL = ("none", "top_left", "bottom_right")  # by the core's code (causal_code)
 _CAUSAL_NUMPY = {"none": False, "top_left": True, "bottom_right": "bottom_right"}
+
+
+def _cpu_tensor(name: str, t) -> None:
+    """A torch.Tensor on the CPU: TypeError or ValueError naming the argument otherwise."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on device {t.device}: attngeom.torch runs on CPU tensors only "
+                         f"(the C++ core has no GPU kernels); move it with {name}.cpu()")
 
 
 def _array(name: str, t: Optional[Tensor], *, allow_bool: bool = False) -> Optional[np.ndarray]:
     """A CPU tensor as a NumPy array sharing its memory (one copy if it is not contiguous)."""
     if t is None:
         return None
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} is on device {t.device}: attngeom.torch runs on CPU tensors only "
-                         f"(the C++ core has no GPU kernels); move it with {name}.cpu()")
+    _cpu_tensor(name, t)
     allowed = (torch.float32, torch.float64) + ((torch.bool,) if allow_bool else ())
     if t.dtype not in allowed:
         raise ValueError(f"{name} must be a float32 or float64 tensor{' (or bool)' if allow_bool else ''}, "
@@ -51,24 +56,19 @@ def _tensor(a: np.ndarray) -> Tensor:
 
 
 def _check_tensors(**tensors) -> None:
-    """The checks of every public function, before dispatch: CPU tensors of one float dtype."""
+    """The checks of every public function, before dispatch: CPU tensors of one float dtype
+    (the operands' shapes and values are checked by the NumPy API the ops call)."""
     for name, t in tensors.items():
         if t is not None:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.device.type != "cpu":
-                raise ValueError(f"{name} is on device {t.device}: attngeom.torch runs on CPU tensors only "
-                                 f"(the C++ core has no GPU kernels); move it with {name}.cpu()")
+            _cpu_tensor(name, t)
     dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
     if len(set(dtypes.values())) > 1:
         raise ValueError(f"inputs must share one dtype (float32 or float64), got {dtypes}")
 
 
 def _causal(causal) -> str:
-    try:
-        return _CAUSAL[causal]
-    except (KeyError, TypeError):
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+    """The causal argument as the ops take it (a string), checked as the NumPy API checks it."""
+    return _CAUSAL[causal_code(causal)]
 
 
 def _batch(*shapes) -> Tuple[int, ...]:
@@ -152,7 +152,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor]
     """
     _check_tensors(q=q, k=k, v=v)
     _check_tensors(mask=mask)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = logit_scale(scale, q.shape[-1])
     if return_stats:
         return _with_stats(_softmax_stats_op(q, k, v, mask, _causal(causal), scale))
     return _softmax_op(q, k, v, mask, _causal(causal), scale)[0]
@@ -300,7 +300,7 @@ def kernel_attention(q: Tensor, k: Tensor, v: Tensor, *, kernel: str = "exp", ma
     _check_tensors(q=q, k=k, v=v)
     _check_tensors(mask=mask)
     name, p = kernel_params(kernel, params)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = logit_scale(scale, q.shape[-1])
     if return_stats:
         return _with_stats(_kernel_stats_op(q, k, v, mask, _causal(causal), scale, name, list(p.values())))
     return _kernel_op(q, k, v, mask, _causal(causal), scale, name, list(p.values()))[0]
@@ -365,7 +365,7 @@ def projection_attention(q: Tensor, k: Tensor, v: Optional[Tensor] = None, *, si
     v = k if v is None else v
     _check_tensors(q=q, k=k, v=v)
     _check_tensors(mask=mask)
-    return _projection_op(q, k, v, mask, _causal(causal), float(sigma))
+    return _projection_op(q, k, v, mask, _causal(causal), scalar("sigma", sigma, positive=True))
 
 
 # ---- lightning attention ----------------------------------------------------------------

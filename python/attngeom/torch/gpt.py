@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._operands import choice, count
 from . import functional as F
 from .nn import HeadProjections
 from .rope import rotary_embedding
@@ -116,8 +117,7 @@ class CausalSelfAttention(HeadProjections):
     """
 
     def __init__(self, d_model: int, n_heads: int, variant: str = "standard", *, rotary: bool = True, **params):
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        choice("variant", variant, VARIANTS)
         if not (d_model >= 2 and n_heads >= 1 and d_model % (2 * n_heads) == 0):
             raise ValueError(f"d_model must be a positive multiple of 2 * n_heads (even head width for RoPE), "
                              f"got d_model={d_model}, n_heads={n_heads}")
@@ -230,10 +230,8 @@ class GPT(nn.Module):
                  variant: str = "standard", *, mlp: bool = True, positions: str = "rope", **params):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("n_blocks", n_blocks), ("context", context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+            count(name, value)
+        choice("positions", positions, POSITIONS)
         self.vocab_size, self.d_model, self.n_blocks, self.n_heads = vocab_size, d_model, n_blocks, n_heads
         self.context, self.variant, self.mlp, self.positions = context, variant, bool(mlp), positions
         self.embed = nn.Embedding(vocab_size, d_model)

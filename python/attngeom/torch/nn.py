@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._operands import choice, count, scalar
 from ..kernels import kernel_params
 from . import functional as F
 from .rope import rotary_embedding
@@ -167,12 +168,11 @@ class MultiheadSelfAttention(HeadProjections):
 
     def __init__(self, d_model: int, n_heads: int, *, variant: str = "softmax", rope: bool = True,
                  causal: bool = True, **params):
-        if not (isinstance(d_model, int) and isinstance(n_heads, int) and n_heads >= 1 and d_model >= 1
-                and d_model % n_heads == 0):
+        d_model, n_heads = count("d_model", d_model), count("n_heads", n_heads)
+        if d_model % n_heads:
             raise ValueError(f"d_model must be a positive multiple of n_heads, got d_model={d_model!r}, "
                              f"n_heads={n_heads!r}")
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        choice("variant", variant, VARIANTS)
         kernel = sigma = None
         if variant == "kernel":
             kernel = kernel_params(params.pop("kernel", "exp"), params)
@@ -180,7 +180,7 @@ class MultiheadSelfAttention(HeadProjections):
             unknown = set(params) - {"sigma"}
             if unknown:
                 raise ValueError(f"variant 'projection' takes parameter sigma, got unexpected {sorted(unknown)}")
-            sigma = float(params.get("sigma", 1.0))
+            sigma = scalar("sigma", params.get("sigma", 1.0), positive=True)
         elif params:
             raise ValueError(f"variant {variant!r} takes no parameters, got {sorted(params)}")
         super().__init__(d_model, n_heads, whitened=variant == "whitened")

@@ -1,0 +1,171 @@
+"""Renamed public names (docs/architecture.md, "Glossary"): every old name still works for one
+release, warns DeprecationWarning naming the new one at the caller's line, and gives the same
+result as the new name, which does not warn. Then the mechanism itself (attngeom._deprecation)."""
+import dataclasses
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom import _deprecation
+from attngeom.laplace_radon import ridge_attention
+
+RNG = np.random.default_rng(5)
+Q, K, V = RNG.standard_normal((3, 2, 6, 4))
+P = RNG.random((5, 5))
+P /= P.sum(-1, keepdims=True)
+W, X = RNG.standard_normal((4, 4)), RNG.standard_normal((5, 4))
+W1, W2 = RNG.standard_normal((4, 7)), RNG.standard_normal((7, 4))
+U, TAU = ag.tilt_radius(Q)
+
+# (old call, new call, the new name the warning must give)
+RENAMED = {
+    "softmax_attention(return_weights=)": (lambda: ag.softmax_attention(Q, K, V, return_weights=True),
+                                           lambda: ag.softmax_attention(Q, K, V, return_routing=True),
+                                           "return_routing"),
+    "kernel_attention(return_weights=)": (lambda: ag.kernel_attention(Q, K, V, kernel="cauchy", return_weights=True),
+                                          lambda: ag.kernel_attention(Q, K, V, kernel="cauchy", return_routing=True),
+                                          "return_routing"),
+    "laplace_radon_attention(return_weights=)": (
+        lambda: ag.laplace_radon_attention(U, TAU, K, V, return_weights=True, return_log_partition=True),
+        lambda: ag.laplace_radon_attention(U, TAU, K, V, return_routing=True, return_log_partition=True),
+        "return_routing"),
+    "ridge_attention(return_weights=)": (
+        lambda: ridge_attention(U, TAU, K, V, kernel="exp", params={}, return_weights=True),
+        lambda: ridge_attention(U, TAU, K, V, kernel="exp", params={}, return_routing=True),
+        "return_routing"),
+    "projection_attention(return_weights=)": (lambda: ag.projection_attention(Q, K, V, return_weights=True),
+                                              lambda: ag.projection_attention(Q, K, V, return_routing=True),
+                                              "return_routing"),
+    "whitened_attention(return_weights=)": (
+        lambda: ag.whitened_attention(X[None], W, W, np.eye(4), 0.5 * np.eye(4), return_weights=True),
+        lambda: ag.whitened_attention(X[None], W, W, np.eye(4), 0.5 * np.eye(4), return_routing=True),
+        "return_routing"),
+    "AttentionStats.from_weights": (lambda: ag.AttentionStats.from_weights(P, causal=True),
+                                    lambda: ag.AttentionStats.from_routing(P, causal=True), "from_routing"),
+    "mlp_key_value(activation='gelu')": (lambda: ag.mlp_key_value(X, W1, W2, activation="gelu"),
+                                         lambda: ag.mlp_key_value(X, W1, W2, activation="gelu_tanh"), "gelu_tanh"),
+    "mlp_key_value(..., 'gelu')": (lambda: ag.mlp_key_value(X, W1, W2, "gelu"), lambda: ag.mlp_key_value(X, W1, W2),
+                                   "gelu_tanh"),
+    "head_operator(P=)": (lambda: ag.head_operator(P=P, W_OV=W, X=X), lambda: ag.head_operator(routing=P, W_OV=W, X=X),
+                          "routing"),
+    "virtual_head(P1=, P2=)": (lambda: ag.virtual_head(P1=P, W_OV1=W, P2=P.T, W_OV2=W),
+                               lambda: ag.virtual_head(routing1=P, W_OV1=W, routing2=P.T, W_OV2=W), "routing[12]"),
+    "routing_nulls(P=)": (lambda: ag.routing_nulls(P=P), lambda: ag.routing_nulls(routing=P), "routing"),
+}
+
+
+def leaves(result):
+    """The arrays of a result (arrays, tuples, dataclasses), in order."""
+    if isinstance(result, (tuple, list)):
+        return [x for r in result for x in leaves(r)]
+    if dataclasses.is_dataclass(result):
+        return [x for f in dataclasses.fields(result) for x in leaves(getattr(result, f.name))]
+    if isinstance(result, ag.Subspace):
+        return [result.basis()]
+    return [np.asarray(result)]
+
+
+@pytest.mark.parametrize("name", sorted(RENAMED))
+def test_old_name_warns_naming_the_new_one_and_gives_the_same_result(name):
+    old_call, new_call, new_name = RENAMED[name]
+    with pytest.warns(DeprecationWarning, match=rf"is deprecated, use '{new_name}'") as record:
+        old = old_call()
+    assert all(w.filename == __file__ for w in record if issubclass(w.category, DeprecationWarning))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name does not warn, nor does anything it calls
+        new = new_call()
+    old_leaves, new_leaves = leaves(old), leaves(new)
+    assert len(old_leaves) == len(new_leaves)
+    for a, b in zip(old_leaves, new_leaves):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_attention_heatmap_old_keyword():
+    pytest.importorskip("matplotlib")
+    with pytest.warns(DeprecationWarning, match="use 'routing'"):
+        old = ag.plotting.attention_heatmap(P=P)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ag.plotting.attention_heatmap(routing=P)
+    np.testing.assert_array_equal(old.axes[0].images[0].get_array(), new.axes[0].images[0].get_array())
+
+
+def test_deprecated_method_names_the_argument_as_passed():
+    """Errors of an old name name its own argument (the caller's spelling)."""
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="weights must have shape"):
+        ag.AttentionStats.from_weights(np.ones(3))
+    with pytest.raises(ValueError, match="routing must have shape"):
+        ag.AttentionStats.from_routing(np.ones(3))
+
+
+def test_internal_calls_use_the_new_names():
+    """The top-level functions that compute a routing matrix on the way do not warn."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ag.head_diagnostics(RNG.standard_normal((2, 4, 3)), RNG.standard_normal((2, 4, 3)),
+                            x=RNG.standard_normal((6, 4)))
+        ag.kernel_attention(Q, K, V, kernel="gaussian", return_routing=True, return_stats=True)
+        ag.laplace_radon_attention(U, TAU, K, V, return_routing=True, return_stats=True)
+
+
+# -- the mechanism ----------------------------------------------------------------------------
+
+
+def test_renamed_arguments_refuses_both_names():
+    @_deprecation.renamed_arguments(old="new")
+    def f(*, new=0):
+        return new
+
+    with pytest.warns(DeprecationWarning, match=r"f\(\): the argument 'old' is deprecated, use 'new'"):
+        assert f(old=2) == 2
+    with pytest.raises(TypeError, match="both 'old'"):
+        f(old=1, new=2)
+
+
+def test_renamed_values_by_position_and_keyword():
+    @_deprecation.renamed_values(kind={"old": "new"})
+    def f(x, kind="new"):
+        return x, kind
+
+    with pytest.warns(DeprecationWarning, match=r"f\(\): kind 'old' is deprecated, use 'new'"):
+        assert f(1, "old") == (1, "new")
+    with pytest.warns(DeprecationWarning, match="use 'new'"):
+        assert f(1, kind="old") == (1, "new")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f(1) == (1, "new")
+        assert f(1, "other")[1] == "other"
+        assert f(1, np.array(1.0))[0] == 1  # a non-string value is left to the function's checks
+
+
+def test_renamed_attributes_of_a_module(monkeypatch):
+    module = types.ModuleType("attngeom_renamed_example")
+    module.New = object()
+    module.__getattr__ = _deprecation.renamed_attributes(module.__name__, Old="New")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.warns(DeprecationWarning, match="attngeom_renamed_example: the name 'Old' is deprecated, use 'New'"):
+        assert module.Old is module.New
+    with pytest.warns(DeprecationWarning, match="use 'New'"):
+        from attngeom_renamed_example import Old  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'Missing'"):
+        module.Missing
+
+
+def test_renamed_field_of_a_result():
+    @dataclasses.dataclass
+    class Result:
+        routing: int
+        attentions = _deprecation.renamed_field("routing")
+
+    r = Result(3)
+    assert [f.name for f in dataclasses.fields(r)] == ["routing"]
+    with pytest.warns(DeprecationWarning, match="Result: the field 'attentions' is deprecated, use 'routing'"):
+        assert r.attentions == 3
+    with pytest.warns(DeprecationWarning, match="use 'routing'"):
+        r.attentions = 4
+    assert r.routing == 4
+    assert isinstance(Result.attentions, _deprecation.renamed_field)
