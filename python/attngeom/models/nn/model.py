@@ -21,10 +21,10 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..io.architecture import Architecture, architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
-from .architecture import Architecture, architecture_from_config
 from .decoder import Decoder
 from .forward import Forward, check_token_ids, plan_forward
 from .heads import ModelHeads, heads_from_checkpoint

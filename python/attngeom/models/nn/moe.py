@@ -1,4 +1,4 @@
-"""Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): the sparse MoE block of the decoder and its weights.
+"""Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): the sparse MoE block of the decoder.
 
 The notes' "mixture-of-experts feed-forward layers": the MLP G_l is replaced by
 sum_e pi_e(x) G_e(x), with top-k routing. Mixtral's sparse MoE block (as transformers
@@ -22,7 +22,8 @@ Checkpoints store the experts as ``block_sparse_moe.experts.E.{w1,w3,w2}`` (gate
 with the router ``block_sparse_moe.gate.weight`` (Mixtral), as
 ``mlp.experts.E.{gate,up,down}_proj`` with ``mlp.gate.weight`` (DeepSeek), or fused as
 ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj`` with ``mlp.gate.weight``; all are
-read. DeepSeek's shared experts are ``mlp.shared_experts.{gate,up,down}_proj``.
+read (:func:`attngeom.models.io.weights.moe_weights`). DeepSeek's shared experts are
+``mlp.shared_experts.{gate,up,down}_proj``.
 
 The router logits of every layer are in :attr:`Forward.router_logits`;
 :func:`attngeom.router_statistics` (:mod:`attngeom.models.analysis.routing`) summarises them.
@@ -35,61 +36,6 @@ import numpy as np
 
 from ...circuits import topk_routing
 from .products import product
-
-
-def moe_weights(take: Callable, prefix: str, arch) -> dict:
-    """The router and stacked expert weights of one layer, in (in, out) orientation.
-
-    Parameters
-    ----------
-    take : callable
-        ``take(name, shape=None, required=True)`` -> tensor or None (the decoder's reader).
-    prefix : str
-        The layer's name prefix ("model.layers.3.").
-    arch : Architecture
-        With n_experts > 0.
-
-    Returns
-    -------
-    dict
-        "router" (d_model, n_experts), "experts_gate" and "experts_up" (n_experts, d_model,
-        d_ff), "experts_down" (n_experts, d_ff, d_model); with shared experts also
-        "shared_gate", "shared_up" (d_model, d_shared) and "shared_down" (d_shared, d_model).
-
-    Examples
-    --------
-    >>> w = moe_weights(take, "model.layers.0.", arch)  # doctest: +SKIP
-    """
-    d, E = arch.d_model, arch.n_experts
-    ff = arch.config.get("moe_intermediate_size", arch.config.get("intermediate_size"))
-    fused = take(prefix + "mlp.experts.gate_up_proj", required=False)
-    if fused is not None:
-        router = take(prefix + "mlp.gate.weight", (E, d))
-        fused = np.asarray(fused)
-        if fused.ndim != 3 or fused.shape[0] != E or fused.shape[2] != d or fused.shape[1] % 2:
-            raise ValueError(f"tensor {prefix + 'mlp.experts.gate_up_proj'!r} has shape {tuple(fused.shape)}, but "
-                             f"config.json (num_local_experts={E}, hidden_size={d}) implies ({E}, 2 * d_ff, {d})")
-        half = fused.shape[1] // 2
-        gate, up = np.swapaxes(fused[:, :half], 1, 2), np.swapaxes(fused[:, half:], 1, 2)
-        down = np.swapaxes(np.asarray(take(prefix + "mlp.experts.down_proj", (E, d, half))), 1, 2)
-    else:
-        if take(prefix + "mlp.gate.weight", required=False) is not None:  # DeepSeek: one tensor per expert
-            s, names = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
-        else:  # Mixtral
-            s, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
-        router = take(s + "gate.weight", (E, d))
-        w1 = [np.asarray(take(f"{s}experts.{e}.{names[0]}.weight", (ff, d) if ff else None)) for e in range(E)]
-        f = w1[0].shape[0]
-        gate = np.stack([w.T for w in w1])
-        up = np.stack([np.asarray(take(f"{s}experts.{e}.{names[1]}.weight", (f, d))).T for e in range(E)])
-        down = np.stack([np.asarray(take(f"{s}experts.{e}.{names[2]}.weight", (d, f))).T for e in range(E)])
-    out = {"router": np.asarray(router).T, "experts_gate": gate, "experts_up": up, "experts_down": down}
-    if arch.shared_experts:
-        s, fs = prefix + "mlp.shared_experts.", arch.shared_experts * gate.shape[2]
-        out["shared_gate"] = take(s + "gate_proj.weight", (fs, d)).T
-        out["shared_up"] = take(s + "up_proj.weight", (fs, d)).T
-        out["shared_down"] = take(s + "down_proj.weight", (d, fs)).T
-    return out
 
 
 def route(logits, arch) -> np.ndarray:
@@ -153,11 +99,11 @@ def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
     x : ndarray, shape (..., n, d_model)
         The post-attention normed residual stream.
     layer : dict
-        The weights of :func:`moe_weights`, cast to x's dtype.
+        The weights of :func:`attngeom.models.io.weights.moe_weights`, cast to x's dtype.
     arch : Architecture
         The routing rule (:func:`route`).
     act : callable
-        The gate nonlinearity (silu).
+        The gate's activation function (silu).
 
     Returns
     -------

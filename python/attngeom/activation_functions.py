@@ -1,4 +1,4 @@
-"""The elementwise nonlinearities of transformer MLPs, in NumPy, one implementation each:
+"""The activation functions of transformer MLPs, elementwise, in NumPy, one implementation each:
 
     gelu(x)      = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2                  exact (BERT's "gelu")
     gelu_tanh(x) = x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2       GPT-2's "gelu_new"
@@ -38,7 +38,7 @@ def gelu(x) -> np.ndarray:
 
     Examples
     --------
-    >>> from attngeom.nonlinearities import gelu
+    >>> from attngeom.activation_functions import gelu
     >>> gelu(np.array([0.0, 1.0]))
     array([0.    , 0.8413])
     """
@@ -48,14 +48,7 @@ def gelu(x) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """The tanh form of GELU (module docstring), computed in place on one temporary (x * x * x:
-    NumPy's x ** 3 on float32 takes the general power routine, some 60 ns an element).
-
-    Examples
-    --------
-    >>> from attngeom.nonlinearities import gelu_tanh
-    >>> gelu_tanh(np.array([0.0, 1.0])).round(4)
-    array([0.    , 0.8412])
-    """
+    NumPy's x ** 3 on float32 takes the general power routine, some 60 ns an element)."""
     t = x * x
     t *= x
     t *= 0.044715
@@ -69,24 +62,10 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """SiLU(x) = x sigmoid(x), written with tanh so that no exponential overflows.
-
-    Examples
-    --------
-    >>> from attngeom.nonlinearities import silu
-    >>> silu(np.array([0.0, 1.0])).round(4)
-    array([0.    , 0.7311])
-    """
+    """SiLU(x) = x sigmoid(x), written with tanh so that no exponential overflows."""
     return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
 
 
 def relu(x: np.ndarray) -> np.ndarray:
-    """ReLU(x) = max(x, 0).
-
-    Examples
-    --------
-    >>> from attngeom.nonlinearities import relu
-    >>> relu(np.array([-1.0, 2.0]))
-    array([0., 2.])
-    """
+    """ReLU(x) = max(x, 0)."""
     return np.maximum(x, 0)

@@ -41,17 +41,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from ...nonlinearities import gelu, gelu_tanh, relu, silu
+from ...activation_functions import gelu, gelu_tanh, relu, silu
 
 # config.json model_type -> family (the decoder code path)
 SUPPORTED_ARCHITECTURES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
                            "qwen3": "llama", "mixtral": "llama", "deepseek_v2": "llama", "attngeom-gpt": "llama"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-#: config.json's MLP nonlinearities (hidden_act, GPT-2's activation_function) and their functions
-NONLINEARITIES = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "swish": silu,
+#: config.json's MLP activation functions (hidden_act, GPT-2's activation_function), by name
+ACTIVATION_FUNCTIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "swish": silu,
                   "relu": relu}
-ACTIVATIONS = tuple(NONLINEARITIES)
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Architecture:
     norm : {"layernorm", "rmsnorm"}
         The normalisation; ``norm_eps`` its epsilon.
     activation : str
-        The MLP nonlinearity (one of ACTIVATIONS); ``gated`` for SwiGLU-style MLPs.
+        The MLP's activation function (one of ACTIVATIONS); ``gated`` for SwiGLU-style MLPs.
     rope : dict or None
         {"rope_type", "rope_theta", and the type's parameters} for rotary models.
     qk_norm : bool
