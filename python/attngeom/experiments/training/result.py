@@ -36,11 +36,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import plotting
-from ..whitening import stationarity, whiteness
-from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
-from ._resume import RunState, capture, checkpoint_due, restore
+from ... import plotting
+from ...whitening import stationarity, whiteness
+from .._progress import progress
+from .._result import ExperimentConfig, ExperimentResult, check_config
+from .._resume import RunState, capture, checkpoint_due, restore
 
 # Table 1 and 2 of seed 004 (s.5): arm -> (parameters, final MCE loss, perplexity, minutes)
 PAPER_TABLE_1 = {"standard": (1.62e6, 1.39, 4.00, 57.0), "whitened": (1.88e6, 1.16, 3.18, 457.0),
@@ -787,7 +787,7 @@ class TrainingResult(ExperimentResult):
         """
         if not self.checkpoints:
             return []
-        from ..torch.gpt import save_checkpoint
+        from ...torch.gpt import save_checkpoint
 
         paths = []
         for arm, runs in self.checkpoints.items():
@@ -815,7 +815,7 @@ def _paper_points(rows):
 def _equal_width(config: TrainingConfig, vocab_size: int) -> int:
     """The d_model above config.d_model (a multiple of 2 n_heads) whose standard model's parameter count is
     nearest the whitened model's (at least one step wider, so the arm differs from "standard")."""
-    from ..torch.gpt import GPT, count_parameters
+    from ...torch.gpt import GPT, count_parameters
 
     c = config
     target = count_parameters(GPT(vocab_size, c.d_model, c.n_blocks, c.n_heads, c.context, "whitened"))
@@ -884,7 +884,7 @@ def _train_run(arm: str, seed: int, config: TrainingConfig, corpus: CharCorpus, 
     from a state found there (:mod:`attngeom.experiments._resume`)."""
     import torch
 
-    from ..torch.gpt import GPT
+    from ...torch.gpt import GPT
 
     c = config
     variant = setup["variant"]
@@ -961,7 +961,7 @@ def _worker_threads(threads: int) -> None:
     """Initializer of a training worker process: its torch and attngeom thread counts."""
     import torch
 
-    from .. import set_num_threads
+    from ... import set_num_threads
 
     global _IN_WORKER
     _IN_WORKER = True
@@ -996,7 +996,7 @@ def _time_iterations(variant, context, d_model, config: TrainingConfig, vocab_si
     """Milliseconds per training iteration (median of timed iterations after two warm-up ones)."""
     import torch
 
-    from ..torch.gpt import GPT, count_parameters
+    from ...torch.gpt import GPT, count_parameters
 
     c = config
     torch.manual_seed(c.seed)
@@ -1059,8 +1059,8 @@ def run_training(config: TrainingConfig = TrainingConfig(), *, state_dir: Option
         import torch
     except ImportError as exc:  # pragma: no cover - exercised only without torch
         raise ImportError("the training experiment needs PyTorch: pip install 'attngeom[torch]'") from exc
-    from .. import get_num_threads, set_num_threads
-    from ..torch.gpt import count_parameters, GPT
+    from ... import get_num_threads, set_num_threads
+    from ...torch.gpt import count_parameters, GPT
 
     saved_threads = (torch.get_num_threads(), get_num_threads())
     torch.set_num_threads(c.threads)
