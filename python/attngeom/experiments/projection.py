@@ -20,7 +20,7 @@ from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 
 
 @dataclass
@@ -39,6 +39,8 @@ class ProjectionConfig(ExperimentConfig):
     flatten_sigma: float = 0.5  # sigma of the flattening layers
     n_layers: int = 5
     n_neighbors: int = 15
+
+    MINIMUMS = {"n_sigma": 2}
 
 
 def _unit(rng, shape):
@@ -161,7 +163,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
 
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
-    c = check_config(config, n_layers=1, n_sigma=2)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     # (1) the identity on unit-norm queries and keys (cross-attention, separate values)
     q = _unit(rng, (c.n_examples, c.n_tokens, c.d))
