@@ -176,7 +176,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
     for i, t in enumerate(progress(targets, desc="tau")):
         qt = q * (t / tau0)
         taus[i] = tilt_radius(qt)[1].mean()
-        _, P, lz = softmax_attention(qt, k, v, return_weights=True, return_log_partition=True)
+        _, P, lz = softmax_attention(qt, k, v, return_routing=True, return_log_partition=True)
         exact[i] = np.mean((c.n_tokens * np.sum(P * P, axis=-1) - 1) / c.num_samples)
         for p in PROPOSALS:
             est = np.stack([sampled_attention(qt, k, v, num_samples=c.num_samples, proposal=p,

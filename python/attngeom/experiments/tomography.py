@@ -191,7 +191,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
     q, k, v = x @ W_Q, x @ W_K, x @ W_V
     scale = 1 / math.sqrt(c.d_k)
 
-    y, P = softmax_attention(q, k, v, return_weights=True)
+    y, P = softmax_attention(q, k, v, return_routing=True)
     u, tau = tilt_radius(q)
     y_hat = laplace_radon_attention(u, tau, k, v)
     logits = scale * q @ np.swapaxes(k, -1, -2)
