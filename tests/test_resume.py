@@ -102,7 +102,8 @@ def _killed_run(name, parent, after, delay):
 
 @pytest.mark.parametrize("name", ["training", "induction"])
 def test_a_killed_run_resumes_to_the_uninterrupted_result(name, tmp_path, monkeypatch):
-    from attngeom.experiments import induction, training
+    from attngeom.experiments import induction
+    from attngeom.experiments.training import loop as training
 
     reference = run_experiment(name, folder=str(tmp_path / "reference"), overrides=CONFIGS[name], quiet=True)
     expected = _outputs(reference)

@@ -33,24 +33,20 @@ line is one text by the paragraph rule; the command says so on stderr and names 
 
 Every misuse (a bad --set value, an output path that cannot be written, an unreadable
 checkpoint) is one line on stderr and exit status 2, found before any computation starts.
-Output folders are written whole or not at all: everything goes into a hidden temporary
-sibling (".<name>.<random>.partial"), renamed into place once every file is written, so
-an interrupted run or a full disk never leaves a folder that looks complete.
+Output folders are written whole or not at all (:mod:`attngeom.experiments.folders`).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import secrets
-import shutil
 import sys
 import time
 
+from .experiments import EXPERIMENTS, experiment, run_experiment, run_summary, write_folder
+
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-_PARTIAL = ".partial"  # suffix of the temporary folders an output is written into
 
 
 def _parse_sets(config_cls, pairs):
@@ -78,208 +74,8 @@ def _parse_sets(config_cls, pairs):
     return out
 
 
-def _stage(final: str, marker: str) -> str:
-    """Create the temporary folder that `final` (an absolute path) is written into, next to it (same file system,
-    so the final rename is atomic); ValueError naming --out when it cannot be written there.
-
-    An existing `final` is replaced at the end only when it is empty or holds `marker` (an
-    earlier output of the same command); anything else is refused, never deleted."""
-    if os.path.lexists(final):
-        if not os.path.isdir(final) or os.path.islink(final):
-            raise ValueError(f"--out {final!r} exists and is not a folder")
-        entries = os.listdir(final)
-        if entries and marker not in entries:
-            raise ValueError(f"--out {final!r} is a folder that holds other files (no {marker}); "
-                             "choose a new or an empty folder")
-    parent = os.path.dirname(final)
-    try:
-        if os.path.lexists(parent) and not os.path.isdir(parent):
-            raise NotADirectoryError(f"{parent!r} is not a folder")
-        os.makedirs(parent, exist_ok=True)
-        staging = _sibling(final, _PARTIAL)
-    except OSError as exc:
-        raise ValueError(f"--out {final!r} cannot be written: {exc}") from None
-    return staging
-
-
-def _sibling(final: str, suffix: str) -> str:
-    """Create a new empty hidden folder ".<name>.<random><suffix>" next to `final` (permissions
-    from the umask, as a folder made by os.makedirs would have)."""
-    parent, name = os.path.split(final)
-    for _ in range(100):
-        path = os.path.join(parent, f".{name}.{secrets.token_hex(4)}{suffix}")
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name next to {final!r}")  # pragma: no cover
-
-
-def _publish(staging: str, final: str) -> None:
-    """Move the finished `staging` folder to `final`, replacing an earlier output there."""
-    if not os.path.lexists(final):
-        os.rename(staging, final)
-        return
-    old = _sibling(final, ".old")
-    previous = os.path.join(old, "previous")
-    os.rename(final, previous)
-    try:
-        os.rename(staging, final)
-    except OSError:
-        os.rename(previous, final)  # put the earlier output back (kept in `old` if even that fails)
-        os.rmdir(old)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_folder(final: str, marker: str, write, *, staging: str = None, keep=None) -> None:
-    """`write(folder)` into a staging folder, then published as `final`; the staging folder is
-    removed when writing fails (a full disk, an interrupt), so `final` is never half-written.
-
-    `staging` continues an earlier staging folder instead of a new one; `keep(staging)` is
-    called when writing fails and, returning True, keeps the folder (a resumable run's saved
-    states) instead of removing it."""
-    final = os.path.abspath(final)
-    if os.path.dirname(final) == final:
-        raise ValueError(f"--out {final!r} is the root of the file system, not an output folder")
-    staging = staging or _stage(final, marker)
-    published = False
-    try:
-        write(staging)
-        _publish(staging, final)
-        published = True
-    finally:
-        if not published and not (keep is not None and keep(staging)):
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def _new_run_folder(out: str, name: str) -> str:
-    """out/<name>_<timestamp>, with a counter appended when that folder exists already."""
-    if os.path.lexists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} exists and is not a folder (it is the parent of the run folder)")
-    base = os.path.join(out, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
-    folder, k = base, 1
-    while os.path.lexists(folder):
-        k += 1
-        folder = f"{base}_{k}"
-    return folder
-
-
-_RESUME = "resume.json"  # in the staging folder of a resumable run: the experiment and its run folder
-_STATE = "state"  # the runs' saved states, inside that staging folder
-
-
-def _resumable(run) -> bool:
-    """Whether an experiment's run function saves states it can continue from (``state_dir=``)."""
-    import inspect
-
-    return "state_dir" in inspect.signature(run).parameters
-
-
-def _resume_point(name, resume: str):
-    """(name, config values, final folder) of the interrupted run whose staging folder is
-    `resume`; ValueError naming --resume when it is not one."""
-    record = os.path.join(resume, _RESUME)
-    if not os.path.isfile(record):
-        raise ValueError(f"--resume {resume!r} is not the folder of an interrupted run (no {_RESUME}); an interrupted "
-                         f"run leaves a hidden folder '.<run>.<random>{_PARTIAL}' next to its run folder")
-    with open(record) as f:
-        info = json.load(f)
-    with open(os.path.join(resume, "config.json")) as f:
-        values = json.load(f)
-    if name is not None and name != info["experiment"]:
-        raise ValueError(f"--resume {resume!r} is an interrupted {info['experiment']!r} run, not {name!r}")
-    return info["experiment"], values, info["final"]
-
-
-def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, quiet=False, resume=None) -> str:
-    """Run experiment `name` and write its run folder; returns the folder's path.
-
-    The config and the output location are checked before the experiment runs (ValueError
-    naming the field or the folder); the folder appears only once everything is written.
-    `folder` (the run folder itself) overrides `out` (its parent); an existing `folder` is
-    replaced when it is empty or an earlier run folder.
-
-    Experiments that train (training, induction) save each run's state in the hidden staging
-    folder as they go; when such a run is interrupted (an exception, Ctrl-C, or the process
-    killed) that folder stays, and ``resume=<staging folder>`` (``attngeom run NAME --resume
-    FOLDER``) continues it with its own config to the result an uninterrupted run gives
-    (`seed` and `overrides` are then not allowed: the saved config is the run's).
-    """
-    from .experiments import EXPERIMENTS
-    from .experiments._result import check_config
-
-    staging = None
-    if resume is not None:
-        if seed is not None or overrides:
-            raise ValueError("--resume continues a run with its saved config: --seed and --set are not allowed")
-        staging = os.path.abspath(resume)
-        name, values, folder = _resume_point(name, staging)
-    if name not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {name!r}; try: {', '.join(EXPERIMENTS)}")
-    config_cls, run = EXPERIMENTS[name]
-    if resume is None:
-        values = dict(overrides or {})
-        if seed is not None:
-            values["seed"] = seed
-    config = config_cls(**values)
-    check_config(config)
-    if folder is None:
-        folder = _new_run_folder(out, name)
-    resumable = _resumable(run)
-    written = {}
-
-    def write(staging):
-        t0 = time.perf_counter()
-        if resumable:  # what --resume needs, before the first state is saved
-            with open(os.path.join(staging, "config.json"), "w") as f:
-                json.dump(dataclasses.asdict(config), f, indent=2)
-            with open(os.path.join(staging, _RESUME), "w") as f:
-                json.dump({"experiment": name, "final": os.path.abspath(folder)}, f, indent=2)
-            result = run(config, state_dir=os.path.join(staging, _STATE))
-            shutil.rmtree(os.path.join(staging, _STATE), ignore_errors=True)
-            os.remove(os.path.join(staging, _RESUME))
-        else:
-            result = run(config)
-        written["elapsed"] = time.perf_counter() - t0
-        with open(os.path.join(staging, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(config), f, indent=2)
-        written["table"] = result.table()
-        with open(os.path.join(staging, "summary.md"), "w", encoding="utf-8") as f:
-            f.write(f"# {name}\n\n{written['table']}\n")
-        names = written["figures"] = []
-        for fname, fig in result.figures().items():
-            fig.savefig(os.path.join(staging, fname), dpi=110)
-            names.append(fname)
-        save_artifacts = getattr(result, "save_artifacts", None)  # e.g. the training driver's checkpoints
-        if save_artifacts is not None:
-            save_artifacts(staging)
-        result.to_json(os.path.join(staging, "summary.json"))  # last: the run's marker
-
-    def keep(staging):
-        if resumable and os.path.isdir(os.path.join(staging, _STATE)):
-            print(f"attngeom run {name}: interrupted; `attngeom run {name} --resume {staging}` continues it from "
-                  "the last saved state", file=sys.stderr)
-            return True
-        return False
-
-    _write_folder(folder, "summary.json", write, staging=staging, keep=keep)
-    if not quiet:
-        names = written["figures"]
-        print(f"{name} ({written['elapsed']:.1f} s), seed {config.seed}")
-        print(written["table"])
-        print(f"wrote {folder}/: config.json, summary.json, summary.md and {len(names)} figures "
-              f"({', '.join(names)})")
-    return folder
-
-
 def _run(args) -> int:
-    from .experiments import EXPERIMENTS
-
-    if args.experiment not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {args.experiment!r}; try: {', '.join(EXPERIMENTS)}")
-    overrides = _parse_sets(EXPERIMENTS[args.experiment][0], args.set)
+    overrides = _parse_sets(experiment(args.experiment)[0], args.set)
     run_experiment(args.experiment, out=args.out, seed=args.seed, overrides=overrides, resume=args.resume)
     return 0
 
@@ -290,33 +86,16 @@ def _demo(args) -> int:
 
 
 def _list(args) -> int:
-    from .experiments import EXPERIMENTS
-
     for name, (config_cls, run) in EXPERIMENTS.items():
-        doc = (sys.modules[run.__module__].__doc__ or "").strip().splitlines()[0]
+        module = ".".join(run.__module__.split(".")[:3])  # attngeom.experiments.<name>: a module or a package
+        doc = (sys.modules[module].__doc__ or "").strip().splitlines()[0]
         fields = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(config_cls))
         print(f"{name:<16} {doc}\n{'':<16} {fields}")
     return 0
 
 
 def _report(args) -> int:
-    folder = args.folder
-    if not os.path.isdir(folder):
-        raise ValueError(f"{folder!r} is not a folder")
-    if os.path.basename(os.path.normpath(folder)).endswith(_PARTIAL):
-        raise ValueError(f"{folder!r} is not a complete run: it is the temporary folder of a run that was "
-                         "interrupted before it finished writing")
-    missing = [n for n in ("config.json", "summary.md", "summary.json") if not os.path.isfile(os.path.join(folder, n))]
-    if missing:
-        raise ValueError(f"{folder!r} is not a complete run folder: {', '.join(missing)} "
-                         f"{'is' if len(missing) == 1 else 'are'} missing or not a file")
-    path = os.path.join(folder, "summary.md")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    print(text)
+    print(run_summary(args.folder))
     return 0
 
 
@@ -411,7 +190,7 @@ def _heads(args) -> int:
         done.update(report=report, source=source, names=[os.path.basename(p) for p in paths],
                     analysis=t1 - t0, figures=time.perf_counter() - t1)
 
-    _write_folder(args.out, "heads.json", write)
+    write_folder(args.out, "heads.json", write)
     report = done["report"]
     m, mean = report.model, report.summary()["mean"]
     print(f"{m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads (kv heads {m['n_kv_heads']}), "
@@ -477,12 +256,9 @@ def _corpus(args) -> int:
     from .corpus import corpus_statistics, write_activations
 
     texts, from_store = _corpus_source(args)
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.batch_tokens is not None and args.batch_tokens < 1:
-        raise ValueError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    for option in ("workers", "batch_tokens", "max_tokens"):  # integers (argparse's type=int); counts >= 1
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            raise ValueError(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
     batch_tokens = args.batch_tokens if args.batch_tokens is not None or from_store else 1024
     done = {}
 
@@ -515,7 +291,7 @@ def _corpus(args) -> int:
                 plt.close(fig)
         res.to_json(os.path.join(staging, "summary.json"))  # last: the folder's marker
 
-    _write_folder(args.out, "summary.json", write)
+    write_folder(args.out, "summary.json", write)
     res, m = done["res"], done["res"].model
     where = (f"scheduler {args.scheduler}" if args.scheduler else f"{args.workers} local workers" if args.workers
              else "in-process")

@@ -72,4 +72,4 @@ class ProfileStatistic(Statistic):
 def stats_from_weights(attentions, log_z) -> AttentionStats:
     """The statistics of stored weights P (..., n, n) and log partitions (..., n) (an activation
     store holds both: P does not determine log Z)."""
-    return AttentionStats.from_weights(attentions, log_z=log_z)
+    return AttentionStats.from_routing(attentions, log_z=log_z)

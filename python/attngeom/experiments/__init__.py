@@ -1,13 +1,16 @@
-"""Synthetic experiment drivers: each takes a config dataclass (with a seed) and returns a
-result dataclass with ``summary()``, ``to_json(path)``, ``table()`` and one plot method per
-figure (``figures()`` gives them all). ``EXPERIMENTS`` maps the CLI names to
-(config class, run function)."""
+"""Synthetic experiment drivers: each takes a config dataclass (with a seed and ``check()``) and
+returns a result dataclass with ``summary()``, ``to_json(path)``, ``table()``, one plot method
+per figure (``figures()`` gives them all) and the artifacts it declares (``ARTIFACTS``,
+written by ``save_artifacts(folder)``). ``EXPERIMENTS`` maps the CLI names to (config class,
+run function); ``run_experiment`` runs one into a run folder (:mod:`.run`)."""
 from .dimension import DimensionConfig, DimensionSweepResult, run_dimension
+from .folders import write_folder
 from .identity import IdentityConfig, IdentityResult, run_identity
 from .induction import InductionConfig, InductionResult, run_induction
 from .inverse import InverseConfig, InverseResult, run_inverse
 from .projection import ProjectionConfig, ProjectionResult, run_projection
 from .random_features import RandomFeaturesConfig, RandomFeaturesResult, run_random_features
+from .run import experiment, run_experiment, run_summary
 from .tomography import TomographyConfig, TomographyResult, run_tomography
 from .training import TrainingConfig, TrainingResult, run_training
 from .whitening import WhiteningConfig, WhiteningResult, run_whitening
@@ -24,9 +27,9 @@ EXPERIMENTS = {
     "induction": (InductionConfig, run_induction),
 }
 
-__all__ = ["EXPERIMENTS", "IdentityConfig", "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult",
-           "run_tomography", "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig",
-           "ProjectionResult", "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening",
-           "RandomFeaturesConfig", "RandomFeaturesResult", "run_random_features", "InverseConfig", "InverseResult",
-           "run_inverse", "TrainingConfig", "TrainingResult", "run_training", "InductionConfig", "InductionResult",
-           "run_induction"]
+__all__ = ["EXPERIMENTS", "experiment", "run_experiment", "run_summary", "write_folder", "IdentityConfig",
+           "IdentityResult", "run_identity", "TomographyConfig", "TomographyResult", "run_tomography",
+           "DimensionConfig", "DimensionSweepResult", "run_dimension", "ProjectionConfig", "ProjectionResult",
+           "run_projection", "WhiteningConfig", "WhiteningResult", "run_whitening", "RandomFeaturesConfig",
+           "RandomFeaturesResult", "run_random_features", "InverseConfig", "InverseResult", "run_inverse",
+           "TrainingConfig", "TrainingResult", "run_training", "InductionConfig", "InductionResult", "run_induction"]

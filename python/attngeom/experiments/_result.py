@@ -7,7 +7,7 @@ import math
 import os
 import re
 
-import numpy as np
+from .._operands import count, flag, scalar
 
 
 class ExperimentResult:
@@ -19,6 +19,10 @@ class ExperimentResult:
     # (regular expression, description) pairs; the first pattern that matches a summary key
     # (re.fullmatch) describes it, its groups filled into the description with str.format.
     DESCRIPTIONS: tuple = ()
+
+    # What a run folder holds besides config, summaries and figures, e.g. ("checkpoints",): a result type that
+    # declares ARTIFACTS defines save_artifacts(folder), which the run-folder writer calls. None by default.
+    ARTIFACTS: tuple = ()
 
     def describe(self, key: str) -> str:
         """One line saying what the summary scalar `key` measures ("" when undescribed)."""
@@ -50,49 +54,48 @@ class ExperimentResult:
 
 @dataclasses.dataclass
 class ExperimentConfig:
-    """Base of the drivers' config dataclasses: the field every experiment has.
+    """Base of the drivers' config dataclasses: the field every experiment has, and the check.
 
     ``seed`` (keyword-only) seeds the driver's random draws: a run is deterministic given its
     config (timings aside).
     """
     seed: int = dataclasses.field(default=0, kw_only=True)
 
+    MINIMUMS = {}  # raised lower bounds of integer fields (check_config's `minimums`), e.g. {"n_sigma": 2}
+
+    def check(self):
+        """This config, checked by :func:`check_config` with MINIMUMS (ValueError naming the first field out of
+        range); a driver and the run-folder writer both call it. Experiments whose fields constrain each other
+        (a bound above another, a fraction below 1) extend it."""
+        return check_config(self, **self.MINIMUMS)
+
 
 def check_config(config, **minimums):
     """`config`, checked: raise ValueError naming the first field whose value is out of range.
 
     One rule for every driver's config dataclass, read off each field's default (every field
-    has one): a boolean field takes True or False; an integer field takes an integer (not a
-    boolean), ``seed`` one >= 0 (NumPy's generators refuse negative seeds), a field whose
-    default is positive (a count or a size) one >= 1, any other one >= 0; a float field takes
-    a finite real number, >= 0 when its default is >= 0 (scales, noise levels, sweep bounds).
-    `minimums` raise the lower bound of integer fields (``n_sigma=2``: a sweep of two points at
-    least), checked after the rule. Other checks that depend on the experiment (a bound above
-    another, a fraction below 1) stay in its driver.
+    has one), by the operand layer's checks: a boolean field takes True or False
+    (``_operands.flag``); an integer field takes an integer, not a boolean (``_operands.count``),
+    ``seed`` one >= 0 (NumPy's generators refuse negative seeds), a field whose default is
+    positive (a count or a size) one >= 1, any other one >= 0; a float field takes a finite real
+    number (``_operands.scalar``), >= 0 when its default is >= 0 (scales, noise levels, sweep
+    bounds). `minimums` raise the lower bound of integer fields (``n_sigma=2``: a sweep of two
+    points at least). A value of the wrong type is a ValueError too, like any other bad value.
 
     Example: ``c = check_config(config, n_layers=1, n_sigma=2)``;
     ``check_config(IdentityConfig(n_heads=-3))`` raises "n_heads must be an integer >= 1, got -3"
     """
-    for f in dataclasses.fields(config):
-        name, default, value = f.name, f.default, getattr(config, f.name)
-        if isinstance(default, bool):
-            if not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"{name} must be true or false, got {value!r}")
-        elif isinstance(default, int):
-            minimum = 0 if name == "seed" or default <= 0 else 1
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        elif isinstance(default, float):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{name} must be a real number, got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {value!r}")
-            if default >= 0 and value < 0:
+    try:
+        for f in dataclasses.fields(config):
+            name, default, value = f.name, f.default, getattr(config, f.name)
+            if isinstance(default, bool):
+                flag(name, value)
+            elif isinstance(default, int):
+                count(name, value, max(0 if name == "seed" or default <= 0 else 1, minimums.get(name, 0)))
+            elif isinstance(default, float) and scalar(name, value) < 0 <= default:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
-    for name, minimum in minimums.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
     return config
 
 

@@ -56,6 +56,15 @@ class RunState:
         torch.save(state, buffer)
         write_checked(self.path, buffer.getvalue())
 
+    def resume(self, model, optimizer, rng, evaluate) -> tuple:
+        """(iteration to start at, saved state): the saved state put back (:func:`restore`), or, when there is
+        none, (0, None) after ``evaluate(0)`` measures the initial model."""
+        saved = self.load()
+        if saved is None:
+            evaluate(0)
+            return 0, None
+        return restore(saved, model, optimizer, rng), saved
+
 
 def capture(it: int, model, optimizer, rng, **extra) -> dict:
     """The state after iteration `it` (0-based) of a run: its model, optimiser, the NumPy

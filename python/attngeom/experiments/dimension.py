@@ -13,7 +13,7 @@ from typing import Dict, List
 from .. import plotting
 from ..dimension import DimensionResult, neuromanifold_dimension
 from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 
 PAPER_FIGURE_4 = {"softmax": [37, 52, 61, 64], "lightning": [34, 49, 58, 61]}
 
@@ -80,7 +80,7 @@ class DimensionSweepResult(ExperimentResult):
 
 def run_dimension(config: DimensionConfig = DimensionConfig()) -> DimensionSweepResult:
     """Estimate the dimensions of Figure 4. Example: ``print(run_dimension().table())``"""
-    c = check_config(config)
+    c = config.check()
     d = (c.width,) * (c.layers + 1)
     results = {kind: [neuromanifold_dimension(d, (a,) * c.layers, kind=kind, t=c.t, n_samples=c.n_samples,
                                               n_draws=c.n_draws, seed=c.seed + a)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import plotting
 from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, laplace_radon_transform, radon_project, tilt_radius
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 
 
 @dataclass
@@ -84,7 +84,7 @@ def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
 
     Example: ``res = run_identity(IdentityConfig(seed=1)); res.summary()``
     """
-    c = check_config(config)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     x = rng.standard_normal((c.n_examples, c.n_tokens, c.d_model))
     s = 1 / np.sqrt(c.d_model)

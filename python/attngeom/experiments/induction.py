@@ -44,9 +44,11 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._operands import choice
 from ._result import ExperimentConfig, ExperimentResult, check_config
-from ._resume import RunState, capture, checkpoint_due, restore
-from .training import TrainingConfig, load_corpus, make_optimizer, parallel_runs, train_step
+from ._resume import RunState, capture, checkpoint_due
+from .training import (TrainingConfig, check_training, load_corpus, make_optimizer, parallel_runs, require_torch,
+                       threads, train_step, windows)
 
 
 @dataclass
@@ -84,6 +86,24 @@ class InductionConfig(ExperimentConfig):
     checkpoints: bool = True  # keep every evaluation's weights for the run folder
     checkpoint_every: int = 100  # iterations between a run's saved states, for resuming (and at the end)
 
+    def check(self) -> "InductionConfig":
+        """This config, checked (:func:`check_config`, :func:`attngeom.experiments.training.check_training`, and the
+        positions, repeated segments, ICL positions and layer counts); ValueError naming the field."""
+        c = check_config(self, d_model=2, context=4, batch=2, segment_min=2)
+        check_training(c)
+        choice("positions", c.positions, ("learned", "rope"), "'learned' or 'rope'")
+        if not 0 <= c.repeat_fraction <= 1:
+            raise ValueError(f"repeat_fraction must be in [0, 1], got {c.repeat_fraction!r}")
+        top = _segment_max(c)
+        if not c.segment_min <= top <= c.context // 2:
+            raise ValueError(f"segment_max must be in segment_min..context // 2 = {c.context // 2} (two copies fit), "
+                             f"got {top} (segment_min {c.segment_min})")
+        if not 0 <= c.icl_early < c.icl_late < c.context - 1:
+            raise ValueError(f"icl_early and icl_late must satisfy 0 <= icl_early < icl_late < context - 1 = "
+                             f"{c.context - 1}, got {c.icl_early} and {c.icl_late}")
+        _arms(c.layers)
+        return c
+
 
 def _arms(layers: str) -> List[int]:
     counts = []
@@ -98,32 +118,6 @@ def _arms(layers: str) -> List[int]:
     if not counts:
         raise ValueError(f"layers must name at least one layer count, got {layers!r}")
     return counts
-
-
-def _check(config: InductionConfig) -> List[int]:
-    c = check_config(config, d_model=2, n_heads=1, context=4, batch=2, iterations=1, seeds=1, eval_every=1, probe=1,
-                     threads=1, workers=1, top_singular_values=1, warmup=0, corpus_chars=0, segment_min=2,
-                     segment_max=0)
-    if c.positions not in ("learned", "rope"):
-        raise ValueError(f"positions must be 'learned' or 'rope', got {c.positions!r}")
-    if c.d_model % (2 * c.n_heads):
-        raise ValueError(f"d_model must be a multiple of 2 * n_heads = {2 * c.n_heads}, got {c.d_model}")
-    if c.schedule not in ("warmup_cosine", "constant"):
-        raise ValueError(f"schedule must be 'warmup_cosine' or 'constant', got {c.schedule!r}")
-    if not 0 <= c.repeat_fraction <= 1:
-        raise ValueError(f"repeat_fraction must be in [0, 1], got {c.repeat_fraction!r}")
-    if not (math.isfinite(c.lr) and c.lr > 0):
-        raise ValueError(f"lr must be a positive finite number, got {c.lr!r}")
-    if not (0 <= c.beta1 < 1 and 0 <= c.beta2 < 1):
-        raise ValueError(f"beta1 and beta2 must be in [0, 1), got {c.beta1!r}, {c.beta2!r}")
-    top = _segment_max(c)
-    if not c.segment_min <= top <= c.context // 2:
-        raise ValueError(f"segment_max must be in segment_min..context // 2 = {c.context // 2} (two copies fit), "
-                         f"got {top} (segment_min {c.segment_min})")
-    if not 0 <= c.icl_early < c.icl_late < c.context - 1:
-        raise ValueError(f"icl_early and icl_late must satisfy 0 <= icl_early < icl_late < context - 1 = "
-                         f"{c.context - 1}, got {c.icl_early} and {c.icl_late}")
-    return _arms(c.layers)
 
 
 def _segment_max(c: InductionConfig) -> int:
@@ -144,7 +138,7 @@ def _batch(rng, train: np.ndarray, c: InductionConfig, vocab: int) -> np.ndarray
     """One training batch (batch, context + 1): text windows and repeated random segments."""
     n_rep = int(round(c.repeat_fraction * c.batch))
     starts = rng.integers(0, len(train) - c.context - 1, size=c.batch - n_rep)
-    text = train[starts[:, None] + np.arange(c.context + 1)]
+    text = windows(train, starts, c.context + 1)
     rep = _repeats(rng, n_rep, vocab, c.segment_min, _segment_max(c), c.context + 1)
     return np.concatenate([text, rep])
 
@@ -156,7 +150,7 @@ def probe_batches(config: InductionConfig, corpus) -> dict:
     c = config
     starts = np.linspace(0, len(corpus.val) - c.context - 1, c.probe).astype(np.int64)
     rng = np.random.default_rng(c.seed + 10 ** 6)
-    return {"text": corpus.val[starts[:, None] + np.arange(c.context)],
+    return {"text": windows(corpus.val, starts, c.context),
             "repeated": _repeats(rng, c.probe, len(corpus.vocab), c.segment_min, _segment_max(c), c.context)}
 
 
@@ -231,7 +225,7 @@ def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab:
     opt = make_optimizer(model, c)
     rng = np.random.default_rng(seed)
     records, snapshots, train_loss = [], [], np.full(len(eval_points), np.nan)
-    running, count, e = 0.0, 0, 0
+    running, count, e = 0.0, 0, 1
     state = RunState(state_dir, f"{n_layers}layer_seed{seed}")
     with tempfile.TemporaryDirectory() as tmp:
         def evaluate(k):
@@ -243,13 +237,8 @@ def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab:
             model.train()
             train_loss[k] = running / count if count else np.nan
 
-        saved = state.load()
-        if saved is None:
-            start = 0
-            evaluate(0)
-            e = 1
-        else:
-            start = restore(saved, model, opt, rng)
+        start, saved = state.resume(model, opt, rng, evaluate)
+        if saved is not None:
             records, train_loss = saved["records"], saved["train_loss"]
             running, count, e = saved["counters"]
             for weights in saved["snapshots"]:
@@ -293,6 +282,7 @@ class InductionResult(ExperimentResult):
     seconds: float
     checkpoints: Optional[dict] = field(default=None, repr=False)
 
+    ARTIFACTS = ("curves.npz", "checkpoints")  # written by save_artifacts
     DESCRIPTIONS = (
         (r"phase_change_step_(\w+?)((?:_seed\d+)?)", "step of the fastest fall of the repeated-probe ICL score ({0}{1})"),
         (r"composition_rise_step_(\w+?)((?:_seed\d+)?)", "step of the fastest rise of the circuit's K-composition ({0}{1})"),
@@ -468,26 +458,16 @@ def run_induction(config: InductionConfig = InductionConfig(), *, state_dir: Opt
 
     Example: ``res = run_induction(InductionConfig(iterations=300, seeds=1))``
     """
-    counts = _check(config)
-    c = config
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - exercised only without torch
-        raise ImportError("the induction experiment needs PyTorch: pip install 'attngeom[torch]'") from exc
-    from .. import get_num_threads, set_num_threads
-
+    c = config.check()
+    counts = _arms(c.layers)
+    require_torch("induction")
     t0 = time.perf_counter()
     corpus = load_corpus(TrainingConfig(corpus=c.corpus, corpus_chars=c.corpus_chars, seed=c.seed))
-    if len(corpus.train) < c.context + 2 or len(corpus.val) < c.context + 2:
-        raise ValueError(f"the corpus is too short for context {c.context}: {len(corpus.train)} training and "
-                         f"{len(corpus.val)} validation characters")
+    corpus.check_context(c.context)
     if _segment_max(c) > len(corpus.vocab):
         raise ValueError(f"segment_max {_segment_max(c)} exceeds the corpus's {len(corpus.vocab)} characters "
                          f"(induction scores use a copy of distinct tokens)")
-    saved = (torch.get_num_threads(), get_num_threads())
-    torch.set_num_threads(c.threads)
-    set_num_threads(c.threads)
-    try:
+    with threads(c.threads):
         probes = probe_batches(c, corpus)
         eval_points = np.unique(np.r_[0, np.arange(c.eval_every, c.iterations + 1, c.eval_every), c.iterations])
         arms = [f"{n}layer" for n in counts]
@@ -504,9 +484,6 @@ def run_induction(config: InductionConfig = InductionConfig(), *, state_dir: Opt
                     [r[key] for r in records]
             cv.setdefault("train_loss", np.empty((c.seeds, len(eval_points))))[s] = train_loss
             models[f"{n}layer"][s] = snapshots
-    finally:
-        torch.set_num_threads(saved[0])
-        set_num_threads(saved[1])
     info = {"name": corpus.name, "characters": int(len(corpus.train) + len(corpus.val)),
             "vocab_size": len(corpus.vocab), "sha256": corpus.sha256, "vocab": "".join(corpus.vocab)}
     return InductionResult(c, info, arms, eval_points, curves, time.perf_counter() - t0,

@@ -77,6 +77,15 @@ class InverseConfig(ExperimentConfig):
     sart_iterations: int = 2
     timing_repeats: int = 3
 
+    def check(self) -> "InverseConfig":
+        """check_config, with n_eta, n_wedges >= 2, node_gap in (0, 1) and max_wedge in [0, 180)."""
+        c = check_config(self, n_eta=2, n_wedges=2)
+        if not 0 < c.node_gap < 1:
+            raise ValueError(f"node_gap must lie in (0, 1) (a fraction of the mean spacing), got {c.node_gap}")
+        if not 0 <= c.max_wedge < 180:
+            raise ValueError(f"max_wedge must lie in [0, 180) degrees, got {c.max_wedge}")
+        return c
+
 
 def _spaced_nodes(rng, n, gap_fraction):
     """n sorted nodes uniform on [-1, 1] among the sets whose spacing is at least
@@ -397,11 +406,7 @@ def run_inverse(config: InverseConfig = InverseConfig()) -> InverseResult:
 
     Example: ``res = run_inverse(InverseConfig(max_nodes=12, phantom_size=64, n_angles=64)); res.table()``
     """
-    c = check_config(config, max_nodes=1, node_draws=1, noise_draws=1, n_eta=2, n_wedges=2)
-    if not 0 < c.node_gap < 1:
-        raise ValueError(f"node_gap must lie in (0, 1) (a fraction of the mean spacing), got {c.node_gap}")
-    if not 0 <= c.max_wedge < 180:
-        raise ValueError(f"max_wedge must lie in [0, 180) degrees, got {c.max_wedge}")
+    c = config.check()
     # independent streams per part: changing one part's sizes leaves the others' draws alone
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(c.seed).spawn(5)]
     n_nodes, node_error, node_order = _node_sweep(c, rngs[0])

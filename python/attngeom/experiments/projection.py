@@ -20,7 +20,7 @@ from .. import plotting
 from ..attention import softmax_attention
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 
 
 @dataclass
@@ -39,6 +39,8 @@ class ProjectionConfig(ExperimentConfig):
     flatten_sigma: float = 0.5  # sigma of the flattening layers
     n_layers: int = 5
     n_neighbors: int = 15
+
+    MINIMUMS = {"n_sigma": 2}
 
 
 def _unit(rng, shape):
@@ -161,14 +163,14 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
 
     Example: ``res = run_projection(ProjectionConfig(n_examples=4)); res.summary()["identity_rel_error"]``
     """
-    c = check_config(config, n_layers=1, n_sigma=2)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     # (1) the identity on unit-norm queries and keys (cross-attention, separate values)
     q = _unit(rng, (c.n_examples, c.n_tokens, c.d))
     k = _unit(rng, (c.n_examples, c.n_tokens, c.d))
     v = rng.standard_normal((c.n_examples, c.n_tokens, c.d))
-    y_s, P = softmax_attention(q, k, v, scale=1.0, return_weights=True)
-    y_p, z = projection_attention(q, k, v, sigma=1.0, return_weights=True)
+    y_s, P = softmax_attention(q, k, v, scale=1.0, return_routing=True)
+    y_p, z = projection_attention(q, k, v, sigma=1.0, return_routing=True)
     rel = float(np.abs(y_p - y_s).max() / np.abs(y_s).max())
     w_err = float(np.abs(z - P).max())
     dot = q @ np.swapaxes(k, -1, -2)
@@ -181,7 +183,7 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     ident = np.empty(c.n_sigma)
     entropy, max_prob, change = np.empty(c.n_sigma), np.empty(c.n_sigma), np.empty(c.n_sigma)
     for i, s in enumerate(progress(sigma, desc="sigma")):
-        y, w = projection_attention(x, x, sigma=s, return_weights=True)
+        y, w = projection_attention(x, x, sigma=s, return_routing=True)
         ys = softmax_attention(q, k, v, scale=1.0 / s ** 2)
         ident[i] = np.abs(projection_attention(q, k, v, sigma=s) - ys).max() / np.abs(ys).max()
         entropy[i] = _row_entropy(w).mean()

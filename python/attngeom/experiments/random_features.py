@@ -47,6 +47,10 @@ class RandomFeaturesConfig(ExperimentConfig):
     num_samples: int = 16  # S keys per query
     sampling_draws: int = 100
 
+    def check(self) -> "RandomFeaturesConfig":
+        """check_config, with max_features >= min_features and n_tau >= 2."""
+        return check_config(self, max_features=self.min_features, n_tau=2)
+
 
 def _slope(x, y):
     """Least-squares slope of log y against log x."""
@@ -135,7 +139,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
 
     Example: ``res = run_random_features(RandomFeaturesConfig(feature_draws=10)); res.table()``
     """
-    c = check_config(config, min_features=1, max_features=config.min_features, n_tau=2)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))
@@ -172,7 +176,7 @@ def run_random_features(config: RandomFeaturesConfig = RandomFeaturesConfig()) -
     for i, t in enumerate(progress(targets, desc="tau")):
         qt = q * (t / tau0)
         taus[i] = tilt_radius(qt)[1].mean()
-        _, P, lz = softmax_attention(qt, k, v, return_weights=True, return_log_partition=True)
+        _, P, lz = softmax_attention(qt, k, v, return_routing=True, return_log_partition=True)
         exact[i] = np.mean((c.n_tokens * np.sum(P * P, axis=-1) - 1) / c.num_samples)
         for p in PROPOSALS:
             est = np.stack([sampled_attention(qt, k, v, num_samples=c.num_samples, proposal=p,

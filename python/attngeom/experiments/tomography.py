@@ -19,7 +19,7 @@ from ..attention import softmax_attention
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
 from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 
 
 # Table 1 of the paper (run_20251217_190709), for the side-by-side comparison.
@@ -183,7 +183,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
     Example: ``res = run_tomography(TomographyConfig(n_examples=64)); print(res.table())``
     """
-    c = check_config(config)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     s = 1 / math.sqrt(c.d_model)
     W_Q, W_K, W_V = (rng.standard_normal((c.d_model, d)) * s for d in (c.d_k, c.d_k, c.d_v))
@@ -191,7 +191,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
     q, k, v = x @ W_Q, x @ W_K, x @ W_V
     scale = 1 / math.sqrt(c.d_k)
 
-    y, P = softmax_attention(q, k, v, return_weights=True)
+    y, P = softmax_attention(q, k, v, return_routing=True)
     u, tau = tilt_radius(q)
     y_hat = laplace_radon_attention(u, tau, k, v)
     logits = scale * q @ np.swapaxes(k, -1, -2)

@@ -32,7 +32,7 @@ from ..whitening import (
     whiteness,
 )
 from ._progress import progress
-from ._result import ExperimentConfig, ExperimentResult, check_config
+from ._result import ExperimentConfig, ExperimentResult
 from .timing import median_time
 
 
@@ -53,6 +53,8 @@ class WhiteningConfig(ExperimentConfig):
     timing_batch: int = 32  # the "many sequences" case (the other is one sequence)
     timing_block: int = 64
     timing_repeats: int = 5
+
+    MINIMUMS = {"n_phi": 2, "T": 2}
 
 
 @dataclass
@@ -155,7 +157,7 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
 
     Example: ``res = run_whitening(WhiteningConfig(batch=500)); res.summary()["relative_whiteness_stationary"]``
     """
-    c = check_config(config, n_phi=2, T=2)
+    c = config.check()
     rng = np.random.default_rng(c.seed)
     Q = np.linalg.qr(rng.standard_normal((c.D, c.D)))[0]
     phi = np.linspace(0.0, c.phi_max, c.n_phi)
