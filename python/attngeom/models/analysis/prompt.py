@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..nn.forward import check_token_ids
+from ..._operands import check_token_ids
 from ..nn.model import Model, load_model
 
 

@@ -21,11 +21,12 @@ from typing import Optional
 
 import numpy as np
 
+from ..._operands import check_token_ids
 from ..io.architecture import architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
 from .decoder import Decoder
-from .forward import ForwardPlan, check_token_ids
+from .forward import ForwardPlan
 from .heads import ModelHeads, heads_from_checkpoint
 
 

@@ -195,13 +195,6 @@ class Forward:
         return dataclasses.replace(self, **changes)
 
 
-def check_token_ids(name: str, ids: np.ndarray, vocab_size: int, source: str = "") -> None:
-    """Refuse integer token ids outside the vocabulary 0..vocab_size-1: a ValueError naming
-    them `name`, with `source` (where vocab_size comes from) after the range."""
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        raise ValueError(f"{name} must lie in 0..{vocab_size - 1}{source}, got {ids.min()}..{ids.max()}")
-
-
 #: The fields ``Model.forward(keep=...)`` chooses among (scale, positions, attention_mask,
 #: layers and logits_positions are always kept).
 KEEPABLE = ("logits", "hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",

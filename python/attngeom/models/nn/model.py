@@ -21,12 +21,13 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..._operands import check_token_ids
 from ..io.architecture import Architecture, architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
 from .decoder import Decoder
-from .forward import Forward, check_token_ids, plan_forward
+from .forward import Forward, plan_forward
 from .heads import ModelHeads, heads_from_checkpoint
 
 
