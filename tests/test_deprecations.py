@@ -2,6 +2,7 @@
 release, warns DeprecationWarning naming the new one at the caller's line, and gives the same
 result as the new name, which does not warn. Then the mechanism itself (attngeom._deprecation)."""
 import dataclasses
+import subprocess
 import sys
 import types
 import warnings
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 import attngeom as ag
-from attngeom import _deprecation
+from attngeom import _deprecation, circuits
 from attngeom.laplace_radon import ridge_attention
+from attngeom.models import BertOutput, RouterStatistics
 
 RNG = np.random.default_rng(5)
 Q, K, V = RNG.standard_normal((3, 2, 6, 4))
@@ -20,6 +22,12 @@ P /= P.sum(-1, keepdims=True)
 W, X = RNG.standard_normal((4, 4)), RNG.standard_normal((5, 4))
 W1, W2 = RNG.standard_normal((4, 7)), RNG.standard_normal((7, 4))
 U, TAU = ag.tilt_radius(Q)
+G = RNG.standard_normal((2, 5, 4))  # router logits
+R = ag.topk_router(G[0], 2)
+STATS = RouterStatistics(G, ag.topk_router(G, 2), np.ones((2, 4), int), np.ones((2, 4)) / 4,
+                         [ag.router_gram(r) for r in ag.topk_router(G, 2)], np.ones((2, 4)), 0.5, np.ones(2),
+                         np.ones(2), 2)
+BERT = BertOutput(RNG.standard_normal((3, 5, 4)), np.stack([P, P.T]))
 
 # (old call, new call, the new name the warning must give)
 RENAMED = {
@@ -55,6 +63,16 @@ RENAMED = {
     "virtual_head(P1=, P2=)": (lambda: ag.virtual_head(P1=P, W_OV1=W, P2=P.T, W_OV2=W),
                                lambda: ag.virtual_head(routing1=P, W_OV1=W, routing2=P.T, W_OV2=W), "routing[12]"),
     "routing_nulls(P=)": (lambda: ag.routing_nulls(P=P), lambda: ag.routing_nulls(routing=P), "routing"),
+    "topk_routing": (lambda: ag.topk_routing(G, 2), lambda: ag.topk_router(G, 2), "topk_router"),
+    "circuits.topk_routing": (lambda: circuits.topk_routing(G, 2), lambda: circuits.topk_router(G, 2), "topk_router"),
+    "topk_router(gate_logits=)": (lambda: ag.topk_router(gate_logits=G, k=2),
+                                  lambda: ag.topk_router(router_logits=G, k=2), "router_logits"),
+    "routing_gram": (lambda: ag.routing_gram(R), lambda: ag.router_gram(R), "router_gram"),
+    "circuits.routing_gram": (lambda: circuits.routing_gram(R), lambda: circuits.router_gram(R), "router_gram"),
+    "RoutingGram": (lambda: ag.RoutingGram(P, P[0], P[1], 0.5, 0.1), lambda: ag.RouterGram(P, P[0], P[1], 0.5, 0.1),
+                    "RouterGram"),
+    "RouterStatistics.routing": (lambda: STATS.routing, lambda: STATS.router_matrix, "router_matrix"),
+    "BertOutput.attention": (lambda: BERT.attention, lambda: BERT.routing, "routing"),
 }
 
 
@@ -110,6 +128,23 @@ def test_internal_calls_use_the_new_names():
                             x=RNG.standard_normal((6, 4)))
         ag.kernel_attention(Q, K, V, kernel="gaussian", return_routing=True, return_stats=True)
         ag.laplace_radon_attention(U, TAU, K, V, return_routing=True, return_stats=True)
+
+
+def test_renamed_names_import_from_where_they_were():
+    with pytest.warns(DeprecationWarning, match="attngeom: the name 'topk_routing' is deprecated, use 'topk_router'"):
+        from attngeom import topk_routing
+    assert topk_routing is ag.topk_router
+    with pytest.warns(DeprecationWarning, match="attngeom.circuits: the name 'RoutingGram' is deprecated, use 'Router"):
+        from attngeom.circuits import RoutingGram
+    assert RoutingGram is ag.RouterGram
+    assert not {"topk_routing", "routing_gram", "RoutingGram"} & set(ag.__all__)
+
+
+def test_importing_the_package_is_silent():
+    """The package's own code uses only the new names."""
+    code = ("import warnings; warnings.filterwarnings('error', '.*is deprecated, use', DeprecationWarning); "
+            "import attngeom, attngeom.models, attngeom.experiments")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # -- the mechanism ----------------------------------------------------------------------------

@@ -971,8 +971,8 @@ SPECS = {
     "layernorm": lambda g: (
         (g.arr("B", "n", "D"),), g.kwargs(gamma=lambda: g.arr("D"), beta=lambda: g.arr("D"), eps=g.real)),
     "layernorm_jacobian": lambda g: ((g.arr("B", "D"),), g.kwargs(gamma=lambda: g.arr("D"), eps=g.real)),
-    "topk_routing": lambda g: ((g.arr("B", "n", "m"), g.integer((1, 2))), {}),
-    "routing_gram": lambda g: ((g.arr("n", "m"),), {}),
+    "topk_router": lambda g: ((g.arr("B", "n", "m"), g.integer((1, 2))), {}),
+    "router_gram": lambda g: ((g.arr("n", "m"),), {}),
     "latent_factorization": lambda g: ((g.arr("m", "n"), g.integer((1, 2))), {}),
     "principal_angles": lambda g: ((g.arr("d", "p"), g.arr("d", "q")), {}),
     "embedding_injectivity": lambda g: ((g.arr("d", "n"), g.arr("d", "p")), g.kwargs(atol=g.real)),

@@ -107,7 +107,7 @@ from .circuits import (
     KeyValueMLP,
     LatentFactorization,
     PathExpansion,
-    RoutingGram,
+    RouterGram,
     composition_scores,
     embedding_injectivity,
     head_operator,
@@ -117,8 +117,8 @@ from .circuits import (
     mlp_key_value,
     path_expansion,
     principal_angles,
-    routing_gram,
-    topk_routing,
+    router_gram,
+    topk_router,
     virtual_head,
 )
 from .whitening import (
@@ -169,6 +169,10 @@ from .models import (
 
 from . import corpus
 from .corpus import CorpusStatistics, corpus_statistics, write_activations
+from ._deprecation import renamed_attributes as _renamed_attributes
+
+__getattr__ = _renamed_attributes(__name__, topk_routing="topk_router", routing_gram="router_gram",
+                                  RoutingGram="RouterGram")
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "errors", "LayoutWarning",
@@ -190,7 +194,7 @@ __all__ = [
     "whiten", "whiten_backward", "WhitenGrads", "whiten_scan", "block_covariances", "steady_state_factor", "SteadyState", "block_cholesky_factors", "block_diagonal_factor",
     "full_whitening", "whitened_attention", "whiteness", "stationarity", "vector_ma1", "vector_ar1",
     "head_operator", "virtual_head", "composition_scores", "path_expansion", "PathExpansion", "layernorm",
-    "layernorm_jacobian", "topk_routing", "routing_gram", "RoutingGram", "latent_factorization",
+    "layernorm_jacobian", "topk_router", "router_gram", "RouterGram", "latent_factorization",
     "LatentFactorization", "principal_angles", "embedding_injectivity", "Injectivity", "mlp_key_value", "KeyValueMLP",
     "models", "load_heads", "ModelHeads", "load_model", "Model",
     "logit_lens", "LogitLens", "induction_scores", "InductionScores", "weight_spectra", "WeightSpectra",

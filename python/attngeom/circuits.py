@@ -1,5 +1,5 @@
 """Circuits: heads as tensor products, virtual heads, composition scores, residual paths,
-the layer-norm Jacobian, MoE routing, latent (MLA) factorisation, MLP key-value writes.
+the layer-norm Jacobian, the MoE router, latent (MLA) factorisation, MLP key-value writes.
 
 Source: the lecture notes "linear algebra applications for transformers" (cited by the
 notes' headings). Conventions: tokens are rows, X (n, d_model). A head with attention
@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._deprecation import renamed_arguments, renamed_values
+from ._deprecation import renamed_arguments, renamed_attributes, renamed_values
 from ._operands import broadcast_batch, check_size, choice, count, finite_result, operand, scalar
 from .activation_functions import gelu_tanh, relu, silu
 from .subspace import Subspace
@@ -443,31 +443,32 @@ def layernorm_jacobian(x, gamma=None, eps: float = 1e-5) -> np.ndarray:
     return g[:, None] * B / s[..., None, None]
 
 
-# -- MoE routing ---------------------------------------------------------------------------
-def topk_routing(gate_logits, k: int) -> np.ndarray:
-    """Top-k routing matrix: exactly k non-zeros per row, the softmax of the k largest gate logits.
+# -- MoE router ----------------------------------------------------------------------------
+@renamed_arguments(gate_logits="router_logits")
+def topk_router(router_logits, k: int) -> np.ndarray:
+    """Top-k router matrix: exactly k non-zeros per row, the softmax of the k largest router logits.
 
     The notes' "top-k routing matrix" (R with sparse rows, as in DeepSeekMoE). Ties are broken
     toward the lower expert index.
 
     Parameters
     ----------
-    gate_logits : array_like, shape (..., n_tokens, n_experts)
-        Gate logits.
+    router_logits : array_like, shape (..., n_tokens, n_experts)
+        Router logits.
     k : int
         Experts per token.
 
     Returns
     -------
     ndarray, shape (..., n_tokens, n_experts)
-        The routing matrix R; each row sums to 1.
+        The router matrix R; each row sums to 1.
 
     Examples
     --------
-    >>> ag.topk_routing(np.array([[0.0, 2.0, 2.0, -1.0]]), 2)
+    >>> ag.topk_router(np.array([[0.0, 2.0, 2.0, -1.0]]), 2)
     array([[0. , 0.5, 0.5, 0. ]])
     """
-    g = operand("gate_logits", gate_logits, "(..., n_tokens, n_experts)")
+    g = operand("router_logits", router_logits, "(..., n_tokens, n_experts)")
     E = g.shape[-1]
     count("k", k, 1, E, bound=f"in [1, n_experts = {E}]")
     idx = np.argsort(-g, axis=-1, kind="stable")[..., :k]
@@ -480,7 +481,7 @@ def topk_routing(gate_logits, k: int) -> np.ndarray:
 
 
 @dataclass
-class RoutingGram:
+class RouterGram:
     """G = R^T R (n_experts, n_experts) and its load / interference summaries.
 
     loads : (n_experts,) token mass per expert, sum_t R[t, e]
@@ -497,24 +498,24 @@ class RoutingGram:
 
 
 @finite_result
-def routing_gram(R) -> RoutingGram:
-    """Load and interference diagnostics of a routing matrix R (n_tokens, n_experts).
+def router_gram(R) -> RouterGram:
+    """Load and interference diagnostics of a router matrix R (n_tokens, n_experts).
 
     The notes: "Inspecting R^T R diagnoses load imbalance and expert redundancy".
 
     Parameters
     ----------
     R : array_like, shape (n_tokens, n_experts)
-        Routing matrix, e.g. from :func:`topk_routing`.
+        Router matrix, e.g. from :func:`topk_router`.
 
     Returns
     -------
-    RoutingGram
+    RouterGram
         G = R^T R, the expert loads, diag(G), the off-diagonal mass and the load imbalance.
 
     Examples
     --------
-    >>> g = ag.routing_gram(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+    >>> g = ag.router_gram(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
     >>> g.loads, g.off_diagonal_mass
     (array([2., 1.]), 0.0)
     """
@@ -526,7 +527,7 @@ def routing_gram(R) -> RoutingGram:
     total = np.abs(G).sum()
     off = float((total - np.abs(np.diag(G)).sum()) / total) if total > 0 else 0.0
     mean = loads.mean()
-    return RoutingGram(G, loads, np.diag(G).copy(), off, float(loads.std() / mean) if mean > 0 else 0.0)
+    return RouterGram(G, loads, np.diag(G).copy(), off, float(loads.std() / mean) if mean > 0 else 0.0)
 
 
 # -- latent (MLA) factorisation ------------------------------------------------------------
@@ -775,3 +776,7 @@ def mlp_key_value(x, W1, W2, activation: Union[str, Callable] = "gelu_tanh", *, 
     if biases[1] is not None:
         out = out + biases[1]
     return KeyValueMLP(A.T.copy(), B.copy(), a, out)
+
+
+__getattr__ = renamed_attributes(__name__, topk_routing="topk_router", routing_gram="router_gram",
+                                 RoutingGram="RouterGram")

@@ -30,7 +30,7 @@ needed). Three layers, each importing only those before it (``tests/test_archite
 * :mod:`.analysis`: the notes' practice agenda on real models. :mod:`.analysis.lens` (logit
   lens), :mod:`.analysis.induction` (induction and previous-token scores, K-composition),
   :mod:`.analysis.spectra` (W_OV / W_QK spectra), :mod:`.analysis.latent` (latent rank of the
-  key cache, MLA), :mod:`.analysis.routing` (router statistics of mixture-of-experts models),
+  key cache, MLA), :mod:`.analysis.router` (router statistics of mixture-of-experts models),
   :mod:`.analysis.report` (the per-head report of ``attngeom heads``),
   :mod:`.analysis.activations` (token activations for the data diagnostics),
   :mod:`.analysis.effects` (:func:`head_ablation_effects`, :func:`direction_effects`,
@@ -69,7 +69,7 @@ from .analysis.lens import LogitLens, logit_lens
 from .analysis.planted import planted_induction_model
 from .analysis.prompt import encode_prompt, resolve_model, token_strings
 from .analysis.report import CROSS_LAYER, FIELDS, HeadReport, head_report
-from .analysis.routing import RouterStatistics, router_statistics
+from .analysis.router import RouterStatistics, router_statistics
 from .analysis.spectra import WeightSpectra, weight_spectra
 
 __all__ = [

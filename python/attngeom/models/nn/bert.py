@@ -21,6 +21,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..._deprecation import renamed_field
 from ..._operands import check_token_ids
 from ..io.architecture import architecture_from_config
 from ..io.checkpoint import Checkpoint
@@ -35,11 +36,12 @@ class BertOutput:
     """Everything one forward pass computes for one sequence of n tokens.
 
     hidden_states : (n_layers + 1, n, d_model); [l] is layer l's input, [-1] the output
-    attention : (n_layers, n_heads, n, n) the routing matrices P of every head
+    routing : (n_layers, n_heads, n, n) the routing matrices P of every head
     """
 
     hidden_states: np.ndarray
-    attention: np.ndarray
+    routing: np.ndarray
+    attention = renamed_field("routing")
 
     @property
     def last_hidden_state(self) -> np.ndarray:

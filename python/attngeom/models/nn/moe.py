@@ -1,15 +1,15 @@
 """Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): the sparse MoE block of the decoder.
 
 The notes' "mixture-of-experts feed-forward layers": the MLP G_l is replaced by
-sum_e pi_e(x) G_e(x), with top-k routing. Mixtral's sparse MoE block (as transformers
+sum_e pi_e(x) G_e(x), with a top-k router. Mixtral's sparse MoE block (as transformers
 computes it) is, for the normed residual x of one token::
 
     g       = x W_r^T                                  router logits, W_r (n_experts, d_model)
-    R       = topk_routing(g, k)                       softmax over all experts, keep the top k,
+    R       = topk_router(g, k)                        softmax over all experts, keep the top k,
                                                        renormalise = softmax of the k largest logits
     MLP(x)  = sum_{e in top-k} R_e  down_e(silu(gate_e x) * up_e x)
 
-so R is exactly the notes' "top-k routing matrix" (:func:`attngeom.topk_routing`, ties to
+so R is exactly the notes' "top-k routing matrix" (:func:`attngeom.topk_router`, ties to
 the lower expert index). DeepSeek-V2 (DeepSeekMoE) routes differently (:func:`route`): the
 top-k of the full softmax p = softmax(g), not renormalised, times routed_scaling_factor,
 optionally group-limited (only experts of the topk_group groups with the largest max_e p_e
@@ -26,7 +26,7 @@ read (:func:`attngeom.models.io.weights.moe_weights`). DeepSeek's shared experts
 ``mlp.shared_experts.{gate,up,down}_proj``.
 
 The router logits of every layer are in :attr:`Forward.router_logits`;
-:func:`attngeom.router_statistics` (:mod:`attngeom.models.analysis.routing`) summarises them.
+:func:`attngeom.router_statistics` (:mod:`attngeom.models.analysis.router`) summarises them.
 """
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ from typing import Callable
 
 import numpy as np
 
-from ...circuits import topk_routing
+from ...circuits import topk_router
 from .products import product
 
 
 def route(logits, arch) -> np.ndarray:
-    """The routing matrix R of a mixture-of-experts model from its router logits (module docstring).
+    """The router matrix R of a mixture-of-experts model from its router logits (module docstring).
 
-    Mixtral: :func:`attngeom.topk_routing` (softmax of the k largest logits). DeepSeek-V2:
-    the top-k entries of softmax(g) (of the topk_group best groups under group-limited
-    routing), not renormalised, times routed_scaling_factor. Ties go to the lower expert
+    Mixtral: :func:`attngeom.topk_router` (softmax of the k largest logits). DeepSeek-V2:
+    the top-k entries of softmax(g) (of the topk_group best groups under the group-limited
+    router), not renormalised, times routed_scaling_factor. Ties go to the lower expert
     (group) index.
 
     Parameters
@@ -71,7 +71,7 @@ def route(logits, arch) -> np.ndarray:
     """
     k = arch.experts_per_token
     if arch.router_normalized and arch.expert_groups is None:
-        return arch.routed_scaling_factor * topk_routing(logits, k)
+        return arch.routed_scaling_factor * topk_router(logits, k)
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     candidates = p

@@ -4,10 +4,10 @@ The notes' "mixture-of-experts feed-forward layers": "the router multiplies toke
 a gating matrix R with sparse rows ... Inspecting R^T R diagnoses load imbalance and expert
 redundancy". :func:`router_statistics` runs a prompt through a MoE model (Mixtral or
 DeepSeek-V2 layout, :mod:`.moe`), takes every MoE layer's router logits g and its top-k
-routing matrix R (the notes' "Definition (top-k routing matrix)", exactly what the model
-uses: topk_routing(g, k) for Mixtral, the unrenormalised, scaled top-k of softmax(g) for
-DeepSeek-V2, :func:`attngeom.models.nn.moe.route`), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the routing
-Gram matrix R^T R and its spectrum (:func:`attngeom.routing_gram`; the notes' "Lemma
+router matrix R (the notes' "Definition (top-k routing matrix)", exactly what the model
+uses: topk_router(g, k) for Mixtral, the unrenormalised, scaled top-k of softmax(g) for
+DeepSeek-V2, :func:`attngeom.models.nn.moe.route`), and summarises: expert loads, top-k sparsity 1 - k / n_experts, the router
+Gram matrix R^T R and its spectrum (:func:`attngeom.router_gram`; the notes' "Lemma
 (balanced expert utilization)": with disjoint, equal loads R^T R is diagonal with entries
 kT / n_experts), router entropy and the softmax mass the top k keep before renormalising.
 """
@@ -18,29 +18,30 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..._deprecation import renamed_field
 from ..._docstrings import fill_doc
-from ...circuits import RoutingGram, routing_gram
+from ...circuits import RouterGram, router_gram
 from ..nn.moe import route
 from .prompt import encode_prompt, resolve_model
 
 
 @dataclass
 class RouterStatistics:
-    """Routing of every MoE layer on one prompt (module docstring).
+    """The router of every MoE layer on one prompt (module docstring).
 
     Attributes
     ----------
     router_logits : ndarray, shape (n_layers, n, n_experts)
-        Gate logits g (n_layers counts the MoE layers, listed in ``layers``).
-    routing : ndarray, shape (n_layers, n, n_experts)
-        The top-k routing matrices R (k non-zeros a row; rows sum to 1 for Mixtral, to the
+        Router logits g (n_layers counts the MoE layers, listed in ``layers``).
+    router_matrix : ndarray, shape (n_layers, n, n_experts)
+        The top-k router matrices R (k non-zeros a row; rows sum to 1 for Mixtral, to the
         top-k softmax mass times routed_scaling_factor for DeepSeek-V2).
     counts : ndarray of int, shape (n_layers, n_experts)
         Tokens routed to each expert.
     load_fraction : ndarray, shape (n_layers, n_experts)
         counts / (k n): each expert's share of the routed slots (1 / n_experts if balanced).
-    grams : list of RoutingGram
-        :func:`attngeom.routing_gram` of every layer: G = R^T R, loads sum_t R[t, e],
+    grams : list of RouterGram
+        :func:`attngeom.router_gram` of every layer: G = R^T R, loads sum_t R[t, e],
         off-diagonal mass, imbalance.
     gram_spectrum : ndarray, shape (n_layers, n_experts)
         Eigenvalues of G, descending.
@@ -60,10 +61,10 @@ class RouterStatistics:
     """
 
     router_logits: np.ndarray = field(repr=False)
-    routing: np.ndarray = field(repr=False)
+    router_matrix: np.ndarray = field(repr=False)
     counts: np.ndarray
     load_fraction: np.ndarray = field(repr=False)
-    grams: List[RoutingGram] = field(repr=False)
+    grams: List[RouterGram] = field(repr=False)
     gram_spectrum: np.ndarray = field(repr=False)
     sparsity: float
     top_k_mass: np.ndarray
@@ -71,6 +72,7 @@ class RouterStatistics:
     k: int
     tokens: Optional[List[str]] = field(default=None, repr=False)
     layers: Optional[List[int]] = None
+    routing = renamed_field("router_matrix")
 
     def summary(self) -> dict:
         """Named scalars per MoE layer (keys carry the model's layer index): imbalance
@@ -116,7 +118,7 @@ class RouterStatistics:
             axes[1].semilogy(np.arange(1, s.size + 1), shown, "o-", ms=2.5, lw=1, label=f"layer {layer}")
         axes[1].set_xlabel("i")
         axes[1].set_ylabel(r"$\lambda_i(R^\top R)$")
-        axes[1].set_title("routing Gram spectrum", fontsize=9)
+        axes[1].set_title("router Gram spectrum", fontsize=9)
         if len(self.gram_spectrum) <= 12:
             axes[1].legend(fontsize=7)
         fig.tight_layout()
@@ -126,8 +128,8 @@ class RouterStatistics:
 def router_statistics(model, prompt) -> RouterStatistics:
     """Router statistics of a mixture-of-experts model on a prompt (module docstring).
 
-    The notes' MoE section: the top-k routing matrix R of every layer from the model's own
-    activations, the expert loads, the routing Gram matrix R^T R (:func:`attngeom.routing_gram`)
+    The notes' MoE section: the top-k router matrix R of every layer from the model's own
+    activations, the expert loads, the router Gram matrix R^T R (:func:`attngeom.router_gram`)
     and its spectrum, top-k sparsity, router entropy and the softmax mass kept by the top k.
 
     Parameters
@@ -164,7 +166,7 @@ def router_statistics(model, prompt) -> RouterStatistics:
     k, E = m.arch.experts_per_token, m.arch.n_experts
     R = route(logits, m.arch)
     counts = np.count_nonzero(R, axis=1)
-    grams = [routing_gram(r) for r in R]
+    grams = [router_gram(r) for r in R]
     spectrum = np.stack([np.linalg.eigvalsh(g.gram)[::-1] for g in grams])
     shifted = logits - logits.max(-1, keepdims=True)
     p = np.exp(shifted)
