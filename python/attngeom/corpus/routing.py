@@ -1,5 +1,5 @@
 """Routing statistics per head over a corpus: the entropy and the largest weight of every
-attention row, and the entropy effective rank of every text's attention matrix P
+attention row, and the entropy effective rank of every text's routing matrix P
 (Laplace-Radon s.6.3, s.13.4 Figure 3), as moments and fixed-edge histograms.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ The store holds, for every token of every text (texts one after the other, ``N``
 all), what the statistics read from a forward pass, chunked by (layer, tokens):
 
 * ``q``, ``k``: (n_layers, n_heads, N, d_head), the queries and keys as the attention uses them;
-* ``attentions``: (n_layers, n_heads, S), ragged: every text's (n, n) attention matrix, rows
+* ``attentions``: (n_layers, n_heads, S), ragged: every text's (n, n) routing matrix, rows
   of its own n keys, flattened and concatenated text after text (S = sum n^2, no padding to
   the longest text); text i's block starts at ``attention_offsets[i]``;
 * ``attention_inputs``: (n_layers, N, d_model);

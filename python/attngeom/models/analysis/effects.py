@@ -551,11 +551,11 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
       change of the logits relative to their largest magnitude; expected at rounding level.
     * ``unread removed``: remove from what attention reads (attn_in) its component in
       ker W_Q^T and ker W_K^T's intersection, which the head's logits never see.
-      ``measured``: the largest change of the head's attention weights (rounding level);
+      ``measured``: the largest change of the head's routing matrix (rounding level);
       ``others``: that of the other heads of the layer (which read that component).
     * ``ker B complement removed``: remove the complement of ker B = ker W_K^T (the span of
       W_K's columns, everything the head's keys read). ``measured``: the largest change of
-      the head's weights (order one).
+      the head's routing matrix (order one).
 
     Parameters
     ----------

@@ -75,7 +75,7 @@ FIELDS = {
     "token_effective_dim": "participation ratio of the token-space normals n = W_K u (eq. 22)",
     "token_null_dim": "dimension of the token-space limited-angle null span(N)^perp (eq. 23)",
     "token_space_dim": "dimension of token space with the biases in homogeneous coordinates, d_model + 1",
-    "routing_rank_mean": "rank of the attention matrix P (s.6.3)",
+    "routing_rank_mean": "rank of the routing matrix P (s.6.3)",
     "routing_nullity_mean": "n - rank(P): the routing null of the keys (s.6.3)",
     "routing_effective_rank_mean": "entropy effective rank of P's singular values (s.13.7)",
     "attention_entropy": "row entropy of P in nats, mean over every query of the text (log n for uniform rows, 0 for "
@@ -87,12 +87,12 @@ FIELDS = {
 }
 # Fields from the streaming statistics of every query (the others that need data use the window).
 _STREAM_KEYS = ("attention_entropy", "sink_weight", "mean_distance", "log_z_min", "log_z_max")
-#: Texts longer than this many tokens: the fields that need the attention matrix P or the
+#: Texts longer than this many tokens: the fields that need the routing matrix P or the
 #: radii (routing ranks, radii, tilt coverage, the heat maps, attention.npz) use their first
 #: WINDOW tokens (for a causal model the first WINDOW rows of P exactly).
 WINDOW = 512
 _SPREAD = "_spread"
-# Attention matrices of every head are kept (and saved) up to this many bytes in float32.
+# The routing matrices of every head are kept (and saved) up to this many bytes in float32.
 _ATTENTION_BYTES = 1 << 28
 
 
@@ -109,7 +109,7 @@ class HeadReport:
     chosen : list of (int, int)
         The (layer, head) pairs drawn in detail.
     routing : dict
-        {(layer, head): (n, n) attention matrix of the first text} for the chosen heads.
+        {(layer, head): (n, n) routing matrix of the first text} for the chosen heads.
     tokens : list of list of str, or None
         The token strings of every text (None when unknown).
     source : str
@@ -120,7 +120,7 @@ class HeadReport:
         {data field: (n_texts, n_layers, n_heads) array}: the data fields of :meth:`table`
         per text, before the mean and spread over texts.
     attention : list of ndarray or None
-        Per text, the (n_layers, n_heads, n, n) float32 attention matrices of every head;
+        Per text, the (n_layers, n_heads, n, n) float32 routing matrices of every head;
         None when they would exceed 256 MB (then only ``routing`` is kept).
     queries : dict
         {(layer, head): (m, d_head) queries} of the chosen heads, pooled over the texts (the
@@ -284,7 +284,7 @@ class HeadReport:
 
         Radius histogram against the scaled chi prediction (Fig. 2), the spectrum of the tilt
         covariance Cov(u) (Fig. 5) over the pooled tokens of every text, and the singular
-        values of the attention matrix P on the first text (Fig. 7).
+        values of the routing matrix P on the first text (Fig. 7).
         """
         from ... import plotting
         from ...spectral import effective_rank, singular_values, tilt_coverage
@@ -370,7 +370,7 @@ class HeadReport:
             lines += ["", self.effects.markdown().rstrip()]
         if figure_names:
             lines += ["", "## Files", "", "heads.json (table, field glossary, tokens), attention.npz (tokens and "
-                      "attention matrices), report.html (everything in one page), "
+                      "routing matrices), report.html (everything in one page), "
                       + ", ".join(figure_names)]
         return "\n".join(lines) + "\n"
 
@@ -617,7 +617,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     entropies) behind the ``attngeom heads`` command. With several texts each data field is
     computed per text, then averaged, with its standard deviation over the texts as
     ``<field>_spread``. Cost: weights only, one factored SVD per head (B and W_OV never
-    formed), about a second for 144 heads of d_model 768; per text, one attention matrix and
+    formed), about a second for 144 heads of d_model 768; per text, one routing matrix and
     its SVD per head.
 
     Parameters

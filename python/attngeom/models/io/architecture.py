@@ -90,7 +90,7 @@ class Architecture:
         The parsed config.json.
     n_experts, experts_per_token : int
         Mixture-of-experts MLPs (Mixtral, DeepSeek-V2): num_local_experts (n_routed_experts)
-        and num_experts_per_tok (the k of top-k routing); 0 for dense MLPs.
+        and num_experts_per_tok (the k of the top-k router); 0 for dense MLPs.
     mla : dict or None
         Multi-head latent attention (DeepSeek-V2, :mod:`.mla`): {"q_lora_rank" (None for a
         plain q_proj), "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}.
@@ -105,7 +105,7 @@ class Architecture:
     routed_scaling_factor : float
         Factor of the routed experts' weights (DeepSeek-V2).
     expert_groups : tuple of two int or None
-        (n_group, topk_group) of DeepSeek-V2's group-limited greedy routing.
+        (n_group, topk_group) of DeepSeek-V2's group-limited greedy router.
 
     Examples
     --------

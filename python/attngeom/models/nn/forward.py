@@ -47,7 +47,7 @@ class Forward:
         (for pre-norm decoders with the final norm applied). With every layer kept this is
         transformers' tuple stacked: [l] the stream after layer l - 1.
     attentions : ndarray, shape (n_kept, [batch,] n_heads, n, n)
-        The attention weights P of every head.
+        The routing matrices P of every head.
     attention_inputs : ndarray, shape (n_kept, [batch,] n, d_model)
         What each layer's attention reads: the normed residual stream of pre-norm models,
         the previous layer's output in post-norm BERT (the ``x`` of ModelHeads' diagnostics).
@@ -68,7 +68,7 @@ class Forward:
         True for real tokens, False for padding. Rows and columns of padded tokens are
         not meaningful (a padded query row of P may be all zeros).
     router_logits : ndarray, shape (n_kept_moe, [batch,] n, n_experts) or None
-        The router (gate) logits of mixture-of-experts models (:mod:`.moe`), for the kept
+        The router logits of mixture-of-experts models (:mod:`.moe`), for the kept
         layers among ``arch.moe_layers`` (all layers of Mixtral; DeepSeek-V2's first layers
         are dense); None otherwise.
     kv_latent : ndarray, shape (n_kept, [batch,] n, kv_lora_rank) or None
@@ -77,10 +77,10 @@ class Forward:
     rope_keys : ndarray, shape (n_kept, [batch,] n, qk_rope_head_dim) or None
         MLA's decoupled rotary key k_R (before the rotation), shared by every head.
     attention_stats : AttentionStats or None
-        Per-query statistics of every head's attention weights (log Z, entropy, largest
+        Per-query statistics of every head's routing matrix (log Z, entropy, largest
         weight and its key, weight on key 0, mean query-key distance), each of shape
         (n_kept, [batch,] n_heads, n), computed inside the streaming attention kernel without
-        the (n, n) weights: kept only when asked for (``keep=("attention_stats", ...)``).
+        the (n, n) matrix: kept only when asked for (``keep=("attention_stats", ...)``).
         Keys and distances are array positions: in a left-padded sequence key 0 is a pad
         (its sink_weight is 0); pad on the right, or pass one sequence, for the sink mass.
     z : ndarray, shape (n_kept, [batch,] n_heads, n, d_head) or None

@@ -12,7 +12,7 @@ site            value (one layer, batch axis)    what it is
 ``attn_in``     (b, n, d_model)                  what attention reads (the normed stream)
 ``q k v``       (b, n_heads, n, d_head)          per head, as the attention uses them
                                                  (after rotation; k, v per query head)
-``pattern``     (b, n_heads, n, n)               the attention weights P
+``pattern``     (b, n_heads, n, n)               the routing matrix P
 ``z``           (b, n_heads, n, d_head)          each head's output P v, before W_O
 ``attn_out``    (b, n, d_model)                  the attention block's output (after W_O)
 ``mlp_out``     (b, n, d_model)                  the MLP block's output
@@ -203,7 +203,7 @@ def check_interventions(interventions, arch, shape, single: bool) -> dict:
             if not isinstance(iv.subspace, Subspace):
                 raise TypeError(f"{label}: subspace must be an attngeom.Subspace, got {type(iv.subspace).__name__}")
             if iv.site == "pattern":
-                raise ValueError(f"{label}: site: Project acts on vectors; 'pattern' holds attention weights")
+                raise ValueError(f"{label}: site: Project acts on vectors; 'pattern' holds the routing matrix P")
             want = _width(arch, iv.site)
             if iv.subspace.ambient_dim != want:
                 raise ValueError(f"{label}: subspace lives in R^{iv.subspace.ambient_dim}, the site's vectors in "
