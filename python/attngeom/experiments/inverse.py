@@ -179,9 +179,6 @@ class InverseResult(ExperimentResult):
         (r"wedge_(sart\d*)_rms_error_(.*)", "RMS error of {0} with a {1} degree missing wedge"),
     )
 
-    def _sart(self) -> str:
-        return f"sart{self.config.sart_iterations}"
-
     def summary(self) -> dict:
         """Named scalars (medians over the draws at a few node counts, the largest exact node
         counts, noise slope and orders, point, key, density and wedge errors); curves under "sweep"."""
@@ -212,7 +209,7 @@ class InverseResult(ExperimentResult):
         for name, case in self.densities.items():
             out[f"density_w1_{name}"] = case.w1_clean
             out[f"density_w1_{name}_noisy"] = case.w1_noisy
-        sart = self._sart()
+        sart = f"sart{c.sart_iterations}"
         out["fbp_rms_error"] = float(self.rms["fbp"][0])
         out[f"{sart}_rms_error"] = float(self.rms["sart"][0])
         for i, w in enumerate(self.wedges):

@@ -17,6 +17,7 @@ import numpy as np
 from .. import plotting
 from ..attention import softmax_attention
 from ..attention_stats import AttentionStats
+from ..corpus.radius import chi_moments
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
 from ._progress import progress
@@ -44,10 +45,6 @@ class TomographyConfig(ExperimentConfig):
     n_examples: int = 256
     n_alpha: int = 25  # temperature sweep points, log-spaced on [0.1, 10]
     baseline_draws: int = 64  # Monte Carlo examples per alpha for each mean-field baseline
-
-
-def _chi_mean(k: int) -> float:
-    return math.sqrt(2.0) * math.exp(math.lgamma((k + 1) / 2) - math.lgamma(k / 2))
 
 
 def _row_stats(logits):
@@ -224,7 +221,7 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
     scalars = {
         "var_q": var_q, "var_k": var_k,
         "logit_std_predicted": math.sqrt(var_q * var_k), "logit_std_empirical": float(logits.std()),
-        "tau_mean": float(tau.mean()), "tau_mean_chi": math.sqrt(var_q) * _chi_mean(c.d_k) / math.sqrt(c.d_k),
+        "tau_mean": float(tau.mean()), "tau_mean_chi": math.sqrt(var_q) * chi_moments(c.d_k)[0] / math.sqrt(c.d_k),
         "laplace_radon_rel_error": float(np.linalg.norm(y - y_hat) / np.linalg.norm(y)),
         "projection_logit_rel_error": float(np.linalg.norm(logits - logits_projection) / np.linalg.norm(logits)),
         "gauge_rel_error_B": gauge.bilinear, "gauge_rel_error_logits": gauge.logits, "gauge_rel_error_Y": gauge.outputs,

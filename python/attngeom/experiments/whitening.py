@@ -83,9 +83,6 @@ class WhiteningResult(ExperimentResult):
         (r"scan_rel_error", "scan vs recursion, relative difference"),
     )
 
-    def _ref(self) -> int:
-        return int(np.argmin(np.abs(self.phi - self.config.phi_ref)))
-
     def relative_whiteness(self, kind="stationary") -> np.ndarray:
         """Psi_W / Psi_X (n_phi,): below 1 where the filter whitens."""
         return self.psi_w[kind] / self.psi_x[kind]
@@ -97,7 +94,7 @@ class WhiteningResult(ExperimentResult):
 
     def summary(self) -> dict:
         """Named scalars at phi_ref, the breakdown points, the timing ratios; the curves under "sweep"."""
-        i = self._ref()
+        i = int(np.argmin(np.abs(self.phi - self.config.phi_ref)))  # the grid point nearest phi_ref
         out = {"phi_ref": float(self.phi[i]), "psi_white_noise": self.psi_white}
         for kind in KINDS:
             rel = self.relative_whiteness(kind)
