@@ -49,11 +49,6 @@ def _unit(rng, shape):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def _softmax_rows(logits):
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
 @dataclass
 class ProjectionResult(ExperimentResult):
     config: ProjectionConfig
@@ -203,7 +198,8 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     w_err = float(np.abs(z - P).max())
     dot = q @ np.swapaxes(k, -1, -2)
     dist = np.sqrt(np.maximum(2.0 - 2.0 * dot, 0.0))  # |q - k| for unit vectors
-    unsquared = float(np.abs(_softmax_rows(-dist / 2.0) - P).max())
+    z = np.exp(-dist / 2.0 - (-dist / 2.0).max(-1, keepdims=True))  # softmax of the unsquared-distance logits
+    unsquared = float(np.abs(z / z.sum(-1, keepdims=True) - P).max())
 
     # (2) the sigma sweep: self-attention q = k = v on unit-norm tokens
     x = _unit(rng, (c.n_examples, c.n_tokens, c.d))
