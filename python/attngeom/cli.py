@@ -394,15 +394,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, OSError) as exc:  # misuse, unreadable input, unwritable output: one line, no traceback
+    except (ValueError, OSError, ImportError) as exc:  # misuse, bad input or output, a missing extra: one line
         print(f"attngeom {args.command}: {exc}", file=sys.stderr)
         return 2
     except MemoryError as exc:  # sizes beyond the machine (NumPy names the allocation)
         print(f"attngeom {args.command}: out of memory: {exc or 'an allocation failed'}; choose smaller sizes "
               f"(--set)", file=sys.stderr)
-        return 2
-    except ImportError as exc:  # an optional dependency missing: its message says what to install
-        print(f"attngeom {args.command}: {exc}", file=sys.stderr)
         return 2
 
 

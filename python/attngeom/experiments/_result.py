@@ -39,8 +39,13 @@ class ExperimentResult:
         lines = ["| quantity | value | description |", "|---|---|---|"]
         for key, value in self.summary().items():
             if not isinstance(value, (dict, list)):
-                lines.append(f"| {key} | {value:.4g} | {self.describe(key)} |")
+                lines.append(f"| {key} | {self.cell(value)} | {self.describe(key)} |")
         return "\n".join(lines)
+
+    @staticmethod
+    def cell(value) -> str:
+        """A summary scalar as :meth:`table` shows it: four significant digits."""
+        return f"{value:.4g}"
 
     def to_json(self, path) -> str:
         """Write {"config": ..., "summary": ...} to `path` as strict JSON (NaN and infinities,

@@ -41,7 +41,6 @@ class IdentityResult(ExperimentResult):
     omega: np.ndarray = field(repr=False, default=None)
     Z_imag: np.ndarray = field(repr=False, default=None)  # Z(u, i omega) (characteristic function)
 
-
     DESCRIPTIONS = (
         (r"laplace_radon_rel_error_max", "softmax vs Laplace-Radon N / Z, worst head (relative)"),
         (r"laplace_radon_rel_error_mean", "softmax vs Laplace-Radon N / Z, mean over heads"),
@@ -66,17 +65,43 @@ class IdentityResult(ExperimentResult):
                 "transform.png": self.plot_transform()}
 
     def plot_errors(self, ax=None):
-        """Per-head relative error of the identity, against float64 machine epsilon."""
-        return _identity_errors(self.rel_error_per_head, ax=ax)
+        """Per-head relative error of the identity (bars), against float64 machine epsilon."""
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
+        ax.bar(np.arange(len(self.rel_error_per_head)), np.maximum(self.rel_error_per_head, 1e-18), color="tab:blue")
+        ax.axhline(np.finfo(np.float64).eps, color="k", ls="--", lw=1, label="float64 eps")
+        ax.set_yscale("log")
+        return plotting.finish(fig, ax, "head", "relative error", "Laplace-Radon identity: N/Z vs softmax", legend=True)
 
     def plot_radii(self, ax=None):
         """Histogram of the Laplace radii tau = ``|q|`` / sqrt(d_k) of every query."""
-        return _radius_histogram(self.tau, ax=ax)
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
+        ax.hist(np.ravel(self.tau), bins=60, color="tab:orange", alpha=0.85)
+        return plotting.finish(fig, ax, r"radius $\tau = |q| / \sqrt{d_k}$", "queries", "Laplace radii")
 
     def plot_transform(self, axes=None):
-        """One query: its Radon projection, log Z on real tau and ``|Z|`` on imaginary tau."""
-        return _transform_panels(self.projection, self.tau_query, self.tau_grid, self.Z_real, self.omega, self.Z_imag,
-                                 axes=axes)
+        """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
+        the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
+        and ``|Z(u, i w)|``, the modulus of the characteristic function."""
+        fig, axes = plotting.panel_row(axes, 3, 4.0)
+        ax = axes[0]
+        ax.stem(self.projection, np.ones_like(self.projection), basefmt=" ")
+        ax.set_xlabel(r"$s = u \cdot k$")
+        ax.set_yticks([])
+        ax.set_title(r"Radon projection $(\mathcal{R}\mu)(u, s)$")
+        ax = axes[1]
+        ax.plot(self.tau_grid, self.Z_real)
+        ax.axvline(self.tau_query, color="k", ls=":", lw=1, label=r"query's $\tau$")
+        ax.set_xlabel(r"$\tau$")
+        ax.set_ylabel(r"$\log Z(u, \tau)$")
+        ax.set_title("Laplace transform (CGF)")
+        ax.legend(frameon=False)
+        ax = axes[2]
+        ax.plot(self.omega, np.abs(self.Z_imag))
+        ax.set_xlabel(r"$\omega$")
+        ax.set_ylabel(r"$|Z(u, i\omega)|$")
+        ax.set_title("characteristic function")
+        fig.tight_layout()
+        return fig
 
 
 def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
@@ -109,51 +134,3 @@ def run_identity(config: IdentityConfig = IdentityConfig()) -> IdentityResult:
     return IdentityResult(config=c, rel_error_per_head=err, rel_error_float32=err32, tau=tau,
                           projection=radon_project(u0, k0)[0], tau_query=float(tau[0, 0, 0]), tau_grid=grid,
                           Z_real=real, omega=w, Z_imag=imag)
-
-
-# -- figures of this driver ---------------------------------------------------------------
-def _identity_errors(rel_error, ax=None):
-    """Bar chart of per-head relative errors of an identity, with float64 epsilon marked."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
-    heads = np.arange(len(rel_error))
-    ax.bar(heads, np.maximum(rel_error, 1e-18), color="tab:blue")
-    ax.axhline(np.finfo(np.float64).eps, color="k", ls="--", lw=1, label="float64 eps")
-    ax.set_yscale("log")
-    return plotting.finish(fig, ax, "head", "relative error", "Laplace-Radon identity: N/Z vs softmax", legend=True)
-
-
-def _radius_histogram(tau, ax=None):
-    """Histogram of Laplace radii tau."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3))
-    ax.hist(np.ravel(tau), bins=60, color="tab:orange", alpha=0.85)
-    ax.set_xlabel(r"radius $\tau = |q| / \sqrt{d_k}$")
-    ax.set_ylabel("queries")
-    ax.set_title("Laplace radii")
-    fig.tight_layout()
-    return fig
-
-
-def _transform_panels(projection, tau_query, tau_grid, log_Z, omega, Z_imag, axes=None):
-    """Three panels for one query: the Radon projection s = u.k of the keys (a stem plot of
-    the discrete measure), log Z(u, tau) on real tau (the CGF, the query's own tau marked),
-    and ``|Z(u, i w)|``, the modulus of the characteristic function."""
-    fig, axes = plotting.panel_row(axes, 3, 4.0)
-    ax = axes[0]
-    ax.stem(projection, np.ones_like(projection), basefmt=" ")
-    ax.set_xlabel(r"$s = u \cdot k$")
-    ax.set_yticks([])
-    ax.set_title(r"Radon projection $(\mathcal{R}\mu)(u, s)$")
-    ax = axes[1]
-    ax.plot(tau_grid, log_Z)
-    ax.axvline(tau_query, color="k", ls=":", lw=1, label=r"query's $\tau$")
-    ax.set_xlabel(r"$\tau$")
-    ax.set_ylabel(r"$\log Z(u, \tau)$")
-    ax.set_title("Laplace transform (CGF)")
-    ax.legend(frameon=False)
-    ax = axes[2]
-    ax.plot(omega, np.abs(Z_imag))
-    ax.set_xlabel(r"$\omega$")
-    ax.set_ylabel(r"$|Z(u, i\omega)|$")
-    ax.set_title("characteristic function")
-    fig.tight_layout()
-    return fig

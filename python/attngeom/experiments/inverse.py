@@ -155,7 +155,6 @@ class InverseResult(ExperimentResult):
     images: Dict[str, np.ndarray] = field(repr=False, default=None)  # method -> (n_wedges, S, S)
     cloud_2d: Tuple[np.ndarray, np.ndarray] = field(repr=False, default=None)  # true, recovered (n, 2)
 
-
     DESCRIPTIONS = (
         (r"node_error_(real|imaginary)_n(\d+)", "median node error, {0} tau, {1} nodes (matrix pencil)"),
         (r"max_nodes_real_tau_error_1e-7", "most nodes recovered to 1e-7 from real tau"),
@@ -179,9 +178,6 @@ class InverseResult(ExperimentResult):
         (r"wedge_fbp_rms_error_(.*)", "RMS error of FBP with a {0} degree missing wedge"),
         (r"wedge_(sart\d*)_rms_error_(.*)", "RMS error of {0} with a {1} degree missing wedge"),
     )
-
-    def _sart(self) -> str:
-        return f"sart{self.config.sart_iterations}"
 
     def summary(self) -> dict:
         """Named scalars (medians over the draws at a few node counts, the largest exact node
@@ -213,7 +209,7 @@ class InverseResult(ExperimentResult):
         for name, case in self.densities.items():
             out[f"density_w1_{name}"] = case.w1_clean
             out[f"density_w1_{name}_noisy"] = case.w1_noisy
-        sart = self._sart()
+        sart = f"sart{c.sart_iterations}"
         out["fbp_rms_error"] = float(self.rms["fbp"][0])
         out[f"{sart}_rms_error"] = float(self.rms["sart"][0])
         for i, w in enumerate(self.wedges):
@@ -259,19 +255,46 @@ class InverseResult(ExperimentResult):
         panels = [(f"{titles[k]}: W1 {v.w1_clean:.3f} / {v.w1_noisy:.3f}", v.s, v.truth,
                    {"recovered, noiseless": v.clean, f"recovered, noise {eta:g}": v.noisy})
                   for k, v in self.densities.items()]
-        return _density_overlays(panels, axes=axes)
+        fig, axes = plotting.panel_row(axes, len(panels), 4.3)
+        for ax, (title, s, truth, recovered) in zip(axes, panels):
+            ax.plot(s, truth, "k-", lw=2, alpha=0.5, label="true")  # the truth black, the recoveries over it
+            for i, (label, p) in enumerate(recovered.items()):
+                ax.plot(s, p, "-" if i == 0 else "--", lw=1.2, label=label)
+            ax.set_xlabel("$s$")
+            ax.set_ylabel("density")
+            ax.set_title(title, fontsize=9)
+            ax.legend(frameon=False, fontsize=7)
+        fig.tight_layout()
+        return fig
 
     def plot_points(self, axes=None):
-        """A planar cloud and its recovery; the largest point error of every cloud and of the head's keys."""
+        """A planar cloud (true points as circles, recovered ones as crosses) and the largest point error of every
+        cloud and of the head's keys (bars on a log scale, exact zeros at 1e-17)."""
         errors = {f"d={d}, n={self.points_n[d]}": self.points_error[d] for d in POINT_DIMS}
         errors[f"head keys\nd={self.config.head_dim}, n={self.config.head_keys}"] = self.keys_error
-        truth, found = self.cloud_2d
-        return _point_recovery(truth, found, errors, axes=axes,
-                                       title="points from their projections (inverse Radon of a point set)")
+        truth, found = (np.asarray(a, dtype=float) for a in self.cloud_2d)
+        fig, axes = plotting.panel_row(axes, 2, 4.75, 3.6, gridspec_kw={"width_ratios": [1, 1.3]})
+        ax = axes[0]
+        ax.plot(truth[:, 0], truth[:, 1], "o", mfc="none", ms=5, alpha=0.7, label="true")
+        ax.plot(found[:, 0], found[:, 1], "x", ms=4, color="tab:red", label="recovered")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_xlabel("$x_1$")
+        ax.set_ylabel("$x_2$")
+        ax.legend(frameon=False, fontsize=8)
+        ax = axes[1]
+        labels = list(errors)
+        ax.bar(np.arange(len(labels)), np.maximum(np.asarray([errors[k] for k in labels], dtype=float), 1e-17))
+        ax.set_xticks(np.arange(len(labels)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("largest point error")
+        fig.suptitle("points from their projections (inverse Radon of a point set)", fontsize=10)
+        fig.tight_layout()
+        return fig
 
     def plot_missing_wedge(self, axes=None):
         """The phantom, its sinogram with the largest wedge removed, and the FBP and SART
-        reconstructions for every wedge."""
+        reconstructions for every wedge: a grid of images without ticks, one row each."""
         sino = self.sinogram.copy()
         theta = np.linspace(0.0, 180.0, sino.shape[1], endpoint=False)
         sino[:, ~limited_angle(theta, self.wedges[-1])] = 0.0
@@ -281,7 +304,27 @@ class InverseResult(ExperimentResult):
         for row, method in zip(rows, METHODS):
             for i, w in enumerate(self.wedges):
                 row.append((f"{names[method]}, wedge {w:g}: {self.rms[method][i]:.3f}", self.images[method][i], unit))
-        return _image_grid(rows, axes=axes)
+        nrows, ncols = len(rows), max(len(r) for r in rows)
+        if axes is None:
+            fig, grid = plotting.new_figure(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
+        else:
+            grid = np.asarray(axes, dtype=object).reshape(nrows, ncols)
+            fig = grid[0, 0].figure
+        for i, row in enumerate(rows):
+            for j in range(ncols):
+                ax = grid[i, j]
+                if j >= len(row):
+                    ax.set_visible(False)
+                    continue
+                name, img, vrange = row[j]  # vrange: (vmin, vmax), or None for the image's own range
+                vmin, vmax = vrange if vrange is not None else (None, None)
+                ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax,
+                          aspect="auto" if img.shape[0] != img.shape[1] else "equal", interpolation="nearest")
+                ax.set_title(name, fontsize=8)
+                ax.set_xticks([])
+                ax.set_yticks([])
+        fig.tight_layout()
+        return fig
 
     def plot_wedge_errors(self, ax=None):
         """RMS error against the missing wedge, FBP and SART."""
@@ -447,79 +490,3 @@ def _band_panels(x, panels, xlabel, *, xscale="linear", axes=None, title=None):
     fig.tight_layout()
     return fig
 
-
-def _density_overlays(panels, axes=None):
-    """Recovered against true densities, one panel each.
-
-    panels : list of (title, s (G,), truth (G,), {label: (G,) recovered density}); the truth
-    is drawn black, the recoveries over it. Returns the figure.
-    """
-    fig, axes = plotting.panel_row(axes, len(panels), 4.3)
-    for ax, (title, s, truth, recovered) in zip(axes, panels):
-        ax.plot(s, truth, "k-", lw=2, alpha=0.5, label="true")
-        for i, (label, p) in enumerate(recovered.items()):
-            ax.plot(s, p, "-" if i == 0 else "--", lw=1.2, label=label)
-        ax.set_xlabel("$s$")
-        ax.set_ylabel("density")
-        ax.set_title(title, fontsize=9)
-        ax.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _point_recovery(truth, found, errors, axes=None, title=None):
-    """Points recovered from their projections: a 2-d cloud and the errors of several cases.
-
-    truth, found : (n, 2) the true and the recovered points of one planar cloud (drawn as
-    circles and crosses); errors : {case label: largest point error}, drawn as bars on a log
-    scale (exact zeros at 1e-17). Returns the figure.
-    """
-    fig, axes = plotting.panel_row(axes, 2, 4.75, 3.6, gridspec_kw={"width_ratios": [1, 1.3]})
-    ax = axes[0]
-    truth, found = np.asarray(truth, dtype=float), np.asarray(found, dtype=float)
-    ax.plot(truth[:, 0], truth[:, 1], "o", mfc="none", ms=5, alpha=0.7, label="true")
-    ax.plot(found[:, 0], found[:, 1], "x", ms=4, color="tab:red", label="recovered")
-    ax.set_aspect("equal", adjustable="datalim")
-    ax.set_xlabel("$x_1$")
-    ax.set_ylabel("$x_2$")
-    ax.legend(frameon=False, fontsize=8)
-    ax = axes[1]
-    labels = list(errors)
-    ax.bar(np.arange(len(labels)), np.maximum(np.asarray([errors[k] for k in labels], dtype=float), 1e-17))
-    ax.set_xticks(np.arange(len(labels)))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("largest point error")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _image_grid(rows, axes=None, cmap="gray", title=None):
-    """A grid of images: rows is a list of rows, each a list of (title, image (M, N), vrange)
-    with vrange a (vmin, vmax) pair or None (the image's own range). Ticks are hidden.
-    Returns the figure."""
-    nrows, ncols = len(rows), max(len(r) for r in rows)
-    if axes is None:
-        fig, grid = plotting.new_figure(nrows, ncols, figsize=(2.3 * ncols, 2.6 * nrows), squeeze=False)
-    else:
-        grid = np.asarray(axes, dtype=object).reshape(nrows, ncols)
-        fig = grid[0, 0].figure
-    for i, row in enumerate(rows):
-        for j in range(ncols):
-            ax = grid[i, j]
-            if j >= len(row):
-                ax.set_visible(False)
-                continue
-            name, img, vrange = row[j]
-            vmin, vmax = vrange if vrange is not None else (None, None)
-            ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto" if img.shape[0] != img.shape[1] else "equal",
-                      interpolation="nearest")
-            ax.set_title(name, fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig

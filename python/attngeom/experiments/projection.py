@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import plotting
 from ..attention import softmax_attention
+from ..attention_stats import AttentionStats
 from ..projection import local_flatness, projection_attention
 from ._progress import progress
 from ._result import ExperimentConfig, ExperimentResult
@@ -48,15 +49,6 @@ def _unit(rng, shape):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def _softmax_rows(logits):
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
-def _row_entropy(p):
-    return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
-
-
 @dataclass
 class ProjectionResult(ExperimentResult):
     config: ProjectionConfig
@@ -75,7 +67,6 @@ class ProjectionResult(ExperimentResult):
     y_softmax: np.ndarray = field(repr=False, default=None)  # (n_examples, n_tokens, d) at sigma = 1
     y_projection: np.ndarray = field(repr=False, default=None)
     cloud_views: dict = field(repr=False, default=None)  # {title: (n_points, 2)} side views of the cloud
-
 
     DESCRIPTIONS = (
         (r"identity_rel_error", "softmax (unit q, k) vs projection attention at sigma = 1, relative"),
@@ -146,12 +137,44 @@ class ProjectionResult(ExperimentResult):
         ], r"$\sigma$", axes=axes, title=f"projection self-attention on unit-norm tokens (n = {c.n_tokens}, d = {c.d})")
 
     def plot_flattening(self, axes=None):
-        """Local dimension before and after the layers, and the variance left off the plane."""
-        return _flattening_panels(self.local_dim_before, self.local_dim_after, self.off_plane, axes=axes)
+        """Local dimension of the cloud under repeated layers (Sanger's "flattening"). Left: histograms of the local
+        dimension (participation ratio) of each point's neighbourhood before, after one layer and after the last;
+        right: the means and the fraction of the cloud's variance off its plane against the number of layers."""
+        before, after = self.local_dim_before, np.atleast_2d(self.local_dim_after)
+        fig, axes = plotting.panel_row(axes, 2, 4.5)
+        n_layers = after.shape[0]
+        ax = axes[0]
+        bins = np.linspace(min(before.min(), after.min()), max(before.max(), after.max()), 40)
+        ax.hist(before, bins=bins, alpha=0.6, label="before")
+        ax.hist(after[0], bins=bins, alpha=0.6, label="after 1 layer")
+        if n_layers > 1:
+            ax.hist(after[-1], bins=bins, alpha=0.6, label=f"after {n_layers} layers")
+        ax.set_xlabel("local dimension (participation ratio)")
+        ax.set_ylabel("points")
+        ax.legend(frameon=False, fontsize=8)
+        ax = axes[1]
+        layers = np.arange(n_layers + 1)
+        ax.plot(layers, np.concatenate([[before.mean()], after.mean(1)]), "o-", label="mean local dimension")
+        ax.set_xlabel("layers")
+        ax.set_ylabel("mean local dimension")
+        twin = ax.twinx()
+        twin.semilogy(layers, self.off_plane, "s--", color="tab:red", ms=4)
+        twin.set_ylabel("variance fraction off the plane", color="tab:red")
+        ax.set_xticks(layers)
+        fig.tight_layout()
+        return fig
 
     def plot_cloud(self, axes=None):
-        """Side view of the cloud (an in-plane against an off-plane direction) before and after."""
-        return _cloud_views(self.cloud_views, "in-plane direction", "off-plane direction", axes=axes)
+        """Side view of the cloud (an in-plane against an off-plane direction) before and after, one panel each,
+        sharing the axis limits."""
+        fig, axes = plotting.panel_row(axes, len(self.cloud_views), 3.3, sharex=True, sharey=True)
+        for ax, (title, pts) in zip(axes, self.cloud_views.items()):
+            ax.plot(pts[:, 0], pts[:, 1], ".", ms=3, alpha=0.6)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("in-plane direction")
+        axes[0].set_ylabel("off-plane direction")
+        fig.tight_layout()
+        return fig
 
     def figures(self) -> dict:
         return {"identity.png": self.plot_identity(), "sigma_sweep.png": self.plot_sigma_sweep(),
@@ -175,7 +198,8 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     w_err = float(np.abs(z - P).max())
     dot = q @ np.swapaxes(k, -1, -2)
     dist = np.sqrt(np.maximum(2.0 - 2.0 * dot, 0.0))  # |q - k| for unit vectors
-    unsquared = float(np.abs(_softmax_rows(-dist / 2.0) - P).max())
+    z = np.exp(-dist / 2.0 - (-dist / 2.0).max(-1, keepdims=True))  # softmax of the unsquared-distance logits
+    unsquared = float(np.abs(z / z.sum(-1, keepdims=True) - P).max())
 
     # (2) the sigma sweep: self-attention q = k = v on unit-norm tokens
     x = _unit(rng, (c.n_examples, c.n_tokens, c.d))
@@ -186,8 +210,8 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
         y, w = projection_attention(x, x, sigma=s, return_routing=True)
         ys = softmax_attention(q, k, v, scale=1.0 / s ** 2)
         ident[i] = np.abs(projection_attention(q, k, v, sigma=s) - ys).max() / np.abs(ys).max()
-        entropy[i] = _row_entropy(w).mean()
-        max_prob[i] = w.max(-1).mean()
+        stats = AttentionStats.from_routing(w)
+        entropy[i], max_prob[i] = stats.entropy.mean(), stats.max_weight.mean()
         change[i] = np.linalg.norm(y - x) / np.linalg.norm(x)
 
     # (3) flattening: a noisy cloud near a plane through repeated self-attention layers
@@ -225,50 +249,3 @@ def run_projection(config: ProjectionConfig = ProjectionConfig()) -> ProjectionR
     return ProjectionResult(c, rel, w_err, ident, unsquared, sigma, entropy, max_prob, change, before, after,
                             np.array(off), np.array(spr), y_s, y_p, views)
 
-
-# -- figures of this driver ---------------------------------------------------------------
-def _flattening_panels(before, after, off_plane, axes=None):
-    """Local dimension of a token cloud under repeated layers (Sanger's "flattening").
-
-    before : (n,) local dimension of each point's neighbourhood; after : (n_layers, n) the
-    same neighbourhoods after 1..n_layers layers; off_plane : (n_layers + 1,) the fraction of
-    the cloud's variance off its plane, before and after each layer. Left: histograms of the
-    local dimension before, after one layer and after the last; right: the means and the
-    off-plane fraction against the number of layers.
-    """
-    fig, axes = plotting.panel_row(axes, 2, 4.5)
-    after = np.atleast_2d(after)
-    n_layers = after.shape[0]
-    ax = axes[0]
-    bins = np.linspace(min(before.min(), after.min()), max(before.max(), after.max()), 40)
-    ax.hist(before, bins=bins, alpha=0.6, label="before")
-    ax.hist(after[0], bins=bins, alpha=0.6, label="after 1 layer")
-    if n_layers > 1:
-        ax.hist(after[-1], bins=bins, alpha=0.6, label=f"after {n_layers} layers")
-    ax.set_xlabel("local dimension (participation ratio)")
-    ax.set_ylabel("points")
-    ax.legend(frameon=False, fontsize=8)
-    ax = axes[1]
-    layers = np.arange(n_layers + 1)
-    ax.plot(layers, np.concatenate([[before.mean()], after.mean(1)]), "o-", label="mean local dimension")
-    ax.set_xlabel("layers")
-    ax.set_ylabel("mean local dimension")
-    twin = ax.twinx()
-    twin.semilogy(layers, off_plane, "s--", color="tab:red", ms=4)
-    twin.set_ylabel("variance fraction off the plane", color="tab:red")
-    ax.set_xticks(layers)
-    fig.tight_layout()
-    return fig
-
-
-def _cloud_views(views, xlabel, ylabel, axes=None):
-    """Scatter plots of 2-d views of point clouds side by side: {title: (n, 2) array}, one
-    panel each, sharing the axis limits."""
-    fig, axes = plotting.panel_row(axes, len(views), 3.3, sharex=True, sharey=True)
-    for ax, (title, pts) in zip(axes, views.items()):
-        ax.plot(pts[:, 0], pts[:, 1], ".", ms=3, alpha=0.6)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel(xlabel)
-    axes[0].set_ylabel(ylabel)
-    fig.tight_layout()
-    return fig

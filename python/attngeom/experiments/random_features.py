@@ -68,7 +68,6 @@ class RandomFeaturesResult(ExperimentResult):
     sampling_mse: Dict[str, np.ndarray]  # "uniform"/"tilted" -> (n_tau,) mean (Z_hat / Z - 1)^2
     uniform_exact: np.ndarray  # (n_tau,) exact mean (n_k sum_j P_ij^2 - 1) / S of the uniform proposal
 
-
     DESCRIPTIONS = (
         (r"tau_features", "mean Laplace radius of the feature sweep's queries"),
         (r"z_mse_slope_(\w+)", "slope of log MSE(Z_hat / Z) against log m, {0} features (-1 expected)"),

@@ -16,6 +16,8 @@ import numpy as np
 
 from .. import plotting
 from ..attention import softmax_attention
+from ..attention_stats import AttentionStats
+from ..corpus.radius import chi_moments
 from ..laplace_radon import laplace_radon_attention, tilt_radius
 from ..spectral import effective_rank, gauge_invariance_error, singular_values, tilt_coverage
 from ._progress import progress
@@ -45,18 +47,14 @@ class TomographyConfig(ExperimentConfig):
     baseline_draws: int = 64  # Monte Carlo examples per alpha for each mean-field baseline
 
 
-def _chi_mean(k: int) -> float:
-    return math.sqrt(2.0) * math.exp(math.lgamma((k + 1) / 2) - math.lgamma(k / 2))
-
-
 def _row_stats(logits):
     """Mean row entropy, mean max probability and mean entropy effective rank of softmax(logits)."""
     z = logits - logits.max(-1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
-    ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=-1)
+    stats = AttentionStats.from_routing(p)
     er = effective_rank(singular_values(p), kind="entropy", spectrum=True)
-    return float(ent.mean()), float(p.max(-1).mean()), float(np.mean(er)), p
+    return float(stats.entropy.mean()), float(stats.max_weight.mean()), float(np.mean(er))
 
 
 @dataclass
@@ -127,11 +125,22 @@ class TomographyResult(ExperimentResult):
 
     def plot_raw_distributions(self, axes=None):
         """Figure 3: histograms of tau and of row entropies at alpha = 1."""
-        return _two_histograms(self.tau.ravel(), r"$\tau$", self.row_entropy.ravel(), "row entropy", axes=axes)
+        fig, axes = plotting.panel_row(axes, 2, 4.0, 3.0)
+        for ax, data, label in zip(axes, (self.tau, self.row_entropy), (r"$\tau$", "row entropy")):
+            ax.hist(data.ravel(), bins=60, alpha=0.8)
+            ax.set_xlabel(label)
+        axes[0].set_ylabel("count")
+        fig.tight_layout()
+        return fig
 
     def plot_logits(self, ax=None):
-        """Figure 4: empirical logits against N(0, Var(q) Var(k))."""
-        return _logits_vs_gaussian(self.logits.ravel(), self.scalars["logit_std_predicted"], ax=ax)
+        """Figure 4: the empirical logit density against N(0, Var(q) Var(k)), the Gaussian mean field."""
+        logits, std = self.logits.ravel(), self.scalars["logit_std_predicted"]
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+        ax.hist(logits, bins=100, density=True, alpha=0.6, label="empirical logits")
+        t = np.linspace(logits.min(), logits.max(), 400)
+        ax.plot(t, np.exp(-t * t / (2 * std * std)) / (std * np.sqrt(2 * np.pi)), "k--", label="Gaussian mean field")
+        return plotting.finish(fig, ax, r"$\ell = q \cdot k / \sqrt{d_k}$", "density", legend=True)
 
     def plot_tilt_spectrum(self, ax=None):
         """Figure 5: eigenvalues of Cov(u)."""
@@ -153,8 +162,13 @@ class TomographyResult(ExperimentResult):
                                        ylabel="singular value")
 
     def _sweep_plot(self, key, ylabel, ax):
-        return _sweep(self.alpha, {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
-                                           "bilinear Gaussian Q, K": self.sweep[key + "_bilinear"]}, ylabel, ax=ax)
+        """The sweep of `key` against the logit scale alpha (log axis): empirical (solid), the two baselines dashed."""
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+        curves = {"empirical": self.sweep[key], "iid Gaussian logits": self.sweep[key + "_iid"],
+                  "bilinear Gaussian Q, K": self.sweep[key + "_bilinear"]}
+        for i, (label, values) in enumerate(curves.items()):
+            ax.semilogx(self.alpha, values, "-" if i == 0 else "--", marker="o" if i == 0 else None, ms=3, label=label)
+        return plotting.finish(fig, ax, r"logit scale $\alpha$", ylabel, legend=True)
 
     def plot_entropy_sweep(self, ax=None):
         """Figure 8: mean row entropy against alpha, with the two baselines."""
@@ -201,13 +215,13 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
 
     var_q, var_k = float(q.var()), float(k.var())
     cov = tilt_coverage(u, W_K=W_K, centered=True)
-    entropy, max_prob, _, _ = _row_stats(logits)
-    p_ent = -np.sum(np.where(P > 0, P * np.log(np.where(P > 0, P, 1)), 0), axis=-1)
+    entropy, max_prob, _ = _row_stats(logits)
+    p_ent = AttentionStats.from_routing(P).entropy
     sv_P = singular_values(P)
     scalars = {
         "var_q": var_q, "var_k": var_k,
         "logit_std_predicted": math.sqrt(var_q * var_k), "logit_std_empirical": float(logits.std()),
-        "tau_mean": float(tau.mean()), "tau_mean_chi": math.sqrt(var_q) * _chi_mean(c.d_k) / math.sqrt(c.d_k),
+        "tau_mean": float(tau.mean()), "tau_mean_chi": math.sqrt(var_q) * chi_moments(c.d_k)[0] / math.sqrt(c.d_k),
         "laplace_radon_rel_error": float(np.linalg.norm(y - y_hat) / np.linalg.norm(y)),
         "projection_logit_rel_error": float(np.linalg.norm(logits - logits_projection) / np.linalg.norm(logits)),
         "gauge_rel_error_B": gauge.bilinear, "gauge_rel_error_logits": gauge.logits, "gauge_rel_error_Y": gauge.outputs,
@@ -228,44 +242,8 @@ def run_tomography(config: TomographyConfig = TomographyConfig()) -> TomographyR
     bilinear = scale * Qg @ np.swapaxes(Kg, -1, -2)
     for i, a in enumerate(progress(alpha, desc="alpha")):
         for suffix, base in (("", logits), ("_iid", iid), ("_bilinear", bilinear)):
-            e, m, r, _ = _row_stats(a * base)
+            e, m, r = _row_stats(a * base)
             sweep["entropy" + suffix][i], sweep["max_prob" + suffix][i], sweep["effective_rank" + suffix][i] = e, m, r
     return TomographyResult(c, scalars, alpha, sweep, y, y_hat, tau, logits, p_ent, cov.eigenvalues,
                             cov.token_eigenvalues, sv_P[0])
 
-
-# -- figures of this driver ---------------------------------------------------------------
-def _two_histograms(a, label_a, b, label_b, axes=None):
-    """Two histograms side by side."""
-    fig, axes = plotting.panel_row(axes, 2, 4.0, 3.0)
-    for ax, data, label in ((axes[0], a, label_a), (axes[1], b, label_b)):
-        ax.hist(data, bins=60, alpha=0.8)
-        ax.set_xlabel(label)
-    axes[0].set_ylabel("count")
-    fig.tight_layout()
-    return fig
-
-
-def _logits_vs_gaussian(logits, std, ax=None):
-    """Empirical logit density against N(0, std^2)."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    ax.hist(logits, bins=100, density=True, alpha=0.6, label="empirical logits")
-    t = np.linspace(logits.min(), logits.max(), 400)
-    ax.plot(t, np.exp(-t * t / (2 * std * std)) / (std * np.sqrt(2 * np.pi)), "k--", label="Gaussian mean field")
-    ax.set_xlabel(r"$\ell = q \cdot k / \sqrt{d_k}$")
-    ax.set_ylabel("density")
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def _sweep(x, curves, ylabel, ax=None, xlabel=r"logit scale $\alpha$"):
-    """Curves against a log-scaled parameter: {label: values}; the first is drawn solid."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    for i, (label, values) in enumerate(curves.items()):
-        ax.semilogx(x, values, "-" if i == 0 else "--", marker="o" if i == 0 else None, ms=3, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig

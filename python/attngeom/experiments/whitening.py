@@ -69,7 +69,6 @@ class WhiteningResult(ExperimentResult):
     timing: Dict[str, Dict[str, float]]  # "B=1", "B=<timing_batch>" -> {"recursion", "scan"} seconds
     scan_rel_error: float  # max |scan - recursion| / max |recursion| over the timing inputs
 
-
     DESCRIPTIONS = (
         (r"phi_ref", "AR(1) coefficient where the scalars below are read"),
         (r"psi_white_noise", "whiteness Psi of white noise of the same size (the noise floor)"),
@@ -84,9 +83,6 @@ class WhiteningResult(ExperimentResult):
         (r"scan_rel_error", "scan vs recursion, relative difference"),
     )
 
-    def _ref(self) -> int:
-        return int(np.argmin(np.abs(self.phi - self.config.phi_ref)))
-
     def relative_whiteness(self, kind="stationary") -> np.ndarray:
         """Psi_W / Psi_X (n_phi,): below 1 where the filter whitens."""
         return self.psi_w[kind] / self.psi_x[kind]
@@ -98,7 +94,7 @@ class WhiteningResult(ExperimentResult):
 
     def summary(self) -> dict:
         """Named scalars at phi_ref, the breakdown points, the timing ratios; the curves under "sweep"."""
-        i = self._ref()
+        i = int(np.argmin(np.abs(self.phi - self.config.phi_ref)))  # the grid point nearest phi_ref
         out = {"phi_ref": float(self.phi[i]), "psi_white_noise": self.psi_white}
         for kind in KINDS:
             rel = self.relative_whiteness(kind)
@@ -139,13 +135,23 @@ class WhiteningResult(ExperimentResult):
                                      r"AR(1) correlation $\phi$", xscale="linear", axes=None if ax is None else [ax])
 
     def plot_timing(self, ax=None):
-        """Seconds of the recursion and the blocked scan on the same inputs."""
+        """Milliseconds of the recursion and the blocked scan on the same inputs, grouped by batch size."""
         c = self.config
         groups = list(self.timing)
-        return _grouped_bars(groups, {"recursion (whiten)": [1e3 * self.timing[g]["recursion"] for g in groups],
-                                              f"blocked scan (block {c.timing_block})": [1e3 * self.timing[g]["scan"]
-                                                                                         for g in groups]},
-                                     "time [ms]", ax=ax, title=f"T = {c.timing_T}, D = {c.timing_D}")
+        series = {"recursion (whiten)": [1e3 * self.timing[g]["recursion"] for g in groups],
+                  f"blocked scan (block {c.timing_block})": [1e3 * self.timing[g]["scan"] for g in groups]}
+        fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
+        x = np.arange(len(groups))
+        width = 0.8 / len(series)
+        for i, (name, values) in enumerate(series.items()):
+            ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
+        ax.set_xticks(x)
+        ax.set_xticklabels(groups)
+        ax.set_ylabel("time [ms]")
+        ax.set_title(f"T = {c.timing_T}, D = {c.timing_D}", fontsize=10)
+        ax.legend(frameon=False, fontsize=8)
+        fig.tight_layout()
+        return fig
 
     def figures(self) -> dict:
         return {"whiteness.png": self.plot_whiteness(), "stationarity.png": self.plot_stationarity(),
@@ -199,20 +205,3 @@ def run_whitening(config: WhiteningConfig = WhiteningConfig()) -> WhiteningResul
                             "scan": median_time(lambda: whiten_scan(x, L, M, block=c.timing_block), c.timing_repeats)}
     return WhiteningResult(c, phi, psi_x, psi_w, psi_ss, rho, psi_white, timing, err)
 
-
-# -- figures of this driver ---------------------------------------------------------------
-def _grouped_bars(groups, series, ylabel, ax=None, title=None):
-    """Grouped bar chart: groups (g,) labels, series {name: (g,) values}."""
-    fig, ax = plotting.axes_or_new(ax, figsize=(5, 3.2))
-    x = np.arange(len(groups))
-    width = 0.8 / max(len(series), 1)
-    for i, (name, values) in enumerate(series.items()):
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
-    return fig

@@ -15,11 +15,6 @@ import numpy as np
 from .config import TrainingConfig
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "attngeom")
-
-
 def stdlib_docstrings(*, max_chars: int = 0, cache: bool = True) -> str:
     """The docstrings of the running Python's standard library, as one text (the default corpus).
 
@@ -48,7 +43,8 @@ def stdlib_docstrings(*, max_chars: int = 0, cache: bool = True) -> str:
     1000
     """
     version = "{}.{}.{}".format(*sys.version_info[:3])
-    path = os.path.join(_cache_dir(), f"stdlib_docstrings_py{version}.txt")
+    cache_root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(cache_root, "attngeom", f"stdlib_docstrings_py{version}.txt")
     text = None
     if cache and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:

@@ -256,23 +256,16 @@ class TrainingResult(ExperimentResult):
         lines += ["", "## What reproduced at this scale", "", *self.verdicts(), "",
                   "Times are wall-clock seconds on this machine's CPU threads (shared with whatever else ran), "
                   "the paper's minutes are on a GPU: compare ratios, not absolute times.", "",
-                  "## All scalars", "", self._scalar_table()]
+                  "## All scalars", "", super().table()]
         return "\n".join(lines)
 
-    def _scalar_table(self) -> str:
-        """| quantity | value | description | for every scalar of the summary (null: never / unknown)."""
-        lines = ["| quantity | value | description |", "|---|---|---|"]
-        for key, value in self.summary().items():
-            if isinstance(value, (dict, list)):
-                continue
-            if value is None or (isinstance(value, float) and not math.isfinite(value)):
-                text = "null"
-            elif isinstance(value, str):
-                text = value
-            else:
-                text = f"{value:.4g}" if isinstance(value, float) else str(value)
-            lines.append(f"| {key} | {text} | {self.describe(key)} |")
-        return "\n".join(lines)
+    @staticmethod
+    def cell(value) -> str:
+        """A summary scalar in the table of all scalars: "null" for None (never) and non-finite values (unknown),
+        text as it is, integers in full, other numbers to four significant digits."""
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return "null"
+        return value if isinstance(value, str) else f"{value:.4g}" if isinstance(value, float) else str(value)
 
     # -- figures ----------------------------------------------------------------------------------
     def _band(self, ax, x, values, label, **kw):
