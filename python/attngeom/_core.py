@@ -87,6 +87,18 @@ def _activate(level: str) -> None:
     LEVEL = level
 
 
+def attention_args(operands) -> dict:
+    """The first argument of the core's attention kernels (``AttentionArgs`` in
+    cpp/bindings/arrays.hpp) from checked ``AttentionOperands``: q (or the tilts u), k, v and the
+    radii tau over the flat batch with their batch indices, the mask and the causal code."""
+    keep, bias, mask_index = operands.mask_args()
+    tau = operands.tau
+    return {"batch": operands.batch, "q": operands.q.array, "q_index": operands.q.index,
+            "k": operands.k.array, "k_index": operands.k.index, "v": operands.v.array, "v_index": operands.v.index,
+            "tau": None if tau is None else tau.array, "tau_index": None if tau is None else tau.index,
+            "mask_keep": keep, "mask_bias": bias, "mask_index": mask_index, "causal": operands.causal}
+
+
 @contextlib.contextmanager
 def use_level(level: str) -> Iterator[None]:
     """Run the enclosed calls on another compiled level (for the cross-level tests).
