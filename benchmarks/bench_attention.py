@@ -105,8 +105,10 @@ def core_attention(q, k, v, causal, block_q, block_k):
     """The kernel with an explicit (block_q, block_k) tiling, bypassing the Python layer."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     q, k, v = (a.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
-    return lambda: _core.softmax_attention(q.shape[0], q, None, k, None, v, None, None, None, None, int(causal),
-                                           scale, False, False, block_q, block_k)[0]
+    args = {"batch": q.shape[0], "q": q, "q_index": None, "k": k, "k_index": None, "v": v, "v_index": None,
+            "tau": None, "tau_index": None, "mask_keep": None, "mask_bias": None, "mask_index": None,
+            "causal": int(causal)}
+    return lambda: _core.softmax_attention(args, scale, False, False, block_q, block_k)[0]
 
 
 def bench_case(dtype, causal, shape, repeats, sweep, rng):

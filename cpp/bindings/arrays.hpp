@@ -53,4 +53,72 @@ Mask<T> mask(const std::optional<CArray<uint8_t>>& keep, const std::optional<CAr
   return m;
 }
 
+// The operands of one attention-like call over the flat batch, as the Python layer checked and
+// broadcast them: q (or the tilts u), k and v, the radii tau (ridge attention and the
+// Laplace-Radon statistics), the mask and the causal alignment. Python passes them as one dict,
+// made by AttentionOperands.core_args() (python/attngeom/_operands/broadcast.py); the kernels' bindings take it first.
+template <class T>
+struct AttentionArgs {
+  int64_t batch = 0;
+  Stack<T> q, k, v;
+  const T* tau = nullptr;  // (blocks, n_q) radii, or nullptr
+  const int64_t* tau_index = nullptr;
+  Mask<T> mask;
+  Causal causal = Causal::None;
+  // tau, for the kernels that need radii.
+  const T* radii() const {
+    if (!tau) throw std::invalid_argument("internal: the operands hold no radii tau");
+    return tau;
+  }
+};
+
 }  // namespace attngeom::bindings
+
+namespace pybind11::detail {
+
+// AttentionArgs<T> from the dict of AttentionOperands.core_args() (keys batch, q, q_index, k,
+// k_index, v, v_index, tau, tau_index, mask_keep, mask_bias, mask_index, causal). It takes only
+// C-contiguous arrays of dtype T (uint8 for a boolean mask, int64 for the batch indices), so
+// the float32 and float64 overloads of a binding tell the operands apart, and it holds the
+// arrays for the call.
+template <class T>
+struct type_caster<attngeom::bindings::AttentionArgs<T>> {
+  PYBIND11_TYPE_CASTER(attngeom::bindings::AttentionArgs<T>, const_name("dict"));
+
+ public:
+  bool load(handle src, bool) {
+    using namespace attngeom::bindings;
+    if (!isinstance<dict>(src)) return false;
+    const auto d = reinterpret_borrow<dict>(src);
+    if (!(take(d, "q", q_) && q_ && take(d, "k", k_) && k_ && take(d, "v", v_) && v_ && take(d, "tau", tau_) &&
+          take(d, "mask_keep", keep_) && take(d, "mask_bias", bias_) && take(d, "q_index", qi_) &&
+          take(d, "k_index", ki_) && take(d, "v_index", vi_) && take(d, "tau_index", ti_) &&
+          take(d, "mask_index", mi_)))
+      return false;
+    value.batch = d["batch"].cast<int64_t>();
+    value.q = stack(*q_, qi_);
+    value.k = stack(*k_, ki_);
+    value.v = stack(*v_, vi_);
+    value.tau = tau_ ? tau_->data() : nullptr;
+    value.tau_index = index_ptr(ti_);
+    value.mask = mask<T>(keep_, bias_, mi_, value.q.rows, value.k.rows);
+    value.causal = static_cast<attngeom::Causal>(d["causal"].cast<int>());
+    return true;
+  }
+
+ private:
+  // d[key] into `out` when it is None (left empty) or an array of type A.
+  template <class A>
+  static bool take(const dict& d, const char* key, std::optional<A>& out) {
+    const object a = d[key];
+    if (a.is_none()) return true;
+    if (!isinstance<A>(a)) return false;
+    out = reinterpret_borrow<A>(a);
+    return true;
+  }
+  std::optional<attngeom::bindings::CArray<T>> q_, k_, v_, tau_, bias_;
+  std::optional<attngeom::bindings::CArray<uint8_t>> keep_;
+  attngeom::bindings::Index qi_, ki_, vi_, ti_, mi_;
+};
+
+}  // namespace pybind11::detail

@@ -1,7 +1,6 @@
 // pybind11 glue for attention.hpp: softmax and ridge (kernel) attention.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include "arrays.hpp"
 #include "attngeom/attention.hpp"
@@ -63,46 +62,32 @@ template <class T>
 void def_attention(py::module_& m) {
   m.def(
       "softmax_attention",
-      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
-         const Index& vi, const std::optional<CArray<uint8_t>>& keep, const std::optional<CArray<T>>& bias,
-         const Index& mi, int causal, double scale, bool want_weights, bool want_logz, int64_t block_q,
+      [](const AttentionArgs<T>& a, double scale, bool want_weights, bool want_logz, int64_t block_q,
          int64_t block_k, bool want_stats) {
-        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
-        const auto M = mask<T>(keep, bias, mi, Q.rows, K.rows);
-        auto out = make_outputs<T>(batch, Q.rows, K.rows, V.cols, want_weights, want_logz, want_stats);
+        auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
         {
           py::gil_scoped_release release;
-          softmax_attention<T>(batch, Q, K, V, M, static_cast<Causal>(causal), T(scale), out.view(),
+          softmax_attention<T>(a.batch, a.q, a.k, a.v, a.mask, a.causal, T(scale), out.view(),
                                Blocking{block_q, block_k});
         }
         return out.result();
       },
-      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
-      py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
-      py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"),
-      py::arg("block_q") = 0, py::arg("block_k") = 0, py::arg("want_stats") = false);
+      py::arg("operands"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"), py::arg("block_q") = 0,
+      py::arg("block_k") = 0, py::arg("want_stats") = false);
 
   m.def(
       "ridge_attention",
-      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
-         const Index& ki, const CArray<T>& v, const Index& vi, const std::optional<CArray<uint8_t>>& keep,
-         const std::optional<CArray<T>>& bias, const Index& mi, int causal, const std::string& kernel,
-         const py::dict& params, bool want_weights, bool want_logz, bool want_stats) {
-        const auto U = stack(u, ui), K = stack(k, ki), V = stack(v, vi);
-        const auto M = mask<T>(keep, bias, mi, U.rows, K.rows);
-        auto out = make_outputs<T>(batch, U.rows, K.rows, V.cols, want_weights, want_logz, want_stats);
+      [](const AttentionArgs<T>& a, const std::string& kernel, const py::dict& params, bool want_weights,
+         bool want_logz, bool want_stats) {
+        auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
         with_kernel<T>(kernel, params, [&](const auto& psi) {
           py::gil_scoped_release release;
-          ridge_attention<T>(batch, U, tau.data(), index_ptr(ti), K, V, M, static_cast<Causal>(causal), psi,
-                             out.view());
+          ridge_attention<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi, out.view());
         });
         return out.result();
       },
-      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
-      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("v").noconvert(),
-      py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(), py::arg("mask_index"),
-      py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"),
-      py::arg("want_stats") = false);
+      py::arg("operands"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"),
+      py::arg("want_stats") = false, "The operands' q holds the tilts u, their tau the radii.");
 }
 
 // Gradient arrays of one backward call; dtau and dkey_bias only when asked for.
@@ -145,49 +130,35 @@ template <class T>
 void def_attention_backward(py::module_& m) {
   m.def(
       "softmax_attention_backward",
-      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
-         const Index& vi, const std::optional<CArray<uint8_t>>& keep, const std::optional<CArray<T>>& bias,
-         const Index& mi, int causal, double scale, const CArray<T>& y, const CArray<T>& log_z, const CArray<T>& dy,
+      [](const AttentionArgs<T>& a, double scale, const CArray<T>& y, const CArray<T>& log_z, const CArray<T>& dy,
          bool want_dkey_bias, int64_t block_q, int64_t block_k) {
-        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
-        const auto M = mask<T>(keep, bias, mi, Q.rows, K.rows);
-        check_saved(batch, Q.rows, V.cols, y, log_z, dy);
-        auto g = make_gradients<T>(batch, Q.rows, K.rows, Q.cols, V.cols, false, want_dkey_bias);
+        check_saved(a.batch, a.q.rows, a.v.cols, y, log_z, dy);
+        auto g = make_gradients<T>(a.batch, a.q.rows, a.k.rows, a.q.cols, a.v.cols, false, want_dkey_bias);
         {
           py::gil_scoped_release release;
-          softmax_attention_backward<T>(batch, Q, K, V, M, static_cast<Causal>(causal), T(scale), y.data(),
-                                        log_z.data(), dy.data(), g.view(), Blocking{block_q, block_k});
+          softmax_attention_backward<T>(a.batch, a.q, a.k, a.v, a.mask, a.causal, T(scale), y.data(), log_z.data(),
+                                        dy.data(), g.view(), Blocking{block_q, block_k});
         }
         return g.result();
       },
-      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
-      py::arg("v").noconvert(), py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(),
-      py::arg("mask_index"), py::arg("causal"), py::arg("scale"), py::arg("y").noconvert(),
-      py::arg("log_partition").noconvert(), py::arg("dy").noconvert(), py::arg("want_dkey_bias"),
-      py::arg("block_q") = 0, py::arg("block_k") = 0,
+      py::arg("operands"), py::arg("scale"), py::arg("y").noconvert(), py::arg("log_partition").noconvert(),
+      py::arg("dy").noconvert(), py::arg("want_dkey_bias"), py::arg("block_q") = 0, py::arg("block_k") = 0,
       "Returns (dq, dk, dv, None, dkey_bias or None), each over the flat batch.");
 
   m.def(
       "ridge_attention_backward",
-      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
-         const Index& ki, const CArray<T>& v, const Index& vi, const std::optional<CArray<uint8_t>>& keep,
-         const std::optional<CArray<T>>& bias, const Index& mi, int causal, const std::string& kernel,
-         const py::dict& params, const CArray<T>& y, const CArray<T>& log_z, const CArray<T>& dy) {
-        const auto U = stack(u, ui), K = stack(k, ki), V = stack(v, vi);
-        const auto M = mask<T>(keep, bias, mi, U.rows, K.rows);
-        check_saved(batch, U.rows, V.cols, y, log_z, dy);
-        auto g = make_gradients<T>(batch, U.rows, K.rows, U.cols, V.cols, true, false);
+      [](const AttentionArgs<T>& a, const std::string& kernel, const py::dict& params, const CArray<T>& y,
+         const CArray<T>& log_z, const CArray<T>& dy) {
+        check_saved(a.batch, a.q.rows, a.v.cols, y, log_z, dy);
+        auto g = make_gradients<T>(a.batch, a.q.rows, a.k.rows, a.q.cols, a.v.cols, true, false);
         with_kernel<T>(kernel, params, [&](const auto& psi) {
           py::gil_scoped_release release;
-          ridge_attention_backward<T>(batch, U, tau.data(), index_ptr(ti), K, V, M, static_cast<Causal>(causal), psi,
-                                      y.data(), log_z.data(), dy.data(), g.view());
+          ridge_attention_backward<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi, y.data(),
+                                      log_z.data(), dy.data(), g.view());
         });
         return g.result();
       },
-      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
-      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("v").noconvert(),
-      py::arg("v_index"), py::arg("mask_keep"), py::arg("mask_bias").noconvert(), py::arg("mask_index"),
-      py::arg("causal"), py::arg("kernel"), py::arg("params"), py::arg("y").noconvert(),
+      py::arg("operands"), py::arg("kernel"), py::arg("params"), py::arg("y").noconvert(),
       py::arg("log_partition").noconvert(), py::arg("dy").noconvert(),
       "Returns (du, dk, dv, dtau, None), each over the flat batch.");
 }

@@ -1,15 +1,14 @@
-// pybind11 glue for laplace_radon.hpp.
+// pybind11 glue for laplace_radon.hpp: tilts, radii and the complex transforms (the Gibbs
+// statistics are in gibbs.cpp).
 #include <pybind11/complex.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include <complex>
 #include <vector>
 
 #include "arrays.hpp"
 #include "attngeom/laplace_radon.hpp"
-#include "kernel_dispatch.hpp"
 
 namespace py = pybind11;
 using namespace attngeom;
@@ -34,57 +33,19 @@ void def_laplace_radon(py::module_& m) {
       py::arg("q").noconvert(), py::arg("scale"));
 
   m.def(
-      "projected_cumulants",
-      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
-         const Index& ki, const std::string& kernel, const py::dict& params, int order) {
-        const auto U = stack(u, ui), K = stack(k, ki);
-        CArray<T> out({batch, U.rows, int64_t(order)});
-        with_kernel<T>(kernel, params, [&](const auto& psi) {
-          py::gil_scoped_release release;
-          projected_cumulants<T>(batch, U, tau.data(), index_ptr(ti), K, psi, order, out.mutable_data());
-        });
-        return out;
-      },
-      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
-      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("kernel"), py::arg("params"),
-      py::arg("order"));
-
-  m.def(
-      "gibbs_key_moments",
-      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<T>& tau, const Index& ti, const CArray<T>& k,
-         const Index& ki, const std::string& kernel, const py::dict& params, bool want_cov) {
-        const auto U = stack(u, ui), K = stack(k, ki);
-        CArray<T> mean({batch, U.rows, U.cols});
-        std::optional<CArray<T>> cov;
-        if (want_cov) cov = CArray<T>({batch, U.rows, U.cols, U.cols});
-        with_kernel<T>(kernel, params, [&](const auto& psi) {
-          py::gil_scoped_release release;
-          gibbs_key_moments<T>(batch, U, tau.data(), index_ptr(ti), K, psi, mean.mutable_data(),
-                               cov ? cov->mutable_data() : nullptr);
-        });
-        return py::make_tuple(mean, cov ? py::object(*cov) : py::none());
-      },
-      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
-      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("kernel"), py::arg("params"),
-      py::arg("want_cov"));
-
-  m.def(
       "laplace_transform_complex",
-      [](int64_t batch, const CArray<T>& u, const Index& ui, const CArray<std::complex<T>>& tau, const Index& ti,
-         const CArray<T>& k, const Index& ki, const CArray<T>& v, const Index& vi) {
-        const auto U = stack(u, ui), K = stack(k, ki), V = stack(v, vi);
-        CArray<T> shift({batch, U.rows});
-        CArray<std::complex<T>> Zs({batch, U.rows}), Ns({batch, U.rows, V.cols});
+      [](const AttentionArgs<T>& a, const CArray<std::complex<T>>& tau) {
+        CArray<T> shift({a.batch, a.q.rows});
+        CArray<std::complex<T>> Zs({a.batch, a.q.rows}), Ns({a.batch, a.q.rows, a.v.cols});
         {
           py::gil_scoped_release release;
-          laplace_transform_complex<T>(batch, U, tau.data(), index_ptr(ti), K, V, shift.mutable_data(),
+          laplace_transform_complex<T>(a.batch, a.q, tau.data(), a.tau_index, a.k, a.v, shift.mutable_data(),
                                        Zs.mutable_data(), Ns.mutable_data());
         }
         return py::make_tuple(shift, Zs, Ns);
       },
-      py::arg("batch"), py::arg("u").noconvert(), py::arg("u_index"), py::arg("tau").noconvert(),
-      py::arg("tau_index"), py::arg("k").noconvert(), py::arg("k_index"), py::arg("v").noconvert(),
-      py::arg("v_index"));
+      py::arg("operands"), py::arg("tau").noconvert(),
+      "tau: the complex radii (blocks, n_q), addressed through the operands' tau index.");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The extension module attngeom._core_<level> (one per instruction-set level, same sources):
 // one bind_<concept> per bindings file. attngeom/_core.py imports the best level. The AVX2
-// and AVX-512 modules (ATTNGEOM_HOT_ONLY) leave out spectral, inverse, radon and dimension,
-// which _core.py takes from the baseline module (see CMakeLists.txt).
+// and AVX-512 modules (ATTNGEOM_HOT_ONLY) leave out spectral, inverse, radon, dimension and
+// gibbs, which _core.py takes from the baseline module (see CMakeLists.txt).
 #include <pybind11/pybind11.h>
 
 #include "attngeom/types.hpp"
@@ -11,6 +11,7 @@ namespace py = pybind11;
 void bind_config(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_laplace_radon(py::module_& m);
+void bind_gibbs(py::module_& m);
 void bind_stable_density(py::module_& m);
 void bind_spectral(py::module_& m);
 void bind_lightning(py::module_& m);
@@ -52,6 +53,7 @@ PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   bind_dimension(m);
   bind_inverse(m);
   bind_radon(m);
+  bind_gibbs(m);
 #endif
   bind_bench(m);
 }

@@ -1,7 +1,6 @@
 // pybind11 glue for random_features.hpp and favor.hpp.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include "arrays.hpp"
 #include "attngeom/favor.hpp"
@@ -44,47 +43,42 @@ void def_random_features(py::module_& m) {
 
   m.def(
       "favor_attention",
-      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
-         const Index& vi, const py::array& W, double root, int causal, int64_t chunk) {
-        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
-        if (K.cols != Q.cols || V.rows != K.rows)
+      [](const AttentionArgs<T>& a, const py::array& W, double root, int64_t chunk) {
+        if (a.k.cols != a.q.cols || a.v.rows != a.k.rows)
           throw std::invalid_argument("internal: favor_attention expects q (B, n_q, d), k (B, n_k, d) and "
                                       "v (B, n_k, d_v)");
-        const T* w = feature_matrix<T>(W, Q.cols);
-        CArray<T> y({batch, Q.rows, V.cols});
-        CArray<T> log_z({batch, Q.rows});
+        const T* w = feature_matrix<T>(W, a.q.cols);
+        CArray<T> y({a.batch, a.q.rows, a.v.cols});
+        CArray<T> log_z({a.batch, a.q.rows});
         {
           py::gil_scoped_release release;
-          favor_attention<T>(batch, Q, K, V, w, W.shape(0), T(root), static_cast<Causal>(causal), chunk,
-                             y.mutable_data(), log_z.mutable_data());
+          favor_attention<T>(a.batch, a.q, a.k, a.v, w, W.shape(0), T(root), a.causal, chunk, y.mutable_data(),
+                             log_z.mutable_data());
         }
         return py::make_tuple(y, log_z);
       },
-      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
-      py::arg("v").noconvert(), py::arg("v_index"), py::arg("W"), py::arg("root"), py::arg("causal"),
-      py::arg("chunk") = 64, "Returns (y, log Z) over the flat batch.");
+      py::arg("operands"), py::arg("W"), py::arg("root"), py::arg("chunk") = 64,
+      "Returns (y, log Z) over the flat batch.");
 
   m.def(
       "favor_attention_backward",
-      [](int64_t batch, const CArray<T>& q, const Index& qi, const CArray<T>& k, const Index& ki, const CArray<T>& v,
-         const Index& vi, const py::array& W, double root, int causal, int64_t chunk, const CArray<T>& dy) {
-        const auto Q = stack(q, qi), K = stack(k, ki), V = stack(v, vi);
-        if (K.cols != Q.cols || V.rows != K.rows || dy.ndim() != 3 || dy.shape(0) != batch || dy.shape(1) != Q.rows ||
-            dy.shape(2) != V.cols)
+      [](const AttentionArgs<T>& a, const py::array& W, double root, int64_t chunk, const CArray<T>& dy) {
+        if (a.k.cols != a.q.cols || a.v.rows != a.k.rows || dy.ndim() != 3 || dy.shape(0) != a.batch ||
+            dy.shape(1) != a.q.rows || dy.shape(2) != a.v.cols)
           throw std::invalid_argument("internal: favor_attention_backward expects q (B, n_q, d), k (B, n_k, d), "
                                       "v (B, n_k, d_v) and dy (batch, n_q, d_v)");
-        const T* w = feature_matrix<T>(W, Q.cols);
-        CArray<T> dq({batch, Q.rows, Q.cols}), dk({batch, K.rows, K.cols}), dv({batch, V.rows, V.cols});
+        const T* w = feature_matrix<T>(W, a.q.cols);
+        CArray<T> dq({a.batch, a.q.rows, a.q.cols}), dk({a.batch, a.k.rows, a.k.cols}),
+            dv({a.batch, a.v.rows, a.v.cols});
         {
           py::gil_scoped_release release;
-          favor_attention_backward<T>(batch, Q, K, V, w, W.shape(0), T(root), static_cast<Causal>(causal), chunk,
-                                      dy.data(), dq.mutable_data(), dk.mutable_data(), dv.mutable_data());
+          favor_attention_backward<T>(a.batch, a.q, a.k, a.v, w, W.shape(0), T(root), a.causal, chunk, dy.data(),
+                                      dq.mutable_data(), dk.mutable_data(), dv.mutable_data());
         }
         return py::make_tuple(dq, dk, dv);
       },
-      py::arg("batch"), py::arg("q").noconvert(), py::arg("q_index"), py::arg("k").noconvert(), py::arg("k_index"),
-      py::arg("v").noconvert(), py::arg("v_index"), py::arg("W"), py::arg("root"), py::arg("causal"),
-      py::arg("chunk"), py::arg("dy").noconvert(), "Returns (dq, dk, dv) over the flat batch.");
+      py::arg("operands"), py::arg("W"), py::arg("root"), py::arg("chunk"), py::arg("dy").noconvert(),
+      "Returns (dq, dk, dv) over the flat batch.");
 }
 
 }  // namespace

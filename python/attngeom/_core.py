@@ -70,8 +70,8 @@ def _activate(level: str) -> None:
 
     The AVX2 and AVX-512 modules hold only the hot kernels; the concepts compiled into the
     baseline module alone (the SVD-based spectra, the inverse Laplace solvers, the Radon
-    projector and the network Jacobians, which dominate the compile time and are not hot
-    kernels) are taken from it.
+    projector, the network Jacobians and the Gibbs statistics, which dominate the compile time
+    and are not hot kernels) are taken from it.
     """
     global LEVEL
     module = _load(level)

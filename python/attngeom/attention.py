@@ -103,9 +103,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
     layout, (q, k, v) = to_bhnd(layout, "softmax_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal, finite=False)  # the core checks q, k, v
     scale = logit_scale(scale, pr.d_k)
-    keep, bias, mi = pr.mask_args()
-    y, w, lz, st = _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
-                                           pr.v.index, keep, bias, mi, pr.causal, scale, bool(return_routing),
+    y, w, lz, st = _core.softmax_attention(pr.core_args(), scale, bool(return_routing),
                                            bool(return_log_partition), want_stats=bool(return_stats))
     out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     if return_stats:
@@ -131,16 +129,9 @@ def attention_backward(q, k, v, dy, *, mask=None, causal=False, scale=None, y=No
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal)
     shapes = [np.shape(a) for a in (q, k, v)]
     scale = logit_scale(scale, pr.d_k)
-    keep, bias, mi = pr.mask_args()
-
-    def forward():
-        return _core.softmax_attention(pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array,
-                                       pr.v.index, keep, bias, mi, pr.causal, scale, False, True)
-
-    dy, y, log_z = pr.saved(dy, y, log_partition, forward)
-    dq, dk, dv, _, dbias = _core.softmax_attention_backward(
-        pr.batch, pr.q.array, pr.q.index, pr.k.array, pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal,
-        scale, y, log_z, dy, bool(key_bias_grad))
+    args = pr.core_args()
+    dy, y, log_z = pr.saved(dy, y, log_partition, lambda: _core.softmax_attention(args, scale, False, True))
+    dq, dk, dv, _, dbias = _core.softmax_attention_backward(args, scale, y, log_z, dy, bool(key_bias_grad))
     grads = AttentionGrads(*pr.gradients(dq, dk, dv, shapes))
     return (grads, pr.shaped(dbias, pr.n_k)) if key_bias_grad else grads
 
@@ -321,17 +312,9 @@ def kernel_attention_backward(q, k, v, dy, *, kernel="exp", causal=False, mask=N
     scale = logit_scale(scale, qa.shape[-1])
     u, tau = tilts_and_radii(qa, scale)
     pr = AttentionOperands(u, k, v, qname="q", tau=tau, mask=mask, causal=causal)
-    keep, bias, mi = pr.mask_args()
-
-    def forward():
-        return _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                     pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, name, p, False,
-                                     True)
-
-    dy, y, log_z = pr.saved(dy, y, log_partition, forward)
-    du, dk, dv, dtau, _ = _core.ridge_attention_backward(
-        pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array, pr.k.index, pr.v.array,
-        pr.v.index, keep, bias, mi, pr.causal, name, p, y, log_z, dy)
+    args = pr.core_args()
+    dy, y, log_z = pr.saved(dy, y, log_partition, lambda: _core.ridge_attention(args, name, p, False, True))
+    du, dk, dv, dtau, _ = _core.ridge_attention_backward(args, name, p, y, log_z, dy)
     du, dk, dv = pr.gradients(du, dk, dv, [u.shape, np.shape(k), np.shape(v)])
     dtau = reduce_to_shape(pr.shaped(dtau, pr.n_q), tau.shape)
     u = u.astype(pr.dtype, copy=False)

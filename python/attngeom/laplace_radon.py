@@ -144,11 +144,8 @@ def ridge_attention(u, tau, k, v, *, kernel, params, mask=None, causal=False, qn
     from q check q first). With `return_stats`, returns (out, AttentionStats), `out` as
     without it."""
     pr = AttentionOperands(u, k, v, qname=qname, tau=tau, mask=mask, causal=causal, finite=False)
-    keep, bias, mi = pr.mask_args()
-    y, w, lz, st = _core.ridge_attention(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                         pr.k.index, pr.v.array, pr.v.index, keep, bias, mi, pr.causal, kernel,
-                                         params, bool(return_routing), bool(return_log_partition),
-                                         bool(return_stats))
+    y, w, lz, st = _core.ridge_attention(pr.core_args(), kernel, params, bool(return_routing),
+                                         bool(return_log_partition), bool(return_stats))
     out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     return (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st)) if return_stats else out
 
@@ -237,8 +234,7 @@ def _transform_complex(u, tau, k, v, log_domain):
     ctype = np.complex64 if pr.dtype == np.float32 else np.complex128
     tau_b = np.broadcast_to(tau, tau.shape[:-1] + (pr.n_q,)) if tau.shape[-1] == 1 else tau
     tau_flat = np.ascontiguousarray(tau_b.reshape((-1,) + tau_b.shape[-1:]), dtype=ctype)
-    shift, zs, ns = _core.laplace_transform_complex(pr.batch, pr.q.array, pr.q.index, tau_flat, pr.tau.index,
-                                                    pr.k.array, pr.k.index, pr.v.array, pr.v.index)
+    shift, zs, ns = _core.laplace_transform_complex(pr.core_args(), tau_flat)
     shift, zs, ns = pr.shaped(shift, pr.n_q), pr.shaped(zs, pr.n_q), pr.shaped(ns, pr.n_q, pr.d_v)
     if log_domain:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -357,8 +353,7 @@ def projected_cumulants(u, tau, k, order=2, *, kernel="exp", layout=None, **para
     count("order", order, 1, 4)
     layout, (u, k, tau) = to_bhnd(layout, "projected_cumulants", [("u", u, "v"), ("k", k, "v"), ("tau", tau, "s")])
     pr = AttentionOperands(u, k, None, qname="u", tau=tau)
-    out = _core.projected_cumulants(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                    pr.k.index, name, p, int(order))
+    out = _core.projected_cumulants(pr.core_args(), name, p, int(order))
     return from_bhnd(layout, pr.shaped(out, pr.n_q, int(order)), "v")
 
 
@@ -420,8 +415,7 @@ def log_partition_gradient(q, k, *, scale=None, hessian=False, layout=None):
         if not hessian:
             return from_bhnd(layout, grad, "v")
         return from_bhnd(layout, (grad, np.zeros(grad.shape + (pr.d_k,), pr.dtype)), "vm")
-    mean, cov = _core.gibbs_key_moments(pr.batch, pr.q.array, pr.q.index, pr.tau.array, pr.tau.index, pr.k.array,
-                                        pr.k.index, "exp", {}, bool(hessian))
+    mean, cov = _core.gibbs_key_moments(pr.core_args(), "exp", {}, bool(hessian))
     grad = pr.shaped(mean, pr.n_q, pr.d_k) * pr.dtype.type(scale)
     if not hessian:
         return from_bhnd(layout, grad, "v")

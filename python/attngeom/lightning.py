@@ -79,8 +79,7 @@ def lightning_attention(q, k, v, *, causal=False, layout=None):
     """
     layout, (q, k, v) = to_bhnd(layout, "lightning_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     p = AttentionOperands(q, k, v, causal=causal)
-    y = _core.lightning_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index,
-                                  p.causal, _CHUNK)
+    y = _core.lightning_attention(p.core_args(), _CHUNK)
     return from_bhnd(layout, p.shaped(y, p.n_q, p.d_v), "v")
 
 
@@ -121,8 +120,7 @@ def lightning_attention_backward(q, k, v, dy, *, causal=False, layout=None) -> A
     shapes = [np.shape(a) for a in (q, k, v)]
     p = AttentionOperands(q, k, v, causal=causal)
     dy = p.cotangent(dy)
-    dq, dk, dv = _core.lightning_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
-                                                    p.v.index, p.causal, dy, _CHUNK)
+    dq, dk, dv = _core.lightning_attention_backward(p.core_args(), dy, _CHUNK)
     return from_bhnd(layout, AttentionGrads(*p.gradients(dq, dk, dv, shapes)), "vvv")
 
 

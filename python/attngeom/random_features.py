@@ -229,8 +229,7 @@ def _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale):
     p = AttentionOperands(q, k, v, causal=causal)
     root = _feature_root(p, scale)
     W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
-    y, log_z = _core.favor_attention(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array, p.v.index, W,
-                                     root, p.causal, _CAUSAL_CHUNK)
+    y, log_z = _core.favor_attention(p.core_args(), W, root, _CAUSAL_CHUNK)
     empty = np.isneginf(log_z)
     log_z[empty] = 0
     return p.shaped(y, p.n_q, p.d_v), p.shaped(log_z, p.n_q), p.shaped(empty, p.n_q)
@@ -299,7 +298,6 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
     p = AttentionOperands(q, k, v, causal=causal)
     root = _feature_root(p, scale)
     W = _feature_matrix(p.d_k, m, orthogonal, seed, p.dtype)
-    dq, dk, dv = _core.favor_attention_backward(p.batch, p.q.array, p.q.index, p.k.array, p.k.index, p.v.array,
-                                                p.v.index, W, root, p.causal, _CAUSAL_CHUNK, p.cotangent(dy))
+    dq, dk, dv = _core.favor_attention_backward(p.core_args(), W, root, _CAUSAL_CHUNK, p.cotangent(dy))
     grads = AttentionGrads(*p.gradients(dq, dk, dv, shapes))
     return from_bhnd(layout, grads, "vvv")

@@ -264,9 +264,9 @@ T exp_shift_row(T* x, int64_t n, T shift, RowMoments<T>* moments = nullptr) {
 
 // Applies the mask and the causal limit to the log-weights L of batch b, query rows from i0
 // and keys from j0: hidden entries become `hidden` (-inf; 0 when L holds weights), an additive
-// mask is added. `offset` is the causal alignment's n_k - n_q (BottomRight) or 0.
+// mask is added.
 template <class T, class M>
-void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int64_t j0, int64_t offset,
+void hide(M&& L, const Mask<T>& mask, const Visibility& vis, int64_t b, int64_t i0, int64_t j0,
           T hidden = -std::numeric_limits<T>::infinity()) {
   const int64_t rows = L.rows(), cols = L.cols();
   const T neg_inf = hidden;
@@ -282,11 +282,9 @@ void hide(M&& L, const Mask<T>& mask, Causal causal, int64_t b, int64_t i0, int6
       }
     }
   }
-  if (causal != Causal::None && j0 + cols - 1 > i0 + offset) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);
-      for (int64_t c = first_hidden; c < cols; ++c) L(r, c) = neg_inf;
-    }
+  if (vis.seen(i0, j0, cols) < cols) {  // the first row, which sees the fewest, misses a key
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = vis.seen(i0 + r, j0, cols); c < cols; ++c) L(r, c) = neg_inf;
   }
 }
 
@@ -314,7 +312,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   blocking = tiled(blocking, Causal::None, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
   const int64_t bq = blocking.query, bk = blocking.key, ld = Tile<T>::padded(bk);
   const int64_t q_blocks = (n_q + bq - 1) / bq;
-  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
+  const Visibility vis(causal, n_q, n_k);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
@@ -350,8 +348,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         best_key.head(rows).setConstant(-1);
       }
       // Keys past the causal limit of the block's last row are never visited.
-      int64_t key_end = n_k;
-      if (causal != Causal::None) key_end = std::clamp<int64_t>(i0 + rows - 1 + offset + 1, 0, n_k);
+      const int64_t key_end = vis.end(i0 + rows - 1);
       T* W = out.weights ? out.weights + (b * n_q + i0) * n_k : nullptr;
 
       for (int64_t j0 = 0; j0 < key_end; j0 += bk) {
@@ -359,8 +356,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         pack_keys(K + j0 * d_k, d_k, cols, Kt.data());
         for (int64_t p0 = 0; p0 < rows; p0 += MR) {
           const int mr = int(std::min<int64_t>(MR, rows - p0));
-          int64_t seen = cols;  // keys of this block the panel's last row sees
-          if (causal != Causal::None) seen = std::clamp<int64_t>(i0 + p0 + mr + offset - j0, 0, cols);
+          const int64_t seen = vis.seen(i0 + p0 + mr - 1, j0, cols);  // keys of the block the panel's last row sees
           if (seen == 0) continue;
           with_rows<T>(mr, [&](auto R) {
             score_tile<T, R()>(Qs.data() + p0 * d_k, d_k, d_k, Kt.data(), Tile<T>::padded(seen), S.data(), ld);
@@ -372,7 +368,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
           if constexpr (Kernel::direct) {
             if (direct) {
               kernel.psi(L, tau_panel);
-              hide(L, mask, causal, b, i0 + p0, j0, offset, T(0));
+              hide(L, mask, vis, b, i0 + p0, j0, T(0));
               for (int r = 0; r < mr; ++r) {
                 if (W) std::copy_n(&L(r, 0), seen, W + (p0 + r) * n_k + j0);
                 l[p0 + r] += L.row(r).sum();
@@ -382,7 +378,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             }
           }
           kernel.log_psi(L, tau_panel);
-          hide(L, mask, causal, b, i0 + p0, j0, offset);
+          hide(L, mask, vis, b, i0 + p0, j0);
           // Online softmax: running max m, running sum l, accumulator rescaled by alpha.
           // Weights below min/epsilon are flushed to exactly 0 (exp_shift_row): hidden keys and
           // rows that have seen no visible key stay exactly empty. Every row holds a 1 (its
@@ -405,7 +401,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             }
             // a_new = alpha (a + l (m_old - m_new)) + block terms; a and l are 0 until a key shows
             const T carried = l[i] > T(0) ? alpha[r] * (ent[i] + l[i] * (m[i] - shift)) : T(0);
-            RowMoments<T> mo{T(i0 + i + offset - j0)};
+            RowMoments<T> mo{T(i0 + i + vis.offset - j0)};
             const T e_sum = exp_shift_row(row, seen, shift, &mo);
             ent[i] = carried + mo.es;
             dist[i] = alpha[r] * dist[i] + mo.dist;
@@ -438,8 +434,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         }
         if (W) {
           T* w = W + r * n_k;
-          int64_t visible = key_end;
-          if (causal != Causal::None) visible = std::clamp<int64_t>(i0 + r + offset + 1, 0, key_end);
+          const int64_t visible = vis.end(i0 + r);
           if (l[r] > T(0) && direct) {
             for (int64_t c = 0; c < visible; ++c) w[c] *= inv;
           } else if (l[r] > T(0)) {

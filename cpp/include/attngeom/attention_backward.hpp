@@ -107,7 +107,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   blocking = tiled(blocking, causal, n_k, [&](int64_t, int64_t bk_) { return batch * ((n_k + bk_ - 1) / bk_); });
   const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t q_blocks = (n_q + bq - 1) / bq, k_blocks = (n_k + bk - 1) / bk;
-  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
+  const Visibility vis(causal, n_q, n_k);
   const bool ridge = tau != nullptr;
   const double work = double(batch) * n_q * n_k * (2 * d_k + 2 * d_v);
   const bool par = parallel_worth(work);
@@ -129,8 +129,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
   std::vector<T> dtau_part(ridge ? size_t(batch * k_blocks * n_q) : 0, T(0));
   if (direct) std::fill(grad.dq, grad.dq + batch * n_q * d_k, T(0));
   auto first_block = [&](int64_t j0) {
-    const int64_t first_row = causal == Causal::None ? 0 : std::clamp<int64_t>(j0 - offset, 0, n_q);
-    return (first_row / bq) * bq;
+    return (vis.first_query(j0) / bq) * bq;
   };
 
 #pragma omp parallel if (par)
@@ -152,7 +151,6 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
       T* dq_out = direct ? grad.dq + b * n_q * d_k : dq_part.get() + (b * k_blocks + jb) * n_q * d_k;
       T* dtau_out = ridge ? dtau_part.data() + (b * k_blocks + jb) * n_q : nullptr;
       pack_keys(K.data(), d_k, cols, Kt.data());
-      // Under the causal mask, query i sees key j0 only when i >= j0 - offset.
       for (int64_t i0 = first_block(j0); i0 < n_q; i0 += bq) {
         const int64_t rows = std::min(bq, n_q - i0);
         const T* tau_rows = ridge ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
@@ -171,7 +169,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
         auto L = S.topLeftCorner(rows, cols);
         if (ridge) Raw.topLeftCorner(rows, cols) = L;
         kernel.log_psi(L, tau_rows);
-        hide(L, mask, causal, b, i0, j0, offset);
+        hide(L, mask, vis, b, i0, j0);
         // P = exp(l - log Z), flushed below min/epsilon as the forward does, so hidden (-inf)
         // entries are exactly zero; rows with no visible key (log Z = -inf) are shifted by
         // +inf and become zero.

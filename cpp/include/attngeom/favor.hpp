@@ -140,16 +140,16 @@ void row_features(Blk& L, int64_t rows, Col<T>& shift) {
   L = L.array().exp().matrix();
 }
 
-// The causal diagonal block of a chunk of r query rows against nk block keys with row shifts
-// kappa: row `row` sees the keys j < seen(row) = clamp(first + row, 0, nk). Its key shift
+// The causal diagonal block of query rows [i0, i0 + r) against the nk keys from j0 with row shifts
+// kappa: row `row` sees the first vis.seen(i0 + row, j0, nk) of them. Its key shift
 // becomes t = max(M, kappa_j over the keys it sees), so keys hidden from it never set its scale;
 // E(row, j) = exp(kappa_j - t) for the keys it sees and 0 for the others, and f(row) = exp(M - t)
 // rescales the state's sums (1 when t = M, 0 when the state is empty).
 template <class T>
-void diagonal_shifts(int64_t r, int64_t nk, int64_t first, T M, const Col<T>& kappa, RowMatrix<T>& E, Col<T>& top,
-                     Col<T>& f) {
+void diagonal_shifts(const Visibility& vis, int64_t i0, int64_t r, int64_t j0, int64_t nk, T M, const Col<T>& kappa,
+                     RowMatrix<T>& E, Col<T>& top, Col<T>& f) {
   for (int64_t row = 0; row < r; ++row) {
-    const int64_t seen = std::clamp<int64_t>(first + row, 0, nk);
+    const int64_t seen = vis.seen(i0 + row, j0, nk);
     const T t = seen > 0 ? std::max(M, kappa.head(seen).maxCoeff()) : M;
     top(row) = t;
     f(row) = t > M ? std::exp(M - t) : T(1);
@@ -158,15 +158,16 @@ void diagonal_shifts(int64_t r, int64_t nk, int64_t first, T M, const Col<T>& ka
   }
 }
 
-// One causal chunk against the state `st` of the keys before it: the r query rows x (features
-// into s.L, row shifts s.shift) give Y = L S and den = L z at the state's shift, and with
-// nk > 0 the diagonal block of keys kx (features s.K, row shifts s.key_shift), values vx,
-// whose first key the chunk's first row sees `first - 1` of (diagonal_shifts): rows whose
-// key shift rises above the state's are rescaled by f, and A = (L K^T) o E adds A V and its
-// row sums. Leaves s.top, s.f and s.E for the backward.
+// One causal chunk against the state `st` of the keys before it: the r query rows x (rows
+// i0.. of the sequence; features into s.L, row shifts s.shift) give Y = L S and den = L z at
+// the state's shift, and with nk > 0 the diagonal block of keys kx (keys j0..; features s.K,
+// row shifts s.key_shift), values vx, each row seeing the keys `vis` gives it
+// (diagonal_shifts): rows whose key shift rises above the state's are rescaled by f, and
+// A = (L K^T) o E adds A V and its row sums. Leaves s.top, s.f and s.E for the backward.
 template <class T>
-void chunk_forward(const T* x, int64_t r, const T* kx, const T* vx, int64_t nk, int64_t first, int64_t d,
-                   int64_t d_v, const Eigen::Map<const RowMatrix<T>>& W, T root, const State<T>& st, Scratch<T>& s) {
+void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, int64_t j0, int64_t nk,
+                   const Visibility& vis, int64_t d, int64_t d_v, const Eigen::Map<const RowMatrix<T>>& W, T root,
+                   const State<T>& st, Scratch<T>& s) {
   auto L = s.L.topRows(r);
   feature_logits(x, r, d, W, root, s.X, L);
   row_features(L, r, s.shift);
@@ -180,7 +181,7 @@ void chunk_forward(const T* x, int64_t r, const T* kx, const T* vx, int64_t nk, 
   auto K = s.K.topRows(nk);
   feature_logits(kx, nk, d, W, root, s.X, K);
   row_features(K, nk, s.key_shift);
-  diagonal_shifts(r, nk, first, st.M, s.key_shift, s.E, s.top, s.f);
+  diagonal_shifts(vis, i0, r, j0, nk, st.M, s.key_shift, s.E, s.top, s.f);
   Y.array().colwise() *= s.f.head(r).array();
   den.array() *= s.f.head(r).array();
   auto A = s.A.topLeftCorner(r, nk);
@@ -238,8 +239,9 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   const int64_t width = m * d_v + m;  // one state
   const T log_m = std::log(T(m));
   const bool par = parallel_worth(double(batch) * (n_q + n_k) * m * (d + d_v));
+  const Visibility vis(causal, n_q, n_k);
 
-  if (causal == Causal::None) {
+  if (!vis.limited()) {
     const int64_t blocks = (n_k + kRows - 1) / kRows;
     const int64_t per = std::max<int64_t>(1, (blocks + kMaxSpans - 1) / kMaxSpans);
     const int64_t spans = std::max<int64_t>(1, (blocks + per - 1) / per), span_rows = per * kRows;
@@ -267,7 +269,8 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
 #pragma omp for schedule(dynamic)
       for (int64_t unit = 0; unit < batch * qblocks; ++unit) {
         const int64_t b = unit / qblocks, i0 = (unit % qblocks) * kRows, r = std::min(kRows, n_q - i0);
-        chunk_forward<T>(q.block(b) + i0 * d, r, nullptr, nullptr, 0, 0, d, d_v, Wm, root, state(b * spans), s);
+        chunk_forward<T>(q.block(b) + i0 * d, i0, r, nullptr, nullptr, 0, 0, vis, d, d_v, Wm, root, state(b * spans),
+                         s);
         finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
@@ -275,9 +278,8 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   }
 
   const int64_t C = std::max<int64_t>(1, chunk), chunks = (n_q + C - 1) / C;
-  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   // Keys [0, bound(c)) are visible to every query of chunk c.
-  auto bound = [&](int64_t c) { return std::clamp<int64_t>(c * C + offset, 0, n_k); };
+  auto bound = [&](int64_t c) { return vis.end(c * C - 1); };
   const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (kUnits + batch - 1) / batch),
                                          std::max<int64_t>(1, chunks / 8));
   const int64_t G = (chunks + want - 1) / want, segments = (chunks + G - 1) / G;
@@ -320,10 +322,9 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
       const int64_t c_end = std::min(chunks, (g + 1) * G);
       for (int64_t c = g * G; c < c_end; ++c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
-        const int64_t j0 = bound(c), j1 = std::clamp<int64_t>(i0 + r + offset, 0, n_k), nk = j1 - j0;
+        const int64_t j0 = bound(c), nk = vis.end(i0 + r - 1) - j0;
         // Queries against the state (the keys before the chunk, all visible) and the diagonal.
-        chunk_forward(q.block(b) + i0 * d, r, kb + j0 * d, vb + j0 * d_v, nk, i0 + offset + 1 - j0, d, d_v, Wm, root,
-                      own, s);
+        chunk_forward(q.block(b) + i0 * d, i0, r, kb + j0 * d, vb + j0 * d_v, j0, nk, vis, d, d_v, Wm, root, own, s);
         if (nk > 0 && c + 1 < c_end) fold_diagonal(nk, vb + j0 * d_v, d_v, s, own);
         finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }

@@ -110,9 +110,8 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
   if (batch == 0 || n_q == 0 || n_k == 0 || m == 0) return;
   const CMap Wm(W, m, d);
   const bool par = parallel_worth(3.0 * double(batch) * (n_q + n_k) * m * (d + d_v));
-  const bool is_causal = causal != Causal::None;
-  const int64_t C = is_causal ? std::max<int64_t>(1, chunk) : kRows;
-  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
+  const Visibility vis(causal, n_q, n_k);
+  const int64_t C = vis.limited() ? std::max<int64_t>(1, chunk) : kRows;
 
 #pragma omp parallel if (par)
   {
@@ -130,8 +129,8 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
     // then y, D, 1 / den and dq. Leaves K (diagonal key features) and E in the scratch.
     auto query_rows = [&](int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nk) {
       const T* vb = v.block(b);
-      chunk_forward(q.block(b) + i0 * d, r, k.block(b) + j0 * d, vb + j0 * d_v, nk, i0 + offset + 1 - j0, d, d_v,
-                    Wm, root, own, s);
+      chunk_forward(q.block(b) + i0 * d, i0, r, k.block(b) + j0 * d, vb + j0 * d_v, j0, nk, vis, d, d_v, Wm, root,
+                    own, s);
       const auto L = s.L.topRows(r);
       const auto Y = s.Y.topRows(r);
       const auto den = s.den.head(r);
@@ -181,7 +180,7 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         // E_ij = exp(kappa_j - t_i) at the forward's key shift t_i of each row, 0 where hidden.
         auto E = s.E.topLeftCorner(r, nk);
         for (int64_t row = 0; row < r; ++row) {
-          const int64_t seen = std::clamp<int64_t>(i0 + offset + 1 - j0 + row, 0, nk);
+          const int64_t seen = vis.seen(i0 + row, j0, nk);
           E.row(row).head(seen).array() = (s.key_shift.head(seen).transpose().array() - tops(i0 + row)).exp();
           E.row(row).segment(seen, nk - seen).setZero();
         }
@@ -241,7 +240,7 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
     for (int64_t b = 0; b < batch; ++b) {
       own.clear();
       qs.clear();
-      if (!is_causal) {
+      if (!vis.limited()) {
         add_keys(k.block(b), v.block(b), 0, n_k, d, d_v, Wm, root, C, s, own);
         for (int64_t i0 = 0; i0 < n_q; i0 += C) {
           const int64_t r = std::min(C, n_q - i0);
@@ -256,19 +255,19 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         continue;
       }
       const int64_t chunks = (n_q + C - 1) / C;
-      auto bound = [&](int64_t c) { return std::clamp<int64_t>(c * C + offset, 0, n_k); };
+      auto bound = [&](int64_t c) { return vis.end(c * C - 1); };
       // Forward order: the keys every query sees, then chunk by chunk as favor_attention.
       add_keys(k.block(b), v.block(b), 0, bound(0), d, d_v, Wm, root, C, s, own);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
-        const int64_t j0 = bound(c), nk = std::clamp<int64_t>(i0 + r + offset, 0, n_k) - j0;
+        const int64_t j0 = bound(c), nk = vis.end(i0 + r - 1) - j0;
         query_rows(b, i0, r, j0, nk);
         if (nk > 0 && c + 1 < chunks) fold_diagonal(nk, v.block(b) + j0 * d_v, d_v, s, own);
       }
       // Reverse order: each chunk's diagonal keys against the later queries and its own rows.
       for (int64_t c = chunks - 1; c >= 0; --c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
-        const int64_t j0 = bound(c), nk = std::clamp<int64_t>(i0 + r + offset, 0, n_k) - j0;
+        const int64_t j0 = bound(c), nk = vis.end(i0 + r - 1) - j0;
         if (nk > 0) {
           key_features(b, j0, nk);
           key_rows(b, j0, nk, i0, r);

@@ -18,7 +18,7 @@
 
 namespace attngeom {
 
-// Keys visible to query i: all (None); j <= i (TopLeft); j <= i + n_k - n_q (BottomRight).
+// Keys visible to query i as Visibility (types.hpp) says: all, j <= i or j <= i + n_k - n_q.
 template <class T>
 void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v, Causal causal,
                          int64_t chunk, T* y) {
@@ -28,7 +28,8 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
   if (n_q == 0 || d_v == 0) return;
   const bool par = parallel_worth(double(batch) * (n_q + n_k) * d_k * d_v);
-  if (causal == Causal::None) {
+  const Visibility vis(causal, n_q, n_k);
+  if (!vis.limited()) {
     std::vector<Mat> kv(batch);
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t b = 0; b < batch; ++b)
@@ -43,9 +44,8 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   }
   const int64_t C = std::max<int64_t>(1, chunk);
   const int64_t chunks = (n_q + C - 1) / C;
-  const int64_t offset = causal == Causal::BottomRight ? n_k - n_q : 0;
   // Key boundary of chunk c: keys [0, bound(c)) are visible to every query of chunk c.
-  auto bound = [&](int64_t c) { return std::clamp<int64_t>(c * C + offset, 0, n_k); };
+  auto bound = [&](int64_t c) { return vis.end(c * C - 1); };
   // state[b][c] = K[0:bound(c)]^T V[0:bound(c)], c = 0..chunks-1.
   std::vector<Mat> state(batch * chunks);
 #pragma omp parallel for schedule(static) if (par)
@@ -66,17 +66,15 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
 #pragma omp for schedule(static)
     for (int64_t unit = 0; unit < batch * chunks; ++unit) {
       const int64_t b = unit / chunks, c = unit % chunks, i0 = c * C, m = std::min(C, n_q - i0);
-      const int64_t j0 = bound(c), j1 = std::clamp<int64_t>(i0 + m - 1 + offset + 1, 0, n_k);
+      const int64_t j0 = bound(c), j1 = vis.end(i0 + m - 1);
       const CMap Q(q.block(b) + i0 * d_k, m, d_k);
       Map Y(y + (b * n_q + i0) * d_v, m, d_v);
       Y.noalias() = Q * state[unit];
       if (j1 > j0) {
         auto L = S.topLeftCorner(m, j1 - j0);
         L.noalias() = Q * CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose();
-        for (int64_t r = 0; r < m; ++r) {
-          const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);
-          for (int64_t col = first_hidden; col < j1 - j0; ++col) L(r, col) = T(0);
-        }
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t col = vis.seen(i0 + r, j0, j1 - j0); col < j1 - j0; ++col) L(r, col) = T(0);
         Y.noalias() += L * CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
       }
     }

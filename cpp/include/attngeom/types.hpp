@@ -26,6 +26,25 @@ using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMaj
 // BottomRight (FlashAttention >= 2.1, a query block appended to a cache): j <= i + n_k - n_q.
 enum class Causal { None, TopLeft, BottomRight };
 
+// The keys each query of an (n_q, n_k) call sees: query i sees keys j < end(i), which is
+// j <= i + offset under a causal limit (offset n_k - n_q for BottomRight, 0 for TopLeft) and
+// every key without one. The one statement of the alignment for every kernel.
+struct Visibility {
+  Causal causal;
+  int64_t n_q, n_k, offset;
+  Visibility(Causal causal, int64_t n_q, int64_t n_k)
+      : causal(causal), n_q(n_q), n_k(n_k), offset(causal == Causal::BottomRight ? n_k - n_q : 0) {}
+  bool limited() const { return causal != Causal::None; }
+  // Keys [0, end(i)) are visible to query i; i = i0 - 1 gives the keys every query from i0 on sees.
+  int64_t end(int64_t i) const { return limited() ? std::clamp<int64_t>(i + 1 + offset, 0, n_k) : n_k; }
+  // How many keys of the block [j0, j0 + cols) query i sees (a prefix of the block).
+  int64_t seen(int64_t i, int64_t j0, int64_t cols) const {
+    return limited() ? std::clamp<int64_t>(i + 1 + offset - j0, 0, cols) : cols;
+  }
+  // The first query that sees key j (n_q when none does).
+  int64_t first_query(int64_t j) const { return limited() ? std::clamp<int64_t>(j - offset, 0, n_q) : 0; }
+};
+
 // A stack of (rows, cols) row-major blocks addressed through a batch index.
 template <class T>
 struct Stack {

@@ -113,13 +113,18 @@ class AttentionOperands:
         self.n_q, self.n_k, self.d_k, self.d_v = n_q, n_k, d_k, v.shape[-1]
         self.causal = causal_code(causal)
 
-    def mask_args(self):
-        """(keep, bias, index) as the core takes them."""
-        if self.mask is None:
-            return None, None, None
-        if self.mask_kind == "keep":
-            return self.mask.array, None, self.mask.index
-        return None, self.mask.array, self.mask.index
+    def core_args(self) -> dict:
+        """The first argument of the core's attention kernels (``AttentionArgs`` in
+        cpp/bindings/arrays.hpp): q (or the tilts u), k, v and the radii tau over the flat batch
+        with their batch indices, the mask (keep or additive bias) and the causal code."""
+        mask = None if self.mask is None else self.mask.array
+        tau = self.tau
+        return {"batch": self.batch, "q": self.q.array, "q_index": self.q.index,
+                "k": self.k.array, "k_index": self.k.index, "v": self.v.array, "v_index": self.v.index,
+                "tau": None if tau is None else tau.array, "tau_index": None if tau is None else tau.index,
+                "mask_keep": mask if self.mask_kind == "keep" else None,
+                "mask_bias": mask if self.mask_kind != "keep" else None,
+                "mask_index": None if self.mask is None else self.mask.index, "causal": self.causal}
 
     def shaped(self, a: Optional[np.ndarray], *core):
         """A core output (batch, *core) with the broadcast batch shape restored."""
