@@ -215,6 +215,15 @@ class Decoder:
             here = li in plan.layers
             todo = plan.interventions.get(li, ())  # this layer's interventions (:mod:`.interventions`)
             sites = sites_at(todo)
+
+            def at(site, x):
+                """x after this layer's interventions at `site`, kept when the pass keeps it."""
+                if site in sites:
+                    x = apply(todo, site, x, single)
+                if here and plan.wants(site):
+                    out.put(site, x)
+                return x
+
             if "resid_pre" in sites:
                 h = apply(todo, "resid_pre", h, single)
             L = {key: cast(value) for key, value in stored.items()}
@@ -259,18 +268,12 @@ class Decoder:
                 out.put("attentions", res[1])
             if want_s:
                 out.put("attention_stats", res[-1])
-            if "z" in sites:
-                y = apply(todo, "z", y, single)
-            if here and plan.wants("z"):
-                out.put("z", y)
+            y = at("z", y)
             del q, k, v, parts, res
             o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
             if L["b_o"] is not None:
                 o = o + L["b_o"]
-            if "attn_out" in sites:
-                o = apply(todo, "attn_out", o, single)
-            if here and plan.wants("attn_out"):
-                out.put("attn_out", o)
+            o = at("attn_out", o)
             h = h + o
             if post:
                 h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
@@ -282,17 +285,11 @@ class Decoder:
                 mlp = np.zeros_like(h)
             else:
                 mlp = _dense_mlp(h, L, a, act, pre_norm=not post)
-            if "mlp_out" in sites:
-                mlp = apply(todo, "mlp_out", mlp, single)
-            if here and plan.wants("mlp_out"):
-                out.put("mlp_out", mlp)
+            mlp = at("mlp_out", mlp)
             h = h + mlp
             if post:
                 h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
-            if "resid_post" in sites:
-                h = apply(todo, "resid_post", h, single)
-            if here and plan.wants("resid_post"):
-                out.put("resid_post", h)
+            h = at("resid_post", h)
             if here:
                 scales.append(scale)
             del L
