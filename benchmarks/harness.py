@@ -1,14 +1,52 @@
-"""What the benchmarks share: their command line, the run's metadata and the JSON they write.
+"""What the benchmarks share: their command line, the thread counts, the agreement gate, the
+memory figures and the JSON they write.
 
 Each ``bench_<concept>.py`` runs as a script (``python benchmarks/bench_lightning.py``), which
 puts this folder on ``sys.path``; ``from harness import ...`` then finds this module.
+
+The agreement gate
+------------------
+A benchmark never times wrong code: every output it times is compared with its anchor's
+(the library or reference it is timed against, measured in the same run) by :func:`agree`,
+which records the case's largest absolute and relative error against a tolerance chosen a
+clear factor above the agreement measured on this build (each script says why its
+tolerances are what they are). :func:`finish` writes the JSON (the checks under
+``"agreement"``, the thread counts under ``"threads"``), prints the summary line
+
+    agreement bench_<name>: ok, <k> checks within tolerance; worst <case>: ...
+    agreement bench_<name>: FAILED, <j> of <k> checks beyond tolerance: <cases>
+
+(run_all.py collects it) and returns the exit status: 1 when any check failed.
+
+Planting a disagreement
+-----------------------
+``ATTNGEOM_BENCH_PLANT=<name>`` (a script's name, with or without ``bench_``; several
+separated by commas; or ``all``) makes :func:`agree` add twice its tolerance to attngeom's
+output in that benchmark before every comparison, so every check fails and the script exits
+1; this shows the path from a disagreement to the exit status (and to run_all.py's summary)
+works. For example::
+
+    ATTNGEOM_BENCH_PLANT=lightning python benchmarks/bench_lightning.py --quick   # exits 1
+
+It is off unless the variable is set; a planted run says so in every check line and in the
+JSON.
+
+Timing
+------
+Times are medians over ``--repeats`` calls (default 3) after one untimed warm-up call
+(``attngeom.experiments.timing.median_time``, or ``bench_attention.time_interleaved`` for
+contenders timed round by round), and are reported as ratios to the anchor measured in the
+same run, never asserted on. ``--quick`` runs every benchmark at small sizes: a check of the
+gates, not a measurement.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -16,26 +54,183 @@ import numpy as np
 
 import attngeom as ag
 
+PLANT_VARIABLE = "ATTNGEOM_BENCH_PLANT"
 
-def parser(doc: str, *, repeats: Optional[int] = 3, threads: bool = False) -> argparse.ArgumentParser:
-    """The common options: ``--out`` (the results directory), ``--repeats`` (timed rounds per
-    case, default `repeats`; None leaves the option out) and, with `threads`, ``--threads``
-    (attngeom's thread count, applied by :func:`parse`)."""
+_checks: list = []
+
+
+def bench_name() -> str:
+    """The running benchmark's name: its script's file name without ``.py``."""
+    return Path(sys.argv[0]).stem
+
+
+def parser(doc: str, *, repeats: Optional[int] = 3, threads: bool = False,
+           default_threads: Optional[int] = None) -> argparse.ArgumentParser:
+    """The common options: ``--out`` (the results directory), ``--quick`` (small sizes),
+    ``--repeats`` (timed calls per case after a warm-up, default `repeats`; None leaves the
+    option out) and, with `threads`, ``--threads`` (attngeom's thread count, and the anchor's,
+    default `default_threads` or attngeom's own; applied by :func:`parse`)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results", help="directory the JSON file is written to")
+    p.add_argument("--quick", action="store_true", help="small sizes: a check of the gates, not a measurement")
     if repeats is not None:
-        p.add_argument("--repeats", type=int, default=repeats, help="timed rounds per case")
+        p.add_argument("--repeats", type=int, default=repeats,
+                       help=f"timed calls per case after one warm-up call (default {repeats})")
     if threads:
-        p.add_argument("--threads", type=int, default=None, help="attngeom threads (default: its own)")
+        p.add_argument("--threads", type=int, default=default_threads,
+                       help=f"threads of attngeom and of the anchor (default {default_threads or 'attngeom`s own'})")
     return p
 
 
 def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """The parsed arguments; a ``--threads`` count given is applied with ag.set_num_threads."""
+    """The parsed arguments; a ``--threads`` count given is applied with ag.set_num_threads
+    (attngeom's kernels and NumPy's BLAS; the script sets its anchor's, e.g. torch's)."""
     args = p.parse_args(argv)
     if getattr(args, "threads", None) is not None:
         ag.set_num_threads(args.threads)
+    if getattr(args, "repeats", 3) < 3:
+        print(f"note: --repeats {args.repeats}: medians of fewer than 3 timed calls")
     return args
+
+
+def thread_counts(**anchors) -> dict:
+    """The thread counts in force: attngeom's kernels, NumPy's BLAS (threadpoolctl's count),
+    torch's intra-op threads when torch is imported, and `anchors` (name -> count)."""
+    counts = {"attngeom": ag.get_num_threads(), "numpy_blas": ag.show_config(file=io.StringIO())["blas_threads"]}
+    if "torch" in sys.modules:
+        counts["torch"] = sys.modules["torch"].get_num_threads()
+    counts.update(anchors)
+    return counts
+
+
+def print_threads(**anchors) -> dict:
+    """Print the line ``threads: attngeom N, numpy_blas M, torch K, ...`` and return
+    :func:`thread_counts`."""
+    counts = thread_counts(**anchors)
+    print("threads: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+    return counts
+
+
+def planted() -> bool:
+    """Whether ``ATTNGEOM_BENCH_PLANT`` names the running benchmark (or is ``all``)."""
+    names = {n.strip() for n in os.environ.get(PLANT_VARIABLE, "").split(",") if n.strip()}
+    name = bench_name()
+    return bool(names & {"all", name, name.removeprefix("bench_")})
+
+
+def agree(case: str, ours, anchor, *, rtol: float, atol: float = 0.0, show: bool = True) -> dict:
+    """Compare attngeom's output `ours` with the anchor's (same shape; any numbers, compared
+    in float64) and record the check.
+
+    The error is the largest absolute difference; the relative error divides it by the
+    anchor's largest magnitude. The check passes when the error is at most
+    ``atol + rtol * max|anchor|`` (and everything is finite); rtol = atol = 0 asks for equality
+    (ranks, counts). With ``ATTNGEOM_BENCH_PLANT`` naming this benchmark, twice that bound
+    (1 where it is 0) is added to `ours` first. Prints the check's line unless `show` is False
+    (a table printing the error itself); a failed check is printed by :func:`finish` anyway.
+    Returns the record: case, max_abs_error, max_rel_error, bound, rtol, atol, ok, planted.
+    """
+    a = np.asarray(anchor, dtype=np.float64)
+    o = np.asarray(ours, dtype=np.float64)
+    if o.shape != a.shape:
+        raise ValueError(f"agree({case!r}): attngeom's output has shape {o.shape}, the anchor's {a.shape}")
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    bound = atol + rtol * scale
+    plant = planted()
+    if plant:
+        o = o + (2 * bound if bound > 0 else 1.0)
+    err = float(np.max(np.abs(o - a))) if a.size else 0.0
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    record = {"case": case, "max_abs_error": err, "max_rel_error": rel, "bound": bound, "rtol": rtol, "atol": atol,
+              "ok": bool(err <= bound), "planted": plant}
+    _checks.append(record)
+    if show:
+        print(check_line(record), flush=True)
+    return record
+
+
+def check_line(r: dict) -> str:
+    """One check as printed: ``agree <case>: max abs err .., rel .. (tolerance ..) ok|DISAGREES``."""
+    return (f"agree {r['case']}: max abs err {r['max_abs_error']:.2e}, rel {r['max_rel_error']:.2e} (tolerance "
+            f"rtol {r['rtol']:g}, atol {r['atol']:g}) {'ok' if r['ok'] else 'DISAGREES'}"
+            + (" [planted]" if r["planted"] else ""))
+
+
+def checks() -> list:
+    """The checks recorded so far in this process."""
+    return list(_checks)
+
+
+def memory_mb() -> dict:
+    """This process's resident set now (``rss``, VmRSS) and its peak since the process
+    started (``peak``, VmHWM), in MB, from /proc/self/status. Not ru_maxrss: Linux carries it
+    across fork and exec, so a child would report its parent's size when that was larger."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out["rss" if key == "VmRSS" else "peak"] = int(value.split()[0]) / 1024
+    return out
+
+
+def memory_figures(after_load: dict, at_peak: dict) -> dict:
+    """The two memory figures of a forward: ``peak_rss_mb`` (the process's peak resident
+    set) and ``activation_mb`` (that peak minus the resident set once the weights were
+    loaded: what the forward pass itself adds), from two :func:`memory_mb` readings."""
+    return {"peak_rss_mb": at_peak["peak"], "rss_after_load_mb": after_load["rss"],
+            "activation_mb": at_peak["peak"] - after_load["rss"]}
+
+
+def machine(**fields) -> dict:
+    """The run's metadata: the thread counts (:func:`thread_counts`), `fields`, the NumPy
+    and Python versions and the CPU count."""
+    return {"threads": thread_counts(), **fields, "numpy": np.__version__,
+            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+
+
+def write(out, name: str, **payload) -> Path:
+    """Write `payload` as ``<out>/<name>.json`` (the directory is created), say so, return the path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
+
+
+def finish(out, name: str, **payload) -> int:
+    """Write ``<out>/<name>.json`` with `payload`, the checks (``"agreement"``) and the thread
+    counts (``"threads"``, unless `payload` has them), print the agreement summary line and
+    return the exit status: 0 when every check is within its tolerance, 1 otherwise or when
+    the benchmark recorded no check at all."""
+    records = checks()
+    bad = [r for r in records if not r["ok"]]
+    ok = bool(records) and not bad
+    payload.setdefault("threads", thread_counts())
+    write(out, name, **payload, agreement={"ok": ok, "planted": planted(), "checks": records})
+    bench = bench_name()
+    for r in bad:
+        print(check_line(r), flush=True)
+    if not records:
+        print(f"agreement {bench}: FAILED, no check recorded", flush=True)
+    elif bad:
+        cases = "; ".join(r["case"] for r in bad[:4]) + ("; ..." if len(bad) > 4 else "")
+        print(f"agreement {bench}: FAILED, {len(bad)} of {len(records)} checks beyond tolerance: {cases}", flush=True)
+    else:
+        worst = max(records, key=lambda r: r["max_abs_error"] / r["bound"] if r["bound"] > 0 else 0.0)
+        print(f"agreement {bench}: ok, {len(records)} checks within tolerance; worst {worst['case']}: rel "
+              f"{worst['max_rel_error']:.1e}, max abs err {worst['max_abs_error']:.1e} "
+              f"({worst['max_abs_error'] / worst['bound'] if worst['bound'] else 0:.2g} of its tolerance)", flush=True)
+    return 0 if ok else 1
 
 
 def attention_inputs(rng: np.random.Generator, heads: int, d: int, lengths):
@@ -47,20 +242,3 @@ def attention_inputs(rng: np.random.Generator, heads: int, d: int, lengths):
             for n in lengths:
                 yield np.dtype(dtype).name, causal, n, tuple(rng.standard_normal((heads, n, d)).astype(dtype)
                                                              for _ in range(3))
-
-
-def machine(**fields) -> dict:
-    """The run's metadata: attngeom's thread count, `fields`, the NumPy and Python versions and
-    the CPU count."""
-    return {"threads": ag.get_num_threads(), **fields, "numpy": np.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count()}
-
-
-def write(out, name: str, **payload) -> Path:
-    """Write `payload` as ``<out>/<name>.json`` (the directory is created), say so, return the path."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {path}")
-    return path

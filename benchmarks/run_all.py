@@ -1,8 +1,12 @@
 """Runs every benchmarks/bench_*.py in turn with the given --out directory.
 
-  python benchmarks/run_all.py [--out DIR] [extra arguments passed to every benchmark]
+  python benchmarks/run_all.py [--out DIR] [extra arguments passed to every benchmark, e.g. --quick]
 
-The exit status is non-zero when any benchmark fails; the others still run.
+Each benchmark's output is shown as it runs; its agreement lines (the ``agree ...`` checks
+that failed and the ``agreement bench_<name>: ...`` summary, see harness.py) are collected
+and printed again in the summary at the end, one block per benchmark. The exit status is
+non-zero when any benchmark exits non-zero, prints a failed agreement, or prints no
+agreement summary at all (a benchmark without a gate); the others still run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,20 @@ import time
 from pathlib import Path
 
 
+def run(script: Path, out: str, extra: list) -> tuple:
+    """Run one benchmark, echoing its output; (exit status, its agreement lines, seconds)."""
+    t0 = time.perf_counter()
+    lines = []
+    with subprocess.Popen([sys.executable, str(script), "--out", out, *extra], stdout=subprocess.PIPE, text=True,
+                          bufsize=1) as p:
+        for line in p.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.startswith("agreement ") or (line.startswith("agree ") and "DISAGREES" in line):
+                lines.append(line.rstrip("\n"))
+    return p.returncode, lines, time.perf_counter() - t0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results", help="directory the benchmarks write their JSON to")
@@ -23,19 +41,27 @@ def main(argv=None):
     if not scripts:
         print("no benchmarks/bench_*.py found", file=sys.stderr)
         return 1
-    failed = []
+    results = []
     for script in scripts:
         print(f"== {script.name}", flush=True)
-        t0 = time.perf_counter()
-        rc = subprocess.call([sys.executable, str(script), "--out", args.out, *extra])
-        status = "ok" if rc == 0 else f"FAILED (exit {rc})"
-        print(f"== {script.name}: {status} in {time.perf_counter() - t0:.0f} s\n", flush=True)
-        if rc != 0:
-            failed.append(script.name)
+        rc, lines, seconds = run(script, args.out, extra)
+        summary = [line for line in lines if line.startswith("agreement ")]
+        problems = ([f"exit {rc}"] if rc != 0 else []) + (["no agreement summary"] if not summary else []) + \
+            (["agreement FAILED"] if any(": FAILED" in line for line in summary) else [])
+        status = "ok" if not problems else "FAILED (" + ", ".join(problems) + ")"
+        print(f"== {script.name}: {status} in {seconds:.0f} s\n", flush=True)
+        results.append((script.name, status, lines))
+
+    print("== summary: agreement with the anchors")
+    for name, status, lines in results:
+        print(f"{name}: {status}")
+        for line in lines or ["(no agreement line printed)"]:
+            print(f"    {line}")
+    failed = [name for name, status, _ in results if status != "ok"]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"all {len(scripts)} benchmark(s) passed")
+    print(f"all {len(scripts)} benchmark(s) passed and agree with their anchors")
     return 0
 
 
