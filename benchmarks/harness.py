@@ -124,7 +124,7 @@ def agree(case: str, ours, anchor, *, rtol: float, atol: float = 0.0, above_only
     in float64) and record the check.
 
     The error is the largest absolute difference; the relative error divides it by the
-    anchor's largest magnitude. The check passes when the error is at most
+    anchor's largest magnitude (None for an anchor of zeros). The check passes when the error is at most
     ``atol + rtol * max|anchor|`` (and everything is finite); rtol = atol = 0 asks for equality
     (ranks, counts). With `above_only` only ours above the anchor counts (a figure where lower
     is better, such as a reconstruction's error against the truth: ours may beat the
@@ -146,7 +146,7 @@ def agree(case: str, ours, anchor, *, rtol: float, atol: float = 0.0, above_only
         o = (np.maximum(o, a) if above_only else o) + (2 * bound if bound > 0 else 1.0)
     diff = np.maximum(o - a, 0) if above_only else np.abs(o - a)
     err = float(np.max(np.where(np.isnan(diff), np.inf, diff))) if a.size else 0.0
-    rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else None)  # None: an anchor of zeros
     record = {"case": case, "max_abs_error": err, "max_rel_error": rel, "bound": bound, "rtol": rtol, "atol": atol,
               "above_only": above_only, "ok": bool(err <= bound), "planted": plant}
     _checks.append(record)
@@ -158,9 +158,13 @@ def agree(case: str, ours, anchor, *, rtol: float, atol: float = 0.0, above_only
 def check_line(r: dict) -> str:
     """One check as printed: ``agree <case>: max abs err .., rel .. (tolerance ..) ok|DISAGREES``."""
     return (f"agree {r['case']}: max {'excess' if r['above_only'] else 'abs err'} {r['max_abs_error']:.2e}, rel "
-            f"{r['max_rel_error']:.2e} (tolerance rtol {r['rtol']:g}, atol {r['atol']:g}) "
+            f"{_rel(r)} (tolerance rtol {r['rtol']:g}, atol {r['atol']:g}) "
             f"{'ok' if r['ok'] else 'DISAGREES'}"
             + (" [planted]" if r["planted"] else ""))
+
+
+def _rel(r: dict) -> str:
+    return "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.2e}"
 
 
 def checks() -> list:
@@ -235,7 +239,7 @@ def finish(out, name: str, **payload) -> int:
     else:
         worst = max(records, key=lambda r: r["max_abs_error"] / r["bound"] if r["bound"] > 0 else 0.0)
         print(f"agreement {bench}: ok, {len(records)} checks within tolerance; worst {worst['case']}: rel "
-              f"{worst['max_rel_error']:.1e}, max abs err {worst['max_abs_error']:.1e} "
+              f"{_rel(worst)}, max abs err {worst['max_abs_error']:.2e} "
               f"({worst['max_abs_error'] / worst['bound'] if worst['bound'] else 0:.2g} of its tolerance)", flush=True)
     return 0 if ok else 1
 
