@@ -203,8 +203,10 @@ def test_latent_factorization_eckart_young(rng):
         f = ag.latent_factorization(K, r)
         assert f.U.shape == (40, r) and f.Z.shape == (r, 30)
         assert f.error == pytest.approx(np.sum(s[r:] ** 2), rel=1e-10, abs=1e-20 * s[0] ** 2)
-        assert f.tail_energy == pytest.approx(np.sum(s[r:] ** 2), rel=1e-12)
-        assert f.condition == pytest.approx(s[0] / s[r - 1], rel=1e-12)
+        # At r = 12 (the rank of K) the tail is rounding noise, of order (eps s_0)^2 on both
+        # sides: measured <= 2.8 (eps s_0)^2 apart over 50 seeds; below the rank, <= 2.1e-15 relative.
+        assert f.tail_energy == pytest.approx(np.sum(s[r:] ** 2), rel=1e-12, abs=100 * (np.finfo(float).eps * s[0]) ** 2)
+        assert f.condition == pytest.approx(s[0] / s[r - 1], rel=1e-12, abs=0)
         np.testing.assert_allclose(f.Z @ f.Z.T, np.eye(r), atol=1e-13)
     with pytest.raises(ValueError, match="rank"):
         ag.latent_factorization(K, 0)

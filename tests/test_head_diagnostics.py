@@ -29,8 +29,8 @@ def test_single_head_matches_parts(rng):
     assert d.ov_rank == 5
     q, k = x @ W_Q, x @ W_K
     tau = np.linalg.norm(q, axis=-1) / math.sqrt(6)
-    assert d.radius_mean == pytest.approx(tau.mean(), rel=1e-13)
-    assert d.radius_std == pytest.approx(tau.std(), rel=1e-12)
+    assert d.radius_mean == pytest.approx(tau.mean(), rel=1e-13, abs=0)
+    assert d.radius_std == pytest.approx(tau.std(), rel=1e-12, abs=0)
     np.testing.assert_allclose(d.tilt.eigenvalues, ref.tilt_eigenvalues(q), rtol=1e-11, atol=1e-15)
     assert d.tilt.token_null.dim == 24 - 5  # span(N) = W_K span(U), rank(W_K) = 5
     _, P = ag.softmax_attention(q, k, None, return_weights=True)
@@ -58,7 +58,7 @@ def test_stacked_layers_with_per_layer_inputs(rng, tmp_path):
         row = rows[layer * 3 + head]
         for key, value in one.summary().items():
             if key in row:
-                assert row[key] == pytest.approx(value, rel=1e-10), key
+                assert row[key] == pytest.approx(value, rel=1e-10, abs=0), key
     # causal routing: lower-triangular P with a positive diagonal is invertible (full rank)
     assert np.all(d.routing_rank == 10)
     s = d.summary()

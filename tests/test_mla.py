@@ -83,7 +83,7 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     assert f.kv_latent.shape == (2, 3, 7, KV_LORA) and f.rope_keys.shape == (2, 3, 7, ROPE)
     assert f.hidden_states.dtype == dt
     if variant == "yarn":  # mscale(s, m) = 0.1 m ln s + 1: logit scale mscale(8, 0.5)^2, rotary factor the ratio
-        assert f.scale[0] == pytest.approx((NOPE + ROPE) ** -0.5 * (0.05 * np.log(8) + 1) ** 2, rel=1e-12)
+        assert f.scale[0] == pytest.approx((NOPE + ROPE) ** -0.5 * (0.05 * np.log(8) + 1) ** 2, rel=1e-12, abs=0)
         assert m.decoder.rotary.attention_factor == pytest.approx((0.1 * np.log(8) + 1) / (0.05 * np.log(8) + 1))
         default = m.decoder.rotary.inv_freq / 500.0 ** -(np.arange(ROPE // 2) * 2 / ROPE)
         assert default[0] == 1 and default[-1] == pytest.approx(1 / 8)  # fast pair kept, slow pair interpolated
