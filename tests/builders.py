@@ -1,6 +1,8 @@
 """Shared builders of the model tests: tiny random-init checkpoints of every supported layout,
 built from ``transformers`` config classes and saved with save_pretrained (nothing is
-downloaded), their transformers reference forward, and a word-level tokenizer.
+downloaded), and their transformers reference forward. The padded batch and the word-level
+tokenizer are tests/checkpoints.py's (re-exported here), shared with the tests that need no
+transformers.
 
 Test modules import from here, never from one another.
 """
@@ -9,10 +11,11 @@ import contextlib
 import numpy as np
 import pytest
 
+from checkpoints import RANDOM_VOCAB as VOCAB, random_batch as batch, with_tokenizer  # noqa: F401
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 97
 N = 7
 
 
@@ -103,15 +106,6 @@ def reference(model, ids, mask, positions, float64):
             np.stack([a.numpy() for a in out.attentions]))
 
 
-def batch():
-    rng = np.random.default_rng(1)
-    ids = rng.integers(0, VOCAB, size=(3, N))
-    mask = np.ones((3, N), dtype=bool)
-    mask[1, :2] = False  # left padding
-    mask[2, -3:] = False  # right padding
-    return ids, mask
-
-
 def max_errors(f, ref, mask):
     logits, hidden, attn = ref
     errs = {"hidden": np.abs(f.hidden_states - hidden)[:, mask].max()}
@@ -120,12 +114,3 @@ def max_errors(f, ref, mask):
     a = np.abs(f.attentions - attn)  # (L, b, H, n, n): real query rows, real key columns
     errs["attentions"] = max(a[:, s][:, :, mask[s]][:, :, :, mask[s]].max() for s in range(mask.shape[0]))
     return errs
-
-
-def with_tokenizer(folder):
-    """A word-level tokenizer.json over a ten-word vocabulary, written into folder."""
-    tokenizers = pytest.importorskip("tokenizers")
-    words = ["<unk>"] + "the cat sat on mat and dog ran . a".split()
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(folder / "tokenizer.json"))

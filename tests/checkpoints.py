@@ -154,3 +154,142 @@ def assert_same_model(folder, other, tensors):
     a, b = load_model(folder).forward(ids), load_model(other).forward(ids)
     np.testing.assert_array_equal(a.logits, b.logits)
     np.testing.assert_array_equal(a.router_logits, b.router_logits)
+
+
+# Random checkpoints of every layout the model tests use, written with NumPy: config.json as
+# transformers 5 writes it (the fields the forward pass reads) and model.safetensors under the
+# tensor names transformers' save_pretrained gives. tests/test_decoders.py checks that
+# transformers loads each of them with no missing or unexpected tensor and computes our
+# forward pass (so tests that need no transformers reference run without torch).
+_SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              head_dim=8, hidden_act="silu", rms_norm_eps=1e-6)
+RANDOM_LAYOUTS = {
+    "gpt2": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=97, n_embd=32, n_layer=2,
+                 n_head=4, n_positions=16, n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                 tie_word_embeddings=True, bos_token_id=0, eos_token_id=0),
+    "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"], **_SMALL, num_key_value_heads=2,
+                  max_position_embeddings=64, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                  rope_parameters={"rope_theta": 500.0, "rope_type": "default"}),
+    "llama3": dict(model_type="llama", architectures=["LlamaForCausalLM"], **_SMALL, num_key_value_heads=1,
+                   max_position_embeddings=64, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+                   rope_parameters={"rope_theta": 10000.0, "rope_type": "llama3", "factor": 8.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 16}),
+    "llama_yarn": dict(model_type="llama", architectures=["LlamaForCausalLM"], **_SMALL, num_key_value_heads=2,
+                       max_position_embeddings=64, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                       rope_parameters={"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
+                                        "beta_fast": 8.0, "original_max_position_embeddings": 16}),
+    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"], **_SMALL, num_key_value_heads=2,
+                    max_position_embeddings=131072, sliding_window=4, tie_word_embeddings=False,
+                    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
+    "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], **{k: v for k, v in _SMALL.items() if k != "head_dim"},
+                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+                  use_sliding_window=False, sliding_window=None, max_window_layers=28,
+                  layer_types=["full_attention", "full_attention"],
+                  rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
+    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], **{**_SMALL, "head_dim": 16},
+                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=False,
+                  attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=28,
+                  layer_types=["full_attention", "full_attention"],
+                  rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
+    "bert": dict(model_type="bert", architectures=["BertModel"], vocab_size=97, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=48, max_position_embeddings=16, type_vocab_size=2,
+                 hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0, position_embedding_type="absolute"),
+}
+RANDOM_VOCAB = 97
+
+
+def random_tensor_shapes(config):
+    """{tensor name: shape} of the checkpoint transformers' save_pretrained writes for config
+    (one of RANDOM_LAYOUTS' configs), in its storage orientation (torch Linear: (out, in);
+    GPT-2's Conv1D: (in, out))."""
+    c = config
+    if c["model_type"] == "gpt2":
+        d, L, V, ff = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_inner"] or 4 * c["n_embd"]
+        t = {"transformer.wte.weight": (V, d), "transformer.wpe.weight": (c["n_positions"], d),
+             "transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+        for i in range(L):
+            s = f"transformer.h.{i}."
+            t.update({s + "ln_1.weight": (d,), s + "ln_1.bias": (d,), s + "ln_2.weight": (d,), s + "ln_2.bias": (d,),
+                      s + "attn.c_attn.weight": (d, 3 * d), s + "attn.c_attn.bias": (3 * d,),
+                      s + "attn.c_proj.weight": (d, d), s + "attn.c_proj.bias": (d,),
+                      s + "mlp.c_fc.weight": (d, ff), s + "mlp.c_fc.bias": (ff,),
+                      s + "mlp.c_proj.weight": (ff, d), s + "mlp.c_proj.bias": (d,)})
+        return t
+    d, L, V, ff = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    if c["model_type"] == "bert":
+        t = {"embeddings.word_embeddings.weight": (V, d),
+             "embeddings.position_embeddings.weight": (c["max_position_embeddings"], d),
+             "embeddings.token_type_embeddings.weight": (c["type_vocab_size"], d),
+             "embeddings.LayerNorm.weight": (d,), "embeddings.LayerNorm.bias": (d,),
+             "pooler.dense.weight": (d, d), "pooler.dense.bias": (d,)}
+        for i in range(L):
+            s = f"encoder.layer.{i}."
+            for role in ("query", "key", "value"):
+                t.update({s + f"attention.self.{role}.weight": (d, d), s + f"attention.self.{role}.bias": (d,)})
+            t.update({s + "attention.output.dense.weight": (d, d), s + "attention.output.dense.bias": (d,),
+                      s + "attention.output.LayerNorm.weight": (d,), s + "attention.output.LayerNorm.bias": (d,),
+                      s + "intermediate.dense.weight": (ff, d), s + "intermediate.dense.bias": (ff,),
+                      s + "output.dense.weight": (d, ff), s + "output.dense.bias": (d,),
+                      s + "output.LayerNorm.weight": (d,), s + "output.LayerNorm.bias": (d,)})
+        return t
+    H, K = c["num_attention_heads"], c["num_key_value_heads"]
+    dh = c.get("head_dim") or d // H
+    t = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,)}
+    if not c["tie_word_embeddings"]:
+        t["lm_head.weight"] = (V, d)
+    for i in range(L):
+        s = f"model.layers.{i}."
+        a = s + "self_attn."
+        t.update({s + "input_layernorm.weight": (d,), s + "post_attention_layernorm.weight": (d,),
+                  s + "mlp.gate_proj.weight": (ff, d), s + "mlp.up_proj.weight": (ff, d),
+                  s + "mlp.down_proj.weight": (d, ff),
+                  a + "q_proj.weight": (H * dh, d), a + "k_proj.weight": (K * dh, d), a + "v_proj.weight": (K * dh, d),
+                  a + "o_proj.weight": (d, H * dh)})
+        if c["model_type"] == "qwen2":
+            t.update({a + "q_proj.bias": (H * dh,), a + "k_proj.bias": (K * dh,), a + "v_proj.bias": (K * dh,)})
+        if c["model_type"] == "qwen3":
+            t.update({a + "q_norm.weight": (dh,), a + "k_norm.weight": (dh,)})
+    return t
+
+
+def random_tensors(layout, seed=0):
+    """{name: float32 array} of a random model of that layout (RANDOM_LAYOUTS). Weights of
+    order one, as tests/builders.py gives the transformers models (transformers' own init, std
+    0.02, makes every attention near uniform): norm scales 1 + 0.2 N(0, 1), other vectors
+    0.2 N(0, 1), matrices 0.3 N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in random_tensor_shapes(RANDOM_LAYOUTS[layout]).items():
+        norm = ("norm" in name or "ln_" in name or "LayerNorm" in name) and name.endswith("weight")
+        scale = 0.2 if len(shape) == 1 else 0.3
+        tensors[name] = ((1.0 if norm else 0.0) + scale * rng.standard_normal(shape)).astype(np.float32)
+    return tensors
+
+
+def random_checkpoint(layout, folder, seed=0):
+    """Write random_tensors(layout, seed) and the layout's config.json into folder with NumPy;
+    return the folder as a string."""
+    return write_model(folder, random_tensors(layout, seed), RANDOM_LAYOUTS[layout])
+
+
+def random_batch():
+    """The model tests' padded batch: ids (3, 7) of RANDOM_VOCAB and its mask, row 1 with two
+    tokens of left padding, row 2 with three of right padding."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, RANDOM_VOCAB, size=(3, 7))
+    mask = np.ones((3, 7), dtype=bool)
+    mask[1, :2] = False  # left padding
+    mask[2, -3:] = False  # right padding
+    return ids, mask
+
+
+def with_tokenizer(folder):
+    """A word-level tokenizer.json over a ten-word vocabulary, written into folder."""
+    import pytest
+
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<unk>"] + "the cat sat on mat and dog ran . a".split()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))

@@ -353,3 +353,65 @@ def vector_ar1_steps(Phi, B, T, seed, burn_in):
         x = x @ (Phi if Phi.ndim == 2 else Phi[t]).T + rng.standard_normal((B, D))
         out[:, t] = x
     return out
+
+
+def decoder_logits(tensors, config, ids, rows=None, block=512):
+    """The logits of a Llama-family decoder (Llama, Mistral without its window, Qwen2, Qwen3;
+    default rotary) written out from the architecture in float64: RMSNorm, rotate-half RoPE
+    (Qwen3: per-head RMSNorm of q and k first), grouped-query causal softmax attention, a
+    SiLU-gated MLP, tied or separate unembedding.
+
+    tensors are the checkpoint's {name: array} (transformers' names, Linear weights (out, in)),
+    config its config.json dict, ids (n,) one sequence. The last layer runs only the query rows
+    `rows` (default: the last token), so the logits at those rows are (len(rows), vocab). The
+    attention of the other layers runs its query rows in blocks of `block` (the one departure
+    from this module's no-blocking rule: a 16k-token sequence's (H, n, n) weights would not fit).
+    """
+    c = config
+    assert c.get("rope_parameters", {"rope_type": "default"})["rope_type"] == "default"
+    assert not c.get("sliding_window") or c["model_type"] != "mistral" or len(ids) <= c["sliding_window"]
+    W = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+    d, L, H, K = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
+    dh = c.get("head_dim") or d // H
+    eps, n = c["rms_norm_eps"], len(ids)
+    rows = np.array([n - 1] if rows is None else rows)
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    theta = c.get("rope_parameters", {}).get("rope_theta", c.get("rope_theta", 10000.0))
+    angle = np.arange(n)[:, None] * theta ** (-np.arange(0, dh, 2) / dh)
+    cos, sin = np.cos(np.concatenate([angle, angle], -1)), np.sin(np.concatenate([angle, angle], -1))
+
+    def rotate(t, at):  # t (heads, len(at), dh) at positions at
+        half = dh // 2
+        return t * cos[at] + np.concatenate([-t[..., half:], t[..., :half]], -1) * sin[at]
+
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        at = rows if i == L - 1 else np.arange(n)  # the query rows this layer needs
+        h = rms(x, W[p + "input_layernorm.weight"])
+
+        def project(role, heads, r):
+            y = h[r] @ W[a + f"{role}_proj.weight"].T + W.get(a + f"{role}_proj.bias", 0)
+            y = y.reshape(len(r), heads, dh).transpose(1, 0, 2)
+            return rms(y, W[a + f"{role}_norm.weight"]) if a + f"{role}_norm.weight" in W else y
+
+        q = rotate(project("q", H, at), at)
+        k = rotate(project("k", K, np.arange(n)), np.arange(n))
+        v = project("v", K, np.arange(n))
+        k, v = np.repeat(k, H // K, axis=0), np.repeat(v, H // K, axis=0)
+        z = np.empty((H, len(at), dh))
+        for lo in range(0, len(at), block):
+            s = q[:, lo:lo + block] @ k.transpose(0, 2, 1) / math.sqrt(dh)
+            s = np.where(np.arange(n)[None, None, :] <= at[lo:lo + block, None], s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            z[:, lo:lo + block] = (s / s.sum(-1, keepdims=True)) @ v
+        x = x[at] + z.transpose(1, 0, 2).reshape(len(at), H * dh) @ W[a + "o_proj.weight"].T
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+        gate = h @ W[p + "mlp.gate_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+    x = rms(x, W["model.norm.weight"])
+    return x @ W.get("lm_head.weight", W["model.embed_tokens.weight"]).T

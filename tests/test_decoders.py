@@ -404,3 +404,28 @@ def test_heads_report_on_decoders(tmp_path, layout, capsys):
     np.testing.assert_allclose(P, f.attentions, atol=1e-5)
     row = next(r for r in data["heads"] if (r["layer"], r["head"]) == (1, 2))
     assert 0 < row["attention_entropy"] < np.log(8) and row["attention_entropy_spread"] >= 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numpy_written_checkpoints_are_what_transformers_writes(tmp_path, layout):
+    """The checkpoints tests/checkpoints.py writes with NumPy (the tests that need no
+    transformers reference run on them) hold the tensors transformers' save_pretrained writes
+    for the same config, transformers loads them with nothing missing or unexpected, and
+    computes our forward pass (float32, 1e-4)."""
+    from checkpoints import RANDOM_LAYOUTS, random_checkpoint, random_tensor_shapes
+
+    import safetensors.numpy
+
+    build(layout, tmp_path / "theirs")
+    theirs = safetensors.numpy.load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in theirs.items()} == random_tensor_shapes(RANDOM_LAYOUTS[layout])
+    folder = random_checkpoint(layout, tmp_path / "ours")
+    assert load_model(folder).arch == load_model(tmp_path / "theirs").arch
+    cls = configs()[layout]()[1]
+    hf, info = cls.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids, mask = batch()
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    errs = max_errors(load_model(folder).forward(ids, attention_mask=mask), reference(hf.eval(), ids, mask, positions,
+                                                                                      False), mask)
+    assert max(errs.values()) <= 1e-4, errs

@@ -1,8 +1,10 @@
 """Interventions in Model.forward (Ablate, Project, Patch, Hook) and head_ablation_effects.
 
-Checked against transformers with forward hooks doing the same on the same GPT-2, Llama and
-BERT checkpoints (1e-4 in float32; BERT's last hidden state, it has no logits), identities of the projections (bitwise and 1e-10), and the
-planted induction circuit (known answers).
+On random GPT-2, Llama and BERT checkpoints written with NumPy (tests/checkpoints.py):
+identities of the projections (bitwise and 1e-10), invariances of the papers (gauge
+transforms, what a head cannot read) and the planted induction circuit (known answers). The
+same interventions against transformers and TransformerLens hooks are
+tests/test_interventions_transformers.py.
 """
 import json
 import os
@@ -12,208 +14,24 @@ import pytest
 
 import attngeom as ag
 from attngeom.models import Ablate, Hook, Patch, Project, head_ablation_effects, load_model
-from attngeom.models.nn.interventions import SITE_FIELDS
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from builders import LAYOUTS, VOCAB, build  # noqa: E402
+from checkpoints import RANDOM_LAYOUTS, RANDOM_VOCAB as VOCAB, random_checkpoint
 
 N = 9
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    """{layout: (Model, transformers model)} for every layout of the builders (GPT-2, the Llama
-    family with its rope types, Mistral, Qwen2, Qwen3, BERT)."""
-    out = {}
-    for layout in LAYOUTS:
-        folder = tmp_path_factory.mktemp(layout)
-        hf = build(layout, folder)
-        out[layout] = (load_model(folder), hf)
-    return out
+def models(tmp_path_factory):
+    """{layout: Model} for every layout tests/checkpoints.py writes (GPT-2, the Llama family
+    with its rope types, Mistral, Qwen2, Qwen3, BERT)."""
+    return {layout: load_model(random_checkpoint(layout, tmp_path_factory.mktemp(layout))) for layout in RANDOM_LAYOUTS}
 
 
 def _ids(seed=0, batch=2):
     return np.random.default_rng(seed).integers(0, VOCAB, (batch, N))
 
 
-def _blocks(hf, layout):
-    return {"gpt2": lambda: hf.transformer.h, "bert": lambda: hf.encoder.layer}.get(layout, lambda: hf.model.layers)()
-
-
-def _o_proj(hf, layout, layer):
-    block = _blocks(hf, layout)[layer]
-    return {"gpt2": lambda: block.attn.c_proj, "bert": lambda: block.attention.output.dense}.get(
-        layout, lambda: block.self_attn.o_proj)()
-
-
-def _attn(hf, layout, layer):
-    """The module whose output (first element) is the attention block's output after W_O."""
-    block = _blocks(hf, layout)[layer]
-    return {"gpt2": lambda: block.attn, "bert": lambda: block.attention.output.dense}.get(
-        layout, lambda: block.self_attn)()
-
-
-def _hf_logits(hf, ids, hooks):
-    """The logits (BERT: the last hidden state) of transformers' forward with the hooks."""
-    handles = [h() for h in hooks]
-    try:
-        with torch.no_grad():
-            out = hf(torch.tensor(ids))
-            return (out.last_hidden_state if out.get("logits") is None else out.logits).numpy()
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _out(f):
-    """A Forward's logits, or for BERT its last hidden state."""
-    return f.hidden_states[-1] if f.logits is None else f.logits
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
-    model, hf = pairs[layout]
-    ids, (layer, head), dh = _ids(), (1, 2), model.arch.d_head
-
-    def pre(module, args):
-        x = args[0].clone()
-        x[..., head * dh:(head + 1) * dh] = 0
-        return (x,) + tuple(args[1:])
-
-    ref = _hf_logits(hf, ids, [lambda: _o_proj(hf, layout, layer).register_forward_pre_hook(pre)])
-    f = model.forward(ids, interventions=[Ablate("z", layer, heads=[head])])
-    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
-    assert np.abs(_out(f) - _out(model.forward(ids))).max() > 1e-3  # the ablation matters
-
-
-@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
-def test_mean_ablating_attn_out_equals_transformers(pairs, layout):
-    model, hf = pairs[layout]
-    ids, layer = _ids(1), 0
-    clean = model.forward(ids, keep=("attn_out", "logits", "hidden_states"))
-    mean = clean.attn_out[layer].mean(axis=(0, 1))
-
-    def post(module, args, output):
-        if isinstance(output, torch.Tensor):  # BERT's W_O, a Linear
-            return torch.broadcast_to(torch.tensor(mean), output.shape).clone()
-        return (torch.broadcast_to(torch.tensor(mean), output[0].shape).clone(),) + tuple(output[1:])
-
-    ref = _hf_logits(hf, ids, [lambda: _attn(hf, layout, layer).register_forward_hook(post)])
-    f = model.forward(ids, interventions=[Ablate("attn_out", layer, mode="mean", reference=clean)])
-    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
-    assert np.abs(_out(f) - _out(clean)).max() > 1e-3
-
-
-@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
-def test_patching_resid_pre_equals_transformers(pairs, layout):
-    model, hf = pairs[layout]
-    clean, corrupt = _ids(2), _ids(3)
-    layer, positions = 1, [2, 5]
-    source = model.forward(clean, keep=("hidden_states",))
-    patched = source.hidden_states[layer]
-
-    def pre(module, args, kwargs):
-        key = "hidden_states" if "hidden_states" in kwargs else None
-        x = (kwargs[key] if key else args[0]).clone()
-        x[:, positions] = torch.tensor(patched[:, positions])
-        if key:
-            kwargs = dict(kwargs, hidden_states=x)
-            return args, kwargs
-        return (x,) + tuple(args[1:]), kwargs
-
-    ref = _hf_logits(hf, corrupt, [lambda: _blocks(hf, layout)[layer].register_forward_pre_hook(pre, with_kwargs=True)])
-    f = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source, positions=positions)])
-    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
-    full = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source)])  # every position
-    np.testing.assert_allclose(_out(full), _out(model.forward(clean)), rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def bridges(pairs):
-    """{layout: TransformerLens TransformerBridge} over the same transformers models (GPT-2,
-    Llama); skipped where transformer-lens (4.x, with TransformerBridge) is not installed."""
-    tl = pytest.importorskip("transformer_lens.model_bridge")
-    tokenizers = pytest.importorskip("tokenizers")
-    import transformers
-
-    def words():  # one per bridge: booting sets the tokenizer's special tokens from the model's config
-        vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
-        return transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
-
-    return {layout: tl.TransformerBridge.boot_transformers(pairs[layout][0].folder, hf_model=pairs[layout][1],
-                                                          tokenizer=words(), device="cpu")
-            for layout in ("gpt2", "llama")}
-
-
-def _tl_site(cache, layout, site, layer, n_heads):
-    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
-    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
-    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
-             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
-             "z": "attn.hook_z", "v": "attn.hook_v",
-             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
-             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
-    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
-    if site in ("q", "k", "v", "z"):
-        value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
-    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
-        value = np.repeat(value, n_heads // value.shape[1], axis=1)
-    return value
-
-
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
-    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
-    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
-    logits (1e-4, float32)."""
-    model, _ = pairs[layout]
-    bridge = bridges[layout]
-    ids = _ids(5)
-    t = torch.tensor(ids)
-    with torch.no_grad():
-        tl_logits, cache = bridge.run_with_cache(t)
-    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
-                                 "attn_out", "mlp_out", "resid_post"))
-    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
-    for site, field in SITE_FIELDS.items():
-        for layer in range(model.n_layers):
-            ours = getattr(f, field)[layer]
-            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
-            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
-
-    layer, head = 1, 2
-
-    def zero(z, hook):
-        z[:, :, head] = 0
-        return z
-
-    mean = torch.tensor(f.attn_out[0].mean(axis=(0, 1)))
-
-    def average(out, hook):
-        return torch.broadcast_to(mean, out.shape).clone()
-
-    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
-    positions = [2, 5]
-
-    def patch(x, hook):
-        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
-        return x
-
-    cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),
-             ([("blocks.0.hook_attn_out", average)], [Ablate("attn_out", 0, mode="mean", reference=f)]),
-             ([(f"blocks.{layer}.hook_resid_pre", patch)], [Patch("resid_pre", layer, source, positions=positions)])]
-    for hooks, interventions in cases:
-        with torch.no_grad():
-            theirs = bridge.run_with_hooks(t, fwd_hooks=hooks).numpy()
-        ours = model.forward(ids, interventions=interventions, keep=("logits",)).logits
-        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(interventions[0]))
-        assert np.abs(ours - f.logits).max() > 1e-3  # each intervention matters
-
-
-def test_projections_identities(pairs):
-    model, _ = pairs["llama"]
+def test_projections_identities(models):
+    model = models["llama"]
     ids = _ids(4)
     plain = model.forward(ids, dtype=np.float64, keep=("logits",))
     d, dh = model.arch.d_model, model.arch.d_head
@@ -232,10 +50,10 @@ def test_projections_identities(pairs):
                                   run(Ablate("q", 1, heads=[1])))
 
 
-def test_removing_directions_one_by_one_sums_to_the_full_removal(pairs):
+def test_removing_directions_one_by_one_sums_to_the_full_removal(models):
     """attn_out is linear in z: the changes from removing each of r orthonormal directions of
     a head's z add up to the change from removing their span (float64, 1e-10)."""
-    model, _ = pairs["llama"]
+    model = models["llama"]
     ids, layer, head = _ids(5), 1, 3
     rng = np.random.default_rng(0)
     basis = np.linalg.qr(rng.standard_normal((model.arch.d_head, 3)))[0]
@@ -252,8 +70,8 @@ def test_removing_directions_one_by_one_sums_to_the_full_removal(pairs):
     np.testing.assert_allclose(parts, whole, rtol=0, atol=1e-10 * np.abs(whole).max())
 
 
-def test_hooks_see_the_forwards_shapes_and_kept_fields_are_intervened(pairs):
-    model, _ = pairs["llama"]
+def test_hooks_see_the_forwards_shapes_and_kept_fields_are_intervened(models):
+    model = models["llama"]
     ids = _ids(6)
     seen = []
 
@@ -270,14 +88,14 @@ def test_hooks_see_the_forwards_shapes_and_kept_fields_are_intervened(pairs):
     assert np.all(f.attentions[0, :, 0, 3] == 0) and np.allclose(f.attentions[0, :, 1, 3].sum(-1), 1)
 
 
-def test_plain_pass_is_unchanged(pairs):
-    model, _ = pairs["gpt2"]
+def test_plain_pass_is_unchanged(models):
+    model = models["gpt2"]
     ids = _ids(7)
     np.testing.assert_array_equal(model.forward(ids, interventions=[]).logits, model.forward(ids).logits)
 
 
-def test_bad_interventions_name_the_intervention(pairs):
-    model, _ = pairs["llama"]
+def test_bad_interventions_name_the_intervention(models):
+    model = models["llama"]
     ids = _ids(8)
     before = model.forward(ids).logits
     source = model.forward(ids[:, :5], keep=("hidden_states",))
@@ -332,8 +150,8 @@ def test_head_ablation_effects_find_the_planted_circuit(tmp_path):
     assert zero.effects[1, 0] == pytest.approx(loss - zero.baseline, rel=1e-10)
 
 
-def test_mean_and_resample_ablation_use_the_references_real_tokens(pairs):
-    model, _ = pairs["llama"]
+def test_mean_and_resample_ablation_use_the_references_real_tokens(models):
+    model = models["llama"]
     ids = _ids(9)
     mask = np.ones(ids.shape, bool)
     mask[1, :3] = False  # left padding in the reference
@@ -401,11 +219,11 @@ def test_activation_patching_equals_the_patched_pass(planted):
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_removing_a_heads_query_null_space_leaves_its_queries(pairs, layout):
+def test_removing_a_heads_query_null_space_leaves_its_queries(models, layout):
     """Laplace-Radon s.5: the component of what attention reads in ker(W_Q^T) of a head never
     reaches its queries. Removing it from attn_in leaves that head's q unchanged (to rounding,
     float64) while the other heads' queries change."""
-    model, _ = pairs[layout]
+    model = models[layout]
     ids, layer, head = _ids(10), 1, 2
     W_Q = np.asarray(model.heads.W_Q[layer, head], np.float64)  # (d_model, d_head)
     null, _ = ag.null_space(W_Q.T)
@@ -479,11 +297,11 @@ def _commuting(rng, dh):
 
 
 @pytest.mark.parametrize("which", ["gpt2", "planted"])
-def test_a_gauge_transform_leaves_the_output_unchanged(pairs, tmp_path, which):
+def test_a_gauge_transform_leaves_the_output_unchanged(models, tmp_path, which):
     """Laplace-Radon s.9.4 / s.13.3 on whole models: (W_Q, W_K) -> (W_Q A, W_K A^{-T}) and
     (W_V, W_O) -> (W_V M, M^{-1} W_O) for every head of a layer leave the logits unchanged to
     rounding (float64), though every weight changed; W_Q -> W_Q A alone (no gauge) does not."""
-    folder = pairs["gpt2"][0].folder if which == "gpt2" else ag.models.planted_induction_model(tmp_path / "p")
+    folder = models["gpt2"].folder if which == "gpt2" else ag.models.planted_induction_model(tmp_path / "p")
     rng = np.random.default_rng(7)
     plain = load_model(folder)
     ids = np.random.default_rng(8).integers(0, min(plain.arch.vocab_size, 48), (2, N))
@@ -498,11 +316,11 @@ def test_a_gauge_transform_leaves_the_output_unchanged(pairs, tmp_path, which):
     assert np.abs(changed - clean).max() > 1e-6 * np.abs(clean).max()
 
 
-def test_a_rotary_heads_gauge_is_the_commutant_of_its_rotations(pairs):
+def test_a_rotary_heads_gauge_is_the_commutant_of_its_rotations(models):
     """Under rotary embedding q_i k_j^T = x_i W_Q R(i - j) W_K^T x_j^T: A survives as a gauge
     only if it commutes with every rotation (a complex scalar per frequency pair): such an A
     leaves the logits unchanged to rounding (float64), a generic A changes them."""
-    model, _ = pairs["llama"]
+    model = models["llama"]
     rng = np.random.default_rng(11)
     ids = _ids(12)
     clean = model.forward(ids, dtype=np.float64, keep=("logits",)).logits
@@ -517,12 +335,12 @@ def test_a_rotary_heads_gauge_is_the_commutant_of_its_rotations(pairs):
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_removing_what_a_head_cannot_read_leaves_its_logits(pairs, layout):
+def test_removing_what_a_head_cannot_read_leaves_its_logits(models, layout):
     """The head's attention logits read x only through x W_Q and x W_K: removing
     ker W_Q^T and ker W_K^T's intersection from attn_in leaves its logits (hence its pattern)
     unchanged to rounding while the other heads' patterns change; removing the complement of
     ker B = ker W_K^T (the columns of W_K) changes them."""
-    model, _ = pairs[layout]
+    model = models[layout]
     ids, layer, head = _ids(13), 1, 1
     W_Q, W_K = (np.asarray(w[layer, head], np.float64) for w in (model.heads.W_Q, model.heads.W_K))
     unread, _ = ag.null_space(np.hstack([W_Q, W_K]).T)

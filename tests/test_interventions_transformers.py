@@ -1,0 +1,211 @@
+"""Interventions in Model.forward against transformers and TransformerLens doing the same.
+
+Zero-ablating a head's z, mean-ablating attn_out and patching resid_pre with forward hooks
+on the same GPT-2, Llama and BERT checkpoints (1e-4 in float32; BERT's last hidden state, it
+has no logits), and every site's value and those interventions against TransformerLens 4
+(TransformerBridge run_with_cache / run_with_hooks) on GPT-2 and a grouped-query Llama.
+"""
+import numpy as np
+import pytest
+
+from attngeom.models import Ablate, Patch, load_model
+from attngeom.models.nn.interventions import SITE_FIELDS
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from builders import LAYOUTS, VOCAB, build  # noqa: E402
+
+N = 9
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """{layout: (Model, transformers model)} for every layout of the builders (GPT-2, the Llama
+    family with its rope types, Mistral, Qwen2, Qwen3, BERT)."""
+    out = {}
+    for layout in LAYOUTS:
+        folder = tmp_path_factory.mktemp(layout)
+        hf = build(layout, folder)
+        out[layout] = (load_model(folder), hf)
+    return out
+
+
+def _ids(seed=0, batch=2):
+    return np.random.default_rng(seed).integers(0, VOCAB, (batch, N))
+
+
+def _blocks(hf, layout):
+    return {"gpt2": lambda: hf.transformer.h, "bert": lambda: hf.encoder.layer}.get(layout, lambda: hf.model.layers)()
+
+
+def _o_proj(hf, layout, layer):
+    block = _blocks(hf, layout)[layer]
+    return {"gpt2": lambda: block.attn.c_proj, "bert": lambda: block.attention.output.dense}.get(
+        layout, lambda: block.self_attn.o_proj)()
+
+
+def _attn(hf, layout, layer):
+    """The module whose output (first element) is the attention block's output after W_O."""
+    block = _blocks(hf, layout)[layer]
+    return {"gpt2": lambda: block.attn, "bert": lambda: block.attention.output.dense}.get(
+        layout, lambda: block.self_attn)()
+
+
+def _hf_logits(hf, ids, hooks):
+    """The logits (BERT: the last hidden state) of transformers' forward with the hooks."""
+    handles = [h() for h in hooks]
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor(ids))
+            return (out.last_hidden_state if out.get("logits") is None else out.logits).numpy()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _out(f):
+    """A Forward's logits, or for BERT its last hidden state."""
+    return f.hidden_states[-1] if f.logits is None else f.logits
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
+    model, hf = pairs[layout]
+    ids, (layer, head), dh = _ids(), (1, 2), model.arch.d_head
+
+    def pre(module, args):
+        x = args[0].clone()
+        x[..., head * dh:(head + 1) * dh] = 0
+        return (x,) + tuple(args[1:])
+
+    ref = _hf_logits(hf, ids, [lambda: _o_proj(hf, layout, layer).register_forward_pre_hook(pre)])
+    f = model.forward(ids, interventions=[Ablate("z", layer, heads=[head])])
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
+    assert np.abs(_out(f) - _out(model.forward(ids))).max() > 1e-3  # the ablation matters
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
+def test_mean_ablating_attn_out_equals_transformers(pairs, layout):
+    model, hf = pairs[layout]
+    ids, layer = _ids(1), 0
+    clean = model.forward(ids, keep=("attn_out", "logits", "hidden_states"))
+    mean = clean.attn_out[layer].mean(axis=(0, 1))
+
+    def post(module, args, output):
+        if isinstance(output, torch.Tensor):  # BERT's W_O, a Linear
+            return torch.broadcast_to(torch.tensor(mean), output.shape).clone()
+        return (torch.broadcast_to(torch.tensor(mean), output[0].shape).clone(),) + tuple(output[1:])
+
+    ref = _hf_logits(hf, ids, [lambda: _attn(hf, layout, layer).register_forward_hook(post)])
+    f = model.forward(ids, interventions=[Ablate("attn_out", layer, mode="mean", reference=clean)])
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
+    assert np.abs(_out(f) - _out(clean)).max() > 1e-3
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "bert"])
+def test_patching_resid_pre_equals_transformers(pairs, layout):
+    model, hf = pairs[layout]
+    clean, corrupt = _ids(2), _ids(3)
+    layer, positions = 1, [2, 5]
+    source = model.forward(clean, keep=("hidden_states",))
+    patched = source.hidden_states[layer]
+
+    def pre(module, args, kwargs):
+        key = "hidden_states" if "hidden_states" in kwargs else None
+        x = (kwargs[key] if key else args[0]).clone()
+        x[:, positions] = torch.tensor(patched[:, positions])
+        if key:
+            kwargs = dict(kwargs, hidden_states=x)
+            return args, kwargs
+        return (x,) + tuple(args[1:]), kwargs
+
+    ref = _hf_logits(hf, corrupt, [lambda: _blocks(hf, layout)[layer].register_forward_pre_hook(pre, with_kwargs=True)])
+    f = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source, positions=positions)])
+    np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
+    full = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source)])  # every position
+    np.testing.assert_allclose(_out(full), _out(model.forward(clean)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def bridges(pairs):
+    """{layout: TransformerLens TransformerBridge} over the same transformers models (GPT-2,
+    Llama); skipped where transformer-lens (4.x, with TransformerBridge) is not installed."""
+    tl = pytest.importorskip("transformer_lens.model_bridge")
+    tokenizers = pytest.importorskip("tokenizers")
+    import transformers
+
+    def words():  # one per bridge: booting sets the tokenizer's special tokens from the model's config
+        vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
+
+    return {layout: tl.TransformerBridge.boot_transformers(pairs[layout][0].folder, hf_model=pairs[layout][1],
+                                                          tokenizer=words(), device="cpu")
+            for layout in ("gpt2", "llama")}
+
+
+def _tl_site(cache, layout, site, layer, n_heads):
+    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
+    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
+    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
+             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
+             "z": "attn.hook_z", "v": "attn.hook_v",
+             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
+             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
+    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
+    if site in ("q", "k", "v", "z"):
+        value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
+    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
+        value = np.repeat(value, n_heads // value.shape[1], axis=1)
+    return value
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
+    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
+    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
+    logits (1e-4, float32)."""
+    model, _ = pairs[layout]
+    bridge = bridges[layout]
+    ids = _ids(5)
+    t = torch.tensor(ids)
+    with torch.no_grad():
+        tl_logits, cache = bridge.run_with_cache(t)
+    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
+                                 "attn_out", "mlp_out", "resid_post"))
+    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
+    for site, field in SITE_FIELDS.items():
+        for layer in range(model.n_layers):
+            ours = getattr(f, field)[layer]
+            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
+
+    layer, head = 1, 2
+
+    def zero(z, hook):
+        z[:, :, head] = 0
+        return z
+
+    mean = torch.tensor(f.attn_out[0].mean(axis=(0, 1)))
+
+    def average(out, hook):
+        return torch.broadcast_to(mean, out.shape).clone()
+
+    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
+    positions = [2, 5]
+
+    def patch(x, hook):
+        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
+        return x
+
+    cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),
+             ([("blocks.0.hook_attn_out", average)], [Ablate("attn_out", 0, mode="mean", reference=f)]),
+             ([(f"blocks.{layer}.hook_resid_pre", patch)], [Patch("resid_pre", layer, source, positions=positions)])]
+    for hooks, interventions in cases:
+        with torch.no_grad():
+            theirs = bridge.run_with_hooks(t, fwd_hooks=hooks).numpy()
+        ours = model.forward(ids, interventions=interventions, keep=("logits",)).logits
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(interventions[0]))
+        assert np.abs(ours - f.logits).max() > 1e-3  # each intervention matters
+
+
