@@ -82,6 +82,32 @@ def test_reconstruction_errors(phantom, sinogram):
     assert sart2 <= 0.021 and sart2 < sart1
 
 
+def test_sart_against_scikit_image(phantom, sinogram):
+    """attngeom's SART and skimage.transform.iradon_sart on the same sinogram, angles and
+    number of sweeps, both visiting the angles in golden-ratio order from a zero image.
+
+    They differ by construction, so the images are not compared entrywise: scikit-image
+    projects along bilinear rays and scales each ray's correction by its squared weights,
+    attngeom uses its `radon` projector with the row and column sums of SART. The relaxations
+    are therefore not the same number: scikit-image's default 0.15 is its stable choice (its
+    1.0 diverges: RMS error 5e7 after one sweep at 64 x 64), attngeom's 1.0 is plain SART.
+    What is comparable is what they reconstruct. Measured here, after one and two sweeps: the
+    two images differ by 0.0886 and 0.0532 RMS, relative to the phantom's RMS; attngeom's RMS
+    error against the phantom is 0.587 and 0.670 of scikit-image's. Bounds: those with a
+    margin of about a third. A wrong SART fails them: relaxation 1.9 gives 0.222 and 1.41 after
+    one sweep, 0.5 gives errors 1.05 of scikit-image's, the angles reversed 0.40 and 3.2."""
+    transform = pytest.importorskip("skimage.transform")
+    scale = np.sqrt(np.mean(phantom ** 2))
+    theirs = None
+    for sweeps, max_diff, max_ratio in ((1, 0.12, 0.75), (2, 0.07, 0.85)):
+        # iradon_sart adds to the image it is given in place: a copy keeps the previous sweep's
+        theirs = transform.iradon_sart(sinogram, THETA, image=None if theirs is None else theirs.copy())
+        ours = ag.iradon_sart(sinogram, THETA, iterations=sweeps)
+        diff = np.sqrt(np.mean((ours - theirs) ** 2)) / scale
+        ratio = ag.rms_error(ours, phantom) / ag.rms_error(theirs, phantom)
+        assert diff <= max_diff and ratio <= max_ratio, (sweeps, diff, ratio)
+
+
 def test_missing_wedge_degrades(phantom, sinogram):
     errors, kept = [], []
     for wedge in (0, 30, 60, 90):
