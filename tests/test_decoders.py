@@ -1,11 +1,10 @@
-"""Forward passes of GPT-2, Llama (with Llama 3 and YaRN rope scaling), Mistral, Qwen2, Qwen3 and BERT
-through ``ag.load_model``, compared with ``transformers`` on tiny random-init checkpoints built
-from config classes and saved with save_pretrained (nothing is downloaded).
-
-float32: logits, hidden states and attentions to <= 1e-4. float64: the reference model is
-converted with ``model.double()`` and run with every float32 upcast inside transformers
-(RMSNorm, softmax, rotary angles) redirected to float64, so both sides compute in float64 and
-must agree to <= 1e-10.
+"""Checkpoints of GPT-2, Llama (with Llama 3 and YaRN rope scaling), Mistral, Qwen2, Qwen3 and
+BERT through ``ag.load_model``, on random checkpoints written with NumPy (tests/checkpoints.py;
+nothing is downloaded and no torch is needed): layouts, the Hugging Face cache, tokenizers,
+refused checkpoints and inputs, half-precision and memory-mapped weights, the heads' queries,
+keys and bilinear forms, and the heads report. The forward pass against transformers is
+tests/test_decoders_transformers.py; against the architecture written out in NumPy,
+tests/test_long_context.py.
 """
 import json
 import os
@@ -15,44 +14,13 @@ import pytest
 
 import attngeom as ag
 from attngeom.models import load_model
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from builders import (LAYOUTS, VOCAB, N, batch, build, configs, float64_everywhere, max_errors,  # noqa: E402,F401
-                      randomize, reference, with_tokenizer)
-
-
-@pytest.mark.parametrize("precision", ["float32", "float64"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_forward_matches_transformers(tmp_path, layout, precision):
-    model = build(layout, tmp_path / layout, precision)
-    m = load_model(tmp_path / layout)
-    dt = np.float64 if precision == "float64" else np.float32
-    tol = 1e-10 if precision == "float64" else 1e-4
-    ids, mask = batch()
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    f = m.forward(ids, attention_mask=mask, dtype=dt)
-    assert f.hidden_states.dtype == dt and f.attentions.shape == (2, 3, 4, N, N)
-    errs = max_errors(f, reference(model, ids, mask, positions, precision == "float64"), mask)
-    print(layout, precision, {k: f"{v:.2e}" for k, v in errs.items()})
-    assert max(errs.values()) <= tol, errs
-    assert (f.logits is None) == (layout == "bert")
-    # unpadded: one sequence alone gives the rows of the batch
-    one = m.forward(ids[1, 2:], dtype=dt)
-    assert one.q.shape[:2] == (2, 4)
-    if layout == "bert":
-        assert one.logits is None
-    else:
-        assert one.logits.shape == (N - 2, VOCAB)
-    np.testing.assert_allclose(one.hidden_states, f.hidden_states[:, 1, 2:], atol=10 * tol, rtol=0)
-    ref1 = reference(model, ids[1:2, 2:], np.ones((1, N - 2), bool), np.arange(N - 2)[None], precision == "float64")
-    assert max(max_errors(m.forward(ids[1:2, 2:], dtype=dt), ref1, np.ones((1, N - 2), bool)).values()) <= tol
+from checkpoints import RANDOM_LAYOUTS, RANDOM_VOCAB as VOCAB, random_checkpoint, random_tensors, with_tokenizer
+from reference import decoder_logits
 
 
 def test_unpadded_defaults_and_layouts(tmp_path):
     """1-D input has no batch axis; q, k, v reproduce each layer's attention with the kernel."""
-    build("qwen3", tmp_path / "q")
+    random_checkpoint("qwen3", tmp_path / "q")
     m = load_model(tmp_path / "q")
     ids = np.arange(1, 9)
     f = m.forward(ids, dtype=np.float64)
@@ -60,7 +28,7 @@ def test_unpadded_defaults_and_layouts(tmp_path):
     assert f.positions.tolist() == list(range(8)) and f.attention_mask.all()
     for layer in range(2):
         _, P = ag.softmax_attention(f.q[layer], f.k[layer], f.v[layer], causal=True, scale=f.scale[layer],
-                                    return_weights=True)
+                                    return_routing=True)
         np.testing.assert_allclose(P, f.attentions[layer], atol=1e-13)
         # keys and values come in groups: heads 0, 1 read kv head 0
         np.testing.assert_array_equal(f.k[layer, 0], f.k[layer, 1])
@@ -71,25 +39,8 @@ def test_unpadded_defaults_and_layouts(tmp_path):
     assert not np.allclose(f.q[:, :, 1:], f.q_prerotary[:, :, 1:])
 
 
-def test_sharded_index_and_stray_shards(tmp_path):
-    model = build("llama", tmp_path / "full")
-    model.save_pretrained(tmp_path / "sh", safe_serialization=True, max_shard_size="40KB")
-    shards = sorted(p for p in os.listdir(tmp_path / "sh") if p.endswith(".safetensors"))
-    assert len(shards) >= 2 and os.path.isfile(tmp_path / "sh" / "model.safetensors.index.json")
-    ids = np.array([3, 1, 4, 1, 5])
-    expect = load_model(tmp_path / "full").forward(ids).logits
-    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
-    # a stray file (an old single-file copy) next to the shards is not mixed in
-    ag.models.write_safetensors(tmp_path / "sh" / "model.safetensors",
-                                {"model.norm.weight": np.zeros(32, np.float32)})
-    np.testing.assert_array_equal(load_model(tmp_path / "sh").forward(ids).logits, expect)
-    os.remove(tmp_path / "sh" / shards[-1])
-    with pytest.raises(ValueError, match=f"lists shards that are missing: {shards[-1]}"):
-        load_model(tmp_path / "sh")
-
-
 def test_hugging_face_cache(tmp_path, monkeypatch):
-    build("gpt2", tmp_path / "src")
+    random_checkpoint("gpt2", tmp_path / "src")
     hub = tmp_path / "home" / "hub"
     repo = hub / "models--tiny-org--tiny-gpt2"
     snap = repo / "snapshots" / "0123abcd"
@@ -116,7 +67,7 @@ def test_hugging_face_cache(tmp_path, monkeypatch):
 
 def test_tokenizer(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    build("llama", tmp_path / "m")
+    random_checkpoint("llama", tmp_path / "m")
     words = ["<unk>", "the", "cat", "sat", "on", "mat", "."]
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
@@ -139,7 +90,7 @@ def _edit_config(folder, **changes):
 
 
 def test_bad_checkpoints(tmp_path):
-    build("llama", tmp_path / "m")
+    random_checkpoint("llama", tmp_path / "m")
     _edit_config(tmp_path / "m", model_type="gemma")
     with pytest.raises(ValueError, match="model_type 'gemma'.*supported model types: bert, gpt2, llama, mistral, "
                                          "qwen2, qwen3"):
@@ -170,23 +121,8 @@ def test_bad_checkpoints(tmp_path):
         load_model(tmp_path / "m")
 
 
-def test_fp8_weights_are_refused(tmp_path):
-    st = pytest.importorskip("safetensors.torch")
-    if not hasattr(torch, "float8_e4m3fn"):
-        pytest.skip("this torch has no float8")
-    build("qwen2", tmp_path / "m")
-    path = str(tmp_path / "m" / "model.safetensors")
-    tensors = st.load_file(path)
-    tensors["model.layers.1.self_attn.q_proj.weight"] = tensors["model.layers.1.self_attn.q_proj.weight"].to(
-        torch.float8_e4m3fn)
-    st.save_file(tensors, path, metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="'model.layers.1.self_attn.q_proj.weight' in .*model.safetensors' has "
-                                         "dtype F8_E4M3, which is not supported"):
-        load_model(tmp_path / "m")
-
-
 def test_bad_token_ids_and_masks(tmp_path):
-    build("gpt2", tmp_path / "g")
+    random_checkpoint("gpt2", tmp_path / "g")
     m = load_model(tmp_path / "g")
     with pytest.raises(ValueError, match="token_ids must lie in 0..96 \\(config.json vocab_size 97\\), got 0..97"):
         m.forward(np.array([0, 97]))
@@ -215,7 +151,7 @@ def test_bad_token_ids_and_masks(tmp_path):
 def test_half_precision_weights(tmp_path, stored):
     """float16 / bfloat16 checkpoints: the forward on the rounded weights, computed in float64, equals the
     float64 forward on the same weights written in float32 (the widening is exact)."""
-    build("qwen2", tmp_path / "m")
+    random_checkpoint("qwen2", tmp_path / "m")
     path = tmp_path / "m" / "model.safetensors"
     tensors = ag.models.read_safetensors(path)
     ag.models.write_safetensors(path, tensors, dtype=stored)
@@ -240,7 +176,7 @@ def _mapped_file(a):
 def test_weights_are_memory_mapped(tmp_path, stored):
     """The decoder's weights are read-only views of the file (nothing copied at load); bfloat16
     stays 2-byte bits, widened when a layer runs; rewriting the file leaves a loaded model intact."""
-    model = build("qwen3", tmp_path / "m")
+    random_checkpoint("qwen3", tmp_path / "m")
     path = tmp_path / "m" / "model.safetensors"
     ag.models.write_safetensors(path, ag.models.read_safetensors(path), dtype=stored)
     m = load_model(tmp_path / "m")
@@ -255,8 +191,8 @@ def test_weights_are_memory_mapped(tmp_path, stored):
     before = m.forward(np.arange(5)).logits
     if stored == "F32":
         ids = np.arange(5)
-        np.testing.assert_allclose(before, reference(model, ids[None], np.ones((1, 5), bool), ids[None], False)[0][0],
-                                   atol=1e-4)
+        want = decoder_logits(random_tensors("qwen3"), RANDOM_LAYOUTS["qwen3"], ids, rows=ids)
+        np.testing.assert_allclose(before, want, rtol=0, atol=1e-5 * np.abs(want).max())
     ag.models.write_safetensors(path, {"unrelated": np.ones(3, np.float32)})  # the old file stays mapped
     np.testing.assert_array_equal(m.forward(np.arange(5)).logits, before)
 
@@ -266,7 +202,7 @@ def test_weights_are_memory_mapped(tmp_path, stored):
 def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
     """queries_keys + softmax_attention reproduce the model's own attention (the issue's report:
     un-rotated queries and keys gave patterns off by 0.2-0.5 on a random Llama)."""
-    build(layout, tmp_path / "m", "float64")
+    random_checkpoint(layout, tmp_path / "m")
     m = load_model(tmp_path / "m")
     f = m.forward(np.arange(3, 12), dtype=np.float64)
     H = m.heads
@@ -278,10 +214,10 @@ def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
         np.testing.assert_allclose(k, f.k[layer], atol=1e-12)
         q0, k0 = H.queries_keys(x, layer, rotary=False)
         np.testing.assert_allclose(q0, f.q_prerotary[layer], atol=1e-12)
-        _, P = ag.softmax_attention(q, k, None, causal=True, return_weights=True)
+        _, P = ag.softmax_attention(q, k, None, causal=True, return_routing=True)
         np.testing.assert_allclose(P, f.attentions[layer], atol=1e-12)
         if layout != "gpt2":
-            _, P0 = ag.softmax_attention(q0, k0, None, causal=True, return_weights=True)
+            _, P0 = ag.softmax_attention(q0, k0, None, causal=True, return_routing=True)
             assert np.abs(P0 - f.attentions[layer]).max() > 1e-3  # the rotation matters
     # the data diagnostics see the same routing matrices
     d = H.diagnostics(f.attention_inputs)
@@ -292,7 +228,7 @@ def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
 
 @pytest.mark.parametrize("layout", ["llama", "qwen3"])
 def test_bilinear_at_an_offset(tmp_path, layout):
-    build(layout, tmp_path / "m", "float64")
+    random_checkpoint(layout, tmp_path / "m")
     m = load_model(tmp_path / "m")
     f = m.forward(np.arange(10, 19), dtype=np.float64)
     H, layer, head = m.heads, 1, 3
@@ -322,7 +258,7 @@ def test_bilinear_at_an_offset(tmp_path, layout):
 
 
 def test_bilinear_of_models_without_rotation(tmp_path):
-    build("gpt2", tmp_path / "g", "float64")
+    random_checkpoint("gpt2", tmp_path / "g")
     H = load_model(tmp_path / "g").heads
     np.testing.assert_array_equal(H.bilinear(0, 1, offset=3), H.W_Q[0, 1] @ H.W_K[0, 1].T)
     with pytest.raises(ValueError, match="needs a rotary model"):
@@ -334,7 +270,7 @@ def test_bilinear_of_models_without_rotation(tmp_path):
 def _cli_heads(tmp_path, layout, text):
     """`attngeom heads` on a random checkpoint of that layout with ``text`` in a file, into tmp_path / "r"."""
     pytest.importorskip("matplotlib")
-    build(layout, tmp_path / "m")
+    random_checkpoint(layout, tmp_path / "m")
     with_tokenizer(tmp_path / "m")
     (tmp_path / "text.txt").write_text(text)
     from attngeom import cli
@@ -363,7 +299,7 @@ def test_cli_heads_on_decoders(tmp_path, layout, capsys):
 
 
 def test_unknown_rotation_warns(tmp_path):
-    build("llama", tmp_path / "m")
+    random_checkpoint("llama", tmp_path / "m")
     _edit_config(tmp_path / "m", model_type=None)
     with pytest.warns(UserWarning, match="rotary embedding is unknown"):
         H = ag.load_heads(tmp_path / "m")
@@ -404,28 +340,3 @@ def test_heads_report_on_decoders(tmp_path, layout, capsys):
     np.testing.assert_allclose(P, f.attentions, atol=1e-5)
     row = next(r for r in data["heads"] if (r["layer"], r["head"]) == (1, 2))
     assert 0 < row["attention_entropy"] < np.log(8) and row["attention_entropy_spread"] >= 0
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_numpy_written_checkpoints_are_what_transformers_writes(tmp_path, layout):
-    """The checkpoints tests/checkpoints.py writes with NumPy (the tests that need no
-    transformers reference run on them) hold the tensors transformers' save_pretrained writes
-    for the same config, transformers loads them with nothing missing or unexpected, and
-    computes our forward pass (float32, 1e-4)."""
-    from checkpoints import RANDOM_LAYOUTS, random_checkpoint, random_tensor_shapes
-
-    import safetensors.numpy
-
-    build(layout, tmp_path / "theirs")
-    theirs = safetensors.numpy.load_file(str(tmp_path / "theirs" / "model.safetensors"))
-    assert {k: tuple(v.shape) for k, v in theirs.items()} == random_tensor_shapes(RANDOM_LAYOUTS[layout])
-    folder = random_checkpoint(layout, tmp_path / "ours")
-    assert load_model(folder).arch == load_model(tmp_path / "theirs").arch
-    cls = configs()[layout]()[1]
-    hf, info = cls.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    ids, mask = batch()
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    errs = max_errors(load_model(folder).forward(ids, attention_mask=mask), reference(hf.eval(), ids, mask, positions,
-                                                                                      False), mask)
-    assert max(errs.values()) <= 1e-4, errs
