@@ -10,6 +10,13 @@ RNG = np.random.default_rng(3)
 Q, K, V = RNG.standard_normal((3, 4)), RNG.standard_normal((5, 4)), RNG.standard_normal((5, 2))
 NAN22 = np.full((2, 2), np.nan)
 
+# Two layers of one head, P = I: layer 0 maps x to -x, so the residual stream after it is 0
+# and the forward pass stays 0, while the path through layer 1 alone is 4 x = 4e38, beyond
+# float32.
+_CANCELLING_PATHS = (np.broadcast_to(np.eye(3, dtype=np.float32), (2, 1, 3, 3)),
+                     np.stack([-np.eye(4), 4 * np.eye(4)])[:, None].astype(np.float32),
+                     np.full((3, 4), 1e38, np.float32))
+
 CASES = [
     # NaN / inf accepted silently before
     ("psi NaN tau", lambda: ag.psi(np.nan, 0.0), "tau"),
@@ -83,6 +90,10 @@ CASES = [
     ("random_weights seed -1", lambda: ag.random_weights([2, 2], [2], seed=-1), "seed"),
     # paths
     ("load_heads None", lambda: ag.load_heads(None), "path"),
+    # AttributeError before
+    ("sampled_attention v None", lambda: ag.sampled_attention(Q, K, None, num_samples=4), "v"),
+    # a path's contribution inf returned before (the forward pass finite: the paths cancel)
+    ("path_expansion float32 path overflow", lambda: ag.path_expansion(*_CANCELLING_PATHS), "x"),
 ]
 
 
@@ -101,3 +112,16 @@ def test_whiteness_does_not_depend_on_memory_layout():
     assert ag.whiteness(x) == ag.whiteness(np.ascontiguousarray(x)) == 0.0
     y = RNG.standard_normal((7, 6, 3))
     assert ag.whiteness(y[:, :, ::-1]) == pytest.approx(ag.whiteness(np.ascontiguousarray(y[:, :, ::-1])), rel=1e-13, abs=0)
+
+
+def test_the_error_types_of_the_fuzz_findings():
+    """None for an array is a TypeError naming it (not an AttributeError); a path beyond the
+    float range is ResultOverflow, although the forward pass is finite."""
+    for args, name in (((None, K, V), "q"), ((Q, None, V), "k"), ((Q, K, None), "v")):
+        with pytest.raises(TypeError, match=f"^{name} must be a real"):
+            ag.sampled_attention(*args, num_samples=4)
+    with pytest.raises(ag.errors.ResultOverflow, match="path_expansion: the result is not finite .* x has entries"):
+        ag.path_expansion(*_CANCELLING_PATHS)
+    P, W, x = _CANCELLING_PATHS
+    ex = ag.path_expansion(P, W, x / 8)  # 4 x / 8 = 5e37: in range, every path returned
+    assert np.all(ex.forward == 0) and np.array_equal(ex.paths[((1, 0),)], 4 * (x / 8))

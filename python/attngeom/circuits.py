@@ -268,6 +268,13 @@ def path_expansion(routing, W_OV, x, *, mlp_jacobians=None, max_length: Optional
     PathExpansion
         The contribution of each path and the forward pass they sum to.
 
+    Raises
+    ------
+    ResultOverflow
+        A ValueError when a path's contribution or the forward pass lies beyond the float
+        range of the operands' dtype (entries near the float32 or float64 maximum), even
+        where the forward pass stays finite because the paths cancel: rescale x or W_OV.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)

@@ -109,7 +109,7 @@ def sampled_attention(q, k, v, *, num_samples: int, proposal: str = "uniform", s
     count("num_samples", num_samples, minimum=2)  # the variance estimates need two
     layout, (q, k, v) = to_bhnd(layout, "sampled_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     choice("proposal", proposal, PROPOSALS)
-    qa, ka, va = query_key_value(q, k, v)
+    qa, ka, va = query_key_value(q, k, v, v_optional=False)
     d_k, n_k = qa.shape[-1], ka.shape[-2]
     if va.shape[:-2] != ka.shape[:-2]:
         raise ValueError(f"v must have shape {ka.shape[:-2] + (n_k, 'd_v')}, got {va.shape}")

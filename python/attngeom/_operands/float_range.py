@@ -36,13 +36,16 @@ def check_bound(bound: float, dtype, what: str, fix: str) -> None:
 
 def _finite_values(obj) -> bool:
     """Whether every floating value in a result (arrays, scalars, tuples, named tuples,
-    dataclasses, lists) is finite; other values (ints, strings, None, objects) count as finite."""
+    dataclasses, lists, the values of dicts) is finite; other values (ints, strings, None,
+    objects) count as finite."""
     if isinstance(obj, np.ndarray):
         return not np.issubdtype(obj.dtype, np.inexact) or bool(np.all(np.isfinite(obj)))
     if isinstance(obj, (float, complex, np.inexact)):
         return bool(np.isfinite(obj))
     if isinstance(obj, (tuple, list)):
         return all(_finite_values(o) for o in obj)
+    if isinstance(obj, dict):
+        return all(_finite_values(o) for o in obj.values())
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return all(_finite_values(getattr(obj, f.name)) for f in dataclasses.fields(obj))
     return True

@@ -303,12 +303,14 @@ def cotangent(name: str, x, shape: tuple, dtype, *, allow_neg_inf: bool = False)
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def query_key_value(q, k, v, *, qname: str = "q", width: str = "d_k", finite: bool = True) -> tuple:
+def query_key_value(q, k, v, *, qname: str = "q", width: str = "d_k", finite: bool = True,
+                    v_optional: bool = True) -> tuple:
     """Checked queries (..., n_q, d_k), keys (..., n_k, d_k) and values (..., n_k, d_v) (v may
-    be None), dtypes kept: the keys share the queries' width, the values the keys' count."""
+    be None unless v_optional is False: then None is refused like any non-array, TypeError
+    naming v), dtypes kept: the keys share the queries' width, the values the keys' count."""
     q = operand(qname, q, f"(..., n_q, {width})", dtype=None, finite=finite)
     k = operand("k", k, f"(..., n_k, {width})", dtype=None, finite=finite)
-    if v is not None:
+    if v is not None or not v_optional:
         v = operand("v", v, "(..., n_k, d_v)", dtype=None, finite=finite)
     check_shared_width(qname, q, "k", k, width)
     if v is not None and v.shape[-2] != k.shape[-2]:
