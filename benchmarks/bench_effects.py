@@ -14,23 +14,36 @@ sequence of 128 random tokens this times:
   forwards of transformers' GPT-2 (sdpa, float32, ``torch.inference_mode``), each with a
   forward pre-hook on the layer's c_proj writing the head's mean z.
 
-Every case uses the same thread count (default 2). Ratios are against transformers_hooks; the
-effects of the float32 runs agree with the float64 ones (the largest difference is reported).
+Every case uses the same thread count, attngeom's and torch's (--threads, default 2; printed),
+and is the median of --repeats calls (default 3) after a warm-up. Ratios are against
+transformers_hooks.
 
-  python benchmarks/bench_effects.py [--out DIR] [--tokens 128] [--threads 2]
+Gates (harness.agree, relative to the anchor's largest entry; the exit status is 1 beyond a
+tolerance): the clean pass's logits against transformers' (float32, 1e-4: measured about
+1e-6); the 144 effects (loss changes) of the float64 run against transformers' hooks (1e-3:
+transformers' float32 losses differ from float64 by about 1e-5 of the largest effect), of
+the float32 run against the float64 one (1e-3, the same rounding) and of the full passes
+against the float32 run (1e-3: two float32 paths to one number). A wrong head or site moves
+an effect by its own size. --quick: a 4-layer, 4-head, d_model 128 model on 32 tokens.
+
+  python benchmarks/bench_effects.py [--out DIR] [--tokens 128] [--threads 2] [--repeats R] [--quick]
 
 Writes effects.json to --out.
 """
 from __future__ import annotations
 
+import sys
 import tempfile
-import time
 
 import numpy as np
 
 import attngeom as ag
+from attngeom.experiments.timing import timed
 from attngeom.models import Ablate, head_ablation_effects, load_model
-from harness import machine, parse, parser, write
+from harness import agree, finish, machine, parse, parser, print_threads
+
+LOGIT_TOLERANCE = 1e-4   # the clean logits against transformers', relative; see the docstring
+EFFECT_TOLERANCE = 1e-3  # effects against each other, relative to the largest effect
 
 
 def loss(logits: np.ndarray, ids: np.ndarray) -> float:
@@ -40,29 +53,9 @@ def loss(logits: np.ndarray, ids: np.ndarray) -> float:
     return float(-logp[np.arange(len(ids) - 1), ids[1:]].mean())
 
 
-def main(argv=None):
-    p = parser(__doc__, repeats=None, threads=True)
-    p.add_argument("--tokens", type=int, default=128)
-    args = parse(p, argv)
-    import torch
-    import transformers
-
-    threads = ag.get_num_threads()
-    torch.set_num_threads(threads)
-    folder = tempfile.mkdtemp(prefix="bench_effects_")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(attn_implementation="sdpa")).eval()
-    hf.save_pretrained(folder)
-    model = load_model(folder)
-    L, H, dh = model.arch.n_layers, model.arch.n_heads, model.arch.d_head
-    ids = np.random.default_rng(0).integers(0, model.arch.vocab_size, args.tokens)
-    rows = {}
-
-    for dtype in (np.float64, np.float32):
-        t0 = time.perf_counter()
-        eff = head_ablation_effects(model, ids, mode="mean", dtype=dtype)
-        rows[f"attngeom_{np.dtype(dtype).name}"] = {"seconds": time.perf_counter() - t0, "effects": eff}
-    t0 = time.perf_counter()
+def full_passes(model, ids):
+    """The loss of every head's mean ablation, each as a whole forward pass (float32)."""
+    L, H = model.arch.n_layers, model.arch.n_heads
     clean = model.forward(ids, keep=("logits", "z"))
     full = np.empty((L, H))
     for layer in range(L):
@@ -70,10 +63,15 @@ def main(argv=None):
             f = model.forward(ids, keep=("logits",), interventions=[Ablate("z", layer, heads=[head], mode="mean",
                                                                            reference=clean)])
             full[layer, head] = loss(f.logits, ids)
-    rows["attngeom_full_passes"] = {"seconds": time.perf_counter() - t0}
+    return full
+
+
+def transformers_hooks(hf, ids, L, H, dh):
+    """The peer way: each head's mean ablation as a forward of transformers' model with a
+    pre-hook on the layer's c_proj; (the clean logits, the effects (L, H))."""
+    import torch
 
     x = torch.tensor(ids)[None]
-    t0 = time.perf_counter()
     with torch.inference_mode():
         means = {}
 
@@ -83,7 +81,8 @@ def main(argv=None):
             return pre
 
         handles = [hf.transformer.h[l].attn.c_proj.register_forward_pre_hook(capture(l)) for l in range(L)]
-        base = loss(hf(x).logits[0].numpy(), ids)
+        logits = hf(x, use_cache=False).logits[0].numpy()
+        base = loss(logits, ids)
         for handle in handles:
             handle.remove()
         peer = np.empty((L, H))
@@ -97,25 +96,65 @@ def main(argv=None):
                     return (z,)
 
                 handle = hf.transformer.h[layer].attn.c_proj.register_forward_pre_hook(pre)
-                peer[layer, head] = loss(hf(x).logits[0].numpy(), ids) - base
+                peer[layer, head] = loss(hf(x, use_cache=False).logits[0].numpy(), ids) - base
                 handle.remove()
-    rows["transformers_hooks"] = {"seconds": time.perf_counter() - t0}
+    return logits, peer
+
+
+def main(argv=None):
+    p = parser(__doc__, threads=True, default_threads=2)
+    p.add_argument("--tokens", type=int, default=128)
+    args = parse(p, argv)
+    import torch
+    import transformers
+
+    torch.set_num_threads(ag.get_num_threads())
+    threads = print_threads()
+    with tempfile.TemporaryDirectory(prefix="bench_effects_") as folder:
+        return run(args, folder, threads)
+
+
+def run(args, folder, threads):
+    """The benchmark on a checkpoint written to `folder`; the exit status."""
+    import torch
+    import transformers
+
+    tokens = 32 if args.quick else args.tokens
+    shape = dict(n_layer=4, n_head=4, n_embd=128) if args.quick else {}
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(attn_implementation="sdpa", **shape)).eval()
+    hf.save_pretrained(folder)
+    model = load_model(folder)
+    L, H, dh = model.arch.n_layers, model.arch.n_heads, model.arch.d_head
+    ids = np.random.default_rng(0).integers(0, model.arch.vocab_size, tokens)
+    r = args.repeats
+    print(f"{L} x {H} heads, d_model {model.arch.d_model}, {tokens} tokens; medians of {r} calls after a warm-up")
+    rows = {}
+    for dtype in (np.float64, np.float32):
+        eff, t = timed(lambda: head_ablation_effects(model, ids, mode="mean", dtype=dtype), r, warm_up=True)
+        rows[f"attngeom_{np.dtype(dtype).name}"] = {"seconds": t, "effects": eff}
+    full, t = timed(lambda: full_passes(model, ids), r, warm_up=True)
+    rows["attngeom_full_passes"] = {"seconds": t}
+    (hf_logits, peer), t = timed(lambda: transformers_hooks(hf, ids, L, H, dh), r, warm_up=True)
+    rows["transformers_hooks"] = {"seconds": t}
 
     anchor = rows["transformers_hooks"]["seconds"]
     e64, e32 = rows["attngeom_float64"]["effects"].effects, rows["attngeom_float32"]["effects"].effects
     summary = {name: {"seconds": r["seconds"], "ratio_to_transformers_hooks": r["seconds"] / anchor}
                for name, r in rows.items()}
-    agreement = {"float32_vs_float64": float(np.abs(e32 - e64).max()),
-                 "transformers_vs_float64": float(np.abs(peer - e64).max()),
-                 "full_passes_vs_float32": float(np.abs(full - rows["attngeom_float32"]["effects"].baseline
-                                                        - e32).max())}
     for name, r in summary.items():
         print(f"{name:24s} {r['seconds']:8.2f} s   ratio {r['ratio_to_transformers_hooks']:.2f}")
-    print("largest effect differences:", {k: f"{v:.1e}" for k, v in agreement.items()})
-    write(args.out, "effects", machine=machine(tokens=args.tokens, shape="gpt2-small (12 x 12, d 768)",
-                                               transformers=transformers.__version__, torch=torch.__version__),
-          cases=summary, agreement=agreement)
+    checks = [agree("clean logits, attngeom float32 vs transformers", model.forward(ids, keep=("logits",)).logits,
+                    hf_logits, rtol=LOGIT_TOLERANCE),
+              agree("effects, attngeom float64 vs transformers hooks", e64, peer, rtol=EFFECT_TOLERANCE),
+              agree("effects, attngeom float32 vs float64", e32, e64, rtol=EFFECT_TOLERANCE),
+              agree("effects, full passes vs attngeom float32", full - rows["attngeom_float32"]["effects"].baseline,
+                    e32, rtol=EFFECT_TOLERANCE)]
+    return finish(args.out, "effects", meta=machine(tokens=tokens, shape=f"gpt2 ({L} x {H}, d {model.arch.d_model})",
+                                                   repeats=r, transformers=transformers.__version__,
+                                                   torch=torch.__version__),
+                  threads=threads, cases=summary, agreement_summary={c["case"]: c["max_rel_error"] for c in checks})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,21 +4,36 @@ A random-init checkpoint with Qwen3-0.6B's shapes (hidden 1024, 28 layers, 16 qu
 key/value heads of width 128, q_norm / k_norm, SwiGLU intermediate 3072, vocabulary 151,936,
 tied embeddings; bfloat16 on disk, 1.2 GB) is written by ``transformers`` (save_pretrained)
 in a child process. Then, for each length n, each of these runs in a fresh process on the
-same n random token ids, float32, with the same thread count (default 2) for every library:
+same n random token ids, float32, with the same thread count (--threads, default 2: the
+children's attngeom, NumPy BLAS and torch counts are printed) for every library:
 
 * ``attngeom``: ``model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")``:
   every head's streaming statistics (entropy, sink mass, mean distance, ... per query) and
   the last position's logits, with no (n, n) weights formed;
-* ``transformers_sdpa``: ``attn_implementation="sdpa"``, ``logits_to_keep=1`` (no weights);
+* ``transformers_sdpa``: ``attn_implementation="sdpa"``, ``logits_to_keep=1``,
+  ``use_cache=False`` (no weights, and no key/value cache: attngeom allocates none);
 * ``transformers_eager``: ``output_attentions=True`` (every layer's weights, the peer way to
-  get any attention statistic), only where its estimated memory fits.
+  get any attention statistic), ``use_cache=False``, only where its estimated memory fits.
 
-Each process reports the forward's wall time and its peak resident set size (ru_maxrss; the
-mapped checkpoint pages it touches count in it). Ratios are against transformers' sdpa
-forward of the same length in the same run. The lengths are 512, 2,048 and 8,192 tokens
-(add 32,768 with ``--long``; choose others with ``--lengths``).
+Each process loads the model, runs the forward once (the warm-up) and then --repeats times
+(default 3; the time is their median), and reports two memory figures: the peak resident
+set of the process (VmHWM), and the activation memory, that peak minus the resident set
+right after loading (what the forward passes add to the loaded model). attngeom maps the
+checkpoint and reads its bfloat16 pages during the first forward, so its activation figure
+includes the checkpoint pages touched (up to its 1.2 GB); transformers copies the weights to
+float32 while loading, so they are all in its resident set after loading. Ratios are against
+transformers' sdpa forward of the same length in the same run. The lengths are 512, 2,048
+and 8,192 tokens (add 32,768 with ``--long``; choose others with ``--lengths``; --quick:
+512 and 2,048).
 
-  python benchmarks/bench_long_context.py [--out DIR] [--lengths 512 2048] [--long] [--threads 2]
+Gate: the last token's logits of attngeom (and of transformers' eager forward) are compared
+with transformers' sdpa ones (harness.agree, relative to sdpa's largest logit); the exit
+status is 1 beyond the tolerance, 1e-3. Two float32 forwards through 28 layers agree to
+about 1e-5 at 512 and 2,048 tokens (measured); the tolerance leaves room for the longer
+sums of 32k tokens, and a wrong layer, rotary phase or mask changes the logits in their
+first digit.
+
+  python benchmarks/bench_long_context.py [--out DIR] [--lengths 512 2048] [--long] [--threads 2] [--repeats R]
 
 Writes long_context.json to --out.
 """
@@ -30,10 +45,13 @@ import subprocess
 import sys
 import tempfile
 
-from harness import machine, parser, write
+import numpy as np
+
+from harness import agree, fail, finish, machine, parser
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
+TOLERANCE = 1e-3  # the last token's logits against transformers' sdpa, relative; see the docstring
 
 WRITER = r"""
 import sys, torch, transformers
@@ -45,34 +63,45 @@ model.save_pretrained(sys.argv[1])
 """
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, statistics, sys, time
+sys.path.insert(0, BENCHMARKS)
 import attngeom as ag      # first: its thread settings reach NumPy's BLAS
 import numpy as np
+from harness import memory_figures, memory_mb, thread_counts
 
-kind, folder, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kind, folder, n, threads, repeats, logits_file = sys.argv[1:7]
+n, threads, repeats = int(n), int(threads), int(repeats)
 ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], n)
+ag.set_num_threads(threads)
 if kind == "attngeom":
-    ag.set_num_threads(threads)
     model = ag.load_model(folder)
-    t0 = time.perf_counter()
-    f = model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")
-    seconds = time.perf_counter() - t0
-    assert f.logits.shape == (1, SHAPE["vocab_size"]) and np.isfinite(f.attention_stats.entropy).all()
-    extra = {"entropy_mean": float(f.attention_stats.entropy.mean())}
+    loaded = memory_mb()
+    run = lambda: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")
+    last = lambda f: f.logits[-1]
 else:
     import torch, transformers
     torch.set_num_threads(threads)
     eager = kind == "transformers_eager"
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                               attn_implementation="eager" if eager else "sdpa")
+    loaded = memory_mb()
     x = torch.tensor(ids)[None]
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = model(x, logits_to_keep=1, output_attentions=eager)
-        seconds = time.perf_counter() - t0
-    extra = {}
-print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  **extra}))
+
+    def run():
+        with torch.inference_mode():
+            return model(x, logits_to_keep=1, output_attentions=eager, use_cache=False)
+
+    last = lambda out: out.logits[0, -1].float().numpy()
+f = run()  # the warm-up
+times = []
+for _ in range(repeats):
+    t0 = time.perf_counter()
+    f = run()
+    times.append(time.perf_counter() - t0)
+np.save(logits_file, np.asarray(last(f), np.float32))
+end = memory_mb()
+print(json.dumps({"seconds": statistics.median(times), "times": times, **memory_figures(loaded, end),
+                  "rss_file_mb_at_end": end["rss_file"], "threads": thread_counts()}))
 """
 
 
@@ -105,24 +134,39 @@ def cpu_name() -> str:
     return f"{fields.get('model name')} (cpu family {fields.get('cpu family')} model {fields.get('model')})"
 
 
-def run(kind: str, folder: str, n: int, threads: int) -> dict:
+def run(kind: str, folder: str, n: int, threads: int, repeats: int, logits_file: str) -> dict:
+    """One fresh process's measurement (see CHILD): its JSON line, or {"error": ...}; the last
+    token's logits are left in `logits_file`."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    code = "SHAPE = " + repr(SHAPE) + "\n" + CHILD
-    p = subprocess.run([sys.executable, "-c", code, kind, folder, str(n), str(threads)], capture_output=True,
-                       text=True, env=env)
+    code = f"SHAPE = {SHAPE!r}\nBENCHMARKS = {os.path.dirname(os.path.abspath(__file__))!r}\n" + CHILD
+    p = subprocess.run([sys.executable, "-c", code, kind, folder, str(n), str(threads), str(repeats), logits_file],
+                       capture_output=True, text=True, env=env)
     if p.returncode:
         return {"error": (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def table_line(n, kind, r) -> str:
+    """One row of the printed table."""
+    if "seconds" not in r:
+        return f"{n:>7}  {kind:<19}  {r.get('skipped') or r.get('error')}"
+    ratio = f"{r['speed_vs_sdpa']:.2f}x" if "speed_vs_sdpa" in r else "1 (anchor)"
+    agreement = (f"{r['logits_vs_sdpa']['max_rel_error']:.1e} {'ok' if r['logits_vs_sdpa']['ok'] else 'DISAGREES'}"
+                 if "logits_vs_sdpa" in r else "(anchor)")
+    return (f"{n:>7}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>10}  {r['peak_rss_mb'] / 1024:>13.2f}  "
+            f"{r['activation_mb'] / 1024:>16.2f}  {agreement}")
+
+
 def main(argv=None):
-    ap = parser(__doc__, repeats=None)
+    ap = parser(__doc__)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
     ap.add_argument("--threads", type=int, default=2, help="threads of every library (default 2)")
     ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
     args = ap.parse_args(argv)
-    lengths = args.lengths + ([32768] if args.long else [])
+    if "transformers_sdpa" not in args.libraries:
+        ap.error("--libraries must include transformers_sdpa: it is the anchor every figure is compared with")
+    lengths = ([512, 2048] if args.quick else args.lengths) + ([32768] if args.long else [])
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         writer = subprocess.run([sys.executable, "-c", "SHAPE = " + repr(SHAPE) + "\n" + WRITER, folder],
@@ -131,7 +175,13 @@ def main(argv=None):
             sys.stderr.write(writer.stderr)
             raise SystemExit("writing the checkpoint with transformers failed")
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
-        print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; {args.threads} threads; {cpu_name()}")
+        print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; {args.threads} threads for every "
+              f"library; {cpu_name()}")
+        print(f"one process per library and length: a warm-up forward, then the median of {args.repeats}; peak RSS "
+              "of the process, activations = peak RSS - RSS after loading; logits = the last token's, relative "
+              "error against transformers_sdpa's")
+        print("      n  library              time [s]  speed/sdpa  peak RSS [GB]  activations [GB]  logits rel err")
+        threads_seen = {}
         for n in lengths:
             row = {"n": n}
             for kind in KINDS:
@@ -141,30 +191,36 @@ def main(argv=None):
                 if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
                     row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
                     continue
-                row[kind] = run(kind, folder, n, args.threads)
+                row[kind] = run(kind, folder, n, args.threads, args.repeats, os.path.join(folder, f"{kind}.npy"))
+                threads_seen.setdefault(kind, row[kind].get("threads"))
             base = row["transformers_sdpa"]
             for kind in ("attngeom", "transformers_eager"):
                 r = row[kind]
                 if "seconds" in r and "seconds" in base:
                     r["speed_vs_sdpa"] = base["seconds"] / r["seconds"]
                     r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
+                    r["activation_memory_vs_sdpa"] = r["activation_mb"] / base["activation_mb"]
+                    r["logits_vs_sdpa"] = agree(f"n={n} {kind} last-token logits vs transformers_sdpa",
+                                                np.load(os.path.join(folder, f"{kind}.npy")),
+                                                np.load(os.path.join(folder, "transformers_sdpa.npy")),
+                                                rtol=TOLERANCE, show=False)
+            for kind in KINDS:
+                if "error" in row[kind]:
+                    fail(f"n={n} {kind}", f"its process failed: {row[kind]['error']}")
             a, e = row["attngeom"], row["transformers_eager"]
             if "seconds" in a and "seconds" in e:
                 row["attngeom_vs_eager"] = {"speed": e["seconds"] / a["seconds"],
-                                            "memory": e["peak_rss_mb"] / a["peak_rss_mb"]}
+                                            "memory": e["peak_rss_mb"] / a["peak_rss_mb"],
+                                            "activation_memory": e["activation_mb"] / a["activation_mb"]}
             rows.append(row)
-            cells = []
             for kind in KINDS:
-                r = row[kind]
-                cells.append(f"{kind} " + (f"{r['seconds']:.1f} s / {r['peak_rss_mb'] / 1024:.2f} GB" if "seconds" in r
-                                           else r.get("skipped") or r.get("error")))
-            ratio = row["attngeom"].get("speed_vs_sdpa")
-            print(f"n = {n:6d}: " + "; ".join(cells) + (f"; attngeom {ratio:.2f}x sdpa's speed" if ratio else ""),
-                  flush=True)
-    write(args.out, "long_context", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
-          **machine(threads_all=args.threads), rows=rows)
-    return rows
+                print(table_line(n, kind, row[kind]), flush=True)
+        for kind, counts in threads_seen.items():
+            if counts:
+                print(f"threads in the {kind} processes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return finish(args.out, "long_context", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
+                  meta=machine(threads_all=args.threads, repeats=args.repeats), threads=threads_seen, rows=rows)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

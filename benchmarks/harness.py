@@ -155,8 +155,20 @@ def agree(case: str, ours, anchor, *, rtol: float, atol: float = 0.0, above_only
     return record
 
 
+def fail(case: str, reason: str) -> dict:
+    """Record a check that could not be made because attngeom's side or the anchor's failed
+    to produce an output (a crashed child process, say): it counts as a disagreement."""
+    record = {"case": case, "max_abs_error": float("inf"), "max_rel_error": None, "bound": 0.0, "rtol": 0.0,
+              "atol": 0.0, "above_only": False, "ok": False, "planted": planted(), "reason": reason}
+    _checks.append(record)
+    print(check_line(record), flush=True)
+    return record
+
+
 def check_line(r: dict) -> str:
     """One check as printed: ``agree <case>: max abs err .., rel .. (tolerance ..) ok|DISAGREES``."""
+    if "reason" in r:
+        return f"agree {r['case']}: DISAGREES (no output to compare: {r['reason']})"
     return (f"agree {r['case']}: max {'excess' if r['above_only'] else 'abs err'} {r['max_abs_error']:.2e}, rel "
             f"{_rel(r)} (tolerance rtol {r['rtol']:g}, atol {r['atol']:g}) "
             f"{'ok' if r['ok'] else 'DISAGREES'}"
@@ -172,16 +184,21 @@ def checks() -> list:
     return list(_checks)
 
 
+_STATUS = {"VmRSS": "rss", "VmHWM": "peak", "RssAnon": "rss_anon", "RssFile": "rss_file"}
+
+
 def memory_mb() -> dict:
-    """This process's resident set now (``rss``, VmRSS) and its peak since the process
-    started (``peak``, VmHWM), in MB, from /proc/self/status. Not ru_maxrss: Linux carries it
-    across fork and exec, so a child would report its parent's size when that was larger."""
+    """This process's resident set now (``rss``, VmRSS; of it ``rss_anon`` and ``rss_file``,
+    the pages of mapped files such as a memory-mapped checkpoint) and its peak since the
+    process started (``peak``, VmHWM), in MB, from /proc/self/status. Not ru_maxrss: Linux
+    carries it across fork and exec, so a child would report its parent's size when that was
+    larger."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out["rss" if key == "VmRSS" else "peak"] = int(value.split()[0]) / 1024
+            if key in _STATUS:
+                out[_STATUS[key]] = int(value.split()[0]) / 1024
     return out
 
 
