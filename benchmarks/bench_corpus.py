@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from attngeom.experiments.timing import timed
-from harness import agree, finish, memory_mb, parser, print_threads
+from harness import agree, finish, memory_mb, parser, print_threads, reset_peak_rss
 
 TOLERANCE = 1e-10  # every way of computing the statistics against the in-process run; see the docstring
 
@@ -69,17 +69,6 @@ def peak_rss_mb() -> float:
     :func:`reset_peak_rss` (harness.memory_mb: VmHWM, not ru_maxrss, which a worker forked from
     the parent and then exec'd would report as the parent's)."""
     return memory_mb()["peak"]
-
-
-def reset_peak_rss() -> bool:
-    """Reset the peak of :func:`peak_rss_mb` to the current resident memory (Linux
-    /proc/self/clear_refs); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def folder_mb(path: str) -> float:
@@ -163,7 +152,7 @@ def main(argv=None) -> int:
             for factor in (1, 10, 100):
                 big = corpus(base * factor, seed=factor)
                 client.run(lambda: __import__("gc").collect())
-                client.run(reset_peak_rss)  # each row's own peak
+                client.run(reset_peak_rss)  # each row's own peak (harness.reset_peak_rss, run on the workers)
                 t0 = time.perf_counter()
                 res = ag.corpus_statistics(ckpt, big, batch_tokens=args.batch_tokens, client=client)
                 dt = time.perf_counter() - t0

@@ -202,12 +202,35 @@ def memory_mb() -> dict:
     return out
 
 
-def memory_figures(after_load: dict, at_peak: dict) -> dict:
-    """The two memory figures of a forward: ``peak_rss_mb`` (the process's peak resident
-    set) and ``activation_mb`` (that peak minus the resident set once the weights were
-    loaded: what the forward pass itself adds), from two :func:`memory_mb` readings."""
-    return {"peak_rss_mb": at_peak["peak"], "rss_after_load_mb": after_load["rss"],
-            "activation_mb": at_peak["peak"] - after_load["rss"]}
+def reset_peak_rss() -> bool:
+    """Reset the peak of :func:`memory_mb` (VmHWM) to the current resident set (Linux
+    /proc/self/clear_refs); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def after_load() -> dict:
+    """The :func:`memory_mb` reading once a model is loaded, its peak then reset
+    (``peak_reset`` says whether it could be), so that a later reading's peak is the peak of
+    what ran after loading, not the loading's own transient peak."""
+    reading = memory_mb()
+    reading["peak_reset"] = reset_peak_rss()
+    return reading
+
+
+def memory_figures(loaded: dict, end: dict) -> dict:
+    """The two memory figures of a model's forward passes, from the :func:`after_load`
+    reading and a :func:`memory_mb` reading after the passes: ``peak_rss_mb``, the process's
+    peak resident set (loading included), and ``activation_mb``, the peak while the passes
+    ran minus the resident set after loading (what the passes add to the loaded model; it
+    includes the loading's transient peak where ``peak_reset`` is False)."""
+    return {"peak_rss_mb": max(loaded["peak"], end["peak"]), "rss_after_load_mb": loaded["rss"],
+            "load_peak_rss_mb": loaded["peak"], "forward_peak_rss_mb": end["peak"],
+            "activation_mb": end["peak"] - loaded["rss"], "peak_reset_after_load": loaded["peak_reset"]}
 
 
 def machine(**fields) -> dict:
