@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 
 import attngeom as ag
 from attngeom.experiments.timing import median_time

@@ -43,7 +43,6 @@ Writes long_context.json to --out.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -51,7 +50,7 @@ import tempfile
 
 import numpy as np
 
-from harness import agree, fail, finish, machine, parser
+from harness import agree, fail, finish, machine, parser, run_child
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
@@ -66,46 +65,35 @@ model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
 model.save_pretrained(sys.argv[1])
 """
 
-CHILD = r"""
-import json, statistics, sys, time
+CHILD = r"""  # run by harness.run_child, which defines SHAPE and BENCHMARKS
+import json, sys
 sys.path.insert(0, BENCHMARKS)
 import attngeom as ag      # first: its thread settings reach NumPy's BLAS
 import numpy as np
-from harness import after_load, memory_figures, memory_mb, thread_counts
+from harness import measure_forward
 
 kind, folder, n, threads, repeats, logits_file = sys.argv[1:7]
 n, threads, repeats = int(n), int(threads), int(repeats)
 ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], n)
 ag.set_num_threads(threads)
 if kind == "attngeom":
-    model = ag.load_model(folder)
-    loaded = after_load()
-    run = lambda: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")
-    last = lambda f: f.logits[-1]
+    result = measure_forward(lambda: ag.load_model(folder),
+                             lambda model: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last"),
+                             lambda f: f.logits[-1], repeats, logits_file)
 else:
     import torch, transformers
     torch.set_num_threads(threads)
     eager = kind == "transformers_eager"
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                              attn_implementation="eager" if eager else "sdpa")
-    loaded = after_load()
     x = torch.tensor(ids)[None]
 
-    def run():
+    def forward(model):
         with torch.inference_mode():
             return model(x, logits_to_keep=1, output_attentions=eager, use_cache=False)
 
-    last = lambda out: out.logits[0, -1].float().numpy()
-f = run()  # the warm-up
-times = []
-for _ in range(repeats):
-    t0 = time.perf_counter()
-    f = run()
-    times.append(time.perf_counter() - t0)
-np.save(logits_file, np.asarray(last(f), np.float32))
-end = memory_mb()
-print(json.dumps({"seconds": statistics.median(times), "times": times, **memory_figures(loaded, end),
-                  "rss_file_mb_at_end": end["rss_file"], "threads": thread_counts()}))
+    result = measure_forward(lambda: transformers.AutoModelForCausalLM.from_pretrained(
+                                 folder, dtype=torch.float32, attn_implementation="eager" if eager else "sdpa"),
+                             forward, lambda out: out.logits[0, -1].float().numpy(), repeats, logits_file)
+print(json.dumps(result))
 """
 
 
@@ -136,18 +124,6 @@ def cpu_name() -> str:
             if len(fields) == 3:
                 break
     return f"{fields.get('model name')} (cpu family {fields.get('cpu family')} model {fields.get('model')})"
-
-
-def run(kind: str, folder: str, n: int, threads: int, repeats: int, logits_file: str) -> dict:
-    """One fresh process's measurement (see CHILD): its JSON line, or {"error": ...}; the last
-    token's logits are left in `logits_file`."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    code = f"SHAPE = {SHAPE!r}\nBENCHMARKS = {os.path.dirname(os.path.abspath(__file__))!r}\n" + CHILD
-    p = subprocess.run([sys.executable, "-c", code, kind, folder, str(n), str(threads), str(repeats), logits_file],
-                       capture_output=True, text=True, env=env)
-    if p.returncode:
-        return {"error": (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def table_line(n, kind, r) -> str:
@@ -195,7 +171,8 @@ def main(argv=None):
                 if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
                     row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
                     continue
-                row[kind] = run(kind, folder, n, args.threads, args.repeats, os.path.join(folder, f"{kind}.npy"))
+                row[kind] = run_child(CHILD, kind, folder, n, args.threads, args.repeats,
+                                      os.path.join(folder, f"{kind}.npy"), threads=args.threads, SHAPE=SHAPE)
                 threads_seen.setdefault(kind, row[kind].get("threads"))
             base = row["transformers_sdpa"]
             for kind in ("attngeom", "transformers_eager"):

@@ -1,30 +1,40 @@
-"""Peak memory of a 0.5B-parameter bfloat16 decoder's forward pass on 128 tokens.
+"""Peak memory of a 0.5B-parameter bfloat16 decoder's forward pass on 128 tokens: attngeom
+against transformers.
 
 A random-init checkpoint with Qwen2.5-0.5B's shapes (Qwen2 layout: hidden 896, 24 layers,
 14 query heads and 2 key/value heads of width 64, q/k/v biases, SwiGLU intermediate 4864,
 vocabulary 151936, tied embeddings: 494M parameters, 0.99 GB in bfloat16) is written to a
-temporary folder by one child process. A second one runs ``ag.load_model(folder)`` and
-``model.forward(ids)`` on 128 tokens in float32 and reports its peak resident set size
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``, and the kernel's VmHWM). The checkpoint is
-written in its own process because Linux carries ru_maxrss across fork and exec: a child
-started by a process that had grown to several GB would report the parent's size. The
-issue's target is under 3 GB.
+temporary folder by one child process. Then, each in a fresh process, on the same 128
+tokens in float32 with the same thread count (--threads, default 2; the processes' attngeom,
+NumPy BLAS and torch counts are printed):
 
-The weights are memory-mapped, so the file pages the forward pass touches (about the
-checkpoint's 0.99 GB) count in the resident set; the rest is each layer's float32 copy,
-the activations and the interpreter.
+* ``attngeom``: ``ag.load_model(folder)``, ``model.forward(ids)`` (every position's logits);
+* ``transformers``: ``Qwen2ForCausalLM.from_pretrained(folder, dtype=float32)`` (sdpa) called
+  with ``use_cache=False`` (attngeom allocates no key/value cache), the anchor.
 
-  python benchmarks/bench_model_memory.py [--out DIR] [--tokens N] [--layers L]
+Each process loads the model, runs one warm-up forward and --repeats timed ones (default 3;
+the median is reported), and reports two memory figures: its peak resident set (VmHWM,
+loading included; not ru_maxrss, which Linux carries across fork and exec), and the
+activation memory, the peak while the forwards ran minus the resident set after loading
+(the peak is reset after loading). The checkpoint is written in its own process so the
+others start small. attngeom maps the weights and holds about a layer of them at a time,
+so they count in its activation figure; transformers copies them all to float32 while
+loading. The issue's target is a peak under 3 GB for attngeom: reported, not asserted.
 
-Writes model_memory.json to --out (default the current folder).
+Gate: attngeom's logits (every position) are compared with transformers' (harness.agree,
+relative to the largest logit); the tolerance is 1e-4, a clear factor above the agreement
+measured (about 1e-6: float32 forwards through 24 layers) and far below what a wrong layer,
+bias or rotary phase gives. Beyond it the exit status is 1. --quick: 4 layers, 32 tokens.
+
+  python benchmarks/bench_model_memory.py [--out DIR] [--tokens N] [--layers L] [--threads N] [--repeats R] [--quick]
+
+Writes model_memory.json to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,40 +43,41 @@ import time
 import numpy as np
 
 from attngeom.models import BFloat16Array, float32_to_bfloat16, write_safetensors
+from harness import agree, fail, finish, machine, parse, parser, run_child
 
 SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
              intermediate_size=4864, vocab_size=151936)
+TOLERANCE = 1e-4  # every logit against transformers', relative to the largest; see the docstring
+TARGET_MB = 3000  # the issue's target for attngeom's peak: reported, not asserted
+KINDS = ("attngeom", "transformers")
 
-CHILD = r"""
-import json, resource, sys, time
+CHILD = r"""  # run by harness.run_child, which defines BENCHMARKS
+import json, sys
+sys.path.insert(0, BENCHMARKS)
+import attngeom as ag      # first: its thread settings reach NumPy's BLAS
 import numpy as np
-import attngeom as ag
+from harness import measure_forward
 
-def peak_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+kind, folder, n, threads, repeats, logits_file = sys.argv[1:7]
+n, threads, repeats = int(n), int(threads), int(repeats)
+ag.set_num_threads(threads)
+vocab = json.load(open(folder + "/config.json"))["vocab_size"]
+ids = np.random.default_rng(0).integers(0, vocab, size=n)
+if kind == "attngeom":
+    result = measure_forward(lambda: ag.load_model(folder), lambda model: model.forward(ids, dtype=np.float32),
+                             lambda f: f.logits, repeats, logits_file)
+else:
+    import torch, transformers
+    torch.set_num_threads(threads)
+    x = torch.tensor(ids)[None]
 
-def status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(value.split()[0]) / 1024
-    return out
+    def forward(model):
+        with torch.inference_mode():
+            return model(x, use_cache=False)
 
-folder, n = sys.argv[1], int(sys.argv[2])
-start = peak_mb()
-t0 = time.perf_counter()
-model = ag.load_model(folder)
-t_load = time.perf_counter() - t0
-after_load = peak_mb()
-ids = np.random.default_rng(0).integers(0, model.arch.vocab_size, size=n)
-t0 = time.perf_counter()
-f = model.forward(ids, dtype=np.float32)
-t_forward = time.perf_counter() - t0
-assert f.logits.shape == (n, model.arch.vocab_size) and np.isfinite(f.logits).all()
-print(json.dumps({"peak_rss_mb_after_import": start, "peak_rss_mb_after_load": after_load,
-                  "peak_rss_mb": peak_mb(), "load_s": t_load, "forward_s": t_forward, "status_mb": status()}))
+    result = measure_forward(lambda: transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                             forward, lambda out: out.logits[0].numpy(), repeats, logits_file)
+print(json.dumps(result))
 """
 
 
@@ -105,15 +116,16 @@ def write_checkpoint(folder, layers, seed=0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".")
+    ap = parser(__doc__, threads=True, default_threads=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
     ap.add_argument("--write-only", metavar="FOLDER", help=argparse.SUPPRESS)  # the writer child
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
+    if args.quick:
+        args.layers, args.tokens = min(args.layers, 4), min(args.tokens, 32)
     if args.write_only:
         print(write_checkpoint(args.write_only, args.layers))
-        return None
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         writer = subprocess.run([sys.executable, os.path.abspath(__file__), "--write-only", tmp, "--layers",
@@ -124,31 +136,35 @@ def main(argv=None):
         params = int(writer.stdout.split()[-1])
         size = os.path.getsize(os.path.join(tmp, "model.safetensors"))
         print(f"checkpoint: {params / 1e6:.1f}M parameters, {size / 1e9:.3f} GB bfloat16 "
-              f"({time.perf_counter() - t0:.1f} s to write)", flush=True)
-        run = subprocess.run([sys.executable, "-c", CHILD, tmp, str(args.tokens)], capture_output=True, text=True)
-        if run.returncode:
-            sys.stderr.write(run.stderr)
-            raise SystemExit(f"the forward pass failed (exit code {run.returncode})")
-        child = json.loads(run.stdout.strip().splitlines()[-1])
-    children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the larger of the two children
-    result = {"shape": dict(SHAPE, num_hidden_layers=args.layers), "dtype": "bfloat16", "parameters": params,
-              "checkpoint_bytes": size, "tokens": args.tokens, "compute_dtype": "float32",
-              "peak_rss_mb": child["peak_rss_mb"], "peak_rss_mb_rusage_children": children_peak,
-              "peak_rss_mb_after_load": child["peak_rss_mb_after_load"],
-              "peak_rss_mb_after_import": child["peak_rss_mb_after_import"], "final_status_mb": child["status_mb"],
-              "load_s": child["load_s"], "forward_s": child["forward_s"], "target_mb": 3000,
-              "python": platform.python_version(), "machine": platform.machine()}
-    print(f"peak RSS of the forward process: {child['peak_rss_mb']:.0f} MB, VmHWM "
-          f"{child['status_mb']['VmHWM']:.0f} MB (after import "
-          f"{child['peak_rss_mb_after_import']:.0f} MB, after load {child['peak_rss_mb_after_load']:.0f} MB); "
-          f"load {child['load_s']:.2f} s, forward on {args.tokens} tokens {child['forward_s']:.1f} s; "
-          f"at exit {child['status_mb']}")
-    print(f"target < 3000 MB: {'met' if child['peak_rss_mb'] < 3000 else 'NOT met'}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "model_memory.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    return result
+              f"({time.perf_counter() - t0:.1f} s to write); {args.tokens} tokens, float32, {args.threads} threads "
+              f"for both; a warm-up forward, then the median of {args.repeats}", flush=True)
+        runs = {kind: run_child(CHILD, kind, tmp, args.tokens, args.threads, args.repeats,
+                                os.path.join(tmp, f"{kind}.npy"), threads=args.threads) for kind in KINDS}
+        for kind, r in runs.items():
+            if "error" in r:
+                fail(f"{kind} forward", f"its process failed: {r['error']}")
+        if not any("error" in r for r in runs.values()):
+            ours, anchor = runs["attngeom"], runs["transformers"]
+            ours["logits_vs_transformers"] = agree(f"logits ({args.tokens} tokens) vs transformers",
+                                                   np.load(os.path.join(tmp, "attngeom.npy")),
+                                                   np.load(os.path.join(tmp, "transformers.npy")), rtol=TOLERANCE)
+            for key in ("seconds", "peak_rss_mb", "activation_mb"):
+                ours[f"{key}_vs_transformers"] = ours[key] / anchor[key]
+            print("  library        forward [s]  peak RSS [MB]  activations [MB]  RSS after load [MB]")
+            for kind, r in runs.items():
+                print(f"  {kind:<13} {r['seconds']:>12.2f}  {r['peak_rss_mb']:>13.0f}  {r['activation_mb']:>16.0f}"
+                      f"  {r['rss_after_load_mb']:>19.0f}")
+            print(f"  attngeom / transformers: time {ours['seconds_vs_transformers']:.2f}, peak RSS "
+                  f"{ours['peak_rss_mb_vs_transformers']:.2f}, activations {ours['activation_mb_vs_transformers']:.2f}")
+            for kind, r in runs.items():
+                print(f"  threads in the {kind} process: " + ", ".join(f"{k} {v}" for k, v in r["threads"].items()))
+            print(f"attngeom's peak < {TARGET_MB} MB (the issue's target; reported, not asserted): "
+                  f"{'met' if ours['peak_rss_mb'] < TARGET_MB else 'NOT met'}")
+    return finish(args.out, "model_memory", shape=dict(SHAPE, num_hidden_layers=args.layers), dtype="bfloat16",
+                  parameters=params, checkpoint_bytes=size, tokens=args.tokens, compute_dtype="float32",
+                  target_mb=TARGET_MB, meta=machine(threads_all=args.threads, repeats=args.repeats),
+                  threads={kind: r.get("threads") for kind, r in runs.items()}, runs=runs)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -46,6 +46,7 @@ import io
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -231,6 +232,42 @@ def memory_figures(loaded: dict, end: dict) -> dict:
     return {"peak_rss_mb": max(loaded["peak"], end["peak"]), "rss_after_load_mb": loaded["rss"],
             "load_peak_rss_mb": loaded["peak"], "forward_peak_rss_mb": end["peak"],
             "activation_mb": end["peak"] - loaded["rss"], "peak_reset_after_load": loaded["peak_reset"]}
+
+
+def run_child(code: str, *args, threads: int, **constants) -> dict:
+    """Run `code` in a fresh Python process (a fresh resident set: each memory figure is its
+    own process's) with `args` as sys.argv[1:], OMP_NUM_THREADS = `threads`, and `constants`
+    and ``BENCHMARKS`` (this folder, for ``from harness import ...``) defined first. Returns
+    the JSON of its last line of output, or {"error": its last line of stderr}."""
+    prelude = "".join(f"{k} = {v!r}\n" for k, v in {"BENCHMARKS": str(Path(__file__).resolve().parent),
+                                                      **constants}.items())
+    p = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if p.returncode:
+        return {"error": (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def measure_forward(load, forward, logits, repeats: int, logits_file: str) -> dict:
+    """A model's forward pass as the memory benchmarks measure it, in a fresh process: the
+    model from ``load()``, the :func:`after_load` reading, one warm-up ``forward(model)``,
+    then `repeats` timed ones; ``logits(output)`` of the last is saved to `logits_file`
+    (.npy, float32) for the parent to compare. Returns seconds (the median), times, the
+    :func:`memory_figures` and the :func:`thread_counts` of the process."""
+    import statistics
+    import time
+
+    model = load()
+    loaded = after_load()
+    out = forward(model)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = forward(model)
+        times.append(time.perf_counter() - t0)
+    np.save(logits_file, np.asarray(logits(out), np.float32))
+    return {"seconds": statistics.median(times), "times": times, **memory_figures(loaded, memory_mb()),
+            "threads": thread_counts()}
 
 
 def machine(**fields) -> dict:
