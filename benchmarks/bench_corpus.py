@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from attngeom.experiments.timing import timed
-from harness import agree, finish, memory_mb, parser, print_threads, reset_peak_rss
+from harness import agree, finish, memory_mb, parse, parser, print_threads, reset_peak_rss
 
 TOLERANCE = 1e-10  # every way of computing the statistics against the in-process run; see the docstring
 
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch-tokens", type=int, default=1024)
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     r, base = args.repeats, 20 if args.quick else args.base_texts
     ag.set_num_threads(1)  # one core thread per process, as each worker has (threads_per_worker=1)
     threads = print_threads(workers="2 processes x 1 thread (attngeom and BLAS)")

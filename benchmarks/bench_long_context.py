@@ -50,7 +50,7 @@ import tempfile
 
 import numpy as np
 
-from harness import agree, fail, finish, machine, parser, run_child
+from harness import agree, fail, finish, machine, parse, parser, run_child
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
@@ -143,7 +143,7 @@ def main(argv=None):
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
     ap.add_argument("--threads", type=int, default=2, help="threads of every library (default 2)")
     ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     if "transformers_sdpa" not in args.libraries:
         ap.error("--libraries must include transformers_sdpa: it is the anchor every figure is compared with")
     lengths = ([512, 2048] if args.quick else args.lengths) + ([32768] if args.long else [])

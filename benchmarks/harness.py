@@ -16,7 +16,9 @@ tolerances are what they are). :func:`finish` writes the JSON (the checks under
     agreement bench_<name>: ok, <k> checks within tolerance; worst <case>: ...
     agreement bench_<name>: FAILED, <j> of <k> checks beyond tolerance: <cases>
 
-(run_all.py collects it) and returns the exit status: 1 when any check failed.
+(run_all.py collects it) and returns the exit status: 1 when any check failed, when a
+check could not be made (:func:`fail`: an output missing because a process crashed) or when
+none was recorded.
 
 Planting a disagreement
 -----------------------
@@ -31,13 +33,18 @@ works. For example::
 It is off unless the variable is set; a planted run says so in every check line and in the
 JSON.
 
-Timing
-------
+Timing, threads and memory
+--------------------------
 Times are medians over ``--repeats`` calls (default 3) after one untimed warm-up call
-(``attngeom.experiments.timing.median_time``, or ``bench_attention.time_interleaved`` for
-contenders timed round by round), and are reported as ratios to the anchor measured in the
-same run, never asserted on. ``--quick`` runs every benchmark at small sizes: a check of the
-gates, not a measurement.
+(``attngeom.experiments.timing.median_time`` / ``timed(..., warm_up=True)``, or
+``bench_attention.time_interleaved`` for contenders timed round by round), and are reported
+as ratios to the anchor measured in the same run, never asserted on; a benchmark that
+cannot repeat a call says why in its output. ``--quick`` runs every benchmark at small
+sizes: a check of the gates, not a measurement. Every benchmark prints the thread counts in
+force (:func:`print_threads`: attngeom's, NumPy BLAS's, torch's). The memory benchmarks run
+each library in a fresh process (:func:`run_child`, :func:`measure_forward`) and report
+two figures (:func:`memory_figures`): the process's peak resident set, and the activation
+memory, the peak while the forwards ran minus the resident set after loading.
 """
 from __future__ import annotations
 
