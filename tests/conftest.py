@@ -19,3 +19,74 @@ def rng():
 def rel_err(a, b):
     a, b = np.asarray(a), np.asarray(b)
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+# -- the skip budget ---------------------------------------------------------------------------
+# Under CI=true a test that skips fails the run unless tests/allowed_skips.txt names it: a
+# skip never hides lost coverage (a dependency dropped from the test extra, a module that
+# stopped importing). Each line of that file is "<node id pattern> | <reason>" (fnmatch
+# patterns against pytest's node ids, e.g. "tests/test_isa.py::test_levels*"); '#' starts a
+# comment.
+ALLOWED_SKIPS = os.path.join(os.path.dirname(__file__), "allowed_skips.txt")
+_skipped = []
+
+
+def allowed_skips(path=ALLOWED_SKIPS):
+    """[(pattern, reason)] of the allowed-skips file."""
+    out = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            pattern, sep, reason = (part.strip() for part in line.partition("|"))
+            if not sep or not pattern or not reason:
+                raise ValueError(f"{path}:{number}: expected '<node id pattern> | <reason>', got {line!r}")
+            out.append((pattern, reason))
+    return out
+
+
+def unexpected_skips(nodeids, allowed):
+    """The node ids no pattern of `allowed` matches."""
+    import fnmatch
+
+    return [n for n in nodeids if not any(fnmatch.fnmatchcase(n, p) for p, _ in allowed)]
+
+
+def _ci():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module-level importorskip
+        _skipped.append((report.nodeid, str(report.longrepr)))
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append((report.nodeid, reason))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _ci() or session.config.option.collectonly:
+        return
+    bad = unexpected_skips([n for n, _ in _skipped], allowed_skips())
+    session.config._skip_budget = (len(_skipped), [(n, r) for n, r in _skipped if n in bad])
+    if bad and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    budget = getattr(terminalreporter.config, "_skip_budget", None)
+    if budget is None:
+        return
+    count, bad = budget
+    write = terminalreporter.write_line
+    if bad:
+        write(f"skip budget: {len(bad)} of {count} skipped tests are not in tests/allowed_skips.txt (CI=true "
+              f"fails on them):", red=True)
+        for nodeid, reason in bad:
+            write(f"  {nodeid}: {reason}", red=True)
+    else:
+        write(f"skip budget: {count} skipped, every one allowed by tests/allowed_skips.txt")

@@ -1,15 +1,13 @@
-"""Interventions in Model.forward against transformers and TransformerLens doing the same.
+"""Interventions in Model.forward against transformers doing the same with forward hooks.
 
-Zero-ablating a head's z, mean-ablating attn_out and patching resid_pre with forward hooks
-on the same GPT-2, Llama and BERT checkpoints (1e-4 in float32; BERT's last hidden state, it
-has no logits), and every site's value and those interventions against TransformerLens 4
-(TransformerBridge run_with_cache / run_with_hooks) on GPT-2 and a grouped-query Llama.
+Zero-ablating a head's z, mean-ablating attn_out and patching resid_pre on the same GPT-2,
+Llama and BERT checkpoints (1e-4 in float32; BERT's last hidden state, it has no logits).
+The same against TransformerLens is tests/test_transformer_lens.py.
 """
 import numpy as np
 import pytest
 
 from attngeom.models import Ablate, Patch, load_model
-from attngeom.models.nn.interventions import SITE_FIELDS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -125,87 +123,5 @@ def test_patching_resid_pre_equals_transformers(pairs, layout):
     np.testing.assert_allclose(_out(f), ref, rtol=1e-4, atol=1e-4)
     full = model.forward(corrupt, interventions=[Patch("resid_pre", layer, source)])  # every position
     np.testing.assert_allclose(_out(full), _out(model.forward(clean)), rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def bridges(pairs):
-    """{layout: TransformerLens TransformerBridge} over the same transformers models (GPT-2,
-    Llama); skipped where transformer-lens (4.x, with TransformerBridge) is not installed."""
-    tl = pytest.importorskip("transformer_lens.model_bridge")
-    tokenizers = pytest.importorskip("tokenizers")
-    import transformers
-
-    def words():  # one per bridge: booting sets the tokenizer's special tokens from the model's config
-        vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
-        return transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
-
-    return {layout: tl.TransformerBridge.boot_transformers(pairs[layout][0].folder, hf_model=pairs[layout][1],
-                                                          tokenizer=words(), device="cpu")
-            for layout in ("gpt2", "llama")}
-
-
-def _tl_site(cache, layout, site, layer, n_heads):
-    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
-    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
-    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
-             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
-             "z": "attn.hook_z", "v": "attn.hook_v",
-             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
-             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
-    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
-    if site in ("q", "k", "v", "z"):
-        value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
-    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
-        value = np.repeat(value, n_heads // value.shape[1], axis=1)
-    return value
-
-
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
-    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
-    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
-    logits (1e-4, float32)."""
-    model, _ = pairs[layout]
-    bridge = bridges[layout]
-    ids = _ids(5)
-    t = torch.tensor(ids)
-    with torch.no_grad():
-        tl_logits, cache = bridge.run_with_cache(t)
-    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
-                                 "attn_out", "mlp_out", "resid_post"))
-    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
-    for site, field in SITE_FIELDS.items():
-        for layer in range(model.n_layers):
-            ours = getattr(f, field)[layer]
-            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
-            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
-
-    layer, head = 1, 2
-
-    def zero(z, hook):
-        z[:, :, head] = 0
-        return z
-
-    mean = torch.tensor(f.attn_out[0].mean(axis=(0, 1)))
-
-    def average(out, hook):
-        return torch.broadcast_to(mean, out.shape).clone()
-
-    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
-    positions = [2, 5]
-
-    def patch(x, hook):
-        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
-        return x
-
-    cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),
-             ([("blocks.0.hook_attn_out", average)], [Ablate("attn_out", 0, mode="mean", reference=f)]),
-             ([(f"blocks.{layer}.hook_resid_pre", patch)], [Patch("resid_pre", layer, source, positions=positions)])]
-    for hooks, interventions in cases:
-        with torch.no_grad():
-            theirs = bridge.run_with_hooks(t, fwd_hooks=hooks).numpy()
-        ours = model.forward(ids, interventions=interventions, keep=("logits",)).logits
-        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(interventions[0]))
-        assert np.abs(ours - f.logits).max() > 1e-3  # each intervention matters
 
 

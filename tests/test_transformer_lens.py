@@ -1,0 +1,166 @@
+"""attngeom against TransformerLens 4 (TransformerBridge), on the same random GPT-2 and
+grouped-query Llama (4 query heads, 2 key/value heads) checkpoints, built by transformers.
+
+Pinned parity a TransformerLens user expects: every site of a forward pass equals the
+run_with_cache hook value of the same name and interventions equal run_with_hooks (1e-4,
+float32); composition scores equal all_composition_scores (float32 on their side); the SVD
+of a factored OV circuit equals FactoredMatrix's (float64 on both sides, 1e-12).
+"""
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom.models import Ablate, Patch, load_model
+from attngeom.models.nn.interventions import SITE_FIELDS
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tl = pytest.importorskip("transformer_lens")
+tokenizers = pytest.importorskip("tokenizers")
+from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
+
+from builders import build  # noqa: E402
+from checkpoints import RANDOM_VOCAB as VOCAB  # noqa: E402
+
+N = 9
+LAYOUTS = ("gpt2", "llama")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """{layout: (Model, transformers model)} of GPT-2 and the grouped-query Llama."""
+    out = {}
+    for layout in LAYOUTS:
+        folder = tmp_path_factory.mktemp(layout)
+        hf = build(layout, folder)
+        out[layout] = (load_model(folder), hf)
+    return out
+
+
+def _ids(seed=0, batch=2):
+    return np.random.default_rng(seed).integers(0, VOCAB, (batch, N))
+
+
+@pytest.fixture(scope="module")
+def bridges(pairs):
+    """{layout: TransformerLens TransformerBridge} over the same transformers models."""
+
+    def words():  # one per bridge: booting sets the tokenizer's special tokens from the model's config
+        vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
+
+    return {layout: TransformerBridge.boot_transformers(pairs[layout][0].folder, hf_model=pairs[layout][1],
+                                                          tokenizer=words(), device="cpu")
+            for layout in LAYOUTS}
+
+
+def _tl_site(cache, layout, site, layer, n_heads):
+    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
+    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
+    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
+             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
+             "z": "attn.hook_z", "v": "attn.hook_v",
+             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
+             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
+    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
+    if site in ("q", "k", "v", "z"):
+        value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
+    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
+        value = np.repeat(value, n_heads // value.shape[1], axis=1)
+    return value
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
+    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
+    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
+    logits (1e-4, float32)."""
+    model, _ = pairs[layout]
+    bridge = bridges[layout]
+    ids = _ids(5)
+    t = torch.tensor(ids)
+    with torch.no_grad():
+        tl_logits, cache = bridge.run_with_cache(t)
+    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
+                                 "attn_out", "mlp_out", "resid_post"))
+    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
+    for site, field in SITE_FIELDS.items():
+        for layer in range(model.n_layers):
+            ours = getattr(f, field)[layer]
+            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
+
+    layer, head = 1, 2
+
+    def zero(z, hook):
+        z[:, :, head] = 0
+        return z
+
+    mean = torch.tensor(f.attn_out[0].mean(axis=(0, 1)))
+
+    def average(out, hook):
+        return torch.broadcast_to(mean, out.shape).clone()
+
+    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
+    positions = [2, 5]
+
+    def patch(x, hook):
+        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
+        return x
+
+    cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),
+             ([("blocks.0.hook_attn_out", average)], [Ablate("attn_out", 0, mode="mean", reference=f)]),
+             ([(f"blocks.{layer}.hook_resid_pre", patch)], [Patch("resid_pre", layer, source, positions=positions)])]
+    for hooks, interventions in cases:
+        with torch.no_grad():
+            theirs = bridge.run_with_hooks(t, fwd_hooks=hooks).numpy()
+        ours = model.forward(ids, interventions=interventions, keep=("logits",)).logits
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(interventions[0]))
+        assert np.abs(ours - f.logits).max() > 1e-3  # each intervention matters
+
+
+def _weights(bridge):
+    """The bridge's stacked W_Q, W_K, W_V, W_O as float64 arrays, key/value heads repeated per
+    query head (TransformerLens layout)."""
+    expand = bridge._expand_kv_heads
+    return [np.asarray(w.detach().numpy(), np.float64)
+            for w in (bridge.W_Q, expand(bridge.W_K), expand(bridge.W_V), bridge.W_O)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", ["Q", "K", "V"])
+def test_composition_scores_equal_transformer_lens(pairs, bridges, layout, mode):
+    """ag.composition_scores of our heads equals TransformerBridge.all_composition_scores (float32
+    on its side: measured 1e-7 on scores of about 0.2, checked at 1e-5 of the largest), and the
+    heads attngeom reads from the checkpoint are the bridge's weights."""
+    model, _ = pairs[layout]
+    theirs = bridges[layout].all_composition_scores(mode).scores.detach().numpy()
+    W = _weights(bridges[layout])
+    for ours, w in zip((model.heads.W_Q, model.heads.W_K, model.heads.W_V, model.heads.W_O), W):
+        np.testing.assert_allclose(ours, w, rtol=0, atol=1e-6 * np.abs(w).max())
+    ours = ag.composition_scores(model.heads.W_Q, model.heads.W_K, model.heads.W_V, model.heads.W_O, mode)
+    assert ours.shape == theirs.shape == (2, 4, 2, 4) and theirs.max() > 0.05
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * theirs.max())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_factored_svd_equals_factored_matrix(pairs, bridges, layout):
+    """The SVD of a head's OV circuit W_V W_O (d_model x d_model, rank d_head) from its factors:
+    ag.factored_svd against TransformerLens' FactoredMatrix.svd() in float64. Singular values
+    agree to 1e-12 of the largest; singular vectors up to sign (the values are distinct), so
+    U S Vh agree and |U_ours^T U_theirs| is the identity to rounding over the spectral gap."""
+    _, W_K, W_V, W_O = _weights(bridges[layout])
+    for layer, head in ((0, 1), (1, 3)):
+        A, B = W_V[layer, head], W_O[layer, head]
+        ours = ag.factored_svd(A, B)
+        fm = tl.FactoredMatrix(torch.tensor(A), torch.tensor(B))
+        U, S, V = (t.numpy() for t in fm.svd())  # TransformerLens returns V (rdim, mdim), not Vh
+        scale = S.max()
+        np.testing.assert_allclose(ours.S, S, rtol=0, atol=1e-12 * scale)
+        gap = np.min(-np.diff(S)) / scale  # distinct values: vectors unique up to sign
+        assert gap > 1e-3
+        # a singular vector's rounding error is about machine precision over the relative gap
+        # (measured 1e-14 at gaps of 0.01-0.04)
+        np.testing.assert_allclose(np.abs(ours.U.T @ U), np.eye(len(S)), rtol=0, atol=1e-13 / gap)
+        np.testing.assert_allclose(np.abs(ours.Vh @ V), np.eye(len(S)), rtol=0, atol=1e-13 / gap)
+        np.testing.assert_allclose((ours.U * ours.S) @ ours.Vh, A @ B, rtol=0, atol=1e-12 * np.abs(A @ B).max())
