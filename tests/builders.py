@@ -95,6 +95,19 @@ def build(layout, folder, dtype="float32"):
     return model
 
 
+def model_pairs(tmp_path_factory, layouts):
+    """{layout: (attngeom Model, transformers model)} of build(layout) for each layout, each in a
+    folder of its own."""
+    from attngeom.models import load_model
+
+    out = {}
+    for layout in layouts:
+        folder = tmp_path_factory.mktemp(layout)
+        hf = build(layout, folder)
+        out[layout] = (load_model(folder), hf)
+    return out
+
+
 def reference(model, ids, mask, positions, float64):
     kw = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
               position_ids=torch.tensor(positions), output_hidden_states=True, output_attentions=True)

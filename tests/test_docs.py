@@ -106,11 +106,19 @@ def package_modules():
     return names
 
 
+def _import(module):
+    """The module; attngeom.torch (the one module that needs an optional dependency, PyTorch)
+    is skipped where torch is not installed."""
+    if module == "attngeom.torch" or module.startswith("attngeom.torch."):
+        pytest.importorskip("torch", reason="attngeom.torch needs PyTorch")
+    return importlib.import_module(module)
+
+
 @pytest.mark.parametrize("module", package_modules())
 def test_doctests(module, monkeypatch, tmp_path):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
-    mod = importlib.import_module(module)
+    mod = _import(module)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     report = []
     # examples that read the packaged real model run only where it is installed (`make test`
@@ -172,7 +180,7 @@ def _documented(module):
 def test_docstring_fragments_are_filled(module):
     """A shared fragment (``%(name)s`` on a line of its own) left in a docstring means its
     function lacks the filling decorator: numpydoc would read the placeholder as a parameter."""
-    mod = importlib.import_module(module)
+    mod = _import(module)
     unfilled = [name for name, doc in _documented(mod) if doc and PLACEHOLDER.search(doc)]
     assert not unfilled, unfilled
 

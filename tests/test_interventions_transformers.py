@@ -7,12 +7,12 @@ The same against TransformerLens is tests/test_transformer_lens.py.
 import numpy as np
 import pytest
 
-from attngeom.models import Ablate, Patch, load_model
+from attngeom.models import Ablate, Patch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from builders import LAYOUTS, VOCAB, build  # noqa: E402
+from builders import LAYOUTS, VOCAB, model_pairs  # noqa: E402
 
 N = 9
 
@@ -21,12 +21,7 @@ N = 9
 def pairs(tmp_path_factory):
     """{layout: (Model, transformers model)} for every layout of the builders (GPT-2, the Llama
     family with its rope types, Mistral, Qwen2, Qwen3, BERT)."""
-    out = {}
-    for layout in LAYOUTS:
-        folder = tmp_path_factory.mktemp(layout)
-        hf = build(layout, folder)
-        out[layout] = (load_model(folder), hf)
-    return out
+    return model_pairs(tmp_path_factory, LAYOUTS)
 
 
 def _ids(seed=0, batch=2):

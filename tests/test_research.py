@@ -366,7 +366,7 @@ def _mixtral(folder, *, top_k=2, dtype="float32", planted=False):
 
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 def test_mixtral_forward_matches_transformers(tmp_path, precision):
-    import torch
+    torch = pytest.importorskip("torch")
     from builders import batch, float64_everywhere
 
     model = _mixtral(tmp_path / "m", dtype=precision)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attngeom as ag
-from attngeom.models import Ablate, Patch, load_model
+from attngeom.models import Ablate, Patch
 from attngeom.models.nn.interventions import SITE_FIELDS
 
 torch = pytest.importorskip("torch")
@@ -19,7 +19,7 @@ tl = pytest.importorskip("transformer_lens")
 tokenizers = pytest.importorskip("tokenizers")
 from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
 
-from builders import build  # noqa: E402
+from builders import model_pairs  # noqa: E402
 from checkpoints import RANDOM_VOCAB as VOCAB  # noqa: E402
 
 N = 9
@@ -29,12 +29,7 @@ LAYOUTS = ("gpt2", "llama")
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """{layout: (Model, transformers model)} of GPT-2 and the grouped-query Llama."""
-    out = {}
-    for layout in LAYOUTS:
-        folder = tmp_path_factory.mktemp(layout)
-        hf = build(layout, folder)
-        out[layout] = (load_model(folder), hf)
-    return out
+    return model_pairs(tmp_path_factory, LAYOUTS)
 
 
 def _ids(seed=0, batch=2):

@@ -204,6 +204,14 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
         N_hat / Z_hat (and log Z_hat). A query whose estimated Z underflows to 0 gets y = 0,
         log Z = -inf.
 
+    Notes
+    -----
+    Known limit: the key features share one shift (their largest logit). When the logits of
+    the features span more than the exponent range (feature logits of order 1e5 and beyond,
+    e.g. inputs of norm 1e3 at scale 1e9), the terms of a query's largest products can fall to
+    subnormal numbers and y and log Z leave the exact estimate. Logits of ordinary size, and
+    logits so large that one term dominates (1e50 and beyond), are exact to rounding.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)
