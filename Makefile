@@ -97,7 +97,7 @@ SAN_LEVELS ?= baseline;avx512
 # developer's machine may lack AVX-512); under CI (CI=true, as .ci/run sets) it is an error,
 # unless SAN_ALLOW_SKIP=1 states that the runner is known to lack the level.
 SAN_ALLOW_SKIP ?= $(if $(filter true 1,$(CI)),0,1)
-SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4"
+SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4" scikit-image
 # The C++-backed tests.
 SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
   lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz determinism))
@@ -116,7 +116,7 @@ $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/
 SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:abort_on_error=1 \
-  ATTNGEOM_FUZZ_TIMEOUT=30
+  ATTNGEOM_FUZZ_TIMEOUT=30 ATTNGEOM_ALLOWED_SKIPS=tests/allowed_skips_sanitize.txt
 
 sanitize: $(SAN_VENV)/.installed
 	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
