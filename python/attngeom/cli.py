@@ -156,7 +156,7 @@ def _heads(args) -> int:
         if not texts:
             raise ValueError("--effects measures the model's loss on a text: give --text FILE")
         effects_model = load_model(args.checkpoint)
-        if not effects_model.decoder.has_unembedding:
+        if not effects_model.has_unembedding:
             raise ValueError(f"--effects measures the next-token loss, and this {effects_model.arch.model_type} "
                              f"checkpoint has no lm_head")
     done = {}

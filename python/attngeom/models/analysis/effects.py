@@ -210,7 +210,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     for layer in chosen:
         for head in range(H):
             iv = Ablate("z", layer, heads=[head], mode=mode, reference=clean if mode == "mean" else None)
-            f = model._resume(ids, layer, clean.hidden_states[layer], [iv], dtype)
+            f = model.run_from(layer, clean.hidden_states[layer], ids, interventions=[iv], dtype=dtype)
             effects[layer, head] = _metric(f.logits, ids, metric, answers) - baseline
     return HeadEffects(effects, baseline, metric, mode, {"total": time.perf_counter() - t0})
 
@@ -364,7 +364,7 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
             out = value.copy()
             out[..., head, :, :] = value[..., head, :, :] @ M.astype(value.dtype)
             return out
-        f = model._resume(ids, layer, start, [Hook(site, layer, fn)], dtype)
+        f = model.run_from(layer, start, ids, interventions=[Hook(site, layer, fn)], dtype=dtype)
         return _metric(f.logits, ids, metric, answers)
 
     eye = np.eye(A.shape[1])
@@ -380,7 +380,7 @@ def _check_head(model, layer, head) -> None:
 
 
 def _needs_logits(model, what: str) -> None:
-    if not model.decoder.has_unembedding:
+    if not model.has_unembedding:
         raise ValueError(f"model: {what} measures the model's next-token output, and this {model.arch.model_type} "
                          f"checkpoint has no unembedding (lm_head)")
 
@@ -517,7 +517,7 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
         for p in range(n):
             for h in (range(H) if per_head else (None,)):
                 iv = Patch(site, layer, source, positions=[p], heads=None if h is None else [h])
-                f = model._resume(corrupt_ids, layer, corrupt.hidden_states[layer], [iv], dtype)
+                f = model.run_from(layer, corrupt.hidden_states[layer], corrupt_ids, interventions=[iv], dtype=dtype)
                 value = (_metric(f.logits, corrupt_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
                 restored[(layer, p) if h is None else (layer, p, h)] = value
     return PatchingResult(site, restored, m_clean, m_corrupt, metric)
@@ -597,8 +597,8 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
         return fn
 
     # hidden_states[0] enters the one kept layer
-    gauged = model._resume(ids, layer, clean.hidden_states[0], [Hook("q", layer, on_head(A)),
-                                                               Hook("k", layer, on_head(inv_t))], dtype)
+    gauged = model.run_from(layer, clean.hidden_states[0], ids, dtype=dtype,
+                            interventions=[Hook("q", layer, on_head(A)), Hook("k", layer, on_head(inv_t))])
     top = float(np.abs(clean.logits).max()) or 1.0
     rows = [{"layer": int(layer), "head": int(head), "check": "gauge", "expected": "unchanged (rounding)",
              "measured": float(np.abs(gauged.logits - clean.logits).max()) / top, "others": None}]

@@ -255,7 +255,7 @@ def _latent_analysis(out: LatentKeyCache, latent: np.ndarray, model, rtol) -> No
     _, s, vh = np.linalg.svd(latent, full_matrices=False)  # c = U diag(s) Vh
     energy = np.empty((L, s.shape[-1]))
     for layer in range(L):
-        kv_b = np.asarray(model.decoder.w["layers"][layer]["kv_b"], dtype=np.float64)  # (d_c, H (nope + dv))
+        kv_b = np.asarray(model.layer_weights(layer)["kv_b"], dtype=np.float64)  # (d_c, H (nope + dv))
         W_UK = kv_b.reshape(dc, H, nope + dv)[:, :, :nope].reshape(dc, H * nope)
         energy[layer] = np.sum((vh[layer] @ W_UK) ** 2, axis=-1)  # ||v_i^T W_UK||^2
     weighted = s * s * energy

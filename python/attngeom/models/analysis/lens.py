@@ -163,7 +163,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
     array([4, 7, 3])
     """
     m = resolve_model(model)
-    if not m.decoder.has_unembedding:
+    if not m.has_unembedding:
         raise ValueError(f"model: the logit lens needs a decoder with an unembedding (lm_head), "
                          f"got a {m.arch.model_type} checkpoint without one")
     V = m.arch.vocab_size
@@ -176,7 +176,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
         raise ValueError(f"dtype must be float32 or float64, got {dt}")
     ids, tokens = encode_prompt(m, prompt)
     f = m.forward(ids, dtype=dt)
-    W_U = np.asarray(m.decoder.w["unembed"]).astype(dt, copy=False)
+    W_U = np.asarray(m.unembedding).astype(dt, copy=False)
     L, n = f.n_layers, ids.size
     top_ids = np.zeros((L + 1, n, k), np.int64)
     top_lp = np.zeros((L + 1, n, k), dt)
@@ -186,7 +186,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
     nxt = ids[1:]
     for layer in range(L + 1):
         h = f.hidden_states[layer]
-        logits = (h if layer == L else m.decoder.final_norm(h)) @ W_U.T  # (n, V)
+        logits = (h if layer == L else m.final_norm(h)) @ W_U.T  # (n, V)
         shifted = logits - logits.max(axis=-1, keepdims=True)
         lse = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
         logp = shifted - lse

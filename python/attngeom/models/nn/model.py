@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..._operands import check_token_ids
+from ...errors import NonFiniteOperand
 from ..io.architecture import Architecture, architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
@@ -190,21 +191,8 @@ class Model:
         >>> f.attention_stats.entropy.shape, f.logits.shape  # doctest: +SKIP
         ((28, 16, 4096), (1, 151936))
         """
-        dt = np.dtype(dtype)
-        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be float32 or float64, got {dt}")
-        try:
-            ids = np.asarray(token_ids)
-        except ValueError:  # ragged nested sequences
-            raise ValueError("token_ids must be a non-empty (n,) or (batch, n) integer array, got a ragged "
-                             "sequence") from None
-        if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
-            raise ValueError(f"token_ids must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
-                             f"dtype {ids.dtype}")
-        single = ids.ndim == 1
-        ids = ids.reshape(1, -1) if single else ids
-        V = self.arch.vocab_size
-        check_token_ids("token_ids", ids, V, f" (config.json vocab_size {V})")
+        dt = self._dtype(dtype)
+        ids, single = self._token_ids(token_ids)
         if attention_mask is None:
             mask = np.ones(ids.shape, dtype=bool)
         else:
@@ -229,16 +217,121 @@ class Model:
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         return out.sequence(0) if single else out
 
-    def _resume(self, ids, layer: int, h, interventions, dtype) -> Forward:
-        """The logits of a pass over checked token ids (batch, n), all real, started at `layer`
-        from the residual stream h (batch, n, d_model) entering it, with interventions (used
-        by :func:`head_ablation_effects`, which reuses one clean pass up to each layer)."""
+    @staticmethod
+    def _dtype(dtype) -> np.dtype:
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {dt}")
+        return dt
+
+    def _token_ids(self, token_ids):
+        """Checked token ids as (batch, n) and whether one sequence was given."""
+        try:
+            ids = np.asarray(token_ids)
+        except ValueError:  # ragged nested sequences
+            raise ValueError("token_ids must be a non-empty (n,) or (batch, n) integer array, got a ragged "
+                             "sequence") from None
+        if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"token_ids must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
+                             f"dtype {ids.dtype}")
+        single = ids.ndim == 1
+        ids = ids.reshape(1, -1) if single else ids
+        V = self.arch.vocab_size
+        check_token_ids("token_ids", ids, V, f" (config.json vocab_size {V})")
+        return ids, single
+
+    # -- what analyses read -------------------------------------------------------------
+    @property
+    def has_unembedding(self) -> bool:
+        """Whether the checkpoint has an lm_head (or ties it to the embedding): False for BERT."""
+        return self.decoder.has_unembedding
+
+    @property
+    def unembedding(self) -> np.ndarray:
+        """W_U, shape (vocab, d_model), as stored (memory-mapped; cast it yourself): the logits
+        are ``final_norm(h) @ W_U.T``. ValueError for a model without one (BERT)."""
+        if not self.has_unembedding:
+            raise ValueError(f"model: a {self.arch.model_type} checkpoint has no unembedding (no logits)")
+        return self.decoder.w["unembed"]
+
+    def final_norm(self, h: np.ndarray) -> np.ndarray:
+        """The final norm N_f of residual streams h (..., d_model), in h's dtype: the logits are
+        ``final_norm(h_L) @ unembedding.T``; on earlier layers it is the logit lens."""
+        return self.decoder.final_norm(h)
+
+    def layer_weights(self, layer: int) -> dict:
+        """The stored tensors of one layer ({name: array}, (in, out) orientation, y = x W), as
+        :func:`attngeom.models.io.weights.read_weights` names them (read-only views)."""
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) \
+                or not 0 <= layer < self.arch.n_layers:
+            raise ValueError(f"layer must be an integer in 0..{self.arch.n_layers - 1}, got {layer!r}")
+        return dict(self.decoder.w["layers"][int(layer)])
+
+    def run_from(self, layer: int, residual, token_ids, *, interventions=None, keep=("logits",),
+                 layers=None, logits_at=None, dtype=np.float32) -> Forward:
+        """The rest of a forward pass, started at `layer` from the residual stream entering it.
+
+        A clean pass computed up to ``layer`` once can be continued many times with different
+        interventions (ablation and patching sweeps): ``run_from(l, f["resid_pre", l], ids)``
+        equals ``forward(ids)`` from layer l on, bitwise.
+
+        Parameters
+        ----------
+        layer : int
+            The first layer to run, 0 <= layer < n_layers.
+        residual : array_like, shape ([batch,] n, d_model)
+            The residual stream entering `layer` (``resid_pre`` of that layer).
+        token_ids : array_like of int, shape ([batch,] n)
+            The pass's token ids (positions and the vocabulary check); every token real.
+        interventions, keep, logits_at, dtype
+            As :meth:`forward`; interventions at layers before `layer` are refused.
+        layers : int or sequence of int, optional
+            The layers whose per-layer sites are kept, all >= `layer` (default: `layer` on).
+
+        Returns
+        -------
+        Forward
+            Per-layer sites of the layers run (``layers`` starts at `layer`).
+
+        Raises
+        ------
+        ValueError
+            For a layer out of range, a residual whose shape is not token_ids' plus d_model or
+            that is not finite, kept layers or interventions before `layer`, and what
+            :meth:`forward` refuses.
+
+        Examples
+        --------
+        >>> clean = model.forward(ids, keep=("resid_pre", "logits"))  # doctest: +SKIP
+        >>> f = model.run_from(2, clean["resid_pre", 2], ids, interventions=[Ablate("z", 2, heads=[1])])  # doctest: +SKIP
+        """
+        n_layers = self.arch.n_layers
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < n_layers:
+            raise ValueError(f"layer must be an integer in 0..{n_layers - 1}, got {layer!r}")
+        layer = int(layer)
+        ids, single = self._token_ids(token_ids)
+        h = np.asarray(residual)
+        want = (ids.shape[1], self.arch.d_model) if single else ids.shape + (self.arch.d_model,)
+        if h.shape != want:
+            raise ValueError(f"residual must have shape {want} (token_ids' shape plus d_model), got {h.shape}")
+        if h.dtype.kind != "f":
+            raise ValueError(f"residual must be a float array, got dtype {h.dtype}")
+        if not np.all(np.isfinite(h)):
+            raise NonFiniteOperand("residual holds NaN or infinity")
+        chosen = tuple(range(layer, n_layers)) if layers is None else layers
+        dt = self._dtype(dtype)
         mask = np.ones(ids.shape, dtype=bool)
         positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        plan = plan_forward(self.arch, mask, np.dtype(dtype), keep=("logits",), layers=[layer],
-                            interventions=interventions)
-        return self.decoder.forward(ids.astype(np.int64), mask, positions, np.dtype(dtype), plan, resume=(layer, h))
-
+        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=chosen, logits_at=logits_at,
+                            interventions=interventions, single=single)
+        if plan.layers[0] < layer:
+            raise ValueError(f"layers: {plan.layers[0]} is before the first layer run ({layer})")
+        early = [i for i in plan.interventions if i < layer]
+        if early:
+            raise ValueError(f"interventions: one acts at layer {early[0]}, before the first layer run ({layer})")
+        out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan,
+                                   resume=(layer, h.reshape(ids.shape + (-1,))))
+        return out.sequence(0) if single else out
 
 def load_model(path, *, backend: str = "auto") -> Model:
     """Load a checkpoint for its forward pass: a folder, a file, or a cached hub model name.
