@@ -83,11 +83,16 @@ def test_the_forward_is_the_architecture_written_out(tmp_path, layout):
 
 @pytest.mark.parametrize("layout", DECODERS + ["bert"])
 def test_kept_fields_are_bitwise_the_full_pass(models, layout):
+    """Every site kept alone (or with others, at some layers) is bitwise the value of a pass that
+    keeps every site, and keeping every site leaves the logits bitwise those of a plain pass
+    (the MLP's split path, taken when mlp_in or mlp_post is kept, computes the same bits)."""
     m = models[layout]
     ids, mask = batch()
-    full = m.forward(ids, attention_mask=mask, keep=KEEPABLE)
-    for keep, layers in [(("attention_stats", "logits"), None), (("q", "v", "hidden_states"), [1]),
-                         (("attentions", "attention_inputs", "k_prerotary"), [0]), ("attention_stats", [-1])]:
+    full = m.forward(ids, attention_mask=mask, keep="all")
+    np.testing.assert_array_equal(m.forward(ids, attention_mask=mask, keep="logits").logits, full.logits)
+    for keep, layers in [(("attention_stats", "logits"), None), (("q", "v", "resid_pre", "ln_final"), [1]),
+                         (("pattern", "attn_in", "k_prerotary", "mlp_post", "embed"), [0]),
+                         (("mlp_in", "resid_mid", "z", "pos_embed"), [1]), ("attention_stats", [-1])]:
         f = m.forward(ids, attention_mask=mask, keep=keep, layers=layers)
         kept = (keep,) if isinstance(keep, str) else keep
         index = [0, 1] if layers is None else [layers[0] % 2]
@@ -99,10 +104,8 @@ def test_kept_fields_are_bitwise_the_full_pass(models, layout):
             elif name == "attention_stats":
                 for field in ("log_z", "entropy", "max_weight", "argmax", "sink_weight", "mean_distance"):
                     np.testing.assert_array_equal(getattr(value, field), getattr(full.attention_stats, field)[index])
-            elif name == "logits":
-                np.testing.assert_array_equal(value, full.logits)
-            elif name == "hidden_states":  # the kept layers' inputs, then the output
-                np.testing.assert_array_equal(value, full.hidden_states[index + [-1]])
+            elif name in ("logits", "embed", "pos_embed", "ln_final"):  # one per pass
+                np.testing.assert_array_equal(value, getattr(full, name), err_msg=name)
             else:
                 np.testing.assert_array_equal(value, getattr(full, name)[index], err_msg=name)
         np.testing.assert_array_equal(f.scale, full.scale[index])
@@ -146,9 +149,9 @@ def test_one_sequence_drops_the_batch_axis(models):
 def test_bad_arguments(models):
     m = models["llama"]
     ids = np.arange(6)
-    with pytest.raises(ValueError, match="keep: unknown field 'atention'.*attentions"):
+    with pytest.raises(ValueError, match="keep: unknown site 'atention'.*pattern"):
         m.forward(ids, keep=("atention",))
-    with pytest.raises(TypeError, match="keep must be a field name"):
+    with pytest.raises(TypeError, match="keep must be a site name"):
         m.forward(ids, keep=3)
     with pytest.raises(ValueError, match="layers: 2 is out of range for a model of 2 layers"):
         m.forward(ids, layers=[0, 2])
@@ -171,7 +174,7 @@ def test_bad_arguments(models):
 def test_a_pass_beyond_memory_is_refused_before_allocation(models):
     m = models["llama"]
     n = 400_000  # 2 layers x 4 heads x n^2 float32 weights: 5 TB
-    with pytest.raises(ValueError, match=r"would need .* GiB for 'attentions'.*keep=\('attention_stats', 'logits'\)"):
+    with pytest.raises(ValueError, match=r"would need .* GiB for 'pattern'.*keep=\('attention_stats', 'logits'\)"):
         m.forward(np.zeros(n, np.int64))
     mask = np.ones((1, 1000), bool)
     plan_forward(m.arch, mask, np.float32, keep=("attention_stats",), available=10 ** 9)  # fits
@@ -448,5 +451,5 @@ def test_forward_and_model_print_in_a_few_lines(models):
     text = repr(f)
     assert text.startswith("Forward(6 tokens, layers [0, 1]") and len(text.splitlines()) <= 6
     assert f"logits: (6, {VOCAB}) float32" in text and "attention_stats: (2, 4, 6)" in text
-    assert "not kept: hidden_states, attentions" in text
+    assert "not kept: embed, pos_embed, resid_pre, attn_in" in text
     assert repr(m).startswith("Model(llama from ") and "2 layers x 4 heads (kv heads 2)" in repr(m)

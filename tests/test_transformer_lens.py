@@ -11,7 +11,7 @@ import pytest
 
 import attngeom as ag
 from attngeom.models import Ablate, Patch
-from attngeom.models.nn.interventions import SITE_FIELDS
+from attngeom.models.nn.sites import model_sites, parse_site
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -49,42 +49,42 @@ def bridges(pairs):
             for layout in LAYOUTS}
 
 
-def _tl_site(cache, layout, site, layer, n_heads):
-    """A TransformerLens cache's value at one of our sites, in the Forward's layout (heads
-    before positions; q and k after the rotation, which TransformerLens names rot_q, rot_k)."""
-    names = {"resid_pre": "hook_resid_pre", "attn_in": "ln1.hook_out", "attn_out": "hook_attn_out",
-             "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "pattern": "attn.hook_pattern",
-             "z": "attn.hook_z", "v": "attn.hook_v",
-             "q": "attn.hook_rot_q" if layout == "llama" else "attn.hook_q",
-             "k": "attn.hook_rot_k" if layout == "llama" else "attn.hook_k"}
-    value = cache[f"blocks.{layer}.{names[site]}"].detach().numpy()
-    if site in ("q", "k", "v", "z"):
+def _theirs(cache, name, site, n_heads):
+    """TransformerLens' cached value of the hook `name` in the Forward's layout: heads before
+    positions, keys and values repeated per query head under grouped-query attention. Models
+    without a rotary embedding have no hook_rot_q / hook_rot_k: there q and k are hook_q, hook_k."""
+    key = name if name in cache else name.replace("hook_rot_", "hook_")
+    value = cache[key].detach().numpy()
+    if site in ("q", "k", "v", "z", "q_prerotary", "k_prerotary"):
         value = value.transpose(0, 2, 1, 3)  # (b, n, H, d) -> (b, H, n, d)
-    if site in ("k", "v") and value.shape[1] != n_heads:  # grouped-query: one per key/value head
-        value = np.repeat(value, n_heads // value.shape[1], axis=1)
+        if value.shape[1] != n_heads:  # grouped-query: one per key/value head
+            value = np.repeat(value, n_heads // value.shape[1], axis=1)
     return value
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
 def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
-    """Every site holds TransformerLens' hook value of the same name, and zero-ablating a head's
-    z, mean-ablating attn_out and patching resid_pre with TransformerBridge hooks give our
-    logits (1e-4, float32)."""
+    """Every site of a cache of the whole pass (keep="all") holds TransformerLens' run_with_cache
+    value under the same hook name, and zero-ablating a head's z, mean-ablating attn_out and
+    patching resid_pre with TransformerBridge hooks give our logits (1e-4, float32)."""
     model, _ = pairs[layout]
     bridge = bridges[layout]
     ids = _ids(5)
     t = torch.tensor(ids)
     with torch.no_grad():
         tl_logits, cache = bridge.run_with_cache(t)
-    f = model.forward(ids, keep=("logits", "hidden_states", "attention_inputs", "q", "k", "v", "attentions", "z",
-                                 "attn_out", "mlp_out", "resid_post"))
+    f = model.forward(ids, keep="all")
     np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
-    for site, field in SITE_FIELDS.items():
-        for layer in range(model.n_layers):
-            ours = getattr(f, field)[layer]
-            theirs = _tl_site(cache, layout, site, layer, model.arch.n_heads)
-            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{site} layer {layer}")
+    compared = set()
+    for name, ours in f.items():
+        site, _ = parse_site(name)
+        theirs = _theirs(cache, name, site, model.arch.n_heads)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=name)
+        compared.add(site)
+    assert compared == set(model_sites(model.arch))  # every site this model has
+    assert len(compared) == (18 if layout == "gpt2" else 17)  # GPT-2's position table; no experts, no latent
 
+    f = model.forward(ids, keep=("logits", "resid_pre", "attn_out"))
     layer, head = 1, 2
 
     def zero(z, hook):
@@ -96,11 +96,11 @@ def test_sites_and_interventions_equal_transformer_lens(pairs, bridges, layout):
     def average(out, hook):
         return torch.broadcast_to(mean, out.shape).clone()
 
-    source = model.forward(_ids(6), keep=("hidden_states", "logits"))
+    source = model.forward(_ids(6), keep=("resid_pre", "logits"))
     positions = [2, 5]
 
     def patch(x, hook):
-        x[:, positions] = torch.tensor(source.hidden_states[layer][:, positions])
+        x[:, positions] = torch.tensor(source["resid_pre", layer][:, positions])
         return x
 
     cases = [([(f"blocks.{layer}.attn.hook_z", zero)], [Ablate("z", layer, heads=[head])]),

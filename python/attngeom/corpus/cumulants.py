@@ -20,7 +20,7 @@ class CumulantStatistic(Statistic):
     """
 
     name = "cumulants"
-    fields = ("q", "k", "attentions")
+    fields = ("q", "k", "pattern")
 
     def _new(self, batch) -> dict:
         L, _, H = batch.forward.q.shape[:3]
@@ -32,7 +32,7 @@ class CumulantStatistic(Statistic):
         norm = np.linalg.norm(q, axis=-1, keepdims=True)
         u = np.divide(q, norm, out=np.zeros_like(q), where=norm > 0)
         s = u @ np.swapaxes(k, -1, -2)  # (L, b, H, n, n) projected keys
-        P = np.asarray(f.attentions, np.float64)
+        P = np.asarray(f.pattern, np.float64)
         k1 = np.sum(P * s, axis=-1)
         k2 = np.sum(P * (s - k1[..., None]) ** 2, axis=-1)
         kappa = np.stack([batch.head_tokens(k1), batch.head_tokens(k2)], axis=-1)  # (L, H, N, 2)

@@ -40,7 +40,7 @@ class Batch:
     ----------
     forward : Forward
         The model's outputs with a batch axis: q, k (n_layers, b, n_heads, n, d_head),
-        attentions (n_layers, b, n_heads, n, n), attention_inputs (n_layers, b, n, d_model).
+        pattern (n_layers, b, n_heads, n, n), attn_in (n_layers, b, n, d_model).
     lengths : ndarray of int, shape (b,)
         Tokens of each text (positions 0 .. length - 1 are real, the rest padding).
     """

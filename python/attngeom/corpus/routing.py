@@ -27,7 +27,7 @@ class RoutingStatistic(Statistic):
     """
 
     name = "routing"
-    fields = ("attentions",)
+    fields = ("pattern",)
     _PARTS = ("entropy", "max_weight", "rank")
 
     def __init__(self, entropy_edges=None, max_weight_edges=None, rank_edges=None):
@@ -43,7 +43,7 @@ class RoutingStatistic(Statistic):
         return {f"{p}_edges": e for p, e in self.edges.items()}
 
     def _new(self, batch) -> dict:
-        L, _, H = batch.forward.attentions.shape[:3]
+        L, _, H = batch.forward.pattern.shape[:3]
         state = {}
         for p in self._PARTS:
             state[p] = Moments((L, H), 1, full=False)
@@ -51,7 +51,7 @@ class RoutingStatistic(Statistic):
         return state
 
     def _update(self, batch) -> None:
-        P = np.asarray(batch.forward.attentions, dtype=np.float64)  # (L, b, H, n, n)
+        P = np.asarray(batch.forward.pattern, dtype=np.float64)  # (L, b, H, n, n)
         rows = batch.head_tokens(P)  # (L, H, N, n): every real query row (padded keys carry 0)
         plogp = np.where(rows > 0, rows * np.log(np.where(rows > 0, rows, 1.0)), 0.0)
         values = {"entropy": -plogp.sum(-1), "max_weight": rows.max(-1)}

@@ -187,15 +187,15 @@ def write_activations(model, texts, store, *, batch_tokens: int = 1024, max_leng
             for r, t in enumerate(ids[start:stop]):
                 tok[r, :len(t)], mask[r, :len(t)] = t, True
             f = m.forward(tok, attention_mask=mask, dtype=dt,
-                          keep=("q", "k", "attentions", "attention_inputs", "attention_stats"))
+                          keep=("q", "k", "pattern", "attn_in", "attention_stats"))
             if scale is None:
                 scale = np.asarray(f.scale, np.float64)
             for r, ln in enumerate(group):
                 ln = int(ln)
                 out["q"].append(np.asarray(f.q[:, r, :, :ln], dt))
                 out["k"].append(np.asarray(f.k[:, r, :, :ln], dt))
-                out["attentions"].append(np.asarray(f.attentions[:, r, :, :ln, :ln], dt).reshape(L, H, ln * ln))
-                out["attention_inputs"].append(np.asarray(f.attention_inputs[:, r, :ln], dt))
+                out["attentions"].append(np.asarray(f.pattern[:, r, :, :ln, :ln], dt).reshape(L, H, ln * ln))
+                out["attention_inputs"].append(np.asarray(f.attn_in[:, r, :ln], dt))
                 out["log_z"].append(np.asarray(f.attention_stats.log_z[:, r, :, :ln], dt))
             start = stop
         for appender in out.values():
@@ -224,8 +224,8 @@ def _store_partition(q, k, attentions, attention_inputs, log_z, lengths, scale, 
         lens = np.array([int(lengths[i]) for i in group])
         b, n = len(group), int(lens.max())
         f = SimpleNamespace(q=np.zeros((L, b, H, n, d), q.dtype), k=np.zeros((L, b, H, n, d), k.dtype),
-                            attentions=np.zeros((L, b, H, n, n), attentions.dtype),
-                            attention_inputs=np.zeros((L, b, n, D), attention_inputs.dtype), scale=scale,
+                            pattern=np.zeros((L, b, H, n, n), attentions.dtype),
+                            attn_in=np.zeros((L, b, n, D), attention_inputs.dtype), scale=scale,
                             positions=np.zeros((b, n), np.int64), attention_stats=None)
         lz = np.full((L, b, H, n), -np.inf, log_z.dtype)
         for r, i in enumerate(group):
@@ -233,11 +233,11 @@ def _store_partition(q, k, attentions, attention_inputs, log_z, lengths, scale, 
             f.q[:, r, :, :ln] = q[:, :, o:o + ln]
             f.k[:, r, :, :ln] = k[:, :, o:o + ln]
             a = int(blocks[i])
-            f.attentions[:, r, :, :ln, :ln] = attentions[:, :, a:a + ln * ln].reshape(L, H, ln, ln)
-            f.attention_inputs[:, r, :ln] = attention_inputs[:, o:o + ln]
+            f.pattern[:, r, :, :ln, :ln] = attentions[:, :, a:a + ln * ln].reshape(L, H, ln, ln)
+            f.attn_in[:, r, :ln] = attention_inputs[:, o:o + ln]
             lz[:, r, :, :ln] = log_z[:, :, o:o + ln]
         if any(s.fields is None or "attention_stats" in s.fields for s in protos):
-            f.attention_stats = stats_from_weights(f.attentions, lz)
+            f.attention_stats = stats_from_weights(f.pattern, lz)
         batch = Batch(f, lens)
         for s in states.values():
             s.update(batch)

@@ -240,7 +240,7 @@ class WhitenessStatistic(Statistic):
     """
 
     name = "whiteness"
-    fields = ("attention_inputs",)
+    fields = ("attn_in",)
 
     def __init__(self, window: int = 4, max_lag: Optional[int] = None):
         super().__init__()
@@ -251,13 +251,13 @@ class WhitenessStatistic(Statistic):
         return {"window": self.window, "max_lag": self.max_lag}
 
     def _new(self, batch) -> dict:
-        x = batch.forward.attention_inputs
+        x = batch.forward.attn_in
         return {"sequences": SequenceMoments((x.shape[0],), self.window, x.shape[-1], max_lag=self.max_lag)}
 
     def _update(self, batch) -> None:
         keep = np.flatnonzero(batch.lengths >= self.window)
         if keep.size:
-            x = np.asarray(batch.forward.attention_inputs, np.float64)[:, keep, :self.window]
+            x = np.asarray(batch.forward.attn_in, np.float64)[:, keep, :self.window]
             self.state["sequences"].update(x)
 
     def result(self) -> dict:

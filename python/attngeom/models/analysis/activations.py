@@ -12,19 +12,21 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..._operands import choice
+from ..._operands import check_finite, choice
 from ..io.checkpoint import Checkpoint
 from ..io.jsonfile import read_json_object
 from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
 from ..nn.bert import BertEncoder
-from ..nn.model import Model, load_model
+from ..nn.model import Model
+from .prompt import resolve_model
 
 
 def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:
     """Read activations saved as .npy, for the data diagnostics of Laplace-Radon s.12.1.
 
-    ValueError for missing layers, wrong shapes or non-finite values.
+    ValueError for missing layers and wrong shapes; :class:`attngeom.errors.NonFiniteOperand`
+    (a ValueError) for NaN or infinite values.
 
     Parameters
     ----------
@@ -81,8 +83,7 @@ def load_activations(folder, n_layers: int, d_model: int) -> np.ndarray:
     if x.dtype.kind not in "fiu":
         raise ValueError(f"activations must be real numbers, got dtype {x.dtype}")
     x = x.astype(np.float64)
-    if not np.all(np.isfinite(x)):
-        raise ValueError("activations contain NaN or infinite values")
+    check_finite("activations", x)
     return x
 
 
@@ -101,7 +102,7 @@ def _sentence_max_length(folder) -> Optional[int]:
 
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
                      encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None,
-                     model: Optional[Model] = None) -> Tuple[np.ndarray, List[str]]:
+                     model=None) -> Tuple[np.ndarray, List[str]]:
     """Run ``text`` through the library's NumPy forward pass (BERT or a decoder).
 
     The inputs of every layer's attention, for the data diagnostics of Laplace-Radon s.12.1.
@@ -115,9 +116,10 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
 
     Parameters
     ----------
-    checkpoint : str or path-like
+    checkpoint : Model or str or path-like
         A checkpoint (file, folder, packaged-model or cached hub name) whose folder holds
-        tokenizer.json (or vocab.txt for BERT).
+        tokenizer.json (or vocab.txt for BERT), or a loaded :class:`Model` of one (then also
+        the decoder that runs, as ``model``).
     text : str
         The input text.
     max_length : int, optional
@@ -126,9 +128,10 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         A loaded encoder to reuse (BERT only).
     n_heads : int, optional
         Needed without config.json.
-    model : Model, optional
+    model : Model or str or path-like, optional
         A loaded decoder (:func:`load_model` of the same checkpoint) to reuse, so that many
-        texts do not read the weights again (decoders only).
+        texts do not read the weights again (decoders only; a path is loaded, as
+        :func:`attngeom.models.analysis.prompt.resolve_model` does).
 
     Returns
     -------
@@ -144,20 +147,22 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     >>> x.shape, tokens
     ((6, 1, 6, 384), ['[CLS]', 'the', 'cat', 'sat', '.', '[SEP]'])
     """
+    if isinstance(checkpoint, Model):
+        if model is not None:
+            raise ValueError("model: checkpoint is already a Model; give one or the other")
+        model, checkpoint = checkpoint, checkpoint.folder or checkpoint.path
     ck = Checkpoint(checkpoint)
     layout, _, _ = detect_layout(ck.names)
     if layout.name != "bert":
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        if model is not None and not isinstance(model, Model):
-            raise TypeError(f"model must be a Model from load_model, got {type(model).__name__}")
-        model = model if model is not None else load_model(checkpoint)
+        model = resolve_model(model if model is not None else checkpoint)
         limit = max_length if max_length is not None else model.max_length
         ids, tokens = model.tokenize(text, max_length=limit)
         if not ids:
             raise ValueError("the text has no tokens")
-        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attention_inputs",))
-        return out.attention_inputs[:, None], tokens
+        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attn_in",))
+        return out.attn_in[:, None], tokens
     enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
     if max_length is not None and int(max_length) < 2:
         raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]), got {max_length}")

@@ -6,7 +6,9 @@ output: the next-token cross-entropy (``"loss"``) or the logit difference of a r
 wrong answer at the last position (``"logit_diff"``). :func:`direction_effects` removes each
 singular direction of one head's OV (or QK) circuit, and keeps only the top k for every k.
 The clean pass is run once; each intervened pass restarts from the clean residual stream
-entering the intervened layer, so an intervention in layer l costs the layers l..L-1 only.
+entering the intervened layer (:meth:`Model.run_from`), so an intervention in layer l costs
+the layers l..L-1 only. Every function takes its model as a :class:`Model` or a checkpoint
+path or name (:func:`attngeom.models.analysis.prompt.resolve_model`).
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..._operands import choice, count
-from ...spectral import null_space
+from ...spectral import factored_svd, null_space
 from ..nn.forward import check_layers
-from ..nn.interventions import HEAD_SITES, SITE_FIELDS, Ablate, Hook, Patch, Project
+from ..nn.interventions import HEAD_SITES, Ablate, Hook, Patch, Project
+from .prompt import resolve_model
 
 METRICS = ("loss", "logit_diff")
 
@@ -156,8 +159,8 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
 
     Parameters
     ----------
-    model : Model
-        A decoder (:func:`attngeom.load_model`).
+    model : Model or str or path-like
+        A decoder, or a checkpoint folder / file / model name (:func:`attngeom.load_model`).
     token_ids : array_like of int, shape (n,) or (batch, n)
         The prompts (equal lengths, no padding).
     mode : {"mean", "zero"}, default "mean"
@@ -192,6 +195,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     """
     import time
 
+    model = resolve_model(model)
     _needs_logits(model, "head_ablation_effects")
     choice("mode", mode, ("mean", "zero"), "'mean' or 'zero'")
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
@@ -203,14 +207,14 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     t0 = time.perf_counter()
     L, H = model.arch.n_layers, model.arch.n_heads
     chosen = check_layers(layers, L)
-    keep = ("logits", "hidden_states") + (("z",) if mode == "mean" else ())
+    keep = ("logits", "resid_pre") + (("z",) if mode == "mean" else ())
     clean = model.forward(ids, dtype=dtype, keep=keep)
     baseline = _metric(clean.logits, ids, metric, answers)
     effects = np.full((L, H), np.nan)
     for layer in chosen:
         for head in range(H):
             iv = Ablate("z", layer, heads=[head], mode=mode, reference=clean if mode == "mean" else None)
-            f = model.run_from(layer, clean.hidden_states[layer], ids, interventions=[iv], dtype=dtype)
+            f = model.run_from(layer, clean.resid_pre[layer], ids, interventions=[iv], dtype=dtype)
             effects[layer, head] = _metric(f.logits, ids, metric, answers) - baseline
     return HeadEffects(effects, baseline, metric, mode, {"total": time.perf_counter() - t0})
 
@@ -287,8 +291,10 @@ class DirectionEffects(_Saved):
 def _circuit_maps(A: np.ndarray, B: np.ndarray):
     """For a circuit A B (A (d, dh), B (dh, d)) with SVD U S V^T: the singular values and, per
     direction i, a_i = B v_i and c_i with c_i^T B = v_i^T, so that z -> z (I - a_i c_i^T) maps
-    z B to z B (I - v_i v_i^T): the direction removed from what the head writes (reads)."""
-    _, s, vt = np.linalg.svd(A @ B)
+    z B to z B (I - v_i v_i^T): the direction removed from what the head writes (reads).
+    The SVD comes from the factors (:func:`attngeom.factored_svd`): the d x d product is never
+    formed."""
+    _, s, vt = factored_svd(A, B)
     r = int(np.count_nonzero(s > max(A.shape) * np.finfo(np.float64).eps * (s[0] if s.size else 0)))
     v = vt[:r].T  # (d, r)
     return s[:r], B @ v, np.linalg.pinv(B).T @ v  # (r,), a (dh, r), c (dh, r)
@@ -308,8 +314,8 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
 
     Parameters
     ----------
-    model : Model
-        A decoder with per-head weights (:attr:`Model.heads`).
+    model : Model or str or path-like
+        A decoder with per-head weights (:attr:`Model.heads`), or its checkpoint.
     token_ids : array_like of int, shape (n,) or (batch, n)
         The prompts.
     layer, head : int
@@ -339,6 +345,7 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
     >>> d.kept[-1] == pytest.approx(d.baseline)  # doctest: +SKIP
     True
     """
+    model = resolve_model(model)
     _needs_logits(model, "direction_effects")
     choice("circuit", circuit, ("OV", "QK"), "'OV' or 'QK'")
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
@@ -355,9 +362,9 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
     else:
         A, B, site = np.asarray(heads.W_Q[layer, head], np.float64), np.asarray(heads.W_K[layer, head], np.float64).T, "q"
     s, a, c = _circuit_maps(A, B)
-    clean = model.forward(ids, dtype=dtype, keep=("logits", "hidden_states"))
+    clean = model.forward(ids, dtype=dtype, keep=("logits", "resid_pre"))
     baseline = _metric(clean.logits, ids, metric, answers)
-    start = clean.hidden_states[layer]
+    start = clean.resid_pre[layer]
 
     def run(M):
         def fn(value):
@@ -457,8 +464,8 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
 
     Parameters
     ----------
-    model : Model
-        A decoder.
+    model : Model or str or path-like
+        A decoder, or its checkpoint.
     clean_ids, corrupt_ids : array_like of int, shape (n,) or (batch, n)
         Two prompts of one shape (no padding).
     site : str, default "resid_pre"
@@ -491,7 +498,7 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     >>> r.restored.shape  # doctest: +SKIP
     (12, 15)
     """
-
+    model = resolve_model(model)
     _needs_logits(model, "activation_patching")
     clean_ids, corrupt_ids = (np.asarray(a) for a in (clean_ids, corrupt_ids))
     clean_ids = clean_ids[None] if clean_ids.ndim == 1 else clean_ids
@@ -499,14 +506,14 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     if clean_ids.shape != corrupt_ids.shape:
         raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {clean_ids.shape} and "
                          f"{corrupt_ids.shape}")
-    sites = tuple(s for s in SITE_FIELDS if s != "pattern")
+    sites = ("resid_pre", "attn_in", "q", "k", "v", "z", "attn_out", "mlp_out", "resid_post")
     choice("site", site, sites, f"one of {', '.join(sites)}")
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
     answers = _answers(metric, answers, clean_ids)
     L, H, n = model.arch.n_layers, model.arch.n_heads, clean_ids.shape[1]
     chosen = check_layers(layers, L)
-    source = model.forward(clean_ids, dtype=dtype, keep=("logits", SITE_FIELDS[site]))
-    corrupt = model.forward(corrupt_ids, dtype=dtype, keep=("logits", "hidden_states"))
+    source = model.forward(clean_ids, dtype=dtype, keep=("logits", site))
+    corrupt = model.forward(corrupt_ids, dtype=dtype, keep=("logits", "resid_pre"))
     m_clean, m_corrupt = _metric(source.logits, clean_ids, metric, answers), _metric(corrupt.logits, corrupt_ids,
                                                                                      metric, answers)
     if m_clean == m_corrupt:
@@ -517,7 +524,7 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
         for p in range(n):
             for h in (range(H) if per_head else (None,)):
                 iv = Patch(site, layer, source, positions=[p], heads=None if h is None else [h])
-                f = model.run_from(layer, corrupt.hidden_states[layer], corrupt_ids, interventions=[iv], dtype=dtype)
+                f = model.run_from(layer, corrupt.resid_pre[layer], corrupt_ids, interventions=[iv], dtype=dtype)
                 value = (_metric(f.logits, corrupt_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
                 restored[(layer, p) if h is None else (layer, p, h)] = value
     return PatchingResult(site, restored, m_clean, m_corrupt, metric)
@@ -559,8 +566,8 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
 
     Parameters
     ----------
-    model : Model
-        A model with per-head weights and an unembedding.
+    model : Model or str or path-like
+        A model with per-head weights and an unembedding, or its checkpoint.
     token_ids : array_like of int, shape (n,) or (batch, n)
         The prompts (no padding).
     layer, head : int
@@ -580,6 +587,7 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
     >>> [r["check"] for r in rows]  # doctest: +SKIP
     ['gauge', 'unread removed', 'ker B complement removed']
     """
+    model = resolve_model(model)
     _needs_logits(model, "head_invariances")
     _check_head(model, layer, head)
     ids = np.asarray(token_ids)
@@ -587,7 +595,7 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
     W_Q, W_K = (np.asarray(w[layer, head], np.float64) for w in (model.heads.W_Q, model.heads.W_K))
     A = _gauge_matrix(model.arch, np.random.default_rng(seed))
     inv_t = np.linalg.inv(A).T
-    clean = model.forward(ids, dtype=dtype, keep=("logits", "hidden_states", "attentions"), layers=[layer])
+    clean = model.forward(ids, dtype=dtype, keep=("logits", "resid_pre", "pattern"), layers=[layer])
 
     def on_head(M):
         def fn(value):
@@ -596,21 +604,21 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
             return out
         return fn
 
-    # hidden_states[0] enters the one kept layer
-    gauged = model.run_from(layer, clean.hidden_states[0], ids, dtype=dtype,
+    # resid_pre[0] enters the one kept layer
+    gauged = model.run_from(layer, clean.resid_pre[0], ids, dtype=dtype,
                             interventions=[Hook("q", layer, on_head(A)), Hook("k", layer, on_head(inv_t))])
     top = float(np.abs(clean.logits).max()) or 1.0
     rows = [{"layer": int(layer), "head": int(head), "check": "gauge", "expected": "unchanged (rounding)",
              "measured": float(np.abs(gauged.logits - clean.logits).max()) / top, "others": None}]
-    P = clean.attentions[0]
+    P = clean.pattern[0]
     others = [h for h in range(model.arch.n_heads) if h != head]
     unread, _ = null_space(np.hstack([W_Q, W_K]).T)
     ker_b, _ = null_space(W_K.T)
     for check, space, expected in (("unread removed", unread, "head's weights unchanged (rounding)"),
                                    ("ker B complement removed", ker_b.complement(), "head's weights change")):
-        f = model.forward(ids, dtype=dtype, keep=("attentions",), layers=[layer],
+        f = model.forward(ids, dtype=dtype, keep=("pattern",), layers=[layer],
                           interventions=[Project("attn_in", layer, space)])
-        change = np.abs(f.attentions[0] - P)
+        change = np.abs(f.pattern[0] - P)
         rows.append({"layer": int(layer), "head": int(head), "check": check, "expected": expected,
                      "measured": float(change[:, head].max()),
                      "others": float(change[:, others].max()) if others else None})
@@ -709,8 +717,8 @@ def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=
 
     Parameters
     ----------
-    model : Model
-        A model with an unembedding and per-head weights.
+    model : Model or str or path-like
+        A model with an unembedding and per-head weights, or its checkpoint (loaded once).
     token_ids : array_like of int, shape (n,) or (batch, n)
         The text(s), at least 2 tokens.
     top : int, default 3
@@ -730,6 +738,7 @@ def causal_effects(model, token_ids, *, top: int = 3, mode: str = "mean", dtype=
     >>> sorted(c.figures())  # doctest: +SKIP
     ['ablation_effects.png', 'directions_L1_H0.png', 'directions_L0_H0.png', 'spectrum_vs_effect.png']
     """
+    model = resolve_model(model)
     top = count("top", top, 1)
     heads = head_ablation_effects(model, token_ids, mode=mode, dtype=dtype)
     ranked = sorted(heads.table(), key=lambda r: r["rank"])[:top]

@@ -197,7 +197,7 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
     if limit is not None and n > limit:
         raise ValueError(f"seq_len * n_repeats (+ bos) = {n} exceeds the model's {limit} positions")
     ids = _repeated_random_tokens(V, T, R, B, generator(seed), bos)
-    P = m.forward(ids, dtype=np.float32).attentions.astype(np.float64)  # (L, B, H, n, n)
+    P = m.forward(ids, dtype=np.float32, keep=("pattern",)).pattern.astype(np.float64)  # (L, B, H, n, n)
     # queries of copy r >= 1, index i: the keys after the earlier occurrences (copy r' < r, index i + 1)
     mass = np.zeros(P.shape[:3] + ((R - 1) * T,))
     i = np.arange(T)

@@ -175,7 +175,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dt}")
     ids, tokens = encode_prompt(m, prompt)
-    f = m.forward(ids, dtype=dt)
+    f = m.forward(ids, dtype=dt, keep=("resid_pre", "ln_final"))
     W_U = np.asarray(m.unembedding).astype(dt, copy=False)
     L, n = f.n_layers, ids.size
     top_ids = np.zeros((L + 1, n, k), np.int64)
@@ -185,8 +185,7 @@ def logit_lens(model, prompt, *, k: int = 5, dtype=np.float32) -> LogitLens:
     entropy = np.zeros((L + 1, n), dt)
     nxt = ids[1:]
     for layer in range(L + 1):
-        h = f.hidden_states[layer]
-        logits = (h if layer == L else m.final_norm(h)) @ W_U.T  # (n, V)
+        logits = (f.ln_final if layer == L else m.final_norm(f.resid_pre[layer])) @ W_U.T  # (n, V)
         shifted = logits - logits.max(axis=-1, keepdims=True)
         lse = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
         logp = shifted - lse

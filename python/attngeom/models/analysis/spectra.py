@@ -147,8 +147,9 @@ def weight_spectra(model, *, prompt=None) -> WeightSpectra:
 
     Parameters
     ----------
-    model : Model or ModelHeads or str or path-like
-        A model, its heads (weights only; no prompt then) or a checkpoint.
+    model : Model or str or path-like
+        A model or a checkpoint (:func:`attngeom.models.analysis.prompt.resolve_model`), or
+        its heads (:class:`ModelHeads`: weights only; no prompt then).
     prompt : str or array_like of int, optional
         A text or token ids to run the model on.
 
@@ -186,6 +187,6 @@ def weight_spectra(model, *, prompt=None) -> WeightSpectra:
                         cumulative_energy(qk, spectrum=True))
     if prompt is not None:
         ids, tokens = encode_prompt(m, prompt)
-        out.attentions = m.forward(ids, dtype=np.float64).attentions
+        out.attentions = m.forward(ids, dtype=np.float64, keep=("pattern",)).pattern
         out.token_ids, out.tokens = ids, tokens
     return out

@@ -106,6 +106,22 @@ class Architecture:
         Factor of the routed experts' weights (DeepSeek-V2).
     expert_groups : tuple of two int or None
         (n_group, topk_group) of DeepSeek-V2's group-limited greedy router.
+    d_ff : int
+        The width of the dense MLP's hidden layer (intermediate_size, GPT-2's n_inner or
+        4 d_model); 0 for attention-only models.
+    post_norm : bool
+        Post-norm layers (BERT): the embedding, and each block's sum with the stream, are
+        normed; attention and the MLP read the stream itself. Pre-norm models norm what each
+        block reads and end with a final norm.
+    bidirectional : bool
+        Every token attends to every token (BERT); decoders attend causally.
+    token_types : int
+        The rows of a token-type (segment) embedding added to the input (BERT's
+        type_vocab_size); 0 for none.
+    tokenizer : {"tokenizers", "wordpiece", "characters"}
+        How text becomes tokens: tokenizer.json, BERT's vocab.txt WordPiece with [CLS] and
+        [SEP], or one token per character of the vocabulary in config.json (the models
+        ``attngeom run training`` trains).
 
     Examples
     --------
@@ -145,6 +161,11 @@ class Architecture:
     router_normalized: bool = True
     routed_scaling_factor: float = 1.0
     expert_groups: Optional[Tuple[int, int]] = None
+    d_ff: int = 0
+    post_norm: bool = False
+    bidirectional: bool = False
+    token_types: int = 0
+    tokenizer: str = "tokenizers"
 
     @property
     def moe_layers(self) -> Tuple[int, ...]:
@@ -301,7 +322,8 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
                       tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
                       max_positions=_int(config, where, "n_positions", "max_position_embeddings", default=1024),
                       scale_attn=bool(config.get("scale_attn_weights", True)),
-                      scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)))
+                      scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)),
+                      d_ff=_int(config, where, "n_inner", default=4 * d_model))
     elif family == "bert":
         act = config.get("hidden_act", "gelu")
         if config.get("position_embedding_type", "absolute") != "absolute":
@@ -309,14 +331,19 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
                              f"supported (BERT's absolute position table is)")
         common = dict(norm="layernorm", norm_eps=float(config.get("layer_norm_eps", 1e-12)), activation=act,
                       gated=False, rope=None, qk_norm=False, tie_word_embeddings=True,
-                      max_positions=_int(config, where, "max_position_embeddings", default=512))
+                      max_positions=_int(config, where, "max_position_embeddings", default=512),
+                      d_ff=_int(config, where, "intermediate_size", default=4 * d_model), post_norm=True,
+                      bidirectional=True, token_types=_int(config, where, "type_vocab_size", default=2),
+                      tokenizer="wordpiece")
     elif model_type == "attngeom-gpt":  # attngeom.torch.gpt: pre-LN, 4x GELU MLP, rotate-half RoPE, no biases
         act = "gelu"
         learned = config.get("positions", "rope") == "learned"  # a position table instead of RoPE
         common = dict(norm="layernorm", norm_eps=1e-5, activation=act, gated=False,
                       rope=None if learned else {"rope_type": "default", "rope_theta": 10000.0}, qk_norm=False,
                       tie_word_embeddings=False,
-                      max_positions=_int(config, where, "max_position_embeddings") if learned else None)
+                      max_positions=_int(config, where, "max_position_embeddings") if learned else None,
+                      d_ff=4 * d_model if config.get("mlp", True) else 0,
+                      tokenizer="characters" if isinstance(config.get("vocab"), list) else "tokenizers")
     else:
         act = config.get("hidden_act", "silu")
         window = config.get("sliding_window")
@@ -336,7 +363,8 @@ def architecture_from_config(config: dict, *, where: str = "config.json") -> Arc
         common = dict(norm="rmsnorm", norm_eps=float(config.get("rms_norm_eps", 1e-6)), activation=act, gated=True,
                       rope=_rope(config, where), qk_norm=model_type == "qwen3",
                       tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), max_positions=None,
-                      sliding_window=window if sliding else None, sliding_layers=sliding)
+                      sliding_window=window if sliding else None, sliding_layers=sliding,
+                      d_ff=_int(config, where, "intermediate_size", default=4 * d_model))
     if model_type == "mixtral":
         n_experts = _int(config, where, "num_local_experts")
         top_k = _int(config, where, "num_experts_per_tok")

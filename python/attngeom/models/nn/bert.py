@@ -126,10 +126,10 @@ class BertEncoder:
         types = None if token_type_ids is None else np.asarray(token_type_ids)
         if types is not None and types.shape != (n,):
             raise ValueError(f"token_type_ids must have shape ({n},), got {types.shape}")
-        plan = ForwardPlan(frozenset({"hidden_states", "attentions"}), tuple(range(self.decoder.arch.n_layers)))
+        plan = ForwardPlan(frozenset({"resid_pre", "ln_final", "pattern"}), tuple(range(self.decoder.arch.n_layers)))
         f = self.decoder.forward(ids[None].astype(np.int64), np.ones((1, n), bool), np.arange(n)[None], self.dtype,
                                  plan, types=None if types is None else types[None])
-        return BertOutput(f.hidden_states[:, 0], f.attentions[:, 0])
+        return BertOutput(np.concatenate([f.resid_pre, f.ln_final[None]])[:, 0], f.pattern[:, 0])
 
     def sentence_embedding(self, input_ids, *, normalize: bool = True) -> np.ndarray:
         """Mean of the output token vectors (sentence-transformers' mean pooling), L2-normalised

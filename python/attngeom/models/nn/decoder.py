@@ -43,15 +43,21 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors import release_pages
 from ..io.weights import read_weights
 from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
-from .interventions import apply, sites_at
+from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
 from .products import for_row_blocks, map_rows, product, product_threads
+from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
 
 _UNEMBED_ROWS = 16384  # vocabulary rows cast at a time (16384 x 4096 float32 = 256 MiB at most)
+
+
+def cast(x, dt):
+    """A stored tensor in the computation dtype (None stays None)."""
+    return None if x is None else x.astype(dt, copy=False)
 
 
 def _unembed(final, W, dt):
@@ -126,7 +132,7 @@ class Decoder:
 
         Examples
         --------
-        >>> x = dec.final_norm(f.hidden_states[1])  # doctest: +SKIP
+        >>> x = dec.final_norm(f.resid_pre[1])  # doctest: +SKIP
         """
         a, w = self.arch, self.w
         cast = [None if w[key] is None else np.asarray(w[key]).astype(h.dtype, copy=False) for key in ("norm_w", "norm_b")]
@@ -152,7 +158,7 @@ class Decoder:
             of every layer.
         resume : (int, ndarray), optional
             (layer, h): start at that layer from the residual stream h (batch, n, d_model)
-            entering it (a clean pass's hidden_states[layer]) instead of the embedding; the
+            entering it (a clean pass's resid_pre at that layer) instead of the embedding; the
             per-layer fields then start at that layer.
         types : ndarray of int, shape (batch, n), optional
             BERT's token types (segment ids), checked; default every token of segment 0.
@@ -170,27 +176,76 @@ class Decoder:
             return self._forward(ids, mask, positions, dtype, plan, resume, types)
 
     def _forward(self, ids, mask, positions, dtype, plan, resume, types) -> Forward:
+        """The pass as a few block steps (embedding, each layer's attention and MLP, the final
+        norm and unembedding), each chosen by Architecture fields; every site's value goes
+        through one :class:`Gate`."""
         a, w, dt = self.arch, self.w, np.dtype(dtype)
         plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
-        b, n = ids.shape
-        dh = a.d_head
-
-        def cast(x):
-            return None if x is None else x.astype(dt, copy=False)
-
-        act = ACTIVATION_FUNCTIONS[a.activation]
         first = 0 if resume is None else int(resume[0])
-        if resume is None:
-            h = cast(w["embed"][ids])
-            release_pages(w["embed"])
-            if w.get("pos") is not None:  # an absolute position table
-                h = h + cast(w["pos"][positions])
-                release_pages(w["pos"])
-            if a.family == "bert":  # the token types (default segment 0), then the embedding's norm
-                h = normalize(h + cast(w["type"][[0] if types is None else types]), cast(w["embed_norm_w"]),
-                              cast(w["embed_norm_b"]), a.norm_eps, a.norm)
-        else:
-            h = np.asarray(resume[1], dt)
+        kept = sum(1 for i in plan.layers if i >= first)
+        counts = {name: 1 if name in GLOBAL_SITES else kept for name in KEEPABLE}
+        counts["router_logits"] = sum(1 for i in plan.layers if i >= first and i in a.moe_layers)
+        out = Stacks(plan, counts)
+        gate = Gate(plan, out)
+        ctx = self._attention_context(mask, positions, dt)
+        gate.enter(BEFORE)
+        h = self._embed(ids, positions, types, gate, dt) if resume is None else np.asarray(resume[1], dt)
+        act = ACTIVATION_FUNCTIONS[a.activation]
+        finish = plan.wants("logits") or plan.wants("ln_final") or a.n_layers in plan.interventions
+        last = a.n_layers - 1 if finish else max(plan.layers[-1], max(plan.interventions, default=-1))
+        scales = []
+        for li, stored in enumerate(w["layers"]):
+            if li < first:
+                continue
+            if li > last:
+                break  # nothing after the last kept (or intervened) layer is asked for
+            gate.enter(li)
+            h = gate("resid_pre", h)
+            L = {key: None if value is None else value.astype(dt, copy=False) for key, value in stored.items()}
+            h, scale = self._attention(li, h, L, gate, ctx)
+            h = self._mlp(h, L, gate, act)
+            h = gate("resid_post", h)
+            if gate.here:
+                scales.append(scale)
+            del L
+            for value in stored.values():  # the layer is done: its mapped pages leave the resident set
+                release_pages(value)
+        logits = None
+        if finish:
+            gate.enter(a.n_layers)
+            final = h if a.post_norm else normalize(h, cast(w["norm_w"], dt), cast(w["norm_b"], dt), a.norm_eps, a.norm)
+            final = gate("ln_final", final)
+            if w["unembed"] is not None and plan.wants("logits"):
+                b = ids.shape[0]
+                rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
+                logits = _unembed(rows, w["unembed"], dt)
+        sites = {name: out.get(name) for name in KEEPABLE if name != "logits"}
+        for name in GLOBAL_SITES:
+            sites[name] = None if sites[name] is None else sites[name][0]
+        return Forward(logits=logits, scale=np.asarray(scales), positions=positions, attention_mask=mask,
+                       layers=np.asarray([i for i in plan.layers if i >= first]), logits_positions=plan.logits_at,
+                       **sites)
+
+    # -- the block steps -------------------------------------------------------------------
+    def _embed(self, ids, positions, types, gate, dt) -> np.ndarray:
+        """The stream entering layer 0: token embeddings (+ the position table's rows) (+ the
+        token types), normed in post-norm models."""
+        a, w = self.arch, self.w
+        h = gate("embed", cast(w["embed"][ids], dt))
+        release_pages(w["embed"])
+        if w.get("pos") is not None:  # an absolute position table
+            h = h + gate("pos_embed", cast(w["pos"][positions], dt))
+            release_pages(w["pos"])
+        if a.token_types:  # the token types (default segment 0)
+            h = h + cast(w["type"][[0] if types is None else types], dt)
+        if a.post_norm:  # the embedding's norm
+            h = normalize(h, cast(w["embed_norm_w"], dt), cast(w["embed_norm_b"], dt), a.norm_eps, a.norm)
+        return h
+
+    def _attention_context(self, mask, positions, dt) -> dict:
+        """What every layer's attention shares: the rotary angles, the key mask, the window."""
+        a = self.arch
+        n = mask.shape[1]
         # (b n, 1, d_head), a row per token; MLA rotates its own rotary columns (:mod:`.mla`)
         cos_sin = (None if self.rotary is None or a.mla else
                    tuple(t[:, None] for t in self.rotary.cos_sin(positions.reshape(-1), dt)))
@@ -200,115 +255,88 @@ class Decoder:
         if a.sliding_layers:
             i = np.arange(n)
             window = mask[:, None, None, :] & ((i[:, None] - i[None, :]) < a.sliding_window)
-        kept = sum(1 for i in plan.layers if i >= first)
-        out = Stacks(plan, {"hidden_states": kept + 1, "router_logits": sum(i in a.moe_layers for i in plan.layers),
-                            **{name: kept for name in KEEPABLE if name not in ("hidden_states", "router_logits")}})
-        scales = []
-        single = plan.single
-        post = a.family == "bert"  # post-norm and bidirectional (module docstring)
-        for li, stored in enumerate(w["layers"]):
-            if li < first:
-                continue
-            if li > max(plan.layers[-1], max(plan.interventions, default=-1)) and not plan.wants("logits") \
-                    and not plan.wants("hidden_states"):
-                break  # nothing after the last kept (or intervened) layer is asked for
-            here = li in plan.layers
-            todo = plan.interventions.get(li, ())  # this layer's interventions (:mod:`.interventions`)
-            sites = sites_at(todo)
+        return {"cos_sin": cos_sin, "key_mask": key_mask, "window": window, "positions": positions}
 
-            def at(site, x):
-                """x after this layer's interventions at `site`, kept when the pass keeps it."""
-                if site in sites:
-                    x = apply(todo, site, x, single)
-                if here and plan.wants(site):
-                    out.put(site, x)
-                return x
-
-            if "resid_pre" in sites:
-                h = apply(todo, "resid_pre", h, single)
-            L = {key: cast(value) for key, value in stored.items()}
-            x = h if post else None  # post-norm: attention reads the stream itself
-            if "attn_in" in sites and post:
-                x = apply(todo, "attn_in", x, single)
-            elif a.mla or "attn_in" in sites:
-                x = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
-                if "attn_in" in sites:
-                    x = apply(todo, "attn_in", x, single)
-            if a.mla:  # multi-head latent attention (:mod:`.mla`)
-                parts = mla_attention_inputs(x, L, a, self.rotary, positions)
-                parts["attention_inputs"] = x
+    def _attention(self, li, h, L, gate, ctx):
+        """The attention block of layer li on the stream h: (the stream after it, the logit scale)."""
+        a = self.arch
+        b, n, _ = h.shape
+        given = None  # the attention's input, when it is formed before the heads' products
+        if a.post_norm or a.mla or gate.touches("attn_in"):
+            given = gate("attn_in", h if a.post_norm else normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm))
+        if a.mla:  # multi-head latent attention (:mod:`.mla`)
+            parts = mla_attention_inputs(given, L, a, self.rotary, ctx["positions"], gate)
+        else:
+            pre = gate.needs("q_prerotary") or gate.needs("k_prerotary")
+            split = gate.touches("q_prerotary") or gate.touches("k_prerotary")
+            parts = self._attention_inputs(h, L, None if split else ctx["cos_sin"], pre=pre, x=given)
+            if given is None:
+                gate("attn_in", parts["attention_inputs"])
+            if split or ctx["cos_sin"] is None:
+                parts["q_prerotary"] = gate("q_prerotary", parts["q_prerotary"])
+                parts["k_prerotary"] = gate("k_prerotary", parts["k_prerotary"])
             else:
-                parts = self._attention_inputs(h, L, cos_sin, pre=here and (plan.wants("q_prerotary") or
-                                                                           plan.wants("k_prerotary")), x=x)
-            for site in ("q", "k", "v"):
-                if site in sites:
-                    parts[site] = apply(todo, site, parts[site], single)
-            q, k, v = parts["q"], parts["k"], parts["v"]
-            if here:
-                parts.update(hidden_states=h, kv_latent=parts.get("latent"))
-                for name in ("hidden_states", "attention_inputs", "q", "k", "v", "q_prerotary", "k_prerotary",
-                             "kv_latent", "rope_keys"):
-                    if plan.wants(name) and parts.get(name) is not None:
-                        out.put(name, parts[name])
-            scale = 1.0 / math.sqrt(dh) if a.scale_attn else 1.0
-            if a.mla:
-                scale *= yarn_factors(a.rope)[1]
-            if a.scale_by_layer:
-                scale /= li + 1
-            want_s = here and plan.wants("attention_stats")
-            want_p = here and plan.wants("attentions") or "pattern" in sites
-            res = softmax_attention(q, k, v, mask=window if li in a.sliding_layers else key_mask, causal=not post,
-                                    scale=scale, return_routing=want_p, return_stats=want_s, layout="bhnd")
-            y = res[0] if want_p or want_s else res
-            if "pattern" in sites:  # the changed weights give the heads' outputs (and the statistics)
-                P = apply(todo, "pattern", res[1], single)
+                for site in ("q_prerotary", "k_prerotary"):
+                    if parts.get(site) is not None:
+                        gate(site, parts[site])
+            if split and ctx["cos_sin"] is not None:  # rotate the intervened vectors
+                c, s = (t.reshape(b, 1, n, -1) for t in ctx["cos_sin"])
+                parts["q"], parts["k"] = (self.rotary.rotate(parts[site], cos_sin=(c, s))
+                                          for site in ("q_prerotary", "k_prerotary"))
+            elif ctx["cos_sin"] is None:
+                parts["q"], parts["k"] = parts["q_prerotary"], parts["k_prerotary"]
+        q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
+        scale = 1.0 / math.sqrt(a.d_head) if a.scale_attn else 1.0
+        if a.mla:
+            scale *= yarn_factors(a.rope)[1]
+        if a.scale_by_layer:
+            scale /= li + 1
+        want_s = gate.wants("attention_stats")
+        want_p = gate.needs("pattern")
+        res = softmax_attention(q, k, v, mask=ctx["window"] if li in a.sliding_layers else ctx["key_mask"],
+                                causal=not a.bidirectional, scale=scale, return_routing=want_p,
+                                return_stats=want_s, layout="bhnd")
+        y = res[0] if want_p or want_s else res
+        if want_p:
+            P = gate("pattern", res[1])
+            if gate.touches("pattern"):  # the changed weights give the heads' outputs (and the statistics)
                 y = P @ v
-                res = (y, P) + ((AttentionStats.from_routing(P, log_z=res[-1].log_z),) if want_s else ())
-            if here and plan.wants("attentions"):
-                out.put("attentions", res[1])
-            if want_s:
-                out.put("attention_stats", res[-1])
-            y = at("z", y)
-            del q, k, v, parts, res
-            o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
-            if L["b_o"] is not None:
-                o = o + L["b_o"]
-            o = at("attn_out", o)
-            h = h + o
-            if post:
-                h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+                if want_s:
+                    res = (y, P, AttentionStats.from_routing(P, log_z=res[-1].log_z))
+        if want_s:
+            gate.out.put("attention_stats", res[-1])
+        y = gate("z", y)
+        del q, k, v, parts, res
+        o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
+        if L["b_o"] is not None:
+            o = o + L["b_o"]
+        h = h + gate("attn_out", o)
+        if a.post_norm:
+            h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+        return gate("resid_mid", h), scale
+
+    def _mlp(self, h, L, gate, act) -> np.ndarray:
+        """The MLP block on the stream h (after attention): the stream after it."""
+        a = self.arch
+        if "router" not in L and "up" not in L:  # an attention-only model
+            mlp = gate("mlp_out", np.zeros_like(h))
+        elif "router" not in L and not gate.needs("mlp_in") and not gate.needs("mlp_post"):
+            mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm))  # fused, block by block
+        else:
+            x = gate("mlp_in", h if a.post_norm else normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm))
             if "router" in L:  # mixture of experts (:mod:`.moe`)
-                mlp, router = moe_mlp(normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm), L, a, act)
-                if here and plan.wants("router_logits"):
-                    out.put("router_logits", router)
-            elif "up" not in L:  # an attention-only model
-                mlp = np.zeros_like(h)
+                mlp, _ = moe_mlp(x, L, a, act, gate)
+            elif gate.needs("mlp_post"):
+                hidden = gate("mlp_post", map_rows(lambda r: _mlp_hidden(r, L, a.gated, act), x,
+                                                   L["down"].shape[0], max_rows=MLP_ROWS))
+                mlp = map_rows(lambda r: _mlp_down(r, L), hidden, h.shape[-1], max_rows=MLP_ROWS)
             else:
-                mlp = _dense_mlp(h, L, a, act, pre_norm=not post)
-            mlp = at("mlp_out", mlp)
-            h = h + mlp
-            if post:
-                h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
-            h = at("resid_post", h)
-            if here:
-                scales.append(scale)
-            del L
-            for value in stored.values():  # the layer is done: its mapped pages leave the resident set
-                release_pages(value)
-        final = None
-        if post:
-            final = h
-        elif plan.wants("hidden_states") or plan.wants("logits"):
-            final = normalize(h, cast(w["norm_w"]), cast(w["norm_b"]), a.norm_eps, a.norm)
-        if plan.wants("hidden_states"):
-            out.put("hidden_states", final)
-        logits = None
-        if w["unembed"] is not None and plan.wants("logits"):
-            rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
-            logits = _unembed(rows, w["unembed"], dt)
-        return Forward(logits=logits, scale=np.asarray(scales), positions=positions, attention_mask=mask,
-                       layers=np.asarray([i for i in plan.layers if i >= first]), logits_positions=plan.logits_at,
-                       **{name: out.get(name) for name in KEEPABLE if name != "logits"})
+                mlp = map_rows(lambda r: _mlp_block(r, L, a.gated, act), x, h.shape[-1], max_rows=MLP_ROWS)
+            mlp = gate("mlp_out", mlp)
+        h = h + mlp
+        if a.post_norm:
+            h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
+        return h
 
     def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None) -> dict:
         """The normed residual stream x (b, n, d_model) and q, k, v (b, H, n, d_head) of a
@@ -334,7 +362,7 @@ class Decoder:
                 x[lo:hi] = xr
             else:
                 xr = given[lo:hi]
-            if a.family == "gpt2":
+            if "qkv" in L:  # one fused product (GPT-2's c_attn)
                 qkv = xr @ L["qkv"] if L["b_qkv"] is None else xr @ L["qkv"] + L["b_qkv"]
                 qr, kr, vr = np.split(qkv, 3, axis=-1)
             else:
@@ -383,15 +411,21 @@ def _dense_mlp(h, L, a, act, pre_norm=True):
     return map_rows(block, h, h.shape[-1], max_rows=MLP_ROWS)
 
 
+def _mlp_hidden(x, L, gated: bool, act):
+    """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)."""
+    u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
+    if not gated:
+        return act(u)
+    g = x @ L["gate"] if L["b_gate"] is None else x @ L["gate"] + L["b_gate"]
+    return act(g) * u
+
+
+def _mlp_down(hidden, L):
+    """The MLP's output of a block of hidden rows (hidden, d_ff)."""
+    mlp = hidden @ L["down"]
+    return mlp if L.get("b_down") is None else mlp + L["b_down"]
+
+
 def _mlp_block(x, L, gated: bool, act):
     """The MLP of a block of rows (x, d) (called from the pool: plain products)."""
-    if gated:
-        g = x @ L["gate"] if L["b_gate"] is None else x @ L["gate"] + L["b_gate"]
-        u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
-        mlp = (act(g) * u) @ L["down"]
-    else:
-        u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
-        mlp = act(u) @ L["down"]
-    if L.get("b_down") is not None:
-        mlp = mlp + L["b_down"]
-    return mlp
+    return _mlp_down(_mlp_hidden(x, L, gated, act), L)

@@ -24,7 +24,9 @@ import numpy as np
 
 from ..._config import get_num_threads
 from ..._operands import MAX_ARRAY_BYTES
+from ..._deprecation import deprecated, renamed_field
 from ...attention_stats import FIELDS as STATS_FIELDS, AttentionStats
+from .sites import GLOBAL_SITES, SITES, model_sites, parse_site
 
 _LAYER = {"axes": "layer"}   # (layers, [batch,] ...): the batch axis is axis 1
 _BATCH = {"axes": "batch"}   # ([batch,] ...): the batch axis is axis 0
@@ -32,25 +34,26 @@ _BATCH = {"axes": "batch"}   # ([batch,] ...): the batch axis is axis 0
 
 @dataclass(repr=False)
 class Forward:
-    """What one forward pass computed, in the library's layout (tokens are rows).
+    """What one forward pass computed, in the library's layout (tokens are rows), keyed by site.
 
-    Fields that the pass was asked not to keep (``Model.forward(keep=...)``) are None.
+    Every site of :mod:`attngeom.models.nn.sites` is a field; the sites the pass was asked
+    not to keep (``Model.forward(keep=...)``) are None. A site is read three ways:
+    ``f.z`` (stacked over the kept layers), ``f["z"]`` (the same), and one layer by either
+    spelling of its name, ``f["z", 3]`` or ``f["blocks.3.attn.hook_z"]``, as a
+    TransformerLens cache is read.
 
     Attributes
     ----------
     logits : ndarray, shape ([batch,] m, vocab) or None
         The next-token logits at the m positions ``logits_positions`` (every position by
         default, m = n); None for a checkpoint without an unembedding (BERT).
-    hidden_states : ndarray, shape (n_kept + 1, [batch,] n, d_model)
-        As transformers' ``output_hidden_states``: [i] the residual stream entering layer
-        ``layers[i]`` ([0] the embeddings when layer 0 is kept) and [-1] the model's output
-        (for pre-norm decoders with the final norm applied). With every layer kept this is
-        transformers' tuple stacked: [l] the stream after layer l - 1.
-    attentions : ndarray, shape (n_kept, [batch,] n_heads, n, n)
-        The routing matrices P of every head.
-    attention_inputs : ndarray, shape (n_kept, [batch,] n, d_model)
+    embed, pos_embed : ndarray, shape ([batch,] n, d_model) or None
+        The token embeddings and the position table's rows (models with one).
+    resid_pre : ndarray, shape (n_kept, [batch,] n, d_model)
+        The residual stream entering each kept layer ([0] the embeddings when layer 0 is kept).
+    attn_in : ndarray, shape (n_kept, [batch,] n, d_model)
         What each layer's attention reads: the normed residual stream of pre-norm models,
-        the previous layer's output in post-norm BERT (the ``x`` of ModelHeads' diagnostics).
+        the stream itself in post-norm BERT (the ``x`` of ModelHeads' diagnostics).
     q, k, v : ndarray, shape (n_kept, [batch,] n_heads, n, d_head)
         Queries, keys and values as the attention uses them: after q_norm / k_norm and the
         rotary embedding, biases included, keys and values repeated for every query head
@@ -60,13 +63,21 @@ class Forward:
         qk_rope_head_dim, the rotary columns last, and v has width v_head_dim.
     q_prerotary, k_prerotary : ndarray, shape (n_kept, [batch,] n_heads, n, d_head)
         The same before the rotary embedding (equal to q, k for models without one).
-    scale : ndarray, shape (n_kept,)
-        The logit scale of every kept layer (1 / sqrt(d_head) except GPT-2 options).
-    positions : ndarray of int, shape ([batch,] n)
-        The position of every token (cumulative count of unpadded tokens minus one).
-    attention_mask : ndarray of bool, shape ([batch,] n)
-        True for real tokens, False for padding. Rows and columns of padded tokens are
-        not meaningful (a padded query row of P may be all zeros).
+    pattern : ndarray, shape (n_kept, [batch,] n_heads, n, n)
+        The routing matrices P of every head.
+    z : ndarray, shape (n_kept, [batch,] n_heads, n, d_head) or None
+        Each head's output P v before W_O (TransformerLens' hook_z).
+    attn_out, mlp_out : ndarray, shape (n_kept, [batch,] n, d_model) or None
+        The attention block's output (after W_O and its bias) and the MLP block's output.
+    resid_mid, resid_post : ndarray, shape (n_kept, [batch,] n, d_model) or None
+        The residual stream between attention and the MLP, and leaving each layer (before
+        any final norm).
+    mlp_in : ndarray, shape (n_kept, [batch,] n, d_model) or None
+        What each MLP reads (the normed stream; post-norm: the stream).
+    mlp_post : ndarray, shape (n_kept, [batch,] n, d_ff) or None
+        The MLP's hidden units after the activation (models with dense MLPs).
+    ln_final : ndarray, shape ([batch,] n, d_model) or None
+        The model's output: the final norm of the last stream (BERT: the last layer's output).
     router_logits : ndarray, shape (n_kept_moe, [batch,] n, n_experts) or None
         The router logits of mixture-of-experts models (:mod:`.moe`), for the kept
         layers among ``arch.moe_layers`` (all layers of Mixtral; DeepSeek-V2's first layers
@@ -83,49 +94,123 @@ class Forward:
         the (n, n) matrix: kept only when asked for (``keep=("attention_stats", ...)``).
         Keys and distances are array positions: in a left-padded sequence key 0 is a pad
         (its sink_weight is 0); pad on the right, or pass one sequence, for the sink mass.
-    z : ndarray, shape (n_kept, [batch,] n_heads, n, d_head) or None
-        Each head's output P v before W_O (TransformerLens' hook_z); kept when named.
-    attn_out, mlp_out : ndarray, shape (n_kept, [batch,] n, d_model) or None
-        The attention block's output (after W_O and its bias) and the MLP block's output;
-        kept when named.
-    resid_post : ndarray, shape (n_kept, [batch,] n, d_model) or None
-        The residual stream leaving each layer (before any final norm); kept when named.
+    scale : ndarray, shape (n_kept,)
+        The logit scale of every kept layer (1 / sqrt(d_head) except GPT-2 options).
+    positions : ndarray of int, shape ([batch,] n)
+        The position of every token (cumulative count of unpadded tokens minus one).
+    attention_mask : ndarray of bool, shape ([batch,] n)
+        True for real tokens, False for padding. Rows and columns of padded tokens are
+        not meaningful (a padded query row of P may be all zeros).
     layers : ndarray of int, shape (n_kept,)
-        The layers the per-layer fields hold, increasing (every layer by default).
+        The layers the per-layer sites hold, increasing (every layer by default).
     logits_positions : ndarray of int, shape ([batch,] m)
         The token index of every row of ``logits`` in its sequence.
+
+    The transformers names of the fields ``hidden_states`` (now ``resid_pre`` and
+    ``ln_final``), ``attentions`` (``pattern``) and ``attention_inputs`` (``attn_in``) work
+    for one release, with a DeprecationWarning.
 
     Examples
     --------
     >>> from attngeom.models import Forward
-    >>> f = Forward(None, np.zeros((3, 4, 8)), np.zeros((2, 2, 4, 4)), np.zeros((2, 4, 8)),
-    ...             *[np.zeros((2, 2, 4, 4))] * 5, np.ones(2) / 2, np.arange(4), np.ones(4, bool))
-    >>> f.n_layers, f.n_tokens, f.layers.tolist()
-    (2, 4, [0, 1])
+    >>> f = Forward(None, scale=np.ones(2) / 2, positions=np.arange(4), attention_mask=np.ones(4, bool),
+    ...             z=np.zeros((2, 2, 4, 8)))
+    >>> f.n_layers, f.n_tokens, f.layers.tolist(), f["blocks.1.attn.hook_z"].shape, list(f.keys())[:1]
+    (2, 4, [0, 1], (2, 4, 8), ['blocks.0.attn.hook_z'])
     """
 
     logits: Optional[np.ndarray] = field(metadata=_BATCH)
-    hidden_states: Optional[np.ndarray] = field(metadata=_LAYER)
-    attentions: Optional[np.ndarray] = field(metadata=_LAYER)
-    attention_inputs: Optional[np.ndarray] = field(metadata=_LAYER)
-    q: Optional[np.ndarray] = field(metadata=_LAYER)
-    k: Optional[np.ndarray] = field(metadata=_LAYER)
-    v: Optional[np.ndarray] = field(metadata=_LAYER)
-    q_prerotary: Optional[np.ndarray] = field(metadata=_LAYER)
-    k_prerotary: Optional[np.ndarray] = field(metadata=_LAYER)
-    scale: np.ndarray
-    positions: np.ndarray = field(metadata=_BATCH)
-    attention_mask: np.ndarray = field(metadata=_BATCH)
+    scale: np.ndarray = None
+    positions: np.ndarray = field(default=None, metadata=_BATCH)
+    attention_mask: np.ndarray = field(default=None, metadata=_BATCH)
+    embed: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
+    pos_embed: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
+    resid_pre: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    attn_in: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    q_prerotary: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    k_prerotary: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    v: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    q: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    k: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    pattern: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    z: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    attn_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    resid_mid: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    mlp_in: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    mlp_post: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    mlp_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    resid_post: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
+    ln_final: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
     router_logits: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     kv_latent: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     rope_keys: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     attention_stats: Optional[AttentionStats] = field(default=None, metadata=_LAYER)
-    z: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
-    attn_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
-    mlp_out: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
-    resid_post: Optional[np.ndarray] = field(default=None, metadata=_LAYER)
     layers: Optional[np.ndarray] = None
     logits_positions: Optional[np.ndarray] = field(default=None, metadata=_BATCH)
+
+    attentions = renamed_field("pattern")
+    attention_inputs = renamed_field("attn_in")
+
+    @property
+    def hidden_states(self) -> Optional[np.ndarray]:
+        """Deprecated: transformers' hidden states, ``resid_pre`` of the kept layers and then
+        ``ln_final`` stacked (None unless both were kept)."""
+        deprecated("Forward", "the field", "hidden_states", "resid_pre (and ln_final for the output)")
+        if self.resid_pre is None or self.ln_final is None:
+            return None
+        return np.concatenate([self.resid_pre, self.ln_final[None]])
+
+    # -- by site name ------------------------------------------------------------------
+    def get(self, name, default=None):
+        """A site's value by name (:meth:`__getitem__`), or `default` when it was not kept."""
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __getitem__(self, name):
+        """A site's value: ``f["z"]`` (stacked over the kept layers), ``f["z", 3]`` or
+        ``f["blocks.3.attn.hook_z"]`` (one layer). KeyError for a site not kept, or a layer
+        not kept; ValueError for an unknown name."""
+        site, layer = parse_site(name, what="Forward[...]")
+        value = getattr(self, site)
+        if value is None:
+            raise KeyError(f"Forward: the site {site!r} was not kept (keep=({site!r}, ...))")
+        if layer is None or site in GLOBAL_SITES:
+            return value
+        layers = self._site_layers(site)
+        if layer not in layers:
+            raise KeyError(f"Forward: the site {site!r} was not kept at layer {layer} (kept: {layers})")
+        i = layers.index(layer)
+        return value.map(lambda a: a[i]) if isinstance(value, AttentionStats) else value[i]
+
+    def __contains__(self, name) -> bool:
+        return self.get(name) is not None
+
+    def _site_layers(self, site: str) -> list:
+        """The layers a per-layer site's stack holds."""
+        layers = [int(i) for i in self.layers]
+        if site == "router_logits" and self.router_logits is not None and len(self.router_logits) != len(layers):
+            return layers[len(layers) - len(self.router_logits):]  # the kept layers with experts: the last ones
+        return layers
+
+    def keys(self):
+        """The TransformerLens names of every kept value (one per site and layer), in pass order."""
+        from .sites import SITES, full_name
+
+        for site in SITES:
+            if getattr(self, site) is None:
+                continue
+            if site in GLOBAL_SITES:
+                yield full_name(site)
+            else:
+                for layer in self._site_layers(site):
+                    yield full_name(site, layer)
+
+    def items(self):
+        """(TransformerLens name, value) of every kept value, in pass order."""
+        for name in self.keys():
+            yield name, self[name]
 
     def __post_init__(self):
         if self.layers is None:
@@ -164,9 +249,8 @@ class Forward:
 
     @property
     def last_hidden_state(self) -> Optional[np.ndarray]:
-        """([batch,] n, d_model) the model's output, ``hidden_states[-1]`` (None when
-        hidden_states was not kept)."""
-        return None if self.hidden_states is None else self.hidden_states[-1]
+        """([batch,] n, d_model) the model's output, ``ln_final`` (None when it was not kept)."""
+        return self.ln_final
 
     def sequence(self, index: int) -> "Forward":
         """The pass of one sequence of a batch: every field without its batch axis.
@@ -195,14 +279,18 @@ class Forward:
         return dataclasses.replace(self, **changes)
 
 
-#: The fields ``Model.forward(keep=...)`` chooses among (scale, positions, attention_mask,
-#: layers and logits_positions are always kept).
-KEEPABLE = ("logits", "hidden_states", "attentions", "attention_inputs", "q", "k", "v", "q_prerotary",
-            "k_prerotary", "router_logits", "kv_latent", "rope_keys", "attention_stats", "z", "attn_out", "mlp_out",
-            "resid_post")
-#: What ``keep=None`` keeps: every field but the attention statistics and the block outputs
-#: (z, attn_out, mlp_out, resid_post), which are kept when named.
-KEEP_DEFAULT = KEEPABLE[:KEEPABLE.index("attention_stats")]
+#: What ``Model.forward(keep=...)`` chooses among: the logits, every site, the attention
+#: statistics (scale, positions, attention_mask, layers and logits_positions are always kept).
+KEEPABLE = ("logits",) + SITES + ("attention_stats",)
+#: What ``keep=None`` keeps: the logits, the stream entering each layer and the output, and
+#: the attention's inputs, queries, keys, values and weights (with the router's and the
+#: latent's sites where the model has them). The other sites are kept when named;
+#: ``keep="all"`` keeps every site.
+KEEP_DEFAULT = ("logits", "resid_pre", "ln_final", "attn_in", "q_prerotary", "k_prerotary", "v", "q", "k", "pattern",
+                "router_logits", "kv_latent", "rope_keys")
+#: The transformers names ``keep=`` still takes for one release, and the sites they keep.
+RENAMED_KEEP = {"hidden_states": ("resid_pre", "ln_final"), "attentions": ("pattern",),
+                "attention_inputs": ("attn_in",)}
 
 
 @dataclass(frozen=True)
@@ -234,18 +322,30 @@ class ForwardPlan:
         return name in self.keep and (layer is None or layer in self.layers)
 
 
-def _keep_arg(keep) -> frozenset:
+def keep_names(keep, where: str = "Model.forward()", stacklevel: int = 3) -> frozenset:
+    """A ``keep=`` argument as the set of kept names: None (:data:`KEEP_DEFAULT`), "all"
+    (everything), or a name or a sequence of names of :data:`KEEPABLE` (sites by their short
+    names: a site is kept at every kept layer, chosen by ``layers=``). The transformers names of :data:`RENAMED_KEEP` warn once and keep their sites
+    (`stacklevel` 3: the caller of the public function calling this one)."""
     if keep is None:
         return frozenset(KEEP_DEFAULT)
+    if isinstance(keep, str) and keep == "all":
+        return frozenset(KEEPABLE)
     names = (keep,) if isinstance(keep, str) else keep
     try:
         names = tuple(names)
     except TypeError:
-        raise TypeError(f"keep must be a field name or a sequence of them, got {type(keep).__name__}") from None
+        raise TypeError(f"keep must be a site name or a sequence of them, got {type(keep).__name__}") from None
+    out = set()
     for name in names:
-        if not isinstance(name, str) or name not in KEEPABLE:
-            raise ValueError(f"keep: unknown field {name!r}; the fields are {', '.join(KEEPABLE)}")
-    return frozenset(names)
+        if isinstance(name, str) and name in RENAMED_KEEP:
+            deprecated(where, "the keep name", name, " and ".join(RENAMED_KEEP[name]), stacklevel=stacklevel)
+            out.update(RENAMED_KEEP[name])
+        elif not isinstance(name, str) or name not in KEEPABLE:
+            raise ValueError(f"keep: unknown site {name!r}; keep takes {', '.join(KEEPABLE)} (or 'all')")
+        else:
+            out.add(name)
+    return frozenset(out)
 
 
 def check_layers(layers, n_layers: int) -> tuple:
@@ -319,7 +419,8 @@ def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logit
     """
     from .interventions import check_interventions
 
-    kept = _keep_arg(keep)
+    kept = keep if isinstance(keep, frozenset) else keep_names(keep, stacklevel=4)
+    kept = kept & frozenset(("logits", "attention_stats") + model_sites(arch))  # the sites this model has
     plan = ForwardPlan(kept, check_layers(layers, arch.n_layers), _logits_at_arg(logits_at, mask),
                        check_interventions(interventions, arch, mask.shape, single), single)
     if plan.logits_at is not None and "logits" not in kept:
@@ -377,26 +478,30 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
     d_qk, d_v = a.d_head, (a.mla["v_head_dim"] if a.mla else a.d_head)
     m = n if plan.logits_at is None else plan.logits_at.shape[1]
     moe = sum(1 for i in plan.layers if i in a.moe_layers)
+    n_ff = a.d_ff
+    per_layer = L * b * n
     elements = {
-        "logits": b * m * a.vocab_size if a.family != "bert" else 0,
-        "hidden_states": (L + 1) * b * n * d,
-        "attentions": L * b * H * n * n,
-        "attention_inputs": L * b * n * d,
-        "q": L * b * H * n * d_qk, "k": L * b * H * n * d_qk, "v": L * b * H * n * d_v,
-        "q_prerotary": L * b * H * n * d_qk, "k_prerotary": L * b * H * n * d_qk,
+        "logits": b * m * a.vocab_size if not a.bidirectional else 0,
+        "embed": b * n * d, "pos_embed": b * n * d if a.max_positions is not None else 0,
+        "resid_pre": per_layer * d, "attn_in": per_layer * d,
+        "q_prerotary": per_layer * H * d_qk, "k_prerotary": per_layer * H * d_qk, "v": per_layer * H * d_v,
+        "q": per_layer * H * d_qk, "k": per_layer * H * d_qk,
+        "pattern": L * b * H * n * n, "z": per_layer * H * d_v, "attn_out": per_layer * d,
+        "resid_mid": per_layer * d, "mlp_in": per_layer * d, "mlp_post": per_layer * n_ff if not a.n_experts else 0,
+        "mlp_out": per_layer * d, "resid_post": per_layer * d, "ln_final": b * n * d,
         "router_logits": moe * b * n * a.n_experts,
-        "kv_latent": L * b * n * a.mla["kv_lora_rank"] if a.mla else 0,
-        "rope_keys": L * b * n * a.mla["qk_rope_head_dim"] if a.mla else 0,
+        "kv_latent": per_layer * a.mla["kv_lora_rank"] if a.mla else 0,
+        "rope_keys": per_layer * a.mla["qk_rope_head_dim"] if a.mla else 0,
         "attention_stats": L * b * H * n * (len(STATS_FIELDS) - 1 + 8 / item),
-        "z": L * b * H * n * d_v, "attn_out": L * b * n * d, "mlp_out": L * b * n * d, "resid_post": L * b * n * d,
     }
     out = {name: int(elements[name] * item) for name in KEEPABLE if name in plan.keep and elements[name]}
-    ff = int(a.config.get("intermediate_size") or a.config.get("n_inner") or 4 * d) if a.config else 4 * d
     rows = min(b * n, MLP_ROWS * get_num_threads())  # the MLP blocks the pool runs at once
     weights = b * H * n * n  # one layer's P, formed when kept or changed by an intervention
-    pattern = any(r.item.site == "pattern" for todo in plan.interventions.values() for r in todo)
-    working = item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * ff + 4 * b * n * d
-                      + (weights if "attentions" in plan.keep else 0) + (2 * weights if pattern else 0))
+    touched = {r.site for todo in plan.interventions.values() for r in todo}
+    hidden = "mlp_post" in plan.keep or "mlp_post" in touched  # the MLP's hidden units of the whole pass
+    working = item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * n_ff + 4 * b * n * d
+                      + (weights if "pattern" in plan.keep else 0) + (2 * weights if "pattern" in touched else 0)
+                      + (b * n * n_ff if hidden else 0))
     if a.sliding_layers:  # the window's (b, 1, n, n) boolean mask
         working += b * n * n
     out["working"] = int(working)

@@ -2,28 +2,15 @@
 
 ``Model.forward(token_ids, interventions=[...])`` changes the activations at named sites as
 the pass runs, in the order given, and everything downstream sees the changed values (the
-kept fields of the :class:`Forward` are the intervened ones). Sites are named as
-TransformerLens names its hook points, one per layer:
-
-==============  ===============================  =========================================
-site            value (one layer, batch axis)    what it is
-==============  ===============================  =========================================
-``resid_pre``   (b, n, d_model)                  the residual stream entering the layer
-``attn_in``     (b, n, d_model)                  what attention reads (the normed stream)
-``q k v``       (b, n_heads, n, d_head)          per head, as the attention uses them
-                                                 (after rotation; k, v per query head)
-``pattern``     (b, n_heads, n, n)               the routing matrix P
-``z``           (b, n_heads, n, d_head)          each head's output P v, before W_O
-``attn_out``    (b, n, d_model)                  the attention block's output (after W_O)
-``mlp_out``     (b, n, d_model)                  the MLP block's output
-``resid_post``  (b, n, d_model)                  the residual stream leaving the layer
-==============  ===============================  =========================================
+kept sites of the :class:`Forward` hold the intervened values). The sites and their names
+are those of :mod:`attngeom.models.nn.sites`: a short name with a layer
+(``Ablate("z", 3, heads=[1])``) or TransformerLens' full hook name, which carries the layer
+(``Ablate("blocks.3.attn.hook_z", heads=[1])``). The global sites (``embed``, ``pos_embed``,
+``ln_final``) take no layer. Every site's value passes through one gate (:class:`Gate`),
+which applies that site's interventions and keeps the value.
 
 For one sequence (1-D token ids) a :class:`Hook` function sees the value without its batch
-axis, as the Forward holds it. Unlike TransformerLens' hook_q / hook_k (before the rotation,
-its rotated ones are hook_rot_q / hook_rot_k; one per key/value head under grouped-query
-attention), ``q`` and ``k`` here are after the rotation and per query head, as
-:class:`Forward` holds them. Kinds:
+axis, as the Forward holds it. Kinds:
 
 * :class:`Ablate` ``(site, layer, heads=None, positions=None, mode="zero" | "mean" |
   "resample", reference=None, seed=0)``: zeros; the mean of the reference pass's values over
@@ -39,7 +26,7 @@ attention), ``q`` and ``k`` here are after the rotation and per query head, as
 
 ``heads`` select heads of per-head sites, ``positions`` token positions (query positions
 for ``pattern``); both default to all. The reference and source passes are Forwards that
-kept the site's field (``keep=`` with the names in :data:`SITE_FIELDS`) at that layer.
+kept the site (``keep=(site, ...)``) at that layer.
 """
 from __future__ import annotations
 
@@ -49,13 +36,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...subspace import Subspace
+from .sites import BEFORE, GLOBAL_SITES, HEAD_SITES, model_sites, parse_site
 
-SITES = ("resid_pre", "attn_in", "q", "k", "v", "pattern", "z", "attn_out", "mlp_out", "resid_post")
-HEAD_SITES = ("q", "k", "v", "pattern", "z")
-#: The Forward field that holds each site's values (``keep=`` it in a reference or source pass).
-SITE_FIELDS = {"resid_pre": "hidden_states", "attn_in": "attention_inputs", "q": "q", "k": "k", "v": "v",
-               "pattern": "attentions", "z": "z", "attn_out": "attn_out", "mlp_out": "mlp_out",
-               "resid_post": "resid_post"}
 ABLATIONS = ("zero", "mean", "resample")
 
 
@@ -63,8 +45,8 @@ ABLATIONS = ("zero", "mean", "resample")
 class Ablate:
     """Replace a site's values by zeros, the reference's mean, or resampled reference values."""
 
-    site: str
-    layer: int
+    site: Any
+    layer: Optional[int] = None
     heads: Any = None
     positions: Any = None
     mode: str = "zero"
@@ -76,9 +58,9 @@ class Ablate:
 class Project:
     """Remove (``remove=True``) or keep only the component of a site's vectors in a subspace."""
 
-    site: str
-    layer: int
-    subspace: Subspace
+    site: Any
+    layer: Optional[int] = None
+    subspace: Optional[Subspace] = None
     heads: Any = None
     remove: bool = True
 
@@ -87,9 +69,9 @@ class Project:
 class Patch:
     """Replace a site's values by those of another pass (a Forward that kept the site)."""
 
-    site: str
-    layer: int
-    source: Any
+    site: Any
+    layer: Optional[int] = None
+    source: Any = None
     heads: Any = None
     positions: Any = None
 
@@ -98,16 +80,17 @@ class Patch:
 class Hook:
     """Replace a site's values by ``fn(values)`` (same shape, finite)."""
 
-    site: str
-    layer: int
-    fn: Callable
+    site: Any
+    layer: Optional[int] = None
+    fn: Optional[Callable] = None
 
 
 KINDS = (Ablate, Project, Patch, Hook)
 
 
-def _name(i: int, iv) -> str:
-    return f"interventions[{i}] ({type(iv).__name__} at {iv.site!r}, layer {iv.layer})"
+def _name(i: int, iv, site: str, layer) -> str:
+    where = "" if layer is None else f", layer {layer}"
+    return f"interventions[{i}] ({type(iv).__name__} at {site!r}{where})"
 
 
 def _indices(label: str, value, size: int, what: str) -> Optional[np.ndarray]:
@@ -129,6 +112,8 @@ class Resolved:
     index: int
     item: Any
     label: str
+    site: str
+    layer: Optional[int]
     heads: Optional[np.ndarray]
     positions: Optional[np.ndarray]
     values: Optional[np.ndarray] = None  # what Ablate(mean / resample) and Patch write
@@ -172,46 +157,53 @@ def check_interventions(interventions, arch, shape, single: bool) -> dict:
     for i, iv in enumerate(items):
         if not isinstance(iv, KINDS):
             raise TypeError(f"interventions[{i}] must be an Ablate, Project, Patch or Hook, got {type(iv).__name__}")
-        if iv.site not in SITES:
-            raise ValueError(f"interventions[{i}] ({type(iv).__name__}): site: unknown site {iv.site!r}; the sites are "
-                             f"{', '.join(SITES)}")
-        label = _name(i, iv)
-        if isinstance(iv.layer, (bool, np.bool_)) or not isinstance(iv.layer, (int, np.integer)) \
-                or not 0 <= iv.layer < arch.n_layers:
-            raise ValueError(f"{label}: layer must be an integer in 0..{arch.n_layers - 1}, got {iv.layer!r}")
+        try:
+            site, layer = parse_site(iv.site, iv.layer, what=f"interventions[{i}] ({type(iv).__name__}): site")
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        label = _name(i, iv, site, layer)
+        if site not in model_sites(arch):
+            raise ValueError(f"{label}: site: a {arch.model_type} model has no site {site!r}")
+        if site in GLOBAL_SITES:
+            if layer is not None:
+                raise ValueError(f"{label}: layer: the site {site!r} has no layer (it is global), got {layer!r}")
+        elif isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) \
+                or not 0 <= layer < arch.n_layers:
+            raise ValueError(f"{label}: layer must be an integer in 0..{arch.n_layers - 1}, got {layer!r}")
         heads = getattr(iv, "heads", None)
-        if heads is not None and iv.site not in HEAD_SITES:
-            raise ValueError(f"{label}: heads: the site {iv.site!r} is not per head (per-head sites: "
+        if heads is not None and site not in HEAD_SITES:
+            raise ValueError(f"{label}: heads: the site {site!r} is not per head (per-head sites: "
                              f"{', '.join(HEAD_SITES)})")
-        r = Resolved(i, iv, label, _indices(label, heads, H, "heads"),
+        r = Resolved(i, iv, label, site, layer, _indices(label, heads, H, "heads"),
                      _indices(label, getattr(iv, "positions", None), n, "positions"))
         if isinstance(iv, Ablate):
             if iv.mode not in ABLATIONS:
                 raise ValueError(f"{label}: mode must be one of {', '.join(ABLATIONS)}, got {iv.mode!r}")
             if iv.mode != "zero":
-                ref, real = _field(label, "reference", iv.reference, iv)
-                if ref.shape[1:] != _site_shape(arch, iv.site, *ref.shape[:1], _length(iv.site, ref))[1:]:
+                ref, real = _field(label, "reference", iv.reference, site, layer)
+                if ref.shape[1:] != _site_shape(arch, site, *ref.shape[:1], _length(site, ref))[1:]:
                     raise ValueError(f"{label}: reference holds {ref.shape} at the site, not values of this model")
-                r.values = _ablation_values(label, iv, ref, real, (b, n))
+                r.values = _ablation_values(label, iv, site, ref, real, (b, n))
         elif isinstance(iv, Patch):
-            src, _ = _field(label, "source", iv.source, iv)
-            if src.shape != _site_shape(arch, iv.site, b, n):
+            src, _ = _field(label, "source", iv.source, site, layer)
+            if src.shape != _site_shape(arch, site, b, n):
                 raise ValueError(f"{label}: source holds {src.shape} at the site, this pass "
-                                 f"{_site_shape(arch, iv.site, b, n)} (batch {b}, {n} tokens)")
+                                 f"{_site_shape(arch, site, b, n)} (batch {b}, {n} tokens)")
             r.values = src
         elif isinstance(iv, Project):
             if not isinstance(iv.subspace, Subspace):
                 raise TypeError(f"{label}: subspace must be an attngeom.Subspace, got {type(iv.subspace).__name__}")
-            if iv.site == "pattern":
+            if site == "pattern":
                 raise ValueError(f"{label}: site: Project acts on vectors; 'pattern' holds the routing matrix P")
-            want = _width(arch, iv.site)
+            want = _width(arch, site)
             if iv.subspace.ambient_dim != want:
                 raise ValueError(f"{label}: subspace lives in R^{iv.subspace.ambient_dim}, the site's vectors in "
                                  f"R^{want}")
         elif isinstance(iv, Hook):
             if not callable(iv.fn):
                 raise TypeError(f"{label}: fn must be callable, got {type(iv.fn).__name__}")
-        out.setdefault(int(iv.layer), []).append(r)
+        key = BEFORE if site in ("embed", "pos_embed") else arch.n_layers if site == "ln_final" else int(layer)
+        out.setdefault(key, []).append(r)
     return out
 
 
@@ -226,44 +218,47 @@ def _site_shape(arch, site: str, b: int, n: int) -> tuple:
         return (b, arch.n_heads, n, n)
     if site in HEAD_SITES:
         return (b, arch.n_heads, n, _width(arch, site))
-    return (b, n, arch.d_model)
+    return (b, n, _width(arch, site))
 
 
 def _width(arch, site: str) -> int:
-    if site in ("q", "k"):
+    """The width of a site's vectors."""
+    if site in ("q", "k", "q_prerotary", "k_prerotary"):
         return arch.d_head
     if site in ("v", "z"):
         return arch.mla["v_head_dim"] if arch.mla else arch.d_head
-    return arch.d_model
+    widths = {"mlp_post": arch.d_ff, "router_logits": arch.n_experts,
+              "kv_latent": arch.mla and arch.mla["kv_lora_rank"], "rope_keys": arch.mla and arch.mla["qk_rope_head_dim"]}
+    return widths.get(site, arch.d_model)
 
 
-def _field(label, name, value, iv):
-    """The site's values of layer iv.layer in a reference / source Forward, batch axis first,
-    and its (batch, n) mask of real tokens."""
-    field = SITE_FIELDS[iv.site]
-    if not all(hasattr(value, a) for a in ("layers", "positions", "attention_mask", field)):  # a Forward
-        raise TypeError(f"{label}: {name} must be a Forward (model.forward(..., keep=({field!r},))), got "
+def _field(label, name, value, site, layer):
+    """A site's values at one layer (or a global site's) in a reference / source Forward, batch
+    axis first, and its (batch, n) mask of real tokens."""
+    if not all(hasattr(value, a) for a in ("layers", "positions", "attention_mask", "get")):  # a Forward
+        raise TypeError(f"{label}: {name} must be a Forward (model.forward(..., keep=({site!r},))), got "
                         f"{type(value).__name__}")
-    data = getattr(value, field)
+    data = value.get(site)
     layers = list(np.asarray(value.layers))
-    if data is None or iv.layer not in layers:
-        raise ValueError(f"{label}: {name} did not keep {field!r} at layer {iv.layer} (pass keep=({field!r}, ...) "
-                         f"and layers covering it)")
-    a = np.asarray(data[layers.index(iv.layer)])  # hidden_states too: [i] enters layers[i]
+    if data is None or (layer is not None and layer not in layers):
+        at = "" if layer is None else f" at layer {layer}"
+        raise ValueError(f"{label}: {name} did not keep {site!r}{at} (pass keep=({site!r}, ...) and layers covering "
+                         f"it)")
+    a = np.asarray(data if layer is None else data[layers.index(layer)])
     real = np.asarray(value.attention_mask, bool)
     if value.positions.ndim == 1:  # one sequence: add the batch axis
         a, real = a[None], real[None]
     return a, real
 
 
-def _ablation_values(label, iv, ref: np.ndarray, real: np.ndarray, shape) -> np.ndarray:
+def _ablation_values(label, iv, site, ref: np.ndarray, real: np.ndarray, shape) -> np.ndarray:
     b, n = shape
-    if iv.mode == "mean" and iv.site != "pattern":  # over the reference's real tokens
-        if iv.site in HEAD_SITES:
+    if iv.mode == "mean" and site != "pattern":  # over the reference's real tokens
+        if site in HEAD_SITES:
             return ref.transpose(0, 2, 1, 3)[real].mean(axis=0)  # (H, d)
         return ref[real].mean(axis=0)  # (d,)
-    if _length(iv.site, ref) != n:
-        raise ValueError(f"{label}: reference has {_length(iv.site, ref)} tokens, this pass {n}: "
+    if _length(site, ref) != n:
+        raise ValueError(f"{label}: reference has {_length(site, ref)} tokens, this pass {n}: "
                          f"{'mean weights' if iv.mode == 'mean' else 'resampling'} keep positions")
     if iv.mode == "mean":
         return ref.mean(axis=0)  # (H, n, n): the mean weights per head
@@ -292,7 +287,7 @@ def apply(resolved, site: str, value: np.ndarray, single: bool) -> np.ndarray:
     """
     for r in resolved:
         iv = r.item
-        if iv.site != site:
+        if r.site != site:
             continue
         if isinstance(iv, Hook):
             value = _hook(r, value, single)
@@ -341,6 +336,47 @@ def _hook(r: Resolved, value: np.ndarray, single: bool) -> np.ndarray:
     return out[None] if single else out
 
 
-def sites_at(resolved) -> frozenset:
-    """The sites one layer's interventions touch."""
-    return frozenset(r.item.site for r in resolved)
+class Gate:
+    """The one site gate of a forward pass: every site's value passes through it.
+
+    ``gate(site, x)`` applies the interventions of the current layer at that site (in order)
+    and keeps the value when the pass keeps the site at this layer; it returns the value the
+    pass goes on with. :meth:`enter` moves it to a layer (``BEFORE`` for the embedding's
+    sites, n_layers for the final norm's).
+
+    Parameters
+    ----------
+    plan : ForwardPlan
+        What the pass keeps and its checked interventions.
+    out : Stacks
+        Where kept values are written.
+    """
+
+    def __init__(self, plan, out):
+        self.plan, self.out = plan, out
+        self.enter(BEFORE)
+
+    def enter(self, layer: int) -> None:
+        """Move to a layer: its interventions, and whether its sites are kept."""
+        self.todo = self.plan.interventions.get(layer, ())
+        self.sites = frozenset(r.site for r in self.todo)
+        self.here = layer in self.plan.layers
+
+    def touches(self, site: str) -> bool:
+        """Whether an intervention changes `site` here."""
+        return site in self.sites
+
+    def wants(self, site: str) -> bool:
+        """Whether the pass keeps `site` here."""
+        return (self.here or site in GLOBAL_SITES) and self.plan.wants(site)
+
+    def needs(self, site: str) -> bool:
+        """Whether `site`'s value must be formed here (kept or changed)."""
+        return self.touches(site) or self.wants(site)
+
+    def __call__(self, site: str, x):
+        if site in self.sites:
+            x = apply(self.todo, site, x, self.plan.single)
+        if self.wants(site):
+            self.out.put(site, x)
+        return x

@@ -35,7 +35,7 @@ from .products import product
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm
 
 
-def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np.ndarray) -> dict:
+def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np.ndarray, gate=None) -> dict:
     """Queries, keys, values and the latent cache of one MLA layer (module docstring).
 
     Parameters
@@ -50,6 +50,10 @@ def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np
         The interleaved rotary embedding of width qk_rope_head_dim.
     positions : ndarray of int, shape (batch, n)
         Token positions.
+    gate : callable, optional
+        The pass's site gate (:class:`attngeom.models.nn.interventions.Gate`): the latent,
+        the rotary key and the unrotated queries and keys pass through it (interventions
+        there change what follows).
 
     Returns
     -------
@@ -77,12 +81,21 @@ def mla_attention_inputs(x: np.ndarray, layer: dict, arch, rotary, positions: np
     ckv = product(x, layer["kv_a"]) if layer["b_kv_a"] is None else product(x, layer["kv_a"]) + layer["b_kv_a"]
     latent = normalize(ckv[..., :rc], layer["kv_a_norm"], None, LATENT_NORM_EPS, "rmsnorm")
     k_rope = ckv[..., rc:]
+    if gate is not None:
+        latent, k_rope = gate("kv_latent", latent), gate("rope_keys", k_rope)
     kv = product(latent, layer["kv_b"]).reshape(b, n, H, nope + dv).transpose(0, 2, 1, 3)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     shared = np.broadcast_to(k_rope[:, None], (b, H, n, rope))
     k_pre = np.concatenate([k_nope, shared], axis=-1)
     pos = positions[:, None]
+    if gate is not None:
+        q = gate("q_prerotary", q)
+        given, k_pre = k_pre, gate("k_prerotary", k_pre)
     q_rot = np.concatenate([q[..., :nope], rotary.rotate(q[..., nope:], pos)], axis=-1)
-    k_rot = np.concatenate([k_nope, np.broadcast_to(rotary.rotate(k_rope[:, None], pos), (b, H, n, rope))], axis=-1)
+    if gate is not None and k_pre is not given:  # changed per head: rotate each head's rotary columns
+        k_rot = np.concatenate([k_pre[..., :nope], rotary.rotate(k_pre[..., nope:], pos)], axis=-1)
+    else:
+        k_rot = np.concatenate([k_nope, np.broadcast_to(rotary.rotate(k_rope[:, None], pos), (b, H, n, rope))],
+                               axis=-1)
     return {"q": q_rot, "k": k_rot, "v": np.ascontiguousarray(v), "q_prerotary": q, "k_prerotary": k_pre,
             "latent": latent, "rope_keys": k_rope}

@@ -28,7 +28,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
 from .decoder import Decoder
-from .forward import Forward, plan_forward
+from .forward import Forward, keep_names, plan_forward
 from .heads import ModelHeads, heads_from_checkpoint
 
 
@@ -50,7 +50,7 @@ class Model:
     Examples
     --------
     >>> model = ag.load_model("Qwen/Qwen3-0.6B")  # doctest: +SKIP
-    >>> model.forward(np.array([1, 2, 3])).attentions.shape  # doctest: +SKIP
+    >>> model.forward(np.array([1, 2, 3])).pattern.shape  # doctest: +SKIP
     (28, 16, 3, 3)
     """
 
@@ -114,10 +114,10 @@ class Model:
         --------
         >>> ids, tokens = model.tokenize("The cat sat.")  # doctest: +SKIP
         """
-        if self.arch.family == "bert":
+        if self.arch.tokenizer == "wordpiece":
             return tokenize(self.folder, text, max_length=max_length)
         vocab = self.arch.config.get("vocab")
-        if self.arch.model_type == "attngeom-gpt" and isinstance(vocab, list):  # one token per character
+        if self.arch.tokenizer == "characters":  # one token per character
             unknown = sorted(set(text) - set(vocab))
             if unknown:
                 raise ValueError(f"text has characters outside the model's vocabulary: {''.join(unknown[:20])!r}")
@@ -144,16 +144,20 @@ class Model:
         dtype : {np.float32, np.float64}, default np.float32
             The computation dtype (weights of any stored precision are cast to it).
         keep : str or sequence of str, optional
-            The :class:`Forward` fields to compute and return (the others are None and never
-            allocated): any of :data:`attngeom.models.nn.forward.KEEPABLE`. Default: every field
-            but ``attention_stats`` and the block outputs, which are kept only when named.
-            Without "attentions" the pass forms no (n, n) weights: ``keep=("attention_stats", "logits")`` with
-            ``logits_at="last"`` analyses every head of a long document in the memory of the
-            weights plus a few layer-sized arrays.
+            The sites (:mod:`attngeom.models.nn.sites`), "logits" and "attention_stats" to
+            compute and return (the others are None and never allocated), or "all" (every
+            site: a cache of the whole pass, read by TransformerLens names as ``f.items()``).
+            Default :data:`attngeom.models.nn.forward.KEEP_DEFAULT`: the logits, resid_pre,
+            ln_final, attn_in, q, k, v (and their unrotated forms), pattern, and the router's and
+            latent's sites. Without "pattern" the pass forms no (n, n) weights:
+            ``keep=("attention_stats", "logits")`` with ``logits_at="last"`` analyses every
+            head of a long document in the memory of the weights plus a few layer-sized arrays.
+            The transformers names "hidden_states", "attentions" and "attention_inputs" work
+            for one release, with a DeprecationWarning.
         layers : int or sequence of int, optional
-            The layers whose per-layer fields are kept (default all; negative indices count
-            from the end). The pass stops after the last of them unless logits or hidden
-            states are kept.
+            The layers whose per-layer sites are kept (default all; negative indices count
+            from the end). The pass stops after the last of them unless the logits or
+            ln_final are kept.
         logits_at : {"last", "all"} or array_like of int, optional
             The token indices whose logits are computed ("last": each sequence's last real
             token, shape ([batch,] 1, vocab); default every token). The unembedding, a
@@ -166,9 +170,8 @@ class Model:
         Returns
         -------
         Forward
-            logits, hidden_states, attentions, attention_inputs, q, k, v, q_prerotary,
-            k_prerotary, attention_stats, ... (shapes in :class:`Forward`; a batch axis after
-            the layer axis for 2-D input). The kept fields are bitwise the same whatever else
+            Keyed by site (shapes in :class:`Forward`; a batch axis after the layer axis for
+            2-D input): ``f.pattern``, ``f["pattern", 3]``, ``f["blocks.3.attn.hook_pattern"]``. The kept sites are bitwise the same whatever else
             is kept, and at any thread count; logits at some positions only (``logits_at``)
             equal the full logits to rounding (a product of another shape).
 
@@ -211,8 +214,8 @@ class Model:
         if limit is not None and positions.max() >= limit:
             raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
                              f"{limit} positions of the model's position table (config.json "
-                             f"{'n_positions' if self.arch.family == 'gpt2' else 'max_position_embeddings'})")
-        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=layers, logits_at=logits_at,
+                             f"{'n_positions' if 'n_positions' in self.arch.config else 'max_position_embeddings'})")
+        plan = plan_forward(self.arch, mask, dt, keep=keep_names(keep), layers=layers, logits_at=logits_at,
                             interventions=interventions, single=single)
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         return out.sequence(0) if single else out
@@ -322,8 +325,8 @@ class Model:
         dt = self._dtype(dtype)
         mask = np.ones(ids.shape, dtype=bool)
         positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        plan = plan_forward(self.arch, mask, dt, keep=keep, layers=chosen, logits_at=logits_at,
-                            interventions=interventions, single=single)
+        plan = plan_forward(self.arch, mask, dt, keep=keep_names(keep, "Model.run_from()"), layers=chosen,
+                            logits_at=logits_at, interventions=interventions, single=single)
         if plan.layers[0] < layer:
             raise ValueError(f"layers: {plan.layers[0]} is before the first layer run ({layer})")
         early = [i for i in plan.interventions if i < layer]
@@ -362,8 +365,8 @@ def load_model(path, *, backend: str = "auto") -> Model:
     Examples
     --------
     >>> model = ag.load_model("all-MiniLM-L6-v2")  # doctest: +SKIP
-    >>> model.forward(np.array([101, 7592, 102])).hidden_states.shape  # doctest: +SKIP
-    (7, 3, 384)
+    >>> model.forward(np.array([101, 7592, 102])).resid_pre.shape  # doctest: +SKIP
+    (6, 3, 384)
     """
     ck = Checkpoint(path, backend=backend)
     return model_from_checkpoint(ck, where=os.path.join(ck.folder, "config.json"))

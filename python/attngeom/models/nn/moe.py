@@ -91,7 +91,7 @@ def route(logits, arch) -> np.ndarray:
     return R
 
 
-def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
+def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable, gate=None):
     """The sparse MoE block on normed residuals x (..., n, d_model) (module docstring).
 
     Parameters
@@ -104,6 +104,9 @@ def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
         The routing rule (:func:`route`).
     act : callable
         The gate's activation function (silu).
+    gate : callable, optional
+        The pass's site gate: the router logits pass through it before the routing (an
+        intervention there changes the experts chosen).
 
     Returns
     -------
@@ -117,6 +120,8 @@ def moe_mlp(x: np.ndarray, layer: dict, arch, act: Callable):
     >>> out, logits = moe_mlp(x, weights, arch, silu)  # doctest: +SKIP
     """
     logits = product(x, layer["router"])
+    if gate is not None:
+        logits = gate("router_logits", logits)
     R = route(logits, arch).astype(x.dtype, copy=False)
     flat_x, flat_r = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     out = np.zeros_like(flat_x)
