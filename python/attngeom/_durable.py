@@ -35,6 +35,26 @@ def write_checked(path: str, data: bytes) -> None:
             os.remove(tmp)
 
 
+def write_atomic(path, text: str) -> str:
+    """Write `text` (UTF-8) to `path` atomically: a temporary file in the same folder, flushed
+    to disk and renamed over `path`, so a reader sees the old file or the new one, never a torn
+    one. Returns the path."""
+    path = str(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
 def read_checked(path: str) -> bytes:
     """The data write_checked wrote to `path`; DamagedFile when it is truncated or altered."""
     with open(path, "rb") as f:
