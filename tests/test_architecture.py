@@ -196,6 +196,66 @@ def test_the_checker_catches_layer_violations(tmp_path):
     assert found == ["attngeom.models.analysis.m"]
 
 
+ANALYSIS = PACKAGE / "models" / "analysis"
+
+
+def _analysis_violations(source: str, name: str, package: bool = False) -> list:
+    """(line, what) for every reach of an analysis module (source, module `name`) into nn's
+    internals: an attribute ``x._name`` (single underscore; ``self`` and ``cls`` excepted), the
+    decoder object (``x.decoder``: nn's own; analyses use Model's public methods), and a private
+    name or module imported from attngeom.models.nn."""
+    out = []
+    base = name.split(".") if package else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if _private(node.attr) and owner not in ("self", "cls"):
+                out.append((node.lineno, f"private attribute .{node.attr}"))
+            elif node.attr == "decoder":
+                out.append((node.lineno, "the decoder (.decoder)"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                source_module = node.module or ""
+            else:
+                source_module = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            if not source_module.startswith("attngeom.models.nn"):
+                continue
+            for alias in node.names:
+                if _private(alias.name) or any(_private(p) for p in source_module.split(".")):
+                    out.append((node.lineno, f"from {source_module} import {alias.name}"))
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p in sorted(ANALYSIS.rglob("*.py")) if "__pycache__" not in p.parts],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_analysis_uses_only_the_public_api_of_nn(path):
+    """attngeom.models.analysis reaches the transformer through Model's public methods and
+    nn's public names only (Model.run_from, final_norm, unembedding, layer_weights, ...): no
+    private attribute, no decoder object, no private import."""
+    bad = _analysis_violations(path.read_text(), _module_name(path), path.name == "__init__.py")
+    assert not bad, f"{path.relative_to(ROOT)} reaches into nn's internals: " + "; ".join(
+        f"line {line}: {what}" for line, what in bad)
+
+
+def test_the_checker_catches_private_access_from_analysis():
+    source = ("from ..nn.forward import _plan, check_layers\n"
+              "from ..nn import _secret\n"
+              "from attngeom.models.nn._impl import thing\n"
+              "from ..io._private import fine_here\n"
+              "class A:\n"
+              "    def f(self, model, h):\n"
+              "        self._cache = cls_free = model.forward(h)\n"
+              "        out = model._resume(0, h)\n"
+              "        w = model.decoder.w['unembed']\n"
+              "        return model.__class__, out.__dict__, w\n")
+    found = _analysis_violations(source, "attngeom.models.analysis.bad")
+    assert sorted(found) == [(1, "from attngeom.models.nn.forward import _plan"),
+                             (2, "from attngeom.models.nn import _secret"),
+                             (3, "from attngeom.models.nn._impl import thing"),
+                             (8, "private attribute ._resume"),
+                             (9, "the decoder (.decoder)")]
+
+
 STREAM_HEADERS = ("<iostream>", "<sstream>", "<fstream>", "<istream>", "<ostream>", "<locale>", "<iomanip>")
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import attngeom as ag
-from attngeom.models import BertEncoder, WordPiece, gelu, load_activations, text_activations, tokenize
+from attngeom.activation_functions import gelu
+from attngeom.models import BertEncoder, load_activations, text_activations, tokenize
+from attngeom.models.io.tokenizer import WordPiece
 from checkpoints import CONFIGS, VOCAB, bert_checkpoint, model_attention, raw_model, write_model
 
 

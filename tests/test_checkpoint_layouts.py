@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import attngeom as ag
-from attngeom.models import detect_layout, packaged_model_path, read_safetensors, resolve_checkpoint, write_safetensors
+from attngeom.models import packaged_model_path, read_safetensors, write_safetensors
+from attngeom.models.io.layouts import detect_layout
+from attngeom.models.io.packaged import resolve_checkpoint
 from checkpoints import CONFIGS, DTYPES, model_attention, raw_model, write_model
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import attngeom as ag
-from attngeom.models import Rotary, load_heads, load_model
+from attngeom.models import load_heads, load_model
+from attngeom.models.nn.rotary import Rotary
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -38,28 +38,28 @@ needed). Three layers, each importing only those before it (``tests/test_archite
   :mod:`.analysis.prompt` resolves their model and prompt arguments and
   :mod:`.analysis.planted` writes a GPT-2 with a planted induction circuit (known answers).
 
-Every public name is importable from ``attngeom.models``.
+What users call is importable from ``attngeom.models`` (its ``__all__``): loading and running
+models, the interventions, the safetensors files, the analyses and their results. Every
+analysis takes its model as a :class:`Model` or a checkpoint path or name. Plumbing (the
+file lookups of :mod:`.io.files`, the layouts of :mod:`.io.layouts`, config parsing, the
+rotary embedding, the decoder object, the analyses' argument resolvers) is imported from its
+own module.
 """
-from ..activation_functions import gelu
-from .io.architecture import ACTIVATIONS, ROPE_TYPES, SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
+from .io.architecture import SUPPORTED_ARCHITECTURES, Architecture, architecture_from_config
 from .io.checkpoint import Checkpoint
-from .io.files import (hub_cache_dirs, hub_not_found_message, hub_snapshot, looks_like_model_name, read_index,
-                       weight_files)
-from .io.jsonfile import read_json_object
-from .io.layouts import LAYOUTS, Layout, detect_layout, split_layer
-from .io.packaged import PACKAGED_MODELS, model_name, packaged_model_path, resolve_checkpoint
+from .io.packaged import PACKAGED_MODELS, model_name, packaged_model_path
 from .io.safetensors import (BFloat16Array, SafetensorsFile, bfloat16_to_float32, float32_to_bfloat16, read_safetensors,
                              write_safetensors)
-from .io.tokenizer import WordPiece, tokenize
+from .io.tokenizer import tokenize
 from .nn.adapters import from_transformer_lens, from_transformers
 from .nn.bert import BertEncoder, BertOutput
-from .nn.decoder import Decoder
 from .nn.forward import Forward
 from .nn.heads import ModelHeads, load_heads
 from .nn.interventions import Ablate, Hook, Patch, Project
 from .nn.model import Model, load_model
-from .nn.rotary import Rotary, RotaryPairs, rope_frequencies, rotary_pairs, yarn_factors
 from .analysis.activations import load_activations, split_texts, text_activations
+from .analysis.attribution import LogitAttribution, PathPatching, logit_attribution, path_patching
+from .analysis.head_view import plot_head
 from .analysis.effects import (CausalEffects, DirectionEffects, HeadEffects, PatchingResult, activation_patching,
                                causal_effects, direction_effects, head_ablation_effects, head_invariances,
                                next_token_losses)
@@ -67,23 +67,27 @@ from .analysis.induction import InductionScores, induction_scores
 from .analysis.latent import LatentKeyCache, latent_key_cache
 from .analysis.lens import LogitLens, logit_lens
 from .analysis.planted import planted_induction_model
-from .analysis.prompt import encode_prompt, resolve_model, token_strings
-from .analysis.report import CROSS_LAYER, FIELDS, HeadReport, head_report
+from .analysis.prompt import token_strings
+from .analysis.report import HeadReport, head_report
 from .analysis.router import RouterStatistics, router_statistics
 from .analysis.spectra import WeightSpectra, weight_spectra
 
 __all__ = [
-    "load_activations", "split_texts", "text_activations", "BertEncoder", "BertOutput", "gelu", "Checkpoint", "ModelHeads", "load_heads",
-    "read_json_object", "LAYOUTS", "Layout",
-    "detect_layout", "split_layer", "PACKAGED_MODELS", "model_name", "packaged_model_path", "resolve_checkpoint",
-    "HeadReport", "head_report", "CROSS_LAYER", "FIELDS", "BFloat16Array", "SafetensorsFile", "bfloat16_to_float32", "float32_to_bfloat16",
-    "read_safetensors", "write_safetensors", "WordPiece", "tokenize",
-    "ACTIVATIONS", "ROPE_TYPES", "SUPPORTED_ARCHITECTURES", "Architecture", "architecture_from_config",
-    "hub_cache_dirs", "hub_not_found_message", "hub_snapshot", "looks_like_model_name", "read_index", "weight_files",
-    "Decoder", "Forward", "Model", "load_model", "from_transformers", "from_transformer_lens", "Rotary", "RotaryPairs",
-    "rope_frequencies", "rotary_pairs", "yarn_factors",
-    "encode_prompt", "resolve_model", "token_strings", "planted_induction_model", "LogitLens", "logit_lens",
-    "InductionScores", "induction_scores", "WeightSpectra", "weight_spectra", "LatentKeyCache", "latent_key_cache",
-    "RouterStatistics", "router_statistics", "Ablate", "Project", "Patch", "Hook", "HeadEffects",
-    "head_ablation_effects", "head_invariances", "next_token_losses", "causal_effects", "CausalEffects", "DirectionEffects", "direction_effects", "PatchingResult", "activation_patching",
+    # loading and running models
+    "Model", "load_model", "Forward", "ModelHeads", "load_heads", "from_transformers", "from_transformer_lens",
+    "BertEncoder", "BertOutput", "Checkpoint", "Architecture", "architecture_from_config", "SUPPORTED_ARCHITECTURES",
+    "PACKAGED_MODELS",
+    "packaged_model_path", "model_name", "tokenize", "token_strings",
+    # interventions
+    "Ablate", "Project", "Patch", "Hook",
+    # safetensors files
+    "SafetensorsFile", "read_safetensors", "write_safetensors", "BFloat16Array", "bfloat16_to_float32",
+    "float32_to_bfloat16",
+    # analyses
+    "logit_lens", "LogitLens", "induction_scores", "InductionScores", "weight_spectra", "WeightSpectra",
+    "latent_key_cache", "LatentKeyCache", "router_statistics", "RouterStatistics", "head_report", "HeadReport",
+    "head_ablation_effects", "HeadEffects", "direction_effects", "DirectionEffects", "activation_patching",
+    "PatchingResult", "head_invariances", "causal_effects", "CausalEffects", "next_token_losses",
+    "text_activations", "load_activations", "split_texts", "planted_induction_model",
+    "logit_attribution", "LogitAttribution", "path_patching", "PathPatching", "plot_head",
 ]

@@ -1,12 +1,15 @@
-"""What the research functions run a model on: the model argument and a prompt.
+"""What the analyses run a model on: the model argument and a prompt.
 
-The functions of the notes' practice agenda (:func:`attngeom.logit_lens`,
-:func:`attngeom.induction_scores`, :func:`attngeom.weight_spectra`,
-:func:`attngeom.latent_key_cache`, :func:`attngeom.router_statistics`) take a ``model``
-(a :class:`Model`, or anything :func:`load_model` reads) and, where they run it, a
-``prompt``: a text (tokenized with the checkpoint's tokenizer files) or token ids.
-:func:`resolve_model` and :func:`encode_prompt` turn these into a :class:`Model` and
-(token ids, token strings), with errors that name the argument.
+Every analysis of :mod:`attngeom.models.analysis` takes its model one way: a ``model``
+argument that is a :class:`Model` or anything :func:`load_model` reads (a checkpoint folder
+or file, a packaged or cached model name), turned into a :class:`Model` by
+:func:`resolve_model`, the one resolver. The analyses that read weights only
+(:func:`attngeom.weight_spectra`, :func:`attngeom.models.head_report`) also take the
+per-head weights (:class:`ModelHeads`) and use :func:`resolve_heads`, which gives a Model's
+heads and reads a checkpoint's heads without the rest of its weights. Where they run the
+model they take a ``prompt``: a text (tokenized with the checkpoint's tokenizer files) or
+token ids, which :func:`encode_prompt` turns into (token ids, token strings). The errors
+name the argument.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..._operands import check_token_ids
+from ..nn.heads import ModelHeads, load_heads
 from ..nn.model import Model, load_model
 
 
@@ -41,7 +45,7 @@ def resolve_model(model) -> Model:
 
     Examples
     --------
-    >>> from attngeom.models import resolve_model
+    >>> from attngeom.models.analysis.prompt import resolve_model
     >>> resolve_model(3)
     Traceback (most recent call last):
     ...
@@ -49,21 +53,64 @@ def resolve_model(model) -> Model:
     """
     if isinstance(model, Model):
         return model
-    if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be an attngeom.models.Model or a checkpoint path, got {type(model).__name__}")
+    _check_path(model, "an attngeom.models.Model")
     try:
         return load_model(model)
     except (ValueError, OSError) as exc:
         raise ValueError(f"model: cannot load {os.fspath(model)!r}: {exc}") from exc
 
 
-def token_strings(model: Model, ids) -> Optional[List[str]]:
+def resolve_heads(model, *, n_heads: Optional[int] = None) -> ModelHeads:
+    """The per-head weights a ``model`` argument of a weights-only analysis stands for.
+
+    Parameters
+    ----------
+    model : ModelHeads or Model or str or path-like
+        Heads, a loaded model (its :attr:`Model.heads`), or a checkpoint folder / file / model
+        name, whose heads :func:`load_heads` reads (without the rest of its weights).
+    n_heads : int, optional
+        For a checkpoint without config.json (as :func:`load_heads`).
+
+    Returns
+    -------
+    ModelHeads
+        The heads.
+
+    Raises
+    ------
+    TypeError
+        For anything else.
+    ValueError
+        What :func:`load_heads` refuses (the message names the checkpoint).
+
+    Examples
+    --------
+    >>> from attngeom.models.analysis.prompt import resolve_heads
+    >>> resolve_heads(3)
+    Traceback (most recent call last):
+    ...
+    TypeError: model must be an attngeom.models.ModelHeads, a Model or a checkpoint path, got int
+    """
+    if isinstance(model, ModelHeads):
+        return model
+    if isinstance(model, Model):
+        return model.heads
+    _check_path(model, "an attngeom.models.ModelHeads, a Model")
+    return load_heads(model, n_heads=n_heads)
+
+
+def _check_path(model, objects: str) -> None:
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be {objects} or a checkpoint path, got {type(model).__name__}")
+
+
+def token_strings(model, ids) -> Optional[List[str]]:
     """The token strings of token ids, from the checkpoint's tokenizer.json (or vocab.txt).
 
     Parameters
     ----------
-    model : Model
-        The model whose tokenizer files decode the ids.
+    model : Model or str or path-like
+        The model whose tokenizer files decode the ids (:func:`resolve_model`).
     ids : array_like of int
         Token ids (any shape; flattened).
 
@@ -75,12 +122,12 @@ def token_strings(model: Model, ids) -> Optional[List[str]]:
 
     Examples
     --------
-    >>> from attngeom.models import load_model, packaged_model_path, token_strings
-    >>> token_strings(load_model(packaged_model_path()), [101, 4937])  # needs the models extra
+    >>> from attngeom.models import packaged_model_path, token_strings
+    >>> token_strings(packaged_model_path(), [101, 4937])  # needs the models extra
     ['[CLS]', 'cat']
     """
     flat = [int(i) for i in np.asarray(ids).ravel()]
-    folder = model.folder
+    folder = resolve_model(model).folder
     tj, vocab = os.path.join(folder, "tokenizer.json"), os.path.join(folder, "vocab.txt")
     if os.path.isfile(tj):
         try:
@@ -97,13 +144,13 @@ def token_strings(model: Model, ids) -> Optional[List[str]]:
     return None
 
 
-def encode_prompt(model: Model, prompt, *, max_length: Optional[int] = None) -> Tuple[np.ndarray, Optional[List[str]]]:
+def encode_prompt(model, prompt, *, max_length: Optional[int] = None) -> Tuple[np.ndarray, Optional[List[str]]]:
     """Token ids and token strings of a prompt given as text or as token ids.
 
     Parameters
     ----------
-    model : Model
-        The model (its tokenizer files tokenize text and decode ids).
+    model : Model or str or path-like
+        The model (its tokenizer files tokenize text and decode ids; :func:`resolve_model`).
     prompt : str or array_like of int, shape (n,)
         A text, or token ids in 0..vocab_size-1.
     max_length : int, optional
@@ -124,10 +171,12 @@ def encode_prompt(model: Model, prompt, *, max_length: Optional[int] = None) -> 
 
     Examples
     --------
-    >>> from attngeom.models import encode_prompt, load_model, packaged_model_path
-    >>> encode_prompt(load_model(packaged_model_path()), "The cat")  # needs the models extra
+    >>> from attngeom.models import packaged_model_path
+    >>> from attngeom.models.analysis.prompt import encode_prompt
+    >>> encode_prompt(packaged_model_path(), "The cat")  # needs the models extra
     (array([ 101, 1996, 4937,  102]), ['[CLS]', 'the', 'cat', '[SEP]'])
     """
+    model = resolve_model(model)
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("prompt must be a non-empty text or token ids, got an empty text")

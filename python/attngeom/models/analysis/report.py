@@ -25,9 +25,11 @@ import numpy as np
 
 from ... import _operands
 from ...attention import softmax_attention
+from ...errors import NonFiniteOperand
 from ...head_diagnostics import HeadDiagnostics
 from ...spectral import cumulative_energy
-from ..nn.heads import ModelHeads, load_heads
+from ..nn.heads import ModelHeads
+from .prompt import resolve_heads
 
 
 def _energy_count(s: np.ndarray, level: float) -> np.ndarray:
@@ -591,7 +593,7 @@ def _texts(x, tokens, heads: ModelHeads):
             raise ValueError(f"x must have shape {shape} or ({heads.n_layers}, n_seq, n, {heads.d_model}), or be "
                              f"a list of {shape} arrays (one per text); got {a.shape}" + (f" for text {i}" if i else ""))
         if not np.all(np.isfinite(a)):
-            raise ValueError(f"x holds non-finite values" + (f" (text {i})" if len(items) > 1 else ""))
+            raise NonFiniteOperand("x holds non-finite values" + (f" (text {i})" if len(items) > 1 else ""))
         texts.append(a)
     if tokens is None:
         return texts, None
@@ -622,8 +624,10 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
 
     Parameters
     ----------
-    heads : ModelHeads or str
-        Heads, or a checkpoint path / packaged-model name for :func:`load_heads`.
+    heads : ModelHeads or Model or str or path-like
+        Heads, a loaded :class:`Model` (its heads), or a checkpoint path / packaged-model name
+        whose heads :func:`load_heads` reads
+        (:func:`attngeom.models.analysis.prompt.resolve_heads`).
     x : array_like or list of array_like, optional
         Activations, the input of each layer's attention (see
         :mod:`attngeom.models.analysis.activations`): shape (n_layers, n, d_model) for one text,
@@ -657,6 +661,13 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
         (``layer_means()``), figures, and ``save(folder)`` for heads.json, attention.npz,
         the PNGs, summary.md and report.html.
 
+    Raises
+    ------
+    ValueError
+        For activations, tokens or chosen heads that do not fit the heads;
+        :class:`attngeom.errors.NonFiniteOperand` (a ValueError) for activations holding NaN or
+        infinity.
+
     Examples
     --------
     >>> from attngeom.models import head_report
@@ -665,8 +676,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     72
     """
     t0 = time.perf_counter()
-    if not isinstance(heads, ModelHeads):
-        heads = load_heads(heads, n_heads=n_heads)
+    heads = resolve_heads(heads, n_heads=n_heads)
     window = _operands.count("window", window)
     t1 = time.perf_counter()
     texts, token_lists = _texts(x, tokens, heads)

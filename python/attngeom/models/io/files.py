@@ -44,7 +44,8 @@ def weight_files(folder) -> List[str]:
     Examples
     --------
     >>> import os
-    >>> from attngeom.models import weight_files, write_safetensors
+    >>> from attngeom.models import write_safetensors
+    >>> from attngeom.models.io.files import weight_files
     >>> os.makedirs("ckpt", exist_ok=True)
     >>> _ = write_safetensors("ckpt/model.safetensors", {"w": np.ones(2, np.float32)})
     >>> [os.path.basename(f) for f in weight_files("ckpt")]
@@ -82,7 +83,7 @@ def read_index(path) -> dict:
     Examples
     --------
     >>> import json
-    >>> from attngeom.models import read_index
+    >>> from attngeom.models.io.files import read_index
     >>> _ = open("index.json", "w").write(json.dumps({"weight_map": {"w": "a.safetensors"}}))
     >>> read_index("index.json")
     {'w': 'a.safetensors'}
@@ -111,7 +112,7 @@ def hub_cache_dirs() -> List[str]:
 
     Examples
     --------
-    >>> from attngeom.models import hub_cache_dirs
+    >>> from attngeom.models.io.files import hub_cache_dirs
     >>> len(hub_cache_dirs()) >= 1
     True
     """
@@ -140,7 +141,7 @@ def looks_like_model_name(spec: str) -> bool:
 
     Examples
     --------
-    >>> from attngeom.models import looks_like_model_name
+    >>> from attngeom.models.io.files import looks_like_model_name
     >>> looks_like_model_name("Qwen/Qwen3-0.6B"), looks_like_model_name("model.safetensors")
     (True, False)
     """
@@ -162,7 +163,7 @@ def hub_snapshot(name: str) -> Optional[str]:
 
     Examples
     --------
-    >>> from attngeom.models import hub_snapshot
+    >>> from attngeom.models.io.files import hub_snapshot
     >>> hub_snapshot("nobody/no-such-model") is None
     True
     """
@@ -200,7 +201,7 @@ def hub_not_found_message(name: str) -> str:
 
     Examples
     --------
-    >>> from attngeom.models import hub_not_found_message
+    >>> from attngeom.models.io.files import hub_not_found_message
     >>> "hf download" in hub_not_found_message("org/name")
     True
     """

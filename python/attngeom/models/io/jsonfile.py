@@ -38,7 +38,7 @@ def read_json_object(path) -> dict:
     Examples
     --------
     >>> import json
-    >>> from attngeom.models import read_json_object
+    >>> from attngeom.models.io.jsonfile import read_json_object
     >>> _ = open("config.json", "w").write(json.dumps({"num_attention_heads": 12}))
     >>> read_json_object("config.json")
     {'num_attention_heads': 12}

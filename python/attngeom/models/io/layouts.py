@@ -118,7 +118,7 @@ def detect_layout(names, layout: Optional[str] = None) -> Tuple[Layout, str, Lis
 
     Examples
     --------
-    >>> from attngeom.models import detect_layout
+    >>> from attngeom.models.io.layouts import detect_layout
     >>> names = [f"h.{i}.attn.c_attn.weight" for i in range(2)] + [f"h.{i}.attn.c_proj.weight" for i in range(2)]
     >>> layout, prefix, layers = detect_layout(names)
     >>> layout.name, prefix, layers
@@ -181,7 +181,7 @@ def split_layer(layout: Layout, get: Callable[[str], Optional[np.ndarray]], pref
 
     Examples
     --------
-    >>> from attngeom.models import LAYOUTS, split_layer
+    >>> from attngeom.models.io.layouts import LAYOUTS, split_layer
     >>> t = {"h.0.attn.c_attn.weight": np.zeros((8, 24)), "h.0.attn.c_proj.weight": np.zeros((8, 8))}
     >>> w = split_layer(LAYOUTS["gpt2"], t.get, "", 0, n_heads=2)
     >>> w["W_Q"].shape, w["W_O"].shape, w["b_Q"]

@@ -80,7 +80,7 @@ def resolve_checkpoint(spec) -> str:
 
     Examples
     --------
-    >>> from attngeom.models import resolve_checkpoint
+    >>> from attngeom.models.io.packaged import resolve_checkpoint
     >>> resolve_checkpoint(".")
     '.'
     """

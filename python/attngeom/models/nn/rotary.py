@@ -50,7 +50,7 @@ def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
 
     Examples
     --------
-    >>> from attngeom.models import rope_frequencies
+    >>> from attngeom.models.nn.rotary import rope_frequencies
     >>> rope_frequencies({"rope_type": "default", "rope_theta": 10000.0}, 4)
     array([1.  , 0.01])
     """
@@ -117,7 +117,7 @@ def yarn_factors(rope: dict) -> Tuple[float, float]:
 
     Examples
     --------
-    >>> from attngeom.models import yarn_factors
+    >>> from attngeom.models.nn.rotary import yarn_factors
     >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})]
     [1.1386, 1.0]
     >>> [round(f, 4) for f in yarn_factors({"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
@@ -153,7 +153,7 @@ class Rotary:
 
     Examples
     --------
-    >>> from attngeom.models import Rotary
+    >>> from attngeom.models.nn.rotary import Rotary
     >>> r = Rotary(np.array([1.0, 0.01]))
     >>> x = np.array([[1.0, 0.0, 0.0, 0.0]])
     >>> np.round(r.rotate(x, np.array([1])), 4)
@@ -189,7 +189,7 @@ class Rotary:
 
         Examples
         --------
-        >>> from attngeom.models import Rotary
+        >>> from attngeom.models.nn.rotary import Rotary
         >>> c, s = Rotary(np.array([1.0])).cos_sin(np.array([0, 1]))
         >>> c.shape
         (2, 2)
@@ -220,7 +220,7 @@ class Rotary:
 
         Examples
         --------
-        >>> from attngeom.models import Rotary
+        >>> from attngeom.models.nn.rotary import Rotary
         >>> Rotary(np.array([0.5])).rotate(np.array([[1.0, 0.0]]), np.array([0])).tolist()
         [[1.0, 0.0]]
         """
@@ -251,7 +251,7 @@ class Rotary:
 
         Examples
         --------
-        >>> from attngeom.models import Rotary
+        >>> from attngeom.models.nn.rotary import Rotary
         >>> R = Rotary(np.array([1.0, 0.01])).matrix(3)
         >>> bool(np.allclose(R @ R.T, np.eye(4)))
         True
@@ -314,7 +314,7 @@ def rotary_pairs(W_Q, W_K, inv_freq, *, offset: float = 0) -> RotaryPairs:
 
     Examples
     --------
-    >>> from attngeom.models import rotary_pairs
+    >>> from attngeom.models.nn.rotary import rotary_pairs
     >>> rng = np.random.default_rng(0)
     >>> wq, wk = rng.standard_normal((2, 8, 4))
     >>> r = rotary_pairs(wq, wk, np.array([1.0, 0.1]), offset=3)
