@@ -127,3 +127,71 @@ def max_errors(f, ref, mask):
     a = np.abs(f.attentions - attn)  # (L, b, H, n, n): real query rows, real key columns
     errs["attentions"] = max(a[:, s][:, :, mask[s]][:, :, :, mask[s]].max() for s in range(mask.shape[0]))
     return errs
+
+
+# -- mixture-of-experts and latent-attention checkpoints (transformers builds them) ------------
+KV_LORA, ROPE, NOPE, V_DIM, HEADS = 6, 4, 8, 6, 4
+
+
+def deepseek_config(**changes):
+    """A small DeepSeek-V2 config (MLA with q LoRA, dense first layer, routed + shared experts)."""
+    import transformers
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=HEADS,
+               q_lora_rank=12, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+               v_head_dim=V_DIM, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+               moe_intermediate_size=16, first_k_dense_replace=1, routed_scaling_factor=1.5,
+               max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    cfg.update(changes)
+    config = transformers.DeepseekV2Config(**cfg)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
+    return config
+
+
+def deepseek(folder, dtype="float32", **changes):
+    """A saved random DeepSeek-V2 checkpoint and the transformers model it came from."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = randomize(transformers.DeepseekV2ForCausalLM(deepseek_config(**changes)), seed=7).eval()
+    if dtype == "float64":
+        model = model.double()
+        with float64_everywhere():  # rotary frequencies recomputed in float64
+            for m in model.modules():
+                if hasattr(m, "inv_freq"):
+                    m.__init__(m.config)
+    if folder is not None:
+        model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def mixtral(folder, *, top_k=2, dtype="float32", planted=False):
+    """A random Mixtral checkpoint (4 experts); with ``planted``, layer 0 routes token v to
+    expert v mod 4 alone: embeddings e_(v mod 32), no attention output, router rows e_j."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=top_k, rope_theta=500.0)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
+    torch.manual_seed(0)
+    model = randomize(transformers.MixtralForCausalLM(config), seed=5).eval()
+    if planted:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(torch.eye(32)[torch.arange(97) % 32])
+            layer = model.model.layers[0]
+            layer.self_attn.o_proj.weight.zero_()
+            layer.post_attention_layernorm.weight.fill_(1.0)
+            router = [m for name, m in layer.named_modules() if name.endswith("gate") and hasattr(m, "weight")][0]
+            router.weight.copy_(5.0 * (torch.arange(4)[:, None] == torch.arange(32)[None] % 4).float())
+    if dtype == "float64":
+        model = model.double()
+        with float64_everywhere():
+            for m in model.modules():
+                if hasattr(m, "inv_freq"):
+                    m.__init__(m.config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model

@@ -93,3 +93,27 @@ def test_bad_input_is_a_one_line_error(models, tmp_path):
     bert = load_model(random_checkpoint("bert", tmp_path / "bert"))
     with pytest.raises(ValueError, match="no unembedding"):
         ag.models.logit_attribution(bert, np.arange(4), 1)
+
+
+def test_plot_head_draws_pattern_entropy_and_spectra(models, tmp_path):
+    """plot_head labels every token while that stays legible (spaces drawn visibly), the pattern
+    it shows is the forward pass's, and bad heads are one-line errors."""
+    from checkpoints import with_tokenizer
+
+    folder = tmp_path / "m"
+    random_checkpoint("llama", folder)
+    with_tokenizer(folder)
+    model = load_model(folder)
+    text = "the cat sat on the mat"
+    fig = ag.models.plot_head(model, text, 1, 2)
+    pattern, entropy, spectra = fig.axes[:3]  # then the colour bar
+    ids, tokens = model.tokenize(text)
+    assert [t.get_text() for t in pattern.get_xticklabels()] == [ag.plotting.display_token(t) for t in tokens]
+    np.testing.assert_array_equal(pattern.images[0].get_array(), model.forward(ids, dtype=np.float64).pattern[1, 2])
+    assert entropy.get_ylabel() == "entropy (nats)" and spectra.get_yscale() == "log" and len(spectra.lines) == 2
+    long = ag.models.plot_head(models["gpt2"], _ids(0, n=16), 0, 0)
+    assert len(long.axes[0].get_xticklabels()) == 16
+    for layer, head, message in ((2, 0, "layer must be an integer in 0..1, got 2"),
+                                 (0, 4, "head must be an integer in 0..3, got 4")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ag.models.plot_head(model, text, layer, head)

@@ -21,38 +21,8 @@ from attngeom.models.nn.rotary import Rotary
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from builders import batch, float64_everywhere, max_errors, randomize, reference  # noqa: E402
-
-VOCAB = 97
-KV_LORA, ROPE, NOPE, V_DIM, HEADS = 6, 4, 8, 6, 4
-
-
-def _config(**changes):
-    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=HEADS,
-               q_lora_rank=12, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
-               v_head_dim=V_DIM, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-               moe_intermediate_size=16, first_k_dense_replace=1, routed_scaling_factor=1.5,
-               max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-    cfg.update(changes)
-    config = transformers.DeepseekV2Config(**cfg)
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
-    return config
-
-
-def deepseek(folder, dtype="float32", **changes):
-    """A saved random DeepSeek-V2 checkpoint and the transformers model it came from."""
-    torch.manual_seed(0)
-    model = randomize(transformers.DeepseekV2ForCausalLM(_config(**changes)), seed=7).eval()
-    if dtype == "float64":
-        model = model.double()
-        with float64_everywhere():  # rotary frequencies recomputed in float64
-            for m in model.modules():
-                if hasattr(m, "inv_freq"):
-                    m.__init__(m.config)
-    if folder is not None:
-        model.save_pretrained(folder, safe_serialization=True)
-    return model
+from builders import (HEADS, KV_LORA, NOPE, ROPE, V_DIM, VOCAB, batch, deepseek, deepseek_config,  # noqa: E402
+                      float64_everywhere, max_errors, reference)
 
 
 VARIANTS = {
@@ -279,7 +249,7 @@ def test_group_limited_routing_keeps_the_best_groups():
     from attngeom.models import architecture_from_config
     from attngeom.models.nn.moe import route
 
-    cfg = json.loads(_config(topk_method="group_limited_greedy", n_group=2, topk_group=1).to_json_string())
+    cfg = json.loads(deepseek_config(topk_method="group_limited_greedy", n_group=2, topk_group=1).to_json_string())
     a = architecture_from_config(cfg)
     assert a.expert_groups == (2, 1)
     # group {0, 1} holds the single largest probability, so experts 2 and 3 cannot be chosen

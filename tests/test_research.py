@@ -12,6 +12,8 @@ import attngeom as ag
 from attngeom.models import load_model, planted_induction_model
 from checkpoints import assert_same_model
 
+from builders import mixtral
+
 RANDOM_LAYOUTS = ["gpt2", "llama", "qwen3"]
 
 
@@ -332,44 +334,12 @@ def test_latent_key_cache_bad_arguments_and_plot(planted):
 
 
 # -- mixture of experts (Mixtral) --------------------------------------------------------
-def _mixtral(folder, *, top_k=2, dtype="float32", planted=False):
-    """A random Mixtral checkpoint (4 experts); with ``planted``, layer 0 routes token v to
-    expert v mod 4 alone: embeddings e_(v mod 32), no attention output, router rows e_j."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from builders import float64_everywhere, randomize
-
-    config = transformers.MixtralConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                        num_experts_per_tok=top_k, rope_theta=500.0)
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
-    torch.manual_seed(0)
-    model = randomize(transformers.MixtralForCausalLM(config), seed=5).eval()
-    if planted:
-        with torch.no_grad():
-            model.model.embed_tokens.weight.copy_(torch.eye(32)[torch.arange(97) % 32])
-            layer = model.model.layers[0]
-            layer.self_attn.o_proj.weight.zero_()
-            layer.post_attention_layernorm.weight.fill_(1.0)
-            router = [m for name, m in layer.named_modules() if name.endswith("gate") and hasattr(m, "weight")][0]
-            router.weight.copy_(5.0 * (torch.arange(4)[:, None] == torch.arange(32)[None] % 4).float())
-    if dtype == "float64":
-        model = model.double()
-        with float64_everywhere():
-            for m in model.modules():
-                if hasattr(m, "inv_freq"):
-                    m.__init__(m.config)
-    model.save_pretrained(folder, safe_serialization=True)
-    return model
-
-
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 def test_mixtral_forward_matches_transformers(tmp_path, precision):
     torch = pytest.importorskip("torch")
     from builders import batch, float64_everywhere
 
-    model = _mixtral(tmp_path / "m", dtype=precision)
+    model = mixtral(tmp_path / "m", dtype=precision)
     m = load_model(tmp_path / "m")
     assert m.arch.model_type == "mixtral" and m.arch.n_experts == 4 and m.arch.experts_per_token == 2
     ids, mask = batch()
@@ -391,7 +361,7 @@ def test_mixtral_forward_matches_transformers(tmp_path, precision):
 
 
 def test_router_statistics_on_a_random_mixtral(tmp_path):
-    _mixtral(tmp_path / "m")
+    mixtral(tmp_path / "m")
     ids = np.random.default_rng(0).integers(0, 97, 20)
     s = ag.router_statistics(tmp_path / "m", ids)
     assert s.routing.shape == (2, 20, 4) and s.k == 2 and s.sparsity == 0.5
@@ -409,7 +379,7 @@ def test_router_statistics_on_a_random_mixtral(tmp_path):
 
 
 def test_planted_router_gives_the_balanced_lemma(tmp_path):
-    _mixtral(tmp_path / "m", top_k=1, planted=True)
+    mixtral(tmp_path / "m", top_k=1, planted=True)
     s = ag.router_statistics(tmp_path / "m", np.arange(16))  # token v routes to expert v mod 4
     np.testing.assert_array_equal(s.routing[0].argmax(-1), np.arange(16) % 4)
     np.testing.assert_array_equal(s.counts[0], [4, 4, 4, 4])
@@ -430,7 +400,7 @@ def test_mixtral_fused_expert_tensors(tmp_path):
     checkpoints load to the same model."""
     import json
 
-    _mixtral(tmp_path / "m")
+    mixtral(tmp_path / "m")
     from attngeom.models import read_safetensors
 
     t = read_safetensors(tmp_path / "m" / "model.safetensors")

@@ -26,10 +26,9 @@ def _moe_and_mla(tmp_path):
     """A random Mixtral and a random DeepSeek-V2 (MLA, dense then routed layers), saved by
     transformers."""
     pytest.importorskip("transformers")
-    from test_mla import deepseek
-    from test_research import _mixtral
+    from builders import deepseek, mixtral
 
-    _mixtral(tmp_path / "mixtral")
+    mixtral(tmp_path / "mixtral")
     deepseek(tmp_path / "deepseek")
     return {"mixtral": load_model(tmp_path / "mixtral"), "deepseek_v2": load_model(tmp_path / "deepseek")}
 
@@ -199,3 +198,25 @@ def test_the_transformers_names_warn_and_still_work(models):
 def test_keepable_is_the_sites_the_logits_and_the_statistics():
     assert KEEPABLE == ("logits",) + SITES + ("attention_stats",)
     assert set(RANDOM_LAYOUTS) >= set(NUMPY_LAYOUTS)
+
+
+def family_branches(root) -> list:
+    """(file, line) of every comparison of an architecture's family name in the forward pass's
+    package: its steps are chosen by Architecture fields (post_norm, bidirectional, d_ff, ...)."""
+    import pathlib
+
+    found = []
+    for path in sorted(pathlib.Path(root).glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bfamily\s*(==|!=)|(==|!=)\s*\S*\.family\b", line):
+                found.append((path.name, number))
+    return found
+
+
+def test_the_forward_has_no_family_name_branches(tmp_path):
+    import attngeom.models.nn as nn
+
+    assert family_branches(nn.__path__[0]) == []
+    planted = tmp_path / "planted.py"
+    planted.write_text('if a.family == "bert":\n    pass\nok = arch.post_norm\nif "gpt2" != arch.family:\n    pass\n')
+    assert family_branches(tmp_path) == [("planted.py", 1), ("planted.py", 4)]

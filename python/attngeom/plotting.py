@@ -458,12 +458,40 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
     return fig
 
 
+#: How a token's invisible characters are drawn on axes: a space, the byte-level BPE's and
+#: SentencePiece's space markers, a newline, a tab.
+_VISIBLE = {" ": "\u2423", "\u0120": "\u2423", "\u2581": "\u2423", "\n": "\u23ce", "\u010a": "\u23ce", "\t": "\u21e5"}
+
+
+def display_token(token) -> str:
+    """A token string as axes show it: spaces as "\u2423" (also the byte-level BPE's "\u0120" and
+    SentencePiece's "\u2581"), newlines as "\u23ce", tabs as "\u21e5", the empty string as "\u2205".
+
+    Parameters
+    ----------
+    token : str
+        A token string as the tokenizer gives it.
+
+    Returns
+    -------
+    str
+        The string drawn on an axis.
+
+    Examples
+    --------
+    >>> [ag.plotting.display_token(t) for t in (" ", "\u0120the", "a b", "")]
+    ['\u2423', '\u2423the', 'a\u2423b', '\u2205']
+    """
+    text = "".join(_VISIBLE.get(ch, ch) for ch in str(token))
+    return text if text else "\u2205"
+
+
 def token_ticks(ax, tokens, axis="x", *, max_labels=60):
     """Label an axis of a heat map with token strings, every k-th one beyond `max_labels`.
 
     Up to `max_labels` tokens every token gets a tick; beyond, every k-th token with
     k = ceil(n / max_labels), so the labels stay readable (the notes' attention heat maps
-    with tokens as tick labels).
+    with tokens as tick labels). Spaces and newlines are drawn visibly (:func:`display_token`).
 
     Parameters
     ----------
@@ -488,7 +516,7 @@ def token_ticks(ax, tokens, axis="x", *, max_labels=60):
     array([0, 3, 6, 9])
     """
     choice("axis", axis, ("x", "y"), "'x' or 'y'")
-    tokens = [str(t) for t in tokens]
+    tokens = [display_token(t) for t in tokens]
     step = max(1, -(-len(tokens) // max(1, int(max_labels))))
     where = np.arange(0, len(tokens), step)
     size = 6 if len(where) > 30 else 8

@@ -115,8 +115,8 @@ class Forward:
     >>> from attngeom.models import Forward
     >>> f = Forward(None, scale=np.ones(2) / 2, positions=np.arange(4), attention_mask=np.ones(4, bool),
     ...             z=np.zeros((2, 2, 4, 8)))
-    >>> f.n_layers, f.n_tokens, f.layers.tolist(), f["blocks.1.attn.hook_z"].shape, list(f.keys())[:1]
-    (2, 4, [0, 1], (2, 4, 8), ['blocks.0.attn.hook_z'])
+    >>> f.n_layers, f.n_tokens, f.layers.tolist(), f["blocks.1.attn.hook_z"].shape, list(f.keys())
+    (2, 4, [0, 1], (2, 4, 8), ['blocks.0.attn.hook_z', 'blocks.1.attn.hook_z'])
     """
 
     logits: Optional[np.ndarray] = field(metadata=_BATCH)
@@ -195,17 +195,21 @@ class Forward:
         return layers
 
     def keys(self):
-        """The TransformerLens names of every kept value (one per site and layer), in pass order."""
+        """The TransformerLens names of every kept value, in the order the pass reaches them
+        (the embeddings, then layer by layer, then the final norm)."""
         from .sites import SITES, full_name
 
-        for site in SITES:
-            if getattr(self, site) is None:
-                continue
-            if site in GLOBAL_SITES:
+        kept = [site for site in SITES if getattr(self, site) is not None]
+        for site in kept:
+            if site in ("embed", "pos_embed"):
                 yield full_name(site)
-            else:
-                for layer in self._site_layers(site):
+        per_layer = {site: self._site_layers(site) for site in kept if site not in GLOBAL_SITES}
+        for layer in (int(i) for i in self.layers):
+            for site, layers in per_layer.items():
+                if layer in layers:
                     yield full_name(site, layer)
+        if "ln_final" in kept:
+            yield full_name("ln_final")
 
     def items(self):
         """(TransformerLens name, value) of every kept value, in pass order."""

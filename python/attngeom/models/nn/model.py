@@ -262,6 +262,20 @@ class Model:
         ``final_norm(h_L) @ unembedding.T``; on earlier layers it is the logit lens."""
         return self.decoder.final_norm(h)
 
+    @property
+    def final_norm_parameters(self) -> dict:
+        """The final norm as numbers: {"kind" ("layernorm" or "rmsnorm"), "weight" (d_model,),
+        "bias" (d_model,) or None, "eps"}, float64. With its scale s of a stream x frozen,
+        ``final_norm(x) = (x - [mean x]) / s * weight + bias`` is linear in x (the mean is
+        subtracted by LayerNorm only): what direct logit attribution uses."""
+        a, w = self.arch, self.decoder.w
+        if a.post_norm:
+            raise ValueError(f"model: a {a.model_type} model has no final norm (post-norm: its last layer's "
+                             f"LayerNorm ends it)")
+        bias = w.get("norm_b")
+        return {"kind": a.norm, "weight": np.asarray(w["norm_w"], np.float64),
+                "bias": None if bias is None else np.asarray(bias, np.float64), "eps": float(a.norm_eps)}
+
     def layer_weights(self, layer: int) -> dict:
         """The stored tensors of one layer ({name: array}, (in, out) orientation, y = x W), as
         :func:`attngeom.models.io.weights.read_weights` names them (read-only views)."""

@@ -118,6 +118,7 @@ def parse_site(name, layer=None, *, what: str = "site") -> Tuple[str, Optional[i
 
     Examples
     --------
+    >>> from attngeom.models.nn.sites import parse_site
     >>> parse_site("blocks.3.attn.hook_z"), parse_site(("z", 3)), parse_site("ln_final")
     (('z', 3), ('z', 3), ('ln_final', None))
     """
