@@ -140,7 +140,8 @@ class Decoder:
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, dtype,
-                plan: Optional[ForwardPlan] = None, resume=None, types: Optional[np.ndarray] = None) -> Forward:
+                plan: Optional[ForwardPlan] = None, resume=None, types: Optional[np.ndarray] = None,
+                cache=None) -> Forward:
         """The forward pass on a checked batch (see :meth:`attngeom.models.Model.forward`).
 
         Parameters
@@ -162,6 +163,11 @@ class Decoder:
             per-layer fields then start at that layer.
         types : ndarray of int, shape (batch, n), optional
             BERT's token types (segment ids), checked; default every token of segment 0.
+        cache : KVCache, optional
+            A key/value cache (:class:`attngeom.models.nn.generate.KVCache`): the tokens
+            attend to the cached keys and values before their own (causal from the end, the
+            window counted in absolute positions), and every layer's keys and values are
+            appended to it. Every token real; `positions` continue the cached ones.
 
         Returns
         -------
@@ -173,9 +179,46 @@ class Decoder:
         >>> f = dec.forward(ids, np.ones(ids.shape, bool), np.arange(ids.shape[1])[None], np.float32)  # doctest: +SKIP
         """
         with product_threads():  # NumPy's products and the attention kernel share the thread budget
-            return self._forward(ids, mask, positions, dtype, plan, resume, types)
+            return self._forward(ids, mask, positions, dtype, plan, resume, types, cache)
 
-    def _forward(self, ids, mask, positions, dtype, plan, resume, types) -> Forward:
+    def step(self, ids: np.ndarray, cache, dtype) -> np.ndarray:
+        """The logits after the tokens `ids`, run after the ones in `cache` (and added to it).
+
+        On an empty cache this is the prompt's pass (prefill); then one token at a time,
+        each computing only its own queries, keys, values and MLP against the cached keys and
+        values of every layer (as the attention uses them: rotated, one per query head; MLA's
+        expanded keys and values). Positions continue from the cached tokens.
+
+        Parameters
+        ----------
+        ids : ndarray of int, shape (batch, m)
+            New token ids, checked against the vocabulary.
+        cache : KVCache
+            The keys and values of the tokens before (:class:`attngeom.models.nn.generate.KVCache`),
+            extended in place by m tokens.
+        dtype : numpy dtype
+            float32 or float64, the dtype of the cache.
+
+        Returns
+        -------
+        ndarray, shape (batch, vocab)
+            The logits at the last of the new tokens.
+
+        Examples
+        --------
+        >>> cache = KVCache(dec.arch.n_layers, capacity=8)  # doctest: +SKIP
+        >>> logits = dec.step(np.array([[1, 2, 3]]), cache, np.float32)  # prefill  # doctest: +SKIP
+        >>> logits = dec.step(logits.argmax(-1)[:, None], cache, np.float32)  # doctest: +SKIP
+        >>> cache.length  # doctest: +SKIP
+        4
+        """
+        b, m = ids.shape
+        positions = np.broadcast_to(cache.length + np.arange(m), (b, m))
+        plan = ForwardPlan(frozenset(("logits",)), (), logits_at=np.full((b, 1), m - 1))
+        out = self.forward(ids, np.ones((b, m), dtype=bool), positions, dtype, plan, cache=cache)
+        return out.logits[:, 0]
+
+    def _forward(self, ids, mask, positions, dtype, plan, resume, types, cache=None) -> Forward:
         """The pass as a few block steps (embedding, each layer's attention and MLP, the final
         norm and unembedding), each chosen by Architecture fields; every site's value goes
         through one :class:`Gate`."""
@@ -187,7 +230,7 @@ class Decoder:
         counts["router_logits"] = sum(1 for i in plan.layers if i >= first and i in a.moe_layers)
         out = Stacks(plan, counts)
         gate = Gate(plan, out)
-        ctx = self._attention_context(mask, positions, dt)
+        ctx = self._attention_context(mask, positions, dt, cache)
         gate.enter(BEFORE)
         h = self._embed(ids, positions, types, gate, dt) if resume is None else np.asarray(resume[1], dt)
         act = ACTIVATION_FUNCTIONS[a.activation]
@@ -210,6 +253,8 @@ class Decoder:
             del L
             for value in stored.values():  # the layer is done: its mapped pages leave the resident set
                 release_pages(value)
+        if cache is not None:
+            cache.advance(ids.shape[1])
         logits = None
         if finish:
             gate.enter(a.n_layers)
@@ -242,20 +287,26 @@ class Decoder:
             h = normalize(h, cast(w["embed_norm_w"], dt), cast(w["embed_norm_b"], dt), a.norm_eps, a.norm)
         return h
 
-    def _attention_context(self, mask, positions, dt) -> dict:
-        """What every layer's attention shares: the rotary angles, the key mask, the window."""
+    def _attention_context(self, mask, positions, dt, cache=None) -> dict:
+        """What every layer's attention shares: the rotary angles, the key mask, the window,
+        and the key/value cache (its keys come before the new tokens', every token real)."""
         a = self.arch
         n = mask.shape[1]
         # (b n, 1, d_head), a row per token; MLA rotates its own rotary columns (:mod:`.mla`)
         cos_sin = (None if self.rotary is None or a.mla else
                    tuple(t[:, None] for t in self.rotary.cos_sin(positions.reshape(-1), dt)))
+        past = 0 if cache is None else cache.length
         # no key mask when every token is real: the kernel's result is bitwise the same, and faster
         key_mask = None if mask.all() else mask[:, None, None, :]
         window = None
-        if a.sliding_layers:
-            i = np.arange(n)
-            window = mask[:, None, None, :] & ((i[:, None] - i[None, :]) < a.sliding_window)
-        return {"cos_sin": cos_sin, "key_mask": key_mask, "window": window, "positions": positions}
+        if a.sliding_layers:  # query i (absolute past + i) sees key j when past + i - j < window
+            i, j = np.arange(n), np.arange(-past, n)
+            window = ((i[:, None] - j[None, :]) < a.sliding_window) if past else \
+                mask[:, None, None, :] & ((i[:, None] - i[None, :]) < a.sliding_window)
+        # after cached keys the causal band is aligned at the end (query i sees keys up to past + i)
+        causal = False if a.bidirectional else ("bottom_right" if past else True)
+        return {"cos_sin": cos_sin, "key_mask": key_mask, "window": window, "positions": positions, "cache": cache,
+                "causal": causal}
 
     def _attention(self, li, h, L, gate, ctx):
         """The attention block of layer li on the stream h: (the stream after it, the logit scale)."""
@@ -286,6 +337,8 @@ class Decoder:
             elif ctx["cos_sin"] is None:
                 parts["q"], parts["k"] = parts["q_prerotary"], parts["k_prerotary"]
         q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
+        if ctx["cache"] is not None:  # attend to the cached keys and values too
+            k, v = ctx["cache"].extend(li, k, v)
         scale = 1.0 / math.sqrt(a.d_head) if a.scale_attn else 1.0
         if a.mla:
             scale *= yarn_factors(a.rope)[1]
@@ -294,7 +347,7 @@ class Decoder:
         want_s = gate.wants("attention_stats")
         want_p = gate.needs("pattern")
         res = softmax_attention(q, k, v, mask=ctx["window"] if li in a.sliding_layers else ctx["key_mask"],
-                                causal=not a.bidirectional, scale=scale, return_routing=want_p,
+                                causal=ctx["causal"], scale=scale, return_routing=want_p,
                                 return_stats=want_s, layout="bhnd")
         y = res[0] if want_p or want_s else res
         if want_p:

@@ -16,12 +16,13 @@ equal those of the sequence run alone.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..._operands import check_token_ids
+from ..._operands import check_token_ids, generator
 from ...errors import NonFiniteOperand
 from ..io.architecture import Architecture, architecture_from_config
 from ..io.checkpoint import Checkpoint
@@ -29,6 +30,7 @@ from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
 from .decoder import Decoder
 from .forward import Forward, keep_names, plan_forward
+from .generate import generate as _generate
 from .heads import ModelHeads, heads_from_checkpoint
 
 
@@ -220,6 +222,165 @@ class Model:
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         return out.sequence(0) if single else out
 
+    def generate(self, token_ids, n_new: int, *, temperature: float = 0.0, seed=None, attention_mask=None,
+                 dtype=np.float32) -> np.ndarray:
+        """Continue prompts by `n_new` tokens, with a key/value cache in the NumPy forward pass.
+
+        One pass over the prompt caches every layer's keys and values (as the attention uses
+        them: rotated); each new token then computes only its own queries, keys, values and
+        MLP against the cache (:meth:`attngeom.models.Decoder.step`), with positions continuing
+        the prompt's and sliding-window layers seeing the last ``sliding_window`` positions.
+        Its logits equal those of a full :meth:`forward` over the sequence so far (to rounding:
+        about 1e-6 relative in float32, 1e-15 in float64), so greedy generation is the argmax
+        of repeated full passes, token for token.
+
+        Parameters
+        ----------
+        token_ids : array_like of int, shape (n,) or (batch, n)
+            The prompt, or a batch of equally long prompts (no padding).
+        n_new : int
+            Tokens to generate, >= 1; n + n_new may not exceed the model's context (its
+            position table, or config.json's max_position_embeddings for rotary models).
+        temperature : float, default 0.0
+            0: greedy (the argmax of the logits, ties to the lowest id); > 0: each token drawn
+            from softmax(logits / temperature).
+        seed : int, optional
+            Seed of ``np.random.default_rng`` for the draws (temperature > 0).
+        attention_mask : array_like, optional
+            Only a mask of ones is accepted (padded batches are not supported).
+        dtype : {np.float32, np.float64}, default np.float32
+            The computation dtype.
+
+        Returns
+        -------
+        ndarray of int64, shape (n + n_new,) or (batch, n + n_new)
+            The prompt followed by the generated tokens.
+
+        Raises
+        ------
+        ValueError
+            Before anything is computed, naming the argument: an encoder (BERT: no logits, not
+            causal), `n_new` not an integer >= 1 or beyond the context, a negative or
+            non-finite `temperature`, token ids outside the vocabulary, an attention mask with
+            padding, another dtype.
+
+        Examples
+        --------
+        >>> out = model.generate(np.array([1, 2, 3]), 5)  # doctest: +SKIP
+        >>> out.shape  # doctest: +SKIP
+        (8,)
+        >>> model.generate([[1, 2], [3, 4]], 4, temperature=0.8, seed=0).shape  # doctest: +SKIP
+        (2, 6)
+        """
+        a = self.arch
+        if a.bidirectional or not self.has_unembedding:
+            raise ValueError(f"generate: a {a.model_type} checkpoint is not a causal decoder with logits; it cannot "
+                             f"generate")
+        if isinstance(n_new, (bool, np.bool_)) or not isinstance(n_new, (int, np.integer)) or n_new < 1:
+            raise ValueError(f"n_new must be an integer >= 1, got {n_new!r}")
+        n_new = int(n_new)
+        if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer,
+                                                                                     np.floating)) \
+                or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        dt = self._dtype(dtype)
+        ids, single = self._token_ids(token_ids)
+        if attention_mask is not None:
+            m = np.asarray(attention_mask)
+            if m.shape != np.shape(token_ids) or m.dtype.kind not in "biuf" or not np.all(m == 1):
+                raise ValueError("attention_mask: generate does not support padding; pass equally long prompts "
+                                 "without a mask")
+        n = ids.shape[1]
+        limit, field = a.max_positions, ("n_positions" if "n_positions" in a.config else "max_position_embeddings")
+        if limit is None:
+            limit = a.config.get("max_position_embeddings")
+            limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+        if limit is not None and n + n_new > limit:
+            raise ValueError(f"n_new: {n} prompt tokens + {n_new} new ones exceed the model's context of {limit} "
+                             f"positions (config.json {field})")
+        rng = generator(seed) if temperature > 0 else None
+        out = _generate(self.decoder, ids.astype(np.int64), n_new, dt, float(temperature), rng)
+        return out[0] if single else out
+
+    def to_str_tokens(self, text_or_ids) -> list:
+        """The token strings of a text or of token ids, for axes and tables.
+
+        A text is tokenized with :meth:`tokenize`; ids (and the text's ids) are decoded one id
+        at a time with the checkpoint's tokenizer: tokenizer.json through the ``tokenizers``
+        package (so a byte-level BPE token reads " the", as TransformerLens' to_str_tokens
+        gives), vocab.txt for BERT, the config's characters for attngeom's character models.
+
+        Parameters
+        ----------
+        text_or_ids : str or array_like of int, shape (n,) or (batch, n)
+            A text, or token ids in the model's vocabulary.
+
+        Returns
+        -------
+        list of str
+            One string per token (a list of such lists for 2-D ids).
+
+        Raises
+        ------
+        ValueError
+            For ids outside the vocabulary (the model's or the tokenizer's), non-integer ids,
+            and a folder without tokenizer files.
+
+        Examples
+        --------
+        >>> model.to_str_tokens("the cat sat")  # doctest: +SKIP
+        ['the', ' cat', ' sat']
+        >>> model.to_str_tokens([1, 2])  # doctest: +SKIP
+        ['the', 'cat']
+        """
+        if isinstance(text_or_ids, str):
+            ids = np.asarray(self.tokenize(text_or_ids)[0], dtype=np.int64)
+        else:
+            ids = np.asarray(text_or_ids)
+            if ids.ndim not in (1, 2) or ids.dtype.kind not in "iu":
+                raise ValueError(f"text_or_ids must be a str or a (n,) or (batch, n) integer array, got shape "
+                                 f"{ids.shape}, dtype {ids.dtype}")
+            V = self.arch.vocab_size
+            check_token_ids("text_or_ids", ids, V, f" (config.json vocab_size {V})")
+        decode = self._decoder_of_ids()
+        if ids.ndim == 2:
+            return [[decode(int(i)) for i in row] for row in ids]
+        return [decode(int(i)) for i in ids]
+
+    def _decoder_of_ids(self):
+        """A function id -> its token string, from the checkpoint's tokenizer files."""
+        a = self.arch
+        if a.tokenizer == "characters":
+            vocab = a.config["vocab"]
+            return lambda i: vocab[i]
+        folder = self.folder or ""
+        tj, vt = os.path.join(folder, "tokenizer.json"), os.path.join(folder, "vocab.txt")
+        if os.path.isfile(tj) and (_have_tokenizers() or not (a.tokenizer == "wordpiece" and os.path.isfile(vt))):
+            if not _have_tokenizers():
+                raise ImportError("to_str_tokens: reading tokenizer.json needs the tokenizers package: "
+                                  "pip install tokenizers")
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(tj)
+            size = tok.get_vocab_size(with_added_tokens=True)
+
+            def decode(i):
+                if tok.id_to_token(i) is None:
+                    raise ValueError(f"text_or_ids: id {i} is not in the tokenizer's vocabulary ({size} tokens)")
+                return tok.decode([i], skip_special_tokens=False)
+            return decode
+        if a.tokenizer == "wordpiece" and os.path.isfile(vt):
+            with open(vt, encoding="utf-8") as f:
+                vocab = [line.rstrip("\n").rstrip("\r") for line in f]
+
+            def decode(i):
+                if i >= len(vocab):
+                    raise ValueError(f"text_or_ids: id {i} is not in vocab.txt ({len(vocab)} tokens)")
+                return vocab[i]
+            return decode
+        raise ValueError(f"text_or_ids: folder {folder!r} has no tokenizer files (tokenizer.json"
+                         f"{' or vocab.txt' if a.tokenizer == 'wordpiece' else ''}) to decode token ids with")
+
     @staticmethod
     def _dtype(dtype) -> np.dtype:
         dt = np.dtype(dtype)
@@ -349,6 +510,14 @@ class Model:
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan,
                                    resume=(layer, h.reshape(ids.shape + (-1,))))
         return out.sequence(0) if single else out
+
+def _have_tokenizers() -> bool:
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 def load_model(path, *, backend: str = "auto") -> Model:
     """Load a checkpoint for its forward pass: a folder, a file, or a cached hub model name.
