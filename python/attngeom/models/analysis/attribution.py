@@ -157,33 +157,41 @@ class LogitAttribution:
                 f"{self.heads.shape[0]} layers x {self.heads.shape[1]} heads; largest: {top})")
 
     def plot(self, axes=None):
-        """Heads (a layer x head map) and the layers' attention bias and MLP parts (bars).
-        Returns the matplotlib figure."""
-        from ...plotting import axes_or_new
-
+        """Heads (a layer x head map, each cell labelled with its part) and the other parts
+        (bars: embeddings, attention biases, MLPs, the final norm's bias; those the model lacks
+        are left out). Returns the matplotlib figure."""
         import matplotlib.pyplot as plt
 
         L, H = self.heads.shape
+        others = [("embed", self.embed), ("pos_embed", self.pos_embed)]
+        others += [(f"attn bias {layer}", self.attn_bias[layer]) for layer in range(L)]
+        others += [(f"MLP {layer}", self.mlp[layer]) for layer in range(L)]
+        others += [("final norm bias", self.final_bias)]
+        others = [(name, float(value)) for name, value in others if value != 0]
         if axes is None:
-            fig, axes = plt.subplots(1, 2, figsize=(4 + 0.35 * H, 1.5 + 0.4 * L), width_ratios=[H, 3])
+            fig, axes = plt.subplots(1, 2, figsize=(4.5 + 0.45 * H, 1.6 + 0.45 * max(L, len(others) / 2)),
+                                     width_ratios=[max(H, 2), 3])
         else:
             fig = axes[0].figure
         top = float(np.abs(self.heads).max()) or 1.0
         im = axes[0].imshow(self.heads, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+        if L * H <= 400:
+            for (layer, head), value in np.ndenumerate(self.heads):
+                axes[0].text(head, layer, f"{value:.2g}", ha="center", va="center", fontsize=6,
+                             color="white" if abs(value) > 0.6 * top else "black")
         axes[0].set_xticks(range(H))
         axes[0].set_yticks(range(L))
         axes[0].set_xlabel("head")
         axes[0].set_ylabel("layer")
         axes[0].set_title("heads", fontsize=9)
         fig.colorbar(im, ax=axes[0])
-        y = np.arange(L)
-        axes[1].barh(y - 0.2, self.mlp, height=0.4, label="MLP")
-        axes[1].barh(y + 0.2, self.attn_bias, height=0.4, label="attention bias")
-        axes[1].set_yticks(y)
+        y = np.arange(len(others))
+        axes[1].barh(y, [value for _, value in others], color=["C3" if v < 0 else "C0" for _, v in others])
+        axes[1].set_yticks(y, [name for name, _ in others], fontsize=7)
         axes[1].invert_yaxis()
         axes[1].axvline(0, color="k", lw=0.5)
-        axes[1].legend(fontsize=7)
-        axes[1].set_title("layers", fontsize=9)
+        axes[1].set_xlabel("part")
+        axes[1].set_title("embeddings, biases, MLPs", fontsize=9)
         what = f"logit[{self.answer}]" + ("" if self.wrong is None else f" - logit[{self.wrong}]")
         fig.suptitle(f"direct attribution of {what} = {self.total:.3g} at position {self.position}", fontsize=9)
         fig.tight_layout()
