@@ -2,7 +2,9 @@
 release, warns DeprecationWarning naming the new one at the caller's line, and gives the same
 result as the new name, which does not warn. Then the mechanism itself (attngeom._deprecation)."""
 import dataclasses
+import functools
 import subprocess
+import tempfile
 import sys
 import types
 import warnings
@@ -13,7 +15,7 @@ import pytest
 import attngeom as ag
 from attngeom import _deprecation, circuits
 from attngeom.laplace_radon import ridge_attention
-from attngeom.models import BertOutput, RouterStatistics
+from attngeom.models import BertOutput, Forward, RouterStatistics, load_model
 
 RNG = np.random.default_rng(5)
 Q, K, V = RNG.standard_normal((3, 2, 6, 4))
@@ -28,6 +30,21 @@ STATS = RouterStatistics(G, ag.topk_router(G, 2), np.ones((2, 4), int), np.ones(
                          [ag.router_gram(r) for r in ag.topk_router(G, 2)], np.ones((2, 4)), 0.5, np.ones(2),
                          np.ones(2), 2)
 BERT = BertOutput(RNG.standard_normal((3, 5, 4)), np.stack([P, P.T]))
+FORWARD = Forward(None, scale=np.ones(2), positions=np.arange(5), attention_mask=np.ones(5, bool),
+                  resid_pre=RNG.standard_normal((2, 5, 4)), ln_final=RNG.standard_normal((5, 4)),
+                  attn_in=RNG.standard_normal((2, 5, 4)), pattern=np.stack([np.stack([P, P.T])] * 2))
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+    """A random two-layer Llama-layout checkpoint, loaded (for the renamed keep names)."""
+    from checkpoints import random_checkpoint
+
+    return load_model(random_checkpoint("llama", tempfile.mkdtemp()))
+
+
+def _keep(*names):
+    return _model().forward(np.arange(6), keep=names)
 
 # (old call, new call, the new name the warning must give)
 RENAMED = {
@@ -73,6 +90,18 @@ RENAMED = {
                     "RouterGram"),
     "RouterStatistics.routing": (lambda: STATS.routing, lambda: STATS.router_matrix, "router_matrix"),
     "BertOutput.attention": (lambda: BERT.attention, lambda: BERT.routing, "routing"),
+    "Forward.attentions": (lambda: FORWARD.attentions, lambda: FORWARD.pattern, "pattern"),
+    "Forward.attention_inputs": (lambda: FORWARD.attention_inputs, lambda: FORWARD.attn_in, "attn_in"),
+    "Forward.hidden_states": (lambda: FORWARD.hidden_states,
+                              lambda: np.concatenate([FORWARD.resid_pre, FORWARD.ln_final[None]]),
+                              r"resid_pre \(and ln_final for the output\)"),
+    "Model.forward(keep='attentions')": (lambda: _keep("attentions").pattern, lambda: _keep("pattern").pattern,
+                                         "pattern"),
+    "Model.forward(keep='attention_inputs')": (lambda: _keep("attention_inputs").attn_in,
+                                               lambda: _keep("attn_in").attn_in, "attn_in"),
+    "Model.forward(keep='hidden_states')": (lambda: (_keep("hidden_states").resid_pre, _keep("hidden_states").ln_final),
+                                            lambda: (_keep("resid_pre").resid_pre, _keep("ln_final").ln_final),
+                                            "resid_pre and ln_final"),
 }
 
 
