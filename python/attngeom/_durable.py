@@ -18,14 +18,13 @@ from .errors import DamagedFile
 _DIGEST = 64  # hex characters of a SHA-256 digest
 
 
-def write_checked(path: str, data: bytes) -> None:
-    """Write `data` to `path` atomically, preceded by its SHA-256 digest."""
+def _replace(path: str, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, flush it to disk, rename it over `path`."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(hashlib.sha256(data).hexdigest().encode("ascii"))
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -35,23 +34,16 @@ def write_checked(path: str, data: bytes) -> None:
             os.remove(tmp)
 
 
+def write_checked(path: str, data: bytes) -> None:
+    """Write `data` to `path` atomically, preceded by its SHA-256 digest."""
+    _replace(path, hashlib.sha256(data).hexdigest().encode("ascii") + data)
+
+
 def write_atomic(path, text: str) -> str:
-    """Write `text` (UTF-8) to `path` atomically: a temporary file in the same folder, flushed
-    to disk and renamed over `path`, so a reader sees the old file or the new one, never a torn
-    one. Returns the path."""
+    """Write `text` (UTF-8) to `path` atomically: a reader sees the old file or the new one,
+    never a torn one. Returns the path."""
     path = str(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    _replace(path, text.encode("utf-8"))
     return path
 
 

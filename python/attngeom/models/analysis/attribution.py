@@ -29,7 +29,7 @@ from ..._durable import write_atomic
 from ..._operands import check_token_ids, count
 from ...spectral import factored_svd
 from ..nn.interventions import Patch
-from .prompt import resolve_model
+from .prompt import prompt_pair, resolve_model
 
 RECEIVER_INPUTS = ("q", "k", "v")
 
@@ -475,12 +475,7 @@ def path_patching(model, clean_ids, corrupt_ids, sender, receivers, *, answers, 
         checked.append((int(layer), int(head), kind))
     if not checked:
         raise ValueError("receivers must name at least one (layer, head, input)")
-    clean_ids, corrupt_ids = (np.asarray(a) for a in (clean_ids, corrupt_ids))
-    clean_ids = clean_ids[None] if clean_ids.ndim == 1 else clean_ids
-    corrupt_ids = corrupt_ids[None] if corrupt_ids.ndim == 1 else corrupt_ids
-    if clean_ids.shape != corrupt_ids.shape:
-        raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {clean_ids.shape} and "
-                         f"{corrupt_ids.shape}")
+    clean_ids, corrupt_ids = prompt_pair(model, clean_ids, corrupt_ids)
     if answers is None or len(answers) != 2:
         raise ValueError("answers must be (right, wrong) token ids")
     answers = (_token(model, "answers[0]", answers[0]), _token(model, "answers[1]", answers[1]))

@@ -22,7 +22,7 @@ from ..._operands import choice, count
 from ...spectral import factored_svd, null_space
 from ..nn.forward import check_layers
 from ..nn.interventions import HEAD_SITES, Ablate, Hook, Patch, Project
-from .prompt import resolve_model
+from .prompt import prompt_pair, resolve_model
 
 METRICS = ("loss", "logit_diff")
 
@@ -500,12 +500,7 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     """
     model = resolve_model(model)
     _needs_logits(model, "activation_patching")
-    clean_ids, corrupt_ids = (np.asarray(a) for a in (clean_ids, corrupt_ids))
-    clean_ids = clean_ids[None] if clean_ids.ndim == 1 else clean_ids
-    corrupt_ids = corrupt_ids[None] if corrupt_ids.ndim == 1 else corrupt_ids
-    if clean_ids.shape != corrupt_ids.shape:
-        raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {clean_ids.shape} and "
-                         f"{corrupt_ids.shape}")
+    clean_ids, corrupt_ids = prompt_pair(model, clean_ids, corrupt_ids)
     sites = ("resid_pre", "attn_in", "q", "k", "v", "z", "attn_out", "mlp_out", "resid_post")
     choice("site", site, sites, f"one of {', '.join(sites)}")
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")

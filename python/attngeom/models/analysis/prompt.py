@@ -199,3 +199,42 @@ def encode_prompt(model, prompt, *, max_length: Optional[int] = None) -> Tuple[n
         ids = ids[:max_length]
     ids = ids.astype(np.int64)
     return ids, token_strings(model, ids)
+
+
+def prompt_pair(model, clean_ids, corrupt_ids) -> Tuple[np.ndarray, np.ndarray]:
+    """A clean and a corrupted prompt as (batch, n) token ids of one shape, in the vocabulary.
+
+    Parameters
+    ----------
+    model : Model
+        The model (its vocabulary).
+    clean_ids, corrupt_ids : array_like of int, shape (n,) or (batch, n)
+        The two prompts.
+
+    Returns
+    -------
+    clean_ids, corrupt_ids : ndarray of int64, shape (batch, n)
+
+    Raises
+    ------
+    ValueError
+        For prompts of different shapes, not 1-D or 2-D integer arrays, or outside the
+        vocabulary (naming the argument).
+
+    Examples
+    --------
+    >>> from attngeom.models.analysis.prompt import prompt_pair
+    >>> prompt_pair(model, [1, 2, 3], [[1, 5, 3]])[1].shape  # doctest: +SKIP
+    (1, 3)
+    """
+    out = []
+    for name, ids in (("clean_ids", clean_ids), ("corrupt_ids", corrupt_ids)):
+        ids = np.asarray(ids)
+        if ids.ndim not in (1, 2) or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"{name} must be a non-empty (n,) or (batch, n) integer array, got shape {ids.shape}, "
+                             f"dtype {ids.dtype}")
+        check_token_ids(name, ids, model.arch.vocab_size)
+        out.append((ids[None] if ids.ndim == 1 else ids).astype(np.int64))
+    if out[0].shape != out[1].shape:
+        raise ValueError(f"clean_ids and corrupt_ids must have one shape, got {out[0].shape} and {out[1].shape}")
+    return out[0], out[1]
