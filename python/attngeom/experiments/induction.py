@@ -22,15 +22,24 @@ that checkpoint with the library's own functions (``ag.load_model``):
   change in the probe loss when the head is mean-ablated
   (:func:`attngeom.models.head_ablation_effects`).
 
-Definitions in the summary: the **phase change step** of a run is the evaluation step at the
-end of the interval over which the repeated-probe ICL score falls fastest (the most negative
-difference between consecutive evaluations, over intervals beginning after the learning
-rate's warmup: during it every score moves as the weights leave their random start); the
-**circuit** is the layer-0 head with the highest final previous-token score and the layer-1 head with the highest final induction
+Definitions in the summary: a run has a **phase change** only when the circuit formed: its
+repeated-probe ICL score fell by at least ``phase_min_icl_fall`` nats (default 1.0) from its
+highest value after the learning rate's warmup to its final value, and its final induction
+score reached ``phase_min_induction`` (default 0.3). Otherwise the summary says "no phase
+change" (the steps are NaN, null in summary.json) and names the two measured values. With a
+phase change, the **phase change step** is the evaluation step at the end of the interval over
+which the repeated-probe ICL score falls fastest (the most negative difference between
+consecutive evaluations, over intervals beginning after the warmup: during it every score
+moves as the weights leave their random start); the **circuit** is the layer-0 head with the
+highest final previous-token score and the layer-1 head with the highest final induction
 score, and the **composition rise step** is the end of the interval over which the
 K-composition of that pair rises fastest (after the warmup too). Both are reported per seed
-with their agreement
-(within two evaluation intervals or not).
+with their agreement (within two evaluation intervals or not).
+
+The **induction score** of the summary is measured on the run's own probe: 4 sequences of ``segment_max`` distinct random tokens (context // 2 by default: two copies fill
+the training context) repeated twice, seed ``seed``, i.e.
+``ag.models.induction_scores(model, seq_len=segment_max, n_repeats=2, n_sequences=4, seed=seed)``;
+the final induction score is its largest value over heads.
 """
 from __future__ import annotations
 
@@ -85,6 +94,11 @@ class InductionConfig(ExperimentConfig):
     workers: int = 2  # runs trained at once in worker processes; results do not depend on it
     checkpoints: bool = True  # keep every evaluation's weights for the run folder
     checkpoint_every: int = 100  # iterations between a run's saved states, for resuming (and at the end)
+    # A phase change is reported only when the circuit formed (module docstring): the repeated-probe ICL
+    # score fell by at least phase_min_icl_fall nats (highest value after the warmup -> final value) and
+    # the final induction score reached phase_min_induction; otherwise the summary says "no phase change".
+    phase_min_icl_fall: float = 1.0
+    phase_min_induction: float = 0.3
 
     def check(self) -> "InductionConfig":
         """This config, checked (:func:`check_config`, :func:`attngeom.experiments.training.check_training`, and the
@@ -98,6 +112,9 @@ class InductionConfig(ExperimentConfig):
         if not c.segment_min <= top <= c.context // 2:
             raise ValueError(f"segment_max must be in segment_min..context // 2 = {c.context // 2} (two copies fit), "
                              f"got {top} (segment_min {c.segment_min})")
+        if not 0 < c.phase_min_induction <= 1:
+            raise ValueError(f"phase_min_induction must be in (0, 1] (an induction score is an attention mass), "
+                             f"got {c.phase_min_induction!r}")
         if not 0 <= c.icl_early < c.icl_late < c.context - 1:
             raise ValueError(f"icl_early and icl_late must satisfy 0 <= icl_early < icl_late < context - 1 = "
                              f"{c.context - 1}, got {c.icl_early} and {c.icl_late}")
@@ -192,7 +209,7 @@ def measure(model, probes: dict, config: InductionConfig) -> dict:
                                                                        - losses[:, c.icl_early].mean())
     both = np.concatenate([probes["text"], probes["repeated"]])
     out["effect"] = head_ablation_effects(model, both, mode="mean").effects
-    scores = induction_scores(model, seq_len=_segment_max(c), n_repeats=2, n_sequences=4, seed=c.seed)
+    scores = induction_scores(model, seq_len=_segment_max(c), n_repeats=2, n_sequences=PROBE_SEQUENCES, seed=c.seed)
     out["induction"], out["previous_token"] = scores.induction, scores.previous_token
     H = model.heads
     d = H.diagnostics()
@@ -205,6 +222,29 @@ def measure(model, probes: dict, config: InductionConfig) -> dict:
         for mode in ("K", "Q"):
             out[f"{mode.lower()}_composition"] = composition_scores(H.W_Q, H.W_K, H.W_V, H.W_O, mode)[0, :, 1, :]
     return out
+
+
+#: Sequences of the run's induction probe (module docstring).
+PROBE_SEQUENCES = 4
+
+
+def induction_probe(config: InductionConfig) -> str:
+    """The run's induction probe in words and as the library call that measures it."""
+    T = _segment_max(config)
+    return (f"{PROBE_SEQUENCES} sequences of {T} distinct random tokens repeated twice ({2 * T} positions), "
+            f"ag.models.induction_scores(model, seq_len={T}, n_repeats=2, n_sequences={PROBE_SEQUENCES}, "
+            f"seed={config.seed})")
+
+
+def phase_change(steps: np.ndarray, icl_repeated: np.ndarray, final_induction: float, config: InductionConfig):
+    """(found, ICL fall, phase change step) of one run (module docstring): the fall of the
+    repeated-probe ICL score from its highest value after the warmup to its final value, and the
+    step of its fastest fall when the fall reaches ``phase_min_icl_fall`` and the final induction
+    score ``phase_min_induction`` (NaN otherwise)."""
+    after = steps >= min(config.warmup, steps[-1])
+    fall = float(np.max(icl_repeated[after]) - icl_repeated[-1])
+    found = fall >= config.phase_min_icl_fall and final_induction >= config.phase_min_induction
+    return found, fall, (_fastest(steps, icl_repeated, -1.0, config.warmup) if found else float("nan"))
 
 
 def _run(n_layers: int, seed: int, c: InductionConfig, train: np.ndarray, vocab: List[str], probes: dict,
@@ -284,9 +324,17 @@ class InductionResult(ExperimentResult):
 
     ARTIFACTS = ("curves.npz", "checkpoints")  # written by save_artifacts
     DESCRIPTIONS = (
-        (r"phase_change_step_(\w+?)((?:_seed\d+)?)", "step of the fastest fall of the repeated-probe ICL score ({0}{1})"),
-        (r"composition_rise_step_(\w+?)((?:_seed\d+)?)", "step of the fastest rise of the circuit's K-composition ({0}{1})"),
-        (r"final_induction_score_(\w+?)((?:_seed\d+)?)", "largest induction score over heads at the end ({0}{1})"),
+        (r"phase_change_found_(\w+?)((?:_seed\d+)?)", "1 when the circuit formed: the repeated-probe ICL score fell by "
+         ">= phase_min_icl_fall nats after the warmup and the final induction score reached phase_min_induction; "
+         "0: no phase change ({0}{1}; the mean over seeds for an arm)"),
+        (r"icl_fall_(\w+?)((?:_seed\d+)?)", "fall of the repeated-probe ICL score from its highest value after the "
+         "warmup to its final value, nats ({0}{1})"),
+        (r"phase_change_step_(\w+?)((?:_seed\d+)?)", "step of the fastest fall of the repeated-probe ICL score; none: "
+         "no phase change found ({0}{1})"),
+        (r"composition_rise_step_(\w+?)((?:_seed\d+)?)", "step of the fastest rise of the circuit's K-composition; "
+         "none without a phase change or a second layer ({0}{1})"),
+        (r"final_induction_score_(\w+?)((?:_seed\d+)?)", "largest induction score over heads at the end, on the run's "
+         "probe (module docstring; summary.md names it) ({0}{1})"),
         (r"final_icl_score_(\w+?)((?:_seed\d+)?)", "ICL score on validation text at the end: loss late - early ({0}{1})"),
         (r"final_icl_repeated_(\w+?)((?:_seed\d+)?)", "ICL score on the repeated random segments at the end ({0}{1})"),
         (r"final_loss_text_(\w+?)((?:_seed\d+)?)", "probe loss on validation text at the end, nats ({0}{1})"),
@@ -308,14 +356,18 @@ class InductionResult(ExperimentResult):
     def _per_seed(self, arm: str) -> dict:
         steps = self.eval_points.astype(float)
         cv = self.curves[arm]
-        out = {"phase_change_step": [], "composition_rise_step": [], "final_induction_score": [],
-               "final_icl_score": [], "final_icl_repeated": [], "final_loss_text": []}
+        out = {"phase_change_found": [], "icl_fall": [], "phase_change_step": [], "composition_rise_step": [],
+               "final_induction_score": [], "final_icl_score": [], "final_icl_repeated": [], "final_loss_text": []}
         for s in range(self.config.seeds):
-            out["phase_change_step"].append(_fastest(steps, cv["icl_repeated"][s], -1.0, self.config.warmup))
+            final = float(cv["induction"][s, -1].max())
+            found, fall, step = phase_change(steps, cv["icl_repeated"][s], final, self.config)
+            out["phase_change_found"].append(float(found))
+            out["icl_fall"].append(fall)
+            out["phase_change_step"].append(step)
             pair = self.circuit(arm, s)
-            out["composition_rise_step"].append(_fastest(steps, pair[2], 1.0, self.config.warmup) if pair
+            out["composition_rise_step"].append(_fastest(steps, pair[2], 1.0, self.config.warmup) if pair and found
                                                 else float("nan"))
-            out["final_induction_score"].append(float(cv["induction"][s, -1].max()))
+            out["final_induction_score"].append(final)
             out["final_icl_score"].append(float(cv["icl_score"][s, -1]))
             out["final_icl_repeated"].append(float(cv["icl_repeated"][s, -1]))
             out["final_loss_text"].append(float(cv["loss_text"][s, -1]))
@@ -328,8 +380,10 @@ class InductionResult(ExperimentResult):
         interval = self.config.eval_every
         for arm in self.arms:
             per = self._per_seed(arm)
-            for key, values in per.items():
-                out[f"{key}_{arm}"] = float(np.mean(values))
+            for key, values in per.items():  # the steps: means over the seeds with a phase change
+                steps_only = key in ("phase_change_step", "composition_rise_step")
+                finite = [v for v in values if math.isfinite(v)] if steps_only else values
+                out[f"{key}_{arm}"] = float(np.mean(finite)) if finite else float("nan")
             apart = np.array(per["composition_rise_step"]) - np.array(per["phase_change_step"])
             if np.isfinite(apart).all():
                 out[f"steps_apart_{arm}"] = float(np.mean(apart))
@@ -344,10 +398,38 @@ class InductionResult(ExperimentResult):
         out["seconds"] = self.seconds
         return out
 
+    def verdicts(self) -> List[str]:
+        """One sentence per arm and seed: the phase change found (its step, the circuit's heads, the
+        ICL fall and the final induction score) or that none was found, and why."""
+        c, out = self.config, []
+        for arm in self.arms:
+            per = self._per_seed(arm)
+            for s in range(c.seeds):
+                fall, ind = per["icl_fall"][s], per["final_induction_score"][s]
+                measured = (f"the repeated-probe ICL score fell by {fall:.2f} nats after the warmup (a phase change "
+                            f"needs >= {c.phase_min_icl_fall:g}) and the final induction score is {ind:.3f} "
+                            f"(needs >= {c.phase_min_induction:g})")
+                if per["phase_change_found"][s]:
+                    pair = self.circuit(arm, s)
+                    heads = f"; the circuit: L0H{pair[0]} (previous token) -> L1H{pair[1]} (induction)" if pair else ""
+                    out.append(f"{arm}, seed {c.seed + s}: phase change at step {per['phase_change_step'][s]:.0f}: "
+                               f"{measured}{heads}.")
+                else:
+                    out.append(f"{arm}, seed {c.seed + s}: no phase change found: {measured}.")
+        return out
+
+    @staticmethod
+    def cell(value) -> str:
+        """A summary scalar as the table shows it: four significant digits, "none" for NaN (no phase change)."""
+        return f"{value:.4g}" if math.isfinite(value) else "none"
+
     def table(self) -> str:
-        """The phase-change table (one row per arm and seed) and the summary's scalars."""
-        lines = ["| arm | seed | phase change step | composition rise step | agree (within 2 evals) | final induction "
-                 "score | final ICL (text) | final ICL (repeated) |", "|---|---|---|---|---|---|---|---|"]
+        """The verdict per arm and seed, the phase-change table (one row per arm and seed), the
+        induction probe and the summary's scalars."""
+        lines = [f"- {v}" for v in self.verdicts()]
+        lines += ["", f"Induction scores are measured on the run's probe: {induction_probe(self.config)}.", "",
+                  "| arm | seed | phase change step | composition rise step | agree (within 2 evals) | final induction "
+                  "score | final ICL (text) | final ICL (repeated) |", "|---|---|---|---|---|---|---|---|"]
         for arm in self.arms:
             per = self._per_seed(arm)
             for s in range(self.config.seeds):
@@ -355,7 +437,7 @@ class InductionResult(ExperimentResult):
                 agree = "" if not math.isfinite(r) else ("yes" if abs(r - p) <= 2 * self.config.eval_every else "no")
                 lines.append(f"| {arm} | {self.config.seed + s} | {p:.0f} | {'' if not math.isfinite(r) else f'{r:.0f}'} "
                              f"| {agree} | {per['final_induction_score'][s]:.3f} | {per['final_icl_score'][s]:.3f} | "
-                             f"{per['final_icl_repeated'][s]:.3f} |")
+                             f"{per['final_icl_repeated'][s]:.3f} |".replace("| nan |", "| no phase change |"))
         return "\n".join(lines) + "\n\n" + super().table()
 
     def _mark(self, ax, arm):
