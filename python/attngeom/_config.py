@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import operator
+from importlib import metadata
 
 import numpy as np
 
 from . import _core
 
-__version__: str = _core.build_config()["version"]
+# The one version is pyproject.toml's, read from the installed distribution's metadata (the
+# core records the same number at its build: build_config()["version"]).
+__version__: str = metadata.version("attngeom")
 
 
 def get_num_threads() -> int:

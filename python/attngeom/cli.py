@@ -106,6 +106,30 @@ def _config(args) -> int:
     return 0
 
 
+def version_line() -> str:
+    """``attngeom --version``: the version, the instruction-set level in use (of those compiled),
+    the core's OpenMP threads and NumPy's BLAS."""
+    import io
+
+    from ._config import show_config
+
+    cfg = show_config(file=io.StringIO())
+    openmp = f"{cfg['threads']} OpenMP threads" if cfg["openmp"] else "no OpenMP (1 thread)"
+    blas = f"BLAS {cfg['blas']} ({cfg['blas_threads']} threads)" if cfg["blas"] else "BLAS unknown"
+    return f"attngeom {cfg['version']}: level {cfg['isa']} (compiled: {cfg['isa_compiled']}), {openmp}, {blas}"
+
+
+class _Version(argparse.Action):
+    """--version, computed when asked (the parser is built without loading the core)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def _heads_list(spec):
     """"L.H,L.H" -> [(L, H), ...]"""
     out = []
@@ -328,6 +352,8 @@ def layer_table(layers: list, width: int = 12) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (``attngeom run | list | report | demo | heads | corpus | config``)."""
     parser = argparse.ArgumentParser(prog="attngeom", description="The geometry of attention.")
+    parser.add_argument("--version", action=_Version,
+                        help="print the version, the instruction-set level in use, the OpenMP threads and the BLAS")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run a synthetic experiment into a run folder")
     p.add_argument("experiment")
