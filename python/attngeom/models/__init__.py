@@ -59,7 +59,7 @@ from .nn.interventions import Ablate, Hook, Patch, Project
 from .nn.model import Model, load_model
 from .analysis.activations import load_activations, split_texts, text_activations
 from .analysis.attribution import LogitAttribution, PathPatching, logit_attribution, path_patching
-from .analysis.head_view import plot_head
+from .analysis.head_view import HeadView, head_view, plot_head
 from .analysis.effects import (CausalEffects, DirectionEffects, HeadEffects, PatchingResult, activation_patching,
                                causal_effects, direction_effects, head_ablation_effects, head_invariances,
                                next_token_losses)
@@ -90,4 +90,5 @@ __all__ = [
     "PatchingResult", "head_invariances", "causal_effects", "CausalEffects", "next_token_losses",
     "text_activations", "load_activations", "split_texts", "planted_induction_model",
     "logit_attribution", "LogitAttribution", "path_patching", "PathPatching", "plot_head",
+    "head_view", "HeadView",
 ]

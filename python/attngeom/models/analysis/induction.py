@@ -11,8 +11,17 @@ times (after an optional BOS token). For a query at copy r >= 1, index i (token 
 occurrences of s_i (one per earlier copy: copy r' at index i + 1), averaged over all such
 queries and sequences; with two copies this is TransformerLens's stripe at offset
 seq_len - 1. The *previous-token score* is the mean attention P[t, t - 1] over every
-position t >= 1 of the repeated part. Random heads score about 1 / (position) on both;
-a perfect induction or previous-token head scores 1.
+position t >= 1 of the repeated part. The *duplicate-token score* is, for the same queries,
+the attention mass on the earlier occurrences of s_i itself (copy r' < r at index i): the
+heads that find a token's duplicates. Random heads score about 1 / (position) on each; a
+perfect induction, previous-token or duplicate-token head scores 1.
+
+The scores are those of their probe (``InductionScores.probe`` says which): on the trained
+context of a small model a longer probe can score far lower. ``attngeom run induction``
+measures on 4 sequences of context // 2 tokens repeated twice (its summary says so); the
+default here is 50 tokens repeated twice, or fewer where the vocabulary, the position table
+or the context the model was trained on (config.json's ``max_position_embeddings`` for a
+rotary model) is smaller, so both probes agree on such a checkpoint.
 
 Weights-only evidence: the K-composition scores (:func:`attngeom.composition_scores`,
 mode "K") of every earlier head into every later head. For rotary models these are the
@@ -41,6 +50,8 @@ class InductionScores:
         Mean attention to the tokens after earlier occurrences of the current token.
     previous_token : ndarray, shape (n_layers, n_heads)
         Mean attention to the previous position.
+    duplicate_token : ndarray, shape (n_layers, n_heads)
+        Mean attention to the earlier occurrences of the current token.
     k_composition : ndarray, shape (n_layers, n_heads, n_layers, n_heads) or None
         K-composition scores of head (l1, h1) into head (l2, h2); zero unless l1 < l2.
         None for multi-head latent attention (DeepSeek-V2), whose keys pass through a norm
@@ -54,6 +65,8 @@ class InductionScores:
         The previous-token threshold used.
     token_ids : ndarray of int, shape (n_sequences, n)
         The sequences the scores were measured on.
+    probe : str
+        The probe in words (sequences, tokens, copies, bos, seed): the scores are those of it.
     """
 
     induction: np.ndarray
@@ -63,13 +76,15 @@ class InductionScores:
     k_composition_with_previous: Optional[np.ndarray]
     threshold: float
     token_ids: np.ndarray = field(repr=False)
+    duplicate_token: Optional[np.ndarray] = field(default=None, repr=False)
+    probe: str = ""
 
     def __repr__(self) -> str:
         L, H = self.induction.shape
         best = ", ".join(f"L{l}H{h} {v:.3f}" for l, h, v in self.top(3))
         prev = ", ".join(f"L{l}H{h}" for l, h in self.previous_token_heads) or "none"
         return (f"InductionScores({L} layers x {H} heads; induction: {best}; previous-token heads "
-                f"(>= {self.threshold:g}): {prev})")
+                f"(>= {self.threshold:g}): {prev}" + (f"; probe: {self.probe}" if self.probe else "") + ")")
 
     def top(self, n: int = 5, *, by: str = "induction") -> List[Tuple[int, int, float]]:
         """The n highest-scoring heads as (layer, head, score), best first.
@@ -78,7 +93,7 @@ class InductionScores:
         ----------
         n : int, default 5
             How many heads.
-        by : {"induction", "previous_token", "k_composition_with_previous"}, default "induction"
+        by : {"induction", "previous_token", "duplicate_token", "k_composition_with_previous"}, default "induction"
             Which score ranks them.
 
         Returns
@@ -93,8 +108,8 @@ class InductionScores:
         >>> s.top(1)[0][:2]
         (1, 0)
         """
-        choice("by", by, ("induction", "previous_token", "k_composition_with_previous"),
-               "'induction', 'previous_token' or 'k_composition_with_previous'")
+        choice("by", by, ("induction", "previous_token", "duplicate_token", "k_composition_with_previous"),
+               "'induction', 'previous_token', 'duplicate_token' or 'k_composition_with_previous'")
         values = getattr(self, by)
         if values is None:
             raise ValueError(f"by: {by!r} is not available for this model (multi-head latent attention has no "
@@ -110,7 +125,10 @@ class InductionScores:
                 "best_previous_token_head": f"{lp}.{hp}", "best_previous_token_score": sp,
                 "n_previous_token_heads": len(self.previous_token_heads),
                 "mean_induction_score": float(self.induction.mean()),
-                "mean_previous_token_score": float(self.previous_token.mean())}
+                "mean_previous_token_score": float(self.previous_token.mean()),
+                **({} if self.duplicate_token is None else
+                   {"best_duplicate_token_head": "{0}.{1}".format(*self.top(1, by="duplicate_token")[0][:2]),
+                    "best_duplicate_token_score": self.top(1, by="duplicate_token")[0][2]})}
 
 
 def _repeated_random_tokens(vocab_size: int, seq_len: int, n_repeats: int, n_sequences: int, rng,
@@ -127,7 +145,7 @@ def _repeated_random_tokens(vocab_size: int, seq_len: int, n_repeats: int, n_seq
 
 def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2, n_sequences: int = 4, bos: Optional[int] = None,
                      threshold: float = 0.4, seed=0) -> InductionScores:
-    """Induction and previous-token scores of every head, and K-composition from weights.
+    """Induction, previous-token and duplicate-token scores of every head, and K-composition from weights.
 
     The repeated-random-tokens test of Olsson et al. (the notes' "induction circuits";
     definitions in the module docstring), run through the model's own forward pass, plus
@@ -139,8 +157,9 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
         A causal decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3) or its checkpoint.
     seq_len : int, optional
         Length of the random sequence (distinct tokens; at most the vocabulary size). Default
-        50, or less where the vocabulary (less bos) or the position table (n_repeats copies,
-        plus bos) is smaller.
+        50, or less where the vocabulary (less bos), the position table or the trained context
+        of a rotary model (config.json's max_position_embeddings; n_repeats copies, plus bos)
+        is smaller.
     n_repeats : int, default 2
         Copies of it (>= 2).
     n_sequences : int, default 4
@@ -156,7 +175,7 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
     Returns
     -------
     InductionScores
-        induction and previous_token (n_layers, n_heads), k_composition (n_layers, n_heads,
+        induction, previous_token and duplicate_token (n_layers, n_heads), k_composition (n_layers, n_heads,
         n_layers, n_heads), previous_token_heads, k_composition_with_previous
         (n_layers, n_heads) and the token ids used.
 
@@ -183,8 +202,10 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
     B = count("n_sequences", n_sequences, 1, 10 ** 6)
     if bos is not None:
         bos = count("bos", bos, 0, V - 1)
-    if seq_len is None:  # 50, within the vocabulary and the position table
+    if seq_len is None:  # 50, within the vocabulary, the position table and the trained context
         room = m.arch.max_positions
+        if room is None and isinstance(m.arch.config.get("max_position_embeddings"), int):
+            room = m.arch.config["max_position_embeddings"]
         seq_len = min(50, V - (bos is not None), 50 if room is None else (room - (bos is not None)) // R)
     T = count("seq_len", seq_len, 2)
     threshold = scalar("threshold", threshold)
@@ -200,11 +221,14 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
     P = m.forward(ids, dtype=np.float32, keep=("pattern",)).pattern.astype(np.float64)  # (L, B, H, n, n)
     # queries of copy r >= 1, index i: the keys after the earlier occurrences (copy r' < r, index i + 1)
     mass = np.zeros(P.shape[:3] + ((R - 1) * T,))
+    same = np.zeros_like(mass)  # the earlier occurrences of the query's own token
     i = np.arange(T)
     for r in range(1, R):
         for earlier in range(r):
             mass[..., (r - 1) * T + i] += P[..., offset + r * T + i, offset + earlier * T + i + 1]
+            same[..., (r - 1) * T + i] += P[..., offset + r * T + i, offset + earlier * T + i]
     induction = mass.mean(axis=(1, 3))
+    duplicate = same.mean(axis=(1, 3))
     t = np.arange(offset + 1, n)
     previous = P[..., t, t - 1].mean(axis=(1, 3))
     prev_heads = [(int(a), int(b)) for a, b in zip(*np.nonzero(previous >= threshold))]
@@ -215,4 +239,6 @@ def induction_scores(model, *, seq_len: Optional[int] = None, n_repeats: int = 2
         with_prev = np.zeros(previous.shape)
         for a, b in prev_heads:
             with_prev = np.maximum(with_prev, comp[a, b])
-    return InductionScores(induction, previous, comp, prev_heads, with_prev, threshold, ids)
+    probe = (f"{B} sequences of {T} distinct random tokens repeated {R} times ({n} positions"
+             + (f", after bos {bos}" if bos is not None else "") + f"), seed {seed}")
+    return InductionScores(induction, previous, comp, prev_heads, with_prev, threshold, ids, duplicate, probe)

@@ -11,6 +11,14 @@ spectra, the attention heat map labelled with the tokens and the Laplace-Radon d
 (radii against the chi prediction, the tilt covariance and routing spectra, as in the
 tomography figures). :meth:`HeadReport.save` writes heads.json (with a glossary of its
 fields, :data:`FIELDS`), attention.npz, the PNGs, summary.md and a self-contained report.html.
+
+The report leads: for a causal decoder its table holds every head's induction, previous-token
+and duplicate-token scores (:func:`attngeom.models.induction_scores`), the page opens with the
+heads that stand out (:meth:`HeadReport.leads`: the induction head, the previous-token head,
+the heads whose ablation matters most, the direct logit attribution) and an interactive view
+of where every head looks (:func:`attngeom.models.head_view`), and the heads drawn in detail
+are the top ones by ablation effect, else by induction and previous-token score, else the
+spectral extremes (:func:`detail_heads`, which states its criterion).
 """
 from __future__ import annotations
 
@@ -86,7 +94,20 @@ FIELDS = {
     "mean_distance": "expected query-key distance sum_j p_ij |i - j| in positions, mean over every query",
     "log_z_min": "smallest log partition log sum_j exp(s_ij) over the queries (s_ij the scaled logits)",
     "log_z_max": "largest log partition over the queries",
+    "induction_score": "attention from a repeated token to the token after its earlier occurrence, mean over the "
+                       "induction probe's queries (repeated random tokens; the page names the probe): 1 for an "
+                       "induction head",
+    "previous_token_score": "attention to the previous position, mean over the induction probe's positions: 1 for "
+                            "a previous-token head",
+    "duplicate_token_score": "attention from a repeated token to its own earlier occurrence, mean over the induction "
+                             "probe's queries: 1 for a duplicate-token head",
+    "direct_logit_attribution": "the head's direct part of the logit of the text's last token, read at the position "
+                                "before it through the final norm with its scale frozen "
+                                "(attngeom.models.logit_attribution)",
 }
+#: The table's fields from :func:`attngeom.models.induction_scores` (causal decoders).
+SCORE_FIELDS = (("induction_score", "induction"), ("previous_token_score", "previous_token"),
+                ("duplicate_token_score", "duplicate_token"))
 # Fields from the streaming statistics of every query (the others that need data use the window).
 _STREAM_KEYS = ("attention_entropy", "sink_weight", "mean_distance", "log_z_min", "log_z_max")
 #: Texts longer than this many tokens: the fields that need the routing matrix P or the
@@ -150,6 +171,11 @@ class HeadReport:
     profiles: Optional[Dict[str, np.ndarray]] = field(default=None, repr=False)
     window: Optional[int] = None
     effects: Any = field(default=None, repr=False)
+    scores: Any = field(default=None, repr=False)
+    view: Any = field(default=None, repr=False)
+    attribution: Any = field(default=None, repr=False)
+    criterion: str = ""
+    map_text: int = 0
 
     @property
     def n_texts(self) -> int:
@@ -186,6 +212,12 @@ class HeadReport:
                 out[key + _SPREAD] = float(spread[key][layer, head])
             if "token_null_dim" in out and self.model.get("homogeneous"):
                 out["token_space_dim"] = self.model["d_model"] + 1
+            if self.attribution is not None:
+                out["direct_logit_attribution"] = float(self.attribution["heads"][layer, head])
+            if self.scores is not None:
+                for key, name in SCORE_FIELDS:
+                    if getattr(self.scores, name, None) is not None:
+                        out[key] = float(getattr(self.scores, name)[layer, head])
             rows.append(out)
         return rows
 
@@ -199,6 +231,39 @@ class HeadReport:
                 out[key] = FIELDS.get(key, "")
         return out
 
+    def leads(self) -> List[str]:
+        """The heads that stand out, one sentence each (the first screen of report.html and of
+        summary.md): the best induction, previous-token and duplicate-token heads with their
+        scores and the probe, the heads whose ablation changes the loss most, the direct logit
+        attribution's largest heads, and which heads are drawn in detail and why."""
+        out = []
+        if self.scores is not None:
+            sc = self.scores
+            (l, h, v), = sc.top(1)
+            (lp, hp, vp), = sc.top(1, by="previous_token")
+            verdict = "an induction head" if v >= 0.3 else "no head scores >= 0.3: no induction head"
+            out.append(f"Induction head: L{l}H{h} (induction score {v:.3f}; {verdict}). Previous-token head: "
+                       f"L{lp}H{hp} ({vp:.3f}).")
+            if getattr(sc, "duplicate_token", None) is not None:
+                (ld, hd, vd), = sc.top(1, by="duplicate_token")
+                out[-1] += f" Duplicate-token head: L{ld}H{hd} ({vd:.3f})."
+            if getattr(sc, "probe", ""):
+                out.append(f"Scores on the induction probe: {sc.probe} (another probe gives other numbers: scores "
+                           f"are those of their probe).")
+        if self.effects is not None:
+            h = self.effects.heads
+            out.append(f"Largest {h.mode}-ablation effects on the {h.metric} of text 0 ({self.effects.n_tokens} "
+                       f"tokens, baseline {h.baseline:.4g}): "
+                       + ", ".join(f"L{a}H{b} {e:+.3g}" for a, b, e in h.top(3)) + ".")
+        if self.attribution is not None:
+            a = self.attribution
+            top = ", ".join(f"{name} {v:+.3g}" for name, v in a["top"])
+            out.append(f"Direct logit attribution {a['description']}: {top}.")
+        if self.chosen:
+            out.append("Drawn in detail: " + ", ".join(f"L{l}H{h}" for l, h in self.chosen)
+                       + (f" ({self.criterion})." if self.criterion else "."))
+        return out
+
     def summary(self) -> dict:
         """The model's dimensions, the source of the activations, and means over heads."""
         rows = self.table()
@@ -206,8 +271,8 @@ class HeadReport:
         lengths = None if self.tokens is None else [len(t) for t in self.tokens]
         return {**self.model, "source": self.source, "n_texts": self.n_texts,
                 "n_tokens": None if lengths is None else int(sum(lengths)), "text_lengths": lengths,
-                "window": self.window, "chosen": [list(c) for c in self.chosen], "seconds": self.seconds,
-                "mean": means}
+                "window": self.window, "chosen": [list(c) for c in self.chosen], "criterion": self.criterion,
+                "map_text": self.map_text, "leads": self.leads(), "seconds": self.seconds, "mean": means}
 
     def binned_profiles(self) -> Optional[dict]:
         """The per-position profiles of the first text in geometric position bins (the JSON's
@@ -330,9 +395,10 @@ class HeadReport:
             n = self.profiles["entropy"].shape[-1]
             figs["attention_profile.png"] = plotting.attention_profiles(
                 self.profiles["entropy"], self.profiles["sink_weight"], causal=bool(self.model.get("causal", True)),
-                title=f"every head over {n} tokens" + (" (text 0)" if self.n_texts > 1 else ""))
+                title=f"every head over {n} tokens" + (f" (text {self.map_text})" if self.n_texts > 1 else ""))
         d = self.diagnostics
-        tokens = None if self.tokens is None else self.tokens[0]
+        tokens = None if self.tokens is None else self.tokens[self.map_text]
+        which = f" (text {self.map_text})" if self.n_texts > 1 else ""
         for layer, head in self.chosen:
             ov = None if d.ov_singular_values is None else d.ov_singular_values[layer, head]
             figs[f"spectra_L{layer}_H{head}.png"] = plotting.head_spectrum_pair(
@@ -340,7 +406,7 @@ class HeadReport:
             if (layer, head) in self.routing:
                 figs[f"attention_L{layer}_H{head}.png"] = plotting.attention_heatmap(
                     self.routing[layer, head], tokens,
-                    title=f"L{layer}H{head} attention" + (" (text 0)" if self.n_texts > 1 else ""))
+                    title=f"L{layer}H{head} attention" + which)
             if (layer, head) in self.queries:
                 figs[f"laplace_radon_L{layer}_H{head}.png"] = self.plot_laplace_radon(layer, head)
         if self.effects is not None:
@@ -361,6 +427,9 @@ class HeadReport:
                 lines.append(f"Routing ranks, radii, tilt coverage and the attention heat maps use the first "
                              f"{self.window} tokens of each text; attention_entropy, sink_weight, mean_distance and "
                              f"log_z_* every query (streaming statistics, attention_profile.png).")
+        leads = self.leads()
+        if leads:
+            lines += ["", "## What stands out", ""] + [f"- {x}" for x in leads]
         lines += ["", "## Per layer: mean over heads", "", _markdown_table(self.layer_means()), ""]
         rows = {(r["layer"], r["head"]): r for r in self.table()}
         lines += ["## Heads drawn in detail", ""]
@@ -449,7 +518,8 @@ _SORT_JS = """document.querySelectorAll("table.sortable th").forEach(function (t
 _CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:12px}
 .wide{overflow-x:auto;max-width:100%}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee;cursor:pointer;position:sticky;top:0}
-img{max-width:100%;border:1px solid #eee;margin:4px 0}dt{font-weight:bold}.tokens{font-family:monospace;font-size:12px}"""
+img{max-width:100%;border:1px solid #eee;margin:4px 0}dt{font-weight:bold}.tokens{font-family:monospace;font-size:12px}
+.leads{background:#f6f8fa;border:1px solid #ddd;padding:0 1em;font-size:14px}"""
 
 
 def constant_fields(rows: List[dict]) -> Dict[str, float]:
@@ -473,6 +543,14 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
            f"<h1>{title}</h1>",
            f"<p>{escape(s['layout'])} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
            f"d_model {s['d_model']}, d_head {s['d_head']}. Source: {escape(report.source)}.</p>"]
+    leads = report.leads()
+    if leads:
+        out.append("<div class='leads'><h2>What stands out</h2><ul>" + "".join(f"<li>{escape(x)}</li>" for x in leads)
+                   + "</ul></div>")
+    if report.view is not None:
+        out.append(f"<h2>Where each head looks</h2><p>Text {report.map_text}: hover a token to see the chosen head's "
+                   "weights from it (click pins it), beside the head's entropy, sink weight and mean distance.</p>"
+                   + report.view.html("head-view"))
 
     def img(name):
         if name in pngs:
@@ -515,7 +593,8 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
             text = _fmt(r[k]) + (f" &plusmn; {_fmt(r[k + _SPREAD])}" if k + _SPREAD in r else "")
             cells.append(f"<td data-v='{float(r[k])}'>{text}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table></div><h2>Heads drawn in detail</h2>")
+    out.append("</tbody></table></div><h2>Heads drawn in detail</h2>"
+               + (f"<p>Chosen by {escape(report.criterion)}.</p>" if report.criterion else ""))
     for layer, head in report.chosen:
         out.append(f"<h3>L{layer}H{head}</h3>")
         for prefix in ("spectra", "attention", "laplace_radon"):
@@ -557,6 +636,45 @@ def _html_effects(effects, out: list, img) -> None:
         out.append(f"<tr><td>{r['layer']}</td><td>{r['head']}</td><td>{escape(r['check'])}</td>"
                    f"<td>{escape(r['expected'])}</td><td>{r['measured']:.3g}</td><td>{others}</td></tr>")
     out.append("</tbody></table>")
+
+
+def detail_heads(d: HeadDiagnostics, *, effects=None, scores=None, n: int = 3) -> Tuple[List[Tuple[int, int]], str]:
+    """The heads drawn in detail and the criterion that picked them, in words.
+
+    With ablation effects (``effects``, :class:`CausalEffects`), the `n` heads whose ablation
+    changes the loss most; else, with induction scores, the best induction, previous-token and
+    duplicate-token heads; else the spectral extremes (lowest and highest bilinear effective
+    rank, lowest W_OV effective rank).
+    """
+    if effects is not None:
+        return ([(l, h) for l, h, _ in effects.heads.top(n)],
+                f"the {n} largest {effects.heads.mode}-ablation effects on the {effects.heads.metric}")
+    if scores is not None:
+        out = []
+        for by in ("induction", "previous_token", "duplicate_token"):
+            if getattr(scores, by, None) is not None:
+                lh = tuple(scores.top(1, by=by)[0][:2])
+                if lh not in out:
+                    out.append(lh)
+        return out, "the best induction, previous-token and duplicate-token heads"
+    return _default_chosen(d), "the lowest and highest B effective rank and the lowest W_OV effective rank"
+
+
+def report_attribution(model, ids, tokens=None) -> Optional[dict]:
+    """Direct logit attribution of a text's last token at the position before it, for the report:
+    {"description", "top" (component, part) x 3, "heads" (n_layers, n_heads), "total"}; None for a
+    model without an unembedding or per-head W_V, W_O (or a text of one token)."""
+    from .attribution import logit_attribution
+
+    if len(ids) < 2 or not model.has_unembedding or model.arch.bidirectional or model.arch.mla:
+        return None
+    try:
+        a = logit_attribution(model, ids, answer=int(ids[-1]), position=-2)
+    except ValueError:  # no final norm, no per-head circuits
+        return None
+    word = repr(tokens[-1]) if tokens is not None else f"id {int(ids[-1])}"
+    return {"description": f"of the text's last token {word} (its logit at the position before it, "
+                           f"{a.total:.3g})", "top": a.top(3), "heads": a.heads, "total": a.total}
 
 
 def _default_chosen(d: HeadDiagnostics) -> List[Tuple[int, int]]:
@@ -611,7 +729,7 @@ def _texts(x, tokens, heads: ModelHeads):
 
 def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                 rtol=None, n_heads: Optional[int] = None, source: Optional[str] = None,
-                window: int = WINDOW) -> HeadReport:
+                window: int = WINDOW, scores=None, effects=None, map_text: int = 0) -> HeadReport:
     """Every head's geometry: weights-only, or with the activations of one or several texts.
 
     The per-head diagnostics of Laplace-Radon s.12.1 (spectra of B = W_Q W_K^T and W_OV,
@@ -636,8 +754,10 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     tokens : list of str, or list of list of str, optional
         The token strings of the text (or of every text), for the figures and the saved files.
     chosen : sequence of (layer, head), optional
-        Heads drawn in detail; default the heads with the lowest and highest bilinear
-        effective rank and the lowest W_OV effective rank.
+        Heads drawn in detail; default :func:`detail_heads`: the largest ablation effects with
+        `effects`, else the best induction, previous-token and duplicate-token heads with
+        `scores`, else the heads with the lowest and highest bilinear effective rank and the
+        lowest W_OV effective rank.
     bias : bool, default True
         As in :meth:`ModelHeads.diagnostics`.
     rtol : float, optional
@@ -653,6 +773,13 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
         log_z_max and the per-position profile (attention_profile.png) every query, from the
         streaming attention statistics (no (n, n) matrix), so a long document costs memory
         linear in its length.
+    scores : InductionScores, optional
+        :func:`attngeom.models.induction_scores` of the model: the table's induction,
+        previous-token and duplicate-token scores and the page's leads.
+    effects : CausalEffects, optional
+        :func:`attngeom.models.causal_effects`: the causal section, and the detail heads.
+    map_text : int, default 0
+        The text whose attention maps and per-position profile are drawn.
 
     Returns
     -------
@@ -682,9 +809,13 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     texts, token_lists = _texts(x, tokens, heads)
     cut = [a[:, :window] for a in texts]  # the P- and radius-based fields: the first `window` tokens
     d = heads.diagnostics(None if not texts else cut[0][:, None], bias=bias, rtol=rtol)
+    criterion = "chosen by the caller"
     if chosen is None:
-        chosen = _default_chosen(d)
+        chosen, criterion = detail_heads(d, effects=effects, scores=scores)
     chosen = [(int(l), int(h)) for l, h in chosen]
+    map_text = _operands.count("map_text", map_text, 0)
+    if texts and map_text >= len(texts):
+        raise ValueError(f"map_text must name one of the {len(texts)} texts (0..{len(texts) - 1}), got {map_text}")
     for l, h in chosen:
         if not (0 <= l < heads.n_layers and 0 <= h < heads.n_heads):
             raise ValueError(f"chosen head ({l}, {h}) is outside {heads.n_layers} layers x {heads.n_heads} heads")
@@ -704,7 +835,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
             for key in data_keys:
                 values[key][t, layer, head] = row[key]
         maps = np.empty(shape + (w.shape[1],) * 2, np.float32) if attention is not None else None
-        if t == 0:
+        if t == map_text:
             profiles = {key: np.empty(shape + (a.shape[1],), np.float32) for key in ("entropy", "sink_weight")}
         for layer in range(heads.n_layers):
             q, k = heads.queries_keys(a[layer], layer, bias=bias)
@@ -714,7 +845,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                            ("mean_distance", st.mean_distance.mean(-1)), ("log_z_min", st.log_z.min(-1)),
                            ("log_z_max", st.log_z.max(-1))):
                 values[key][t, layer] = v
-            if t == 0:
+            if t == map_text:
                 profiles["entropy"][layer], profiles["sink_weight"][layer] = st.entropy, st.sink_weight
             m = w.shape[1]
             _, P = softmax_attention(q[:, :m], k[:, :m], None, causal=heads.causal, return_routing=True,
@@ -724,7 +855,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
             for l, h in chosen:
                 if l == layer:
                     queries[l, h].append(q[h, :m])
-                    if t == 0:
+                    if t == map_text:
                         routing[l, h] = P[h]
         if attention is not None:
             attention.append(maps)
@@ -737,4 +868,5 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                       source or ("weights" if not texts else "activations"),
                       {"load": t1 - t0, "diagnostics": t2 - t1}, values, attention,
                       {c: np.concatenate(qs) for c, qs in queries.items()}, profiles,
-                      window if longest > window else None)
+                      window if longest > window else None, effects=effects, scores=scores, criterion=criterion,
+                      map_text=map_text)

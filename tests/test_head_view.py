@@ -1,0 +1,151 @@
+"""The interactive head view (ag.models.head_view) and report.html's leads, in a real browser.
+
+The view's data are the forward pass's: the weights of its window equal Forward.pattern and
+its statistics the streaming ones. In headless Chromium (Debian's chromium and chromedriver,
+driven by Selenium: nothing is downloaded when the test runs) the page is opened, a token
+hovered, a layer and head chosen, and the weights the page shows are read back and compared
+with Forward.pattern to 1e-6, with no console error. The browser tests skip where Chromium,
+its driver or Selenium is missing (tests/allowed_skips.txt; `.ci/run` installs them).
+"""
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+import attngeom as ag
+from attngeom.models import head_report, head_view, load_model
+
+from checkpoints import random_checkpoint
+
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                             shutil.which("chromium-headless-shell")) if p), None)
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return load_model(random_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3") / "m"))
+
+
+def _pattern(model, ids):
+    P = model.forward(np.asarray(ids), keep=("pattern",)).pattern
+    return P[:, 0] if P.ndim == 5 else P
+
+
+def test_view_holds_the_forward_pass(qwen3):
+    ids = np.random.default_rng(0).integers(0, 97, 40)
+    view = head_view(qwen3, ids)
+    P = _pattern(qwen3, ids)
+    assert view.weights.shape == P.shape == (2, 4, 40, 40)
+    np.testing.assert_array_equal(view.weights, P)
+    st = qwen3.forward(ids, keep=("attention_stats",)).attention_stats
+    for k in ("entropy", "sink_weight", "mean_distance"):
+        np.testing.assert_allclose(view.stats[k], np.asarray(getattr(st, k)).reshape(2, 4, 40), atol=1e-6)
+        np.testing.assert_allclose(view.means[k], np.asarray(getattr(st, k)).reshape(2, 4, 40).mean(-1), atol=1e-6)
+    assert not view.outside.any()
+    inner = head_view(qwen3, ids, window=(10, 30))  # a window inside the text: its rows, its keys, the rest apart
+    np.testing.assert_allclose(inner.weights, P[:, :, 10:30, 10:30], atol=1e-6)
+    np.testing.assert_allclose(inner.outside, P[:, :, 10:30, :10].sum(-1), atol=1e-6)
+    assert "40 tokens" in repr(view) and "<script" in view._repr_html_()
+    with pytest.raises(ValueError, match="window must satisfy"):
+        head_view(qwen3, ids, window=(30, 50))
+
+
+def test_view_of_4k_tokens_stays_small(qwen3, tmp_path):
+    """Long texts: streaming statistics of every query, weights of a window: a few MB at 4,096 tokens."""
+    ids = np.random.default_rng(1).integers(0, 97, 4096)
+    t0 = time.perf_counter()
+    view = head_view(qwen3, ids)
+    seconds = time.perf_counter() - t0
+    size = os.path.getsize(view.save(tmp_path / "view.html"))
+    assert view.stop - view.start == 256 and len(view.tokens) == 4096
+    assert size < 3_000_000, size
+    st = qwen3.forward(ids, keep=("attention_stats",)).attention_stats
+    np.testing.assert_allclose(view.means["entropy"], np.asarray(st.entropy).reshape(2, 4, -1).mean(-1), atol=1e-5)
+    np.testing.assert_array_equal(view.weights, _pattern(qwen3, ids[:256])[..., :256, :256])
+    print(f"head view of 4096 tokens: {size / 1e6:.2f} MB in {seconds:.2f} s")
+
+
+# -- in the browser -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(a)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _hover_and_read(driver, root, layer, head, query):
+    """Choose the layer and head, hover the query's token; the weights the page shows, by key."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    view = driver.find_element(By.CSS_SELECTOR, root)
+    Select(view.find_element(By.CSS_SELECTOR, "select.hv-layer")).select_by_value(str(layer))
+    Select(view.find_element(By.CSS_SELECTOR, "select.hv-head")).select_by_value(str(head))
+    tokens = view.find_elements(By.CSS_SELECTOR, "span.hv-tok")
+    ActionChains(driver).move_to_element(tokens[query]).perform()
+    shown = [float(t.get_attribute("data-w")) for t in tokens]
+    side = view.find_element(By.CSS_SELECTOR, ".hv-side").text
+    return np.array(shown), side, tokens
+
+
+def _no_console_errors(driver):
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, errors
+
+
+def test_head_view_in_the_browser(browser, qwen3, tmp_path):
+    t0 = time.perf_counter()
+    ids = np.random.default_rng(2).integers(0, 97, 30)
+    path = head_view(qwen3, ids).save(tmp_path / "view.html")
+    browser.get("file://" + os.path.abspath(path))
+    P = _pattern(qwen3, ids)
+    for layer, head, query in ((0, 0, 29), (1, 2, 17), (1, 3, 5)):
+        shown, side, tokens = _hover_and_read(browser, ".attngeom-head-view", layer, head, query)
+        assert len(tokens) == 30
+        np.testing.assert_allclose(shown, P[layer, head, query], atol=1e-6)
+        assert f"L{layer}H{head}, query {query}" in side and "entropy" in side and "sink weight" in side
+    _no_console_errors(browser)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_report_in_the_browser(browser, tmp_path):
+    """report.html of a model with a planted induction circuit: its first screen names the induction
+    head, and its embedded head view shows the forward pass's weights."""
+    t0 = time.perf_counter()
+    model = load_model(ag.models.planted_induction_model(tmp_path / "planted"))
+    ids = np.array([0, 5, 6, 7, 8, 5, 6, 7, 8, 5])
+    x = model.forward(ids, keep=("attn_in",), dtype=np.float64).attn_in
+    scores = ag.models.induction_scores(model, seq_len=10, bos=0)
+    report = head_report(model.heads, x, tokens=[str(i) for i in ids], scores=scores)
+    report.view = head_view(model, ids)
+    report.save(tmp_path / "report")
+    browser.get("file://" + str(tmp_path / "report" / "report.html"))
+    from selenium.webdriver.common.by import By
+
+    first = browser.find_element(By.CSS_SELECTOR, ".leads")
+    assert "Induction head: L1H0" in first.text and first.location["y"] < 400
+    P = _pattern(model, ids)
+    shown, side, _ = _hover_and_read(browser, "#head-view", 1, 0, 6)
+    np.testing.assert_allclose(shown, P[1, 0, 6], atol=1e-6)
+    assert shown[3] == pytest.approx(1.0, abs=1e-3)  # the induction head reads the token after the earlier 6
+    _no_console_errors(browser)
+    heads = json.load(open(tmp_path / "report" / "heads.json"))
+    row = next(r for r in heads["heads"] if (r["layer"], r["head"]) == (1, 0))
+    assert row["induction_score"] == pytest.approx(scores.induction[1, 0])
+    assert {"induction_score", "previous_token_score", "duplicate_token_score"} <= set(heads["fields"])
+    assert time.perf_counter() - t0 < 30
