@@ -1,6 +1,8 @@
 """Regenerate the figures the README and the API reference show.
 
     python docs/make_figures.py            # writes docs/*.png
+    python docs/make_figures.py --screenshots   # also the induction report's screenshots (needs
+                                                # torch, chromium, chromedriver and selenium)
 
 Every figure comes from the library itself, with a fixed seed, so the PNGs in the
 repository are reproducible.
@@ -46,9 +48,62 @@ def laplace_radon_identity(path):
     plt.close(fig)
 
 
+def _chromium(width, height):
+    """Headless Chromium driven by Selenium (the system's browser and driver, nothing downloaded)."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-headless-shell")
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},{height}"):
+        options.add_argument(a)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+def induction_screenshots(report_png, view_png):
+    """The README's induction recipe (attngeom run induction, then attngeom heads on its last
+    checkpoint), and screenshots of report.html's first screen and of its head view with the
+    induction head chosen and a repeated token pinned."""
+    import glob
+    import tempfile
+
+    from attngeom.cli import main
+
+    work = tempfile.mkdtemp()
+    os.chdir(work)
+    main(["run", "induction", "--set", "layers=2", "--set", "iterations=1200", "--set", "seeds=1", "--out", "runs"])
+    (run,) = glob.glob("runs/induction_*")
+    with open("notes.txt", "w") as f:
+        f.write("The code is qZ7!kd9Xw&pL. Again, the code is qZ7!kd9Xw&pL.\n\nTo be or not to be. To be or not "
+                "to be.\n")
+    main(["heads", os.path.join(run, "checkpoints", "2layer", "seed0", "step001200"), "--text", "notes.txt",
+          "--effects"])
+    head = ag.models.induction_scores(ag.load_model(os.path.join(run, "checkpoints", "2layer", "seed0",
+                                                                   "step001200"))).top(1)[0]
+    driver = _chromium(1280, 760)
+    try:
+        driver.get("file://" + os.path.abspath("heads_report/report.html"))
+        query = "The code is qZ7!kd9Xw&pL. Again, the code is qZ7!kd9Xw&pL.".rindex("X")  # the second X: reads w
+        driver.execute_script(f"document.getElementById('head-view').attngeomSelect({head[0]}, {head[1]}, {query})")
+        driver.save_screenshot(report_png)
+        view = driver.find_element("css selector", "#head-view")
+        driver.execute_script("arguments[0].scrollIntoView()", view)
+        view.screenshot(view_png)
+    finally:
+        driver.quit()
+
+
 if __name__ == "__main__":
+    import sys
+
     import matplotlib
 
     matplotlib.use("Agg")
     laplace_radon_identity(os.path.join(HERE, "tomography_identity.png"))
     print("wrote", os.path.join(HERE, "tomography_identity.png"))
+    if "--screenshots" in sys.argv:
+        paths = [os.path.join(HERE, "induction_report.png"), os.path.join(HERE, "head_view.png")]
+        induction_screenshots(*paths)
+        print("wrote", *paths)
