@@ -149,3 +149,40 @@ def test_report_in_the_browser(browser, tmp_path):
     assert row["induction_score"] == pytest.approx(scores.induction[1, 0])
     assert {"induction_score", "previous_token_score", "duplicate_token_score"} <= set(heads["fields"])
     assert time.perf_counter() - t0 < 30
+
+
+def test_cli_detail_heads_and_map_text(tmp_path, capsys):
+    """`attngeom heads --detail-heads L.H,... --map-text K`: the heads drawn, the text drawn (maps
+    and head view), the criterion stated; the table's induction-family scores for a decoder."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    from attngeom.cli import main
+    from attngeom.torch.gpt import GPT, save_checkpoint
+
+    vocab = list(" .abcdefghijklmnopqrstuvwxyz")
+    torch.manual_seed(0)
+    folder = save_checkpoint(GPT(len(vocab), 16, 2, 2, 32, mlp=False, positions="rope"), tmp_path / "gpt",
+                             vocab=vocab)
+    (tmp_path / "notes.txt").write_text("a cat sat on a mat.\n\nthe dog ran. the dog ran.\n")
+    out = tmp_path / "report"
+    assert main(["heads", str(folder), "--text", str(tmp_path / "notes.txt"), "--detail-heads", "1.0,0.1",
+                 "--map-text", "1", "--out", str(out)]) == 0
+    heads = json.load(open(out / "heads.json"))
+    s = heads["summary"]
+    assert s["chosen"] == [[1, 0], [0, 1]] and s["criterion"] == "--detail-heads" and s["map_text"] == 1
+    assert {"induction_score", "previous_token_score", "duplicate_token_score",
+            "direct_logit_attribution"} <= set(heads["heads"][0])
+    page = (out / "report.html").read_text()
+    assert "Text 1: hover" in page and "Drawn in detail: L1H0, L0H1 (--detail-heads)" in page
+    data = json.loads(page.split("id='head-view-data'>")[1].split("</script>")[0])
+    assert "".join(data["tokens"]) == "the dog ran. the dog ran."
+    assert (out / "attention_L1_H0.png").exists() and not (out / "attention_L0_H0.png").exists()
+    capsys.readouterr()
+    assert main(["heads", str(folder), "--text", str(tmp_path / "notes.txt"), "--map-text", "2",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "--map-text 2: there are 2 texts" in capsys.readouterr().err
+    # without --detail-heads or --effects: the best induction, previous-token and duplicate-token heads
+    assert main(["heads", str(folder), "--text", str(tmp_path / "notes.txt"), "--out", str(tmp_path / "r2")]) == 0
+    s = json.load(open(tmp_path / "r2" / "heads.json"))["summary"]
+    assert s["criterion"] == "the best induction, previous-token and duplicate-token heads"
+    assert any(line.startswith("Induction head: L1H") or line.startswith("Induction head: L0H") for line in s["leads"])

@@ -169,12 +169,30 @@ def _read_texts(paths, split, option):
 EFFECT_TOKENS = 256
 
 
+def _report_scores(model):
+    """Induction, previous-token and duplicate-token scores for the heads report: a causal
+    decoder's, on the default probe of ``induction_scores``; None otherwise."""
+    from .models import induction_scores
+
+    if model is None or model.arch.bidirectional:
+        return None
+    try:
+        return induction_scores(model)
+    except ValueError:  # a vocabulary or context too small for the probe, multi-head latent attention
+        return None
+
+
 def _heads(args) -> int:
-    from .models import (BertEncoder, causal_effects, head_report, load_activations, load_heads, load_model,
-                         text_activations)
+    from .models import (BertEncoder, causal_effects, head_report, head_view, load_activations, load_heads,
+                         load_model, text_activations)
+    from .models.analysis.report import report_attribution
 
     chosen = None if args.heads is None else _heads_list(args.heads)
+    if args.map_text < 0:
+        raise ValueError(f"--map-text must be >= 0, got {args.map_text}")
     texts = _read_texts(args.text, args.split, "--text")
+    if args.map_text and args.map_text >= len(texts):
+        raise ValueError(f"--map-text {args.map_text}: there are {len(texts)} texts (0..{len(texts) - 1})")
     effects_model = None
     if args.effects:  # refused before any computation: a text and a model with an lm_head are needed
         if not texts:
@@ -205,10 +223,20 @@ def _heads(args) -> int:
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
-        report = head_report(heads, x, tokens=tokens, source=source, chosen=chosen)
+        effects = None
         if effects_model is not None:
             ids, _ = effects_model.tokenize(texts[0], max_length=min(args.max_tokens or EFFECT_TOKENS, EFFECT_TOKENS))
-            report.effects = causal_effects(effects_model, ids, top=3)
+            effects = causal_effects(effects_model, ids, top=3)
+        decoder = reuse.get("model") if texts else None  # the leads need a causal decoder's pass
+        report = head_report(heads, x, tokens=tokens, source=source, chosen=chosen, effects=effects,
+                             scores=_report_scores(decoder), map_text=args.map_text)
+        if chosen is not None:
+            report.criterion = "--detail-heads"
+        if decoder is not None:
+            k = args.map_text
+            report.view = head_view(decoder, texts[k], max_length=args.max_tokens)
+            ids_k = decoder.tokenize(texts[k], max_length=args.max_tokens)[0]
+            report.attribution = report_attribution(decoder, ids_k, tokens[k])
         t1 = time.perf_counter()
         paths = report.save(staging)
         done.update(report=report, source=source, names=[os.path.basename(p) for p in paths],
@@ -385,7 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--activations", default=None, metavar="DIR",
                      help="folder with activations.npy or layer_<i>.npy (the input of each layer's attention)")
     p.add_argument("--split", **_SPLIT)
-    p.add_argument("--heads", default=None, metavar="L.H,...", help="heads to draw in detail (default: extremes)")
+    p.add_argument("--detail-heads", "--heads", dest="heads", default=None, metavar="L.H,...",
+                   help="heads to draw in detail (default: the largest ablation effects with --effects, else the "
+                        "best induction, previous-token and duplicate-token heads of a decoder given a text, else "
+                        "the spectral extremes)")
+    p.add_argument("--map-text", type=int, default=0, metavar="K",
+                   help="the text (from 0) whose attention maps, profile and head view are drawn (default 0)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
     p.add_argument("--effects", action="store_true",
                    help=f"add causal effects on the first text (at most {EFFECT_TOKENS} tokens): every head's "
