@@ -206,11 +206,12 @@ CROSS_BUILD := build/aarch64
 CROSS_CXX ?= aarch64-linux-gnu-g++
 cross-aarch64: $(VENV)/.base
 	@command -v $(CROSS_CXX) >/dev/null || { echo "make cross-aarch64 needs $(CROSS_CXX) (Debian: apt-get install g++-aarch64-linux-gnu)"; exit 1; }
+	@mkdir -p $(CROSS_BUILD)
 	$(VENV)/bin/cmake -S . -B $(CROSS_BUILD) -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
 	  -DCMAKE_CXX_COMPILER=$(CROSS_CXX) -DATTNGEOM_KERNELS_ONLY=ON \
 	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/cmeel.prefix" \
-	  | tee $(CROSS_BUILD).log
-	grep -q "instruction-set levels: baseline$$" $(CROSS_BUILD).log
+	  | tee $(CROSS_BUILD)/configure.log
+	grep -q "instruction-set levels: baseline$$" $(CROSS_BUILD)/configure.log
 	$(VENV)/bin/cmake --build $(CROSS_BUILD)
 	objects=$$(find $(CROSS_BUILD) -name '*.o'); test -n "$$objects"; \
 	  for o in $$objects; do LC_ALL=C readelf -h $$o | grep -q 'Machine:.*AArch64' || { echo "$$o is not AArch64"; exit 1; }; done; \
