@@ -156,6 +156,16 @@ class HeadReport:
     effects : CausalEffects or None
         Ablation effects, singular-direction curves and invariance checks
         (:func:`attngeom.models.causal_effects`; ``attngeom heads --effects``).
+    scores : InductionScores or None
+        Induction, previous-token and duplicate-token scores (the table's ``*_score`` fields).
+    view : HeadView or None
+        The interactive head view report.html embeds (:func:`attngeom.models.head_view`).
+    attribution : dict or None
+        Direct logit attribution of the drawn text's last token (:func:`report_attribution`).
+    criterion : str
+        How the heads drawn in detail were chosen (:func:`detail_heads`).
+    map_text : int
+        The text whose maps and profile are drawn.
     """
 
     model: dict
