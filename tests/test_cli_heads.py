@@ -143,3 +143,72 @@ def test_heads_and_corpus_read_files_by_one_rule(tmp_path, capsys, monkeypatch):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert "invalid choice: 'sentence'" in capsys.readouterr().err
+
+
+def test_cli_heads_ids_for_a_checkpoint_without_tokenizer(tmp_path, capsys):
+    """A folder without tokenizer files: the message names --ids, and --ids FILE runs the report
+    on those token ids (the attention inputs are the model's own)."""
+    pytest.importorskip("matplotlib")
+    from attngeom.models import load_model
+    from checkpoints import random_checkpoint
+
+    folder = random_checkpoint("llama", tmp_path / "m")
+    (tmp_path / "t.txt").write_text("the cat sat")
+    assert cli.main(["heads", folder, "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "r0")]) == 2
+    assert "attngeom heads --ids FILE" in capsys.readouterr().err
+    ids = [5, 17, 3, 42, 8, 5, 17, 3]
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids[:4])) + "\n" + " ".join(map(str, ids[4:])) + "\n")
+    assert cli.main(["heads", folder, "--ids", str(tmp_path / "ids.txt"), "--heads", "1.2",
+                     "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "llama model, 2 layers x 4 heads" in out and "token ids (8 tokens" in out
+    data = json.load(open(tmp_path / "r" / "heads.json"))
+    assert data["summary"]["n_tokens"] == 8
+    f = load_model(folder).forward(np.array(ids), dtype=np.float64, keep=("pattern",))
+    row = next(r for r in data["heads"] if (r["layer"], r["head"]) == (1, 2))
+    import attngeom as ag
+    ranks = np.linalg.svd(f.pattern[1, 2], compute_uv=False)
+    assert abs(row["routing_effective_rank_mean"] - ag.effective_rank(ranks, kind="entropy", spectrum=True)) < 1e-6
+    (tmp_path / "bad.txt").write_text("5 17 x")
+    assert cli.main(["heads", folder, "--ids", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "r2")]) == 2
+    assert "whitespace-separated integer token ids, found 'x'" in capsys.readouterr().err
+
+
+def test_cli_heads_max_tokens_is_named(tmp_path, rng, capsys):
+    bert_checkpoint(tmp_path / "b", rng)
+    (tmp_path / "t.txt").write_text("The cat sat on the mat.")
+    for value in ("0", "1", "-3"):
+        assert cli.main(["heads", str(tmp_path / "b"), "--text", str(tmp_path / "t.txt"), "--max-tokens", value,
+                         "--out", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"attngeom heads: --max-tokens must be >= 2") and f"got {value}" in err
+        assert "max_length" not in err
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_cli_heads_names_the_model_type(tmp_path, capsys):
+    """A training checkpoint is named by its model_type (attngeom-gpt), not by its layout."""
+    pytest.importorskip("matplotlib")
+    torch = pytest.importorskip("torch")
+    from attngeom.torch.gpt import GPT, save_checkpoint
+
+    torch.manual_seed(0)
+    folder = save_checkpoint(GPT(7, d_model=16, n_blocks=1, n_heads=2, context=12).eval(), tmp_path / "g",
+                             vocab="abcdefg")
+    (tmp_path / "t.txt").write_text("abcabcgfedab")
+    assert cli.main(["heads", folder, "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("attngeom-gpt model, 1 layers x 2 heads") and "llama model" not in out
+
+
+def test_cli_heads_missing_checkpoint(tmp_path, capsys):
+    import attngeom as ag
+
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="which does not exist"):
+        ag.load_model(missing)
+    with pytest.raises(ValueError, match="which does not exist"):  # as before
+        ag.load_heads(missing)
+    assert issubclass(ag.errors.MissingCheckpoint, FileNotFoundError)
+    assert cli.main(["heads", missing, "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -281,7 +281,7 @@ def _cli_heads(tmp_path, layout, text):
 @pytest.mark.parametrize("layout", ["llama", "qwen3"])
 def test_cli_heads_on_decoders(tmp_path, layout, capsys):
     _cli_heads(tmp_path, layout, "the cat sat on the mat and the dog ran .")
-    assert "llama model, 2 layers x 4 heads (kv heads 2)" in capsys.readouterr().out
+    assert f"{layout} model, 2 layers x 4 heads (kv heads 2)" in capsys.readouterr().out  # its model_type
     assert {"heads.json", "attention_L1_H2.png"} <= set(os.listdir(tmp_path / "r"))
     report = json.load(open(tmp_path / "r" / "heads.json"))
     s = report["summary"]

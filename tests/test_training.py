@@ -103,6 +103,26 @@ def test_figures(tiny):
     plt.close("all")
 
 
+def test_only_figures_with_data(tiny):
+    """variants=standard,whitened with timing=False: no Table 3 figure, no projection figure
+    without a projection arm, no matplotlib warning; summary.md says Table 3 was not measured."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    run = dataclasses.replace(tiny, arms=["standard", "whitened"], timing=[],
+                              geometry={"whitened": tiny.geometry["whitened"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figs = run.figures()
+    assert set(figs) == {"loss.png", "whiteness.png"}
+    assert "Not measured in this run (timing=False)" in run.table()
+    plain = dataclasses.replace(run, arms=["standard"], geometry={})
+    assert set(plain.figures()) == {"loss.png"}
+    plt.close("all")
+
+
 def test_same_seed_same_losses():
     config = TrainingConfig(**{**TINY, "variants": "standard,whitened,lightning", "iterations": 30,
                                "eval_every": 10, "seeds": 1, "timing": False, "checkpoints": False})
@@ -142,8 +162,9 @@ def test_cli_run_folder_and_checkpoints(tmp_path, capsys):
     summary = json.load(open(folder / "summary.json"))["summary"]
     assert summary["params_whitened"] > summary["params_standard"]
     assert (folder / "summary.md").read_text().startswith("# training")
-    for png in ("loss.png", "whiteness.png", "projection.png", "timing.png"):
+    for png in ("loss.png", "whiteness.png", "timing.png"):
         assert (folder / png).stat().st_size > 1000
+    assert not (folder / "projection.png").exists()  # no projection arm in this run
     capsys.readouterr()
     for arm in ("standard", "whitened"):
         ck = folder / "checkpoints" / arm / "seed2"

@@ -71,6 +71,15 @@ class AttentionStats:
     sink_weight: np.ndarray
     mean_distance: np.ndarray
 
+    def __repr__(self) -> str:
+        """A few lines: the shape, then each field's dtype, mean and range."""
+        from ._summary import array_summary
+
+        shape = str(tuple(self.shape))
+        return "\n".join([f"AttentionStats(shape {shape} (..., heads, n_q)"]
+                         + [f"  {name}: {array_summary(getattr(self, name)).split(' ', len(self.shape))[-1]}"
+                            for name in FIELDS]) + ")"
+
     @property
     def shape(self) -> tuple:
         """The shape of every field, (..., heads, n_q)."""

@@ -1,13 +1,17 @@
 """The ``attngeom`` command line (also ``python -m attngeom``).
 
     attngeom run <experiment> [--seed N] [--out DIR] [--set key=value ...]
-        run a synthetic experiment into DIR/<experiment>_<timestamp>/ (config.json,
-        summary.json, summary.md with the paper's values beside ours, every figure as PNG)
+        run one of the papers' experiments (``attngeom run --help`` lists them: synthetic
+        ones, and the training and induction runs that train small models) into
+        DIR/<experiment>_<timestamp>/ (config.json, summary.json, summary.md with the paper's
+        values beside ours, the figures that have data as PNG); Ctrl-C or SIGTERM stops it
+        with one line (a training run's line says how to resume it), exit status 130 / 143
     attngeom list                 the experiments and their configuration fields
     attngeom report <run folder>  print a run's summary table
     attngeom demo [--out DIR]     the main experiment (tomography) into DIR
     attngeom config               the build configuration
-    attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --activations DIR] [--effects] [--out DIR]
+    attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --ids FILE ... | --activations DIR] [--effects]
+                   [--out DIR]
         every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
         with activations, radii, tilt coverage, routing ranks and attention entropies) into
         DIR: heads.json (with a glossary of its fields and the tokens), attention.npz,
@@ -16,7 +20,11 @@
         <checkpoint> is a .safetensors file, a folder, or a packaged model name. --text may
         be repeated, and the data statistics are means over all texts with their spread;
         --effects adds every head's ablation effect on the loss of the first text, the
-        singular-direction curves and invariance checks of the heads that matter most
+        singular-direction curves and invariance checks of the heads that matter most;
+        --ids FILE reads token ids (whitespace-separated integers) instead of text, for a
+        checkpoint without tokenizer files; a text longer than the model's length is
+        truncated with a warning naming it (past a rotary model's trained context it is
+        analysed whole, with a warning)
     attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
         corpus statistics of every head, in-process or on a Dask cluster, into DIR
         (summary.json, heads.csv, layers.png); --state DIR resumes; --write-store STORE runs
@@ -33,6 +41,7 @@ line is one text by the paragraph rule; the command says so on stderr and names 
 
 Every misuse (a bad --set value, an output path that cannot be written, an unreadable
 checkpoint) is one line on stderr and exit status 2, found before any computation starts.
+Warnings are one line each on stderr ("attngeom heads: warning: ..."), without a source line.
 Output folders are written whole or not at all (:mod:`attngeom.experiments.folders`).
 """
 from __future__ import annotations
@@ -40,9 +49,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import time
+import warnings
 
+from .errors import ContextWarning
 from .experiments import EXPERIMENTS, experiment, run_experiment, run_summary, write_folder
 
 
@@ -85,12 +97,16 @@ def _demo(args) -> int:
     return 0
 
 
+def _experiment_doc(name) -> str:
+    """The first line of experiment `name`'s module docstring: what it runs."""
+    module = ".".join(EXPERIMENTS[name][1].__module__.split(".")[:3])  # attngeom.experiments.<name>: module or package
+    return (sys.modules[module].__doc__ or "").strip().splitlines()[0]
+
+
 def _list(args) -> int:
     for name, (config_cls, run) in EXPERIMENTS.items():
-        module = ".".join(run.__module__.split(".")[:3])  # attngeom.experiments.<name>: a module or a package
-        doc = (sys.modules[module].__doc__ or "").strip().splitlines()[0]
         fields = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(config_cls))
-        print(f"{name:<16} {doc}\n{'':<16} {fields}")
+        print(f"{name:<16} {_experiment_doc(name)}\n{'':<16} {fields}")
     return 0
 
 
@@ -165,6 +181,43 @@ def _read_texts(paths, split, option):
     return texts
 
 
+def _read_ids(paths):
+    """The token-id sequences of the files given to --ids: whitespace-separated integers, one
+    sequence a file."""
+    out = []
+    for path in paths or []:
+        try:
+            with open(path, encoding="utf-8") as f:
+                words = f.read().split()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--ids: {exc}") from None
+        if not words:
+            raise ValueError(f"--ids: {path!r} holds no token ids")
+        try:
+            out.append([int(w) for w in words])
+        except ValueError:
+            bad = next(w for w in words if not w.lstrip("+-").isdigit())
+            raise ValueError(f"--ids: {path!r} must hold whitespace-separated integer token ids, found {bad!r}") from None
+    return out
+
+
+def _id_activations(ids, *, model=None, encoder=None):
+    """(attention inputs (n_layers, 1, n, d_model), token strings) of one sequence of token ids:
+    the ids decoded by the checkpoint's tokenizer where it has one, else "#<id>"."""
+    import numpy as np
+
+    ids = np.asarray(ids, dtype=np.int64)
+    if encoder is not None:
+        x = encoder.forward(ids).hidden_states[:-1, None]
+    else:
+        x = model.forward(ids, dtype=np.float64, keep=("attn_in",)).attn_in[:, None]
+    try:
+        tokens = (model.to_str_tokens(ids) if model is not None else None)
+    except (ValueError, OSError, ImportError):
+        tokens = None
+    return x, list(tokens) if tokens is not None else [f"#{int(i)}" for i in ids]
+
+
 #: Tokens of the first text the heads report's --effects runs on (each head costs a pass).
 EFFECT_TOKENS = 256
 
@@ -190,13 +243,19 @@ def _heads(args) -> int:
     chosen = None if args.heads is None else _heads_list(args.heads)
     if args.map_text < 0:
         raise ValueError(f"--map-text must be >= 0, got {args.map_text}")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be >= 2 (a query needs a key besides itself), got {args.max_tokens}")
     texts = _read_texts(args.text, args.split, "--text")
-    if args.map_text and args.map_text >= len(texts):
-        raise ValueError(f"--map-text {args.map_text}: there are {len(texts)} texts (0..{len(texts) - 1})")
+    id_lists = _read_ids(args.ids)
+    if args.map_text and args.map_text >= max(len(texts), len(id_lists)):
+        raise ValueError(f"--map-text {args.map_text}: there are {max(len(texts), len(id_lists))} texts "
+                         f"(0..{max(len(texts), len(id_lists)) - 1})")
+    if args.max_tokens is not None:
+        id_lists = [ids[:args.max_tokens] for ids in id_lists]
     effects_model = None
     if args.effects:  # refused before any computation: a text and a model with an lm_head are needed
-        if not texts:
-            raise ValueError("--effects measures the model's loss on a text: give --text FILE")
+        if not texts and not id_lists:
+            raise ValueError("--effects measures the model's loss on a text: give --text FILE (or --ids FILE)")
         effects_model = load_model(args.checkpoint)
         if not effects_model.has_unembedding:
             raise ValueError(f"--effects measures the next-token loss, and this {effects_model.arch.model_type} "
@@ -207,7 +266,14 @@ def _heads(args) -> int:
         t0 = time.perf_counter()
         heads = load_heads(args.checkpoint, n_heads=args.n_heads)
         x, tokens, source = None, None, "weights"
-        if texts:
+        if id_lists:
+            reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
+                     if heads.layout == "bert" else {"model": effects_model or load_model(args.checkpoint)})
+            x, tokens = map(list, zip(*(_id_activations(ids, **reuse) for ids in id_lists)))
+            n = sum(len(t) for t in tokens)
+            source = (f"token ids ({n} tokens, NumPy forward pass)" if len(id_lists) == 1 else
+                      f"{len(id_lists)} sequences of token ids ({n} tokens, NumPy forward pass)")
+        elif texts:
             reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
                      if heads.layout == "bert" else {"model": effects_model or load_model(args.checkpoint)})
             x, tokens = [], []
@@ -223,19 +289,22 @@ def _heads(args) -> int:
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
+        # each text's length was said above, once: the later passes over the same texts say no more
+        warnings.filterwarnings("ignore", category=ContextWarning)
         effects = None
         if effects_model is not None:
-            ids, _ = effects_model.tokenize(texts[0], max_length=min(args.max_tokens or EFFECT_TOKENS, EFFECT_TOKENS))
+            ids = (id_lists[0][:EFFECT_TOKENS] if id_lists else effects_model.tokenize(
+                texts[0], max_length=min(args.max_tokens or EFFECT_TOKENS, EFFECT_TOKENS))[0])
             effects = causal_effects(effects_model, ids, top=3)
-        decoder = reuse.get("model") if texts else None  # the leads need a causal decoder's pass
+        decoder = reuse.get("model") if (texts or id_lists) else None  # the leads need a causal decoder's pass
         report = head_report(heads, x, tokens=tokens, source=source, chosen=chosen, effects=effects,
                              scores=_report_scores(decoder), map_text=args.map_text)
         if chosen is not None:
             report.criterion = "--detail-heads"
         if decoder is not None:
             k = args.map_text
-            report.view = head_view(decoder, texts[k], max_length=args.max_tokens)
-            ids_k = decoder.tokenize(texts[k], max_length=args.max_tokens)[0]
+            report.view = head_view(decoder, id_lists[k] if id_lists else texts[k], max_length=args.max_tokens)
+            ids_k = id_lists[k] if id_lists else decoder.tokenize(texts[k], max_length=args.max_tokens)[0]
             report.attribution = report_attribution(decoder, ids_k, tokens[k])
         t1 = time.perf_counter()
         paths = report.save(staging)
@@ -245,7 +314,8 @@ def _heads(args) -> int:
     write_folder(args.out, "heads.json", write)
     report = done["report"]
     m, mean = report.model, report.summary()["mean"]
-    print(f"{m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads (kv heads {m['n_kv_heads']}), "
+    print(f"{m.get('model_type') or m['layout']} model, {m['n_layers']} layers x {m['n_heads']} heads "
+          f"(kv heads {m['n_kv_heads']}), "
           f"d_model {m['d_model']}, d_head {m['d_head']}; source: {done['source']}")
     print(f"mean over heads: bilinear effective rank {mean['bilinear_effective_rank']:.2f} of {m['d_head']}, "
           f"W_OV effective rank {mean['ov_effective_rank']:.2f}, ker B dim {mean['ker_B_dim']:.0f}"
@@ -383,8 +453,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version,
                         help="print the version, the instruction-set level in use, the OpenMP threads and the BLAS")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run a synthetic experiment into a run folder")
-    p.add_argument("experiment")
+    p = sub.add_parser("run", help="run one of the experiments (attngeom run --help lists them) into a run folder",
+                       description="Run an experiment into a run folder: config.json, summary.json, summary.md\n"
+                                   "with the paper's values beside ours, the figures that have data as PNG.\n"
+                                   "Ctrl-C or SIGTERM stops it with one line; a training or induction run's\n"
+                                   "line says how to resume it.",
+                       epilog="experiments (attngeom list shows their configuration fields):\n"
+                              + "\n".join(f"  {name:<16} {_experiment_doc(name)}" for name in EXPERIMENTS),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", help="the experiment's name (listed below)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default="runs", help="parent directory of the run folder (default runs)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
@@ -410,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the texts of FILE through the NumPy forward pass for the data diagnostics (one "
                           "text per paragraph, see --split); repeatable; statistics are averaged over all texts, "
                           "with their spread")
+    src.add_argument("--ids", action="append", default=None, metavar="FILE",
+                     help="run a sequence of token ids (whitespace-separated integers in FILE) through the NumPy "
+                          "forward pass instead of a text, for a checkpoint without tokenizer files; repeatable")
     src.add_argument("--activations", default=None, metavar="DIR",
                      help="folder with activations.npy or layer_<i>.npy (the input of each layer's attention)")
     p.add_argument("--split", **_SPLIT)
@@ -419,7 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the spectral extremes)")
     p.add_argument("--map-text", type=int, default=0, metavar="K",
                    help="the text (from 0) whose attention maps, profile and head view are drawn (default 0)")
-    p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="truncate each text to this many tokens (default: the model's length; a longer text is "
+                        "truncated to it with a warning)")
     p.add_argument("--effects", action="store_true",
                    help=f"add causal effects on the first text (at most {EFFECT_TOKENS} tokens): every head's "
                         "mean-ablation effect on the loss, the singular-direction curves and invariance checks of "
@@ -449,10 +531,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it stops as on Ctrl-C: output folders
+    cleaned up, a training run's staging folder kept with its resume line."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+#: At most this many ContextWarnings are printed by a command (a corpus of long texts warns for each batch).
+CONTEXT_WARNINGS = 5
+
+
+def _warning_line(command):
+    """warnings.showwarning for the command line: one line on stderr, without the source line;
+    after CONTEXT_WARNINGS warnings about the model's context, one line saying the rest are not shown."""
+    seen = [0]
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ContextWarning):
+            seen[0] += 1
+            if seen[0] > CONTEXT_WARNINGS:
+                if seen[0] == CONTEXT_WARNINGS + 1:
+                    print(f"attngeom {command}: warning: further warnings about the model's context are not shown",
+                          file=sys.stderr)
+                return
+        print(f"attngeom {command}: warning: {message}", file=sys.stderr)
+    return show
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: SIGTERM keeps its handler
+        previous = None
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line(args.command)
+            return args.func(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line (a training run printed its resume line)
+        terminated = isinstance(exc, _Terminated)
+        if not getattr(exc, "reported", False):
+            print(f"attngeom {args.command}: {'terminated (SIGTERM)' if terminated else 'interrupted'}",
+                  file=sys.stderr)
+        return 143 if terminated else 130
     except (ValueError, OSError, ImportError) as exc:  # misuse, bad input or output, a missing extra: one line
         print(f"attngeom {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -460,6 +584,9 @@ def main(argv=None) -> int:
         print(f"attngeom {args.command}: out of memory: {exc or 'an allocation failed'}; choose smaller sizes "
               f"(--set)", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,7 @@ This module imports no other module of the package.
 """
 from __future__ import annotations
 
-__all__ = ["NonFiniteOperand", "ResultOverflow", "DamagedFile", "LayoutWarning"]
+__all__ = ["NonFiniteOperand", "ResultOverflow", "DamagedFile", "MissingCheckpoint", "LayoutWarning", "ContextWarning"]
 
 
 class NonFiniteOperand(ValueError):
@@ -27,7 +27,21 @@ class DamagedFile(ValueError):
     matches its digest; raised when it is read back. The runs catch it, warn and recompute."""
 
 
+class MissingCheckpoint(FileNotFoundError, ValueError):
+    """The checkpoint named does not exist: no such file or folder, no packaged model of that
+    name, and no Hugging Face snapshot of it in the local cache. A FileNotFoundError (an
+    OSError) and, as before, a ValueError, so either ``except`` catches it."""
+
+
 class LayoutWarning(UserWarning):
     """4-D activations that look like (batch, pos, head, d_head) were passed without a layout
     argument and are read as (batch, heads, n, d); pass ``layout="bnhd"`` for the former,
     ``layout="bhnd"`` to keep this reading without the warning."""
+
+
+class ContextWarning(UserWarning):
+    """A text or a sequence does not fit the model's context: it was truncated to the model's
+    length (the message names that length and how many tokens were analysed), or it runs
+    past the context a rotary model was trained on (config.json's max_position_embeddings),
+    where its attention maps are extrapolation. Inputs beyond a position table cannot be
+    represented at all and are an error instead."""

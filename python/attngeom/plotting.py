@@ -292,6 +292,41 @@ def head_spectra(spectra, title="", ax=None):
     return fig
 
 
+def index_ticks(ax, n, axis="x", *, max_labels=24):
+    """Integer ticks 0..n-1 on an axis of an image of n rows or columns (layers, heads).
+
+    Without them matplotlib picks fractional ticks (-0.5, 0.5, ...) for a few rows; with
+    more than `max_labels` entries every k-th index is labelled.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes holding the image.
+    n : int
+        Number of rows ("y") or columns ("x").
+    axis : {"x", "y"}, default "x"
+        Which axis.
+    max_labels : int, default 24
+        At most about this many labels.
+
+    Returns
+    -------
+    ndarray of int
+        The ticked indices.
+
+    Examples
+    --------
+    >>> fig, ax = ag.plotting.new_figure()
+    >>> _ = ax.imshow(np.zeros((2, 4)))
+    >>> ag.plotting.index_ticks(ax, 2, "y").tolist(), [t.get_text() for t in ax.get_yticklabels()]
+    ([0, 1], ['0', '1'])
+    """
+    step = max(1, -(-int(n) // int(max_labels)))
+    ticks = np.arange(0, int(n), step)
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, [str(int(t)) for t in ticks])
+    return ticks
+
+
 @fill_doc
 def head_map(values, metric, ax=None):
     """A (layer, head) heat map of one per-head quantity.
@@ -322,6 +357,10 @@ def head_map(values, metric, ax=None):
     ax.set_title(metric)
     fig.tight_layout()
     return fig
+
+
+#: The cumulative-energy axis of the spectra figures, with its definition.
+ENERGY_LABEL = r"$E_k$: share of $\sum_i \sigma_i^2$ in the k largest"
 
 
 @fill_doc
@@ -359,7 +398,7 @@ def spectrum_with_energy(s, ax=None, label=""):
     twin = ax.twinx()
     e = np.cumsum(s * s)
     twin.plot(idx, e / e[-1] if e[-1] > 0 else e, color="tab:red", lw=1)
-    twin.set_ylabel(r"cumulative energy $E_k$", color="tab:red")
+    twin.set_ylabel(ENERGY_LABEL, color="tab:red", fontsize=8)
     twin.set_ylim(0, 1.02)
     fig.tight_layout()
     return fig
@@ -418,7 +457,9 @@ def layer_head_grids(maps, axes=None):
 def head_spectrum_pair(bilinear, ov, title="", axes=None):
     """One head's singular values of B = W_Q W_K^T and of W_OV, each with its cumulative energy.
 
-    Laplace-Radon eq. 17 (B) and the notes' W_OV spectra, log scale, E_k on a second axis.
+    Laplace-Radon eq. 17 (B) and the notes' W_OV spectra, log scale, with the cumulative
+    energy E_k = sum_{i <= k} sigma_i^2 / sum_i sigma_i^2 (the share of the squared
+    singular values in the k largest) on a second axis, whose label gives that definition.
 
     Parameters
     ----------
@@ -439,6 +480,8 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
     >>> len([ax for ax in fig.axes if ax.get_title()])  # the B and W_OV panels
     2
     """
+    from matplotlib.ticker import MaxNLocator
+
     panels = [(r"$B = W_Q W_K^\top$", bilinear)] + ([(r"$W_{OV}$", ov)] if ov is not None else [])
     fig, axes = panel_row(axes, len(panels), 4.6)
     for ax, (name, s) in zip(axes, panels):
@@ -447,13 +490,14 @@ def head_spectrum_pair(bilinear, ov, title="", axes=None):
         shown, _ = log_floor(s)
         ax.semilogy(idx, shown, "o-", ms=2.5)
         ax.set_xlabel("i (i-th largest singular value)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(r"$\sigma_i$")
         ax.set_title(f"{title} {name}".strip(), fontsize=9)
         twin = ax.twinx()
         e = np.cumsum(s * s)
         twin.plot(idx, e / e[-1] if e[-1] > 0 else e, color="tab:red", lw=1)
         twin.set_ylim(0, 1.02)
-        twin.set_ylabel(r"$E_k$", color="tab:red")
+        twin.set_ylabel(ENERGY_LABEL, color="tab:red", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -849,13 +893,20 @@ def log_position_bins(n: int, bins: int = 48):
     return edges, centers
 
 
+#: Above this many heads :func:`attention_profiles` draws one line per layer (mean and range).
+PROFILE_HEAD_LINES = 24
+
+
 @fill_doc
-def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True, positions=None):
+def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True, positions=None, per_head=None):
     """Every head's attention entropy and sink mass against the query position, log position axis.
 
-    One thin line per head, coloured by layer (viridis), each the mean within geometric
-    position bins (:func:`log_position_bins`); for a causal model the left panel shows the
-    entropy of a uniform row over the visible keys, log(i + 1), dashed.
+    Coloured by layer (viridis), each curve the mean within geometric position bins
+    (:func:`log_position_bins`): one thin line per head for a few heads; for many (more than
+    :data:`PROFILE_HEAD_LINES`, e.g. MiniLM's 72) one line per layer, the mean over its
+    heads, with a band from its lowest to its highest head, so the layers stay readable. For
+    a causal model the left panel shows the entropy of a uniform row over the visible keys,
+    log(i + 1), dashed.
 
     Parameters
     ----------
@@ -872,6 +923,9 @@ def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True
     positions : array_like, shape (n,), optional
         The position of every column when the values are already binned (e.g. a corpus
         profile, ``ProfileStatistic``): drawn at positions + 1, not binned again.
+    per_head : bool, optional
+        One line per head (True) or per layer with the heads' range as a band (False);
+        default: per head up to :data:`PROFILE_HEAD_LINES` heads.
 
     %(figure_returns)s
 
@@ -881,6 +935,10 @@ def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True
     >>> fig = ag.plotting.attention_profiles(e, 1 / np.arange(1, 65)[None, None].repeat(2, 0))
     >>> len(fig.axes)
     3
+    >>> many = np.log(np.arange(1, 65))[None, None].repeat(6, 0).repeat(12, 1)  # 72 heads
+    >>> fig = ag.plotting.attention_profiles(many, np.exp(-many))
+    >>> len(fig.axes[1].lines)  # one line per layer
+    6
     """
     import matplotlib as mpl
 
@@ -904,10 +962,20 @@ def attention_profiles(entropy, sink_weight, title="", axes=None, *, causal=True
             return np.stack([a[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:])], axis=-1)
 
     colors = mpl.colormaps["viridis"](np.linspace(0, 0.9, max(L, 1)))
+    if per_head is None:
+        per_head = L * H <= PROFILE_HEAD_LINES
     for ax, values, label in ((axes[0], binned(entropy), "entropy (nats)"), (axes[1], binned(sink), "weight on key 0")):
         for layer in range(L):
-            for head in range(H):
-                ax.plot(x, values[layer, head], color=colors[layer], lw=0.7, alpha=0.75)
+            if per_head:
+                for head in range(H):
+                    ax.plot(x, values[layer, head], color=colors[layer], lw=0.7, alpha=0.75)
+            else:
+                ax.fill_between(x, values[layer].min(axis=0), values[layer].max(axis=0), color=colors[layer],
+                                alpha=0.15, lw=0)
+                ax.plot(x, values[layer].mean(axis=0), color=colors[layer], lw=1.2)
+        if not per_head:
+            ax.text(0.99, 0.01, f"line: mean of a layer's {H} heads; band: their range", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=6, color="0.35")
         ax.set_xscale("log")
         ax.set_xlabel("query position + 1")
         ax.set_ylabel(label)

@@ -117,6 +117,15 @@ class SVD(NamedTuple):
     S: np.ndarray
     Vh: np.ndarray
 
+    def __repr__(self) -> str:
+        """Three lines: the shapes and dtypes, and the leading singular values."""
+        from ._summary import array_summary, leading
+
+        s = np.asarray(self.S)
+        first = leading(s) if s.ndim == 1 else f"largest {float(s.max()):.4g}" if s.size else "none"
+        return (f"SVD(U {array_summary(self.U)}\n    S {array_summary(self.S)}; singular values {first}\n"
+                f"    Vh {array_summary(self.Vh)})")
+
 
 @finite_result
 def factored_svd(A, B) -> SVD:

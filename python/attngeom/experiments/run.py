@@ -114,10 +114,15 @@ def run_experiment(name, *, out="runs", seed=None, overrides=None, folder=None, 
         if resumable and os.path.isdir(os.path.join(staging, _STATE)):
             print(f"attngeom run {name}: interrupted; `attngeom run {name} --resume {staging}` continues it from "
                   "the last saved state", file=sys.stderr)
+            written["kept"] = True
             return True
         return False
 
-    write_folder(folder, "summary.json", write, staging=staging, keep=keep)
+    try:
+        write_folder(folder, "summary.json", write, staging=staging, keep=keep)
+    except KeyboardInterrupt as exc:  # Ctrl-C (or SIGTERM in the command line): the line above said it all
+        exc.reported = written.get("kept", False)
+        raise
     if not quiet:
         names = written["figures"]
         print(f"{name} ({written['elapsed']:.1f} s), seed {config.seed}")

@@ -245,9 +245,10 @@ class TrainingResult(ExperimentResult):
         lines += ["", "Paper columns: its Table 2 as printed (target 1.38); its s.5 text gives 2,362 iterations for the "
                   "whitened arm to reach 1.38 and 2,103 to reach the standard arm's 1.39. Ours: the first evaluation "
                   "at or below the target, of the mean curve over seeds.",
-                  "", "## Table 3: milliseconds per training iteration", "",
-                  "| variant | context | d_model | params | ms/iter | paper (context, d_model) | paper params | "
-                  "paper ms/iter |", "|---|---|---|---|---|---|---|---|"]
+                  "", "## Table 3: milliseconds per training iteration", ""]
+        lines += (["| variant | context | d_model | params | ms/iter | paper (context, d_model) | paper params | "
+                   "paper ms/iter |", "|---|---|---|---|---|---|---|---|"] if self.timing else
+                  ["Not measured in this run (timing=False)."])
         for row, key in zip(self.timing, _paper_points(self.timing)):
             p = PAPER_TABLE_3.get(key)
             paper = (f"({key[1]}, {key[2]}) | {p[0] / 1e6:.2f}m | {p[1]:.0f}" if p else "- | - | -")
@@ -358,9 +359,17 @@ class TrainingResult(ExperimentResult):
         return plotting.finish(fig, ax, "context, d_model", "ms per iteration", "Table 3", legend=True)
 
     def figures(self) -> dict:
-        """Every figure by file name (Fig. 3, Fig. 4, the projection comparison, Table 3)."""
-        return {"loss.png": self.plot_loss(), "whiteness.png": self.plot_geometry(),
-                "projection.png": self.plot_projection(), "timing.png": self.plot_timing()}
+        """The figures that have data, by file name: Fig. 3 (loss.png) always; Fig. 4
+        (whiteness.png) with a whitened arm; the projection comparison (projection.png) with a
+        projection arm; Table 3 (timing.png) when it was measured (``timing=True``)."""
+        figs = {"loss.png": self.plot_loss()}
+        if self.geometry:
+            figs["whiteness.png"] = self.plot_geometry()
+        if "projection" in self.arms:
+            figs["projection.png"] = self.plot_projection()
+        if self.timing:
+            figs["timing.png"] = self.plot_timing()
+        return figs
 
     def save_artifacts(self, folder) -> List[str]:
         """Write the checkpoints (``checkpoints/<arm>/seed<k>/``, see :func:`attngeom.torch.gpt.checkpoint_tensors`).

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..._operands import check_finite, choice
+from ...errors import ContextWarning
 from ..io.checkpoint import Checkpoint
 from ..io.jsonfile import read_json_object
 from ..io.layouts import detect_layout
@@ -123,7 +125,11 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
     text : str
         The input text.
     max_length : int, optional
-        Truncation length in tokens.
+        Truncation length in tokens. A text longer than the model's own limit (BERT's
+        max_seq_length or position table, GPT-2's position table) is truncated to it with a
+        :class:`attngeom.errors.ContextWarning` naming that length and the tokens analysed;
+        a text past a rotary model's trained context (config.json's
+        max_position_embeddings) is analysed whole, with a ContextWarning.
     encoder : BertEncoder, optional
         A loaded encoder to reuse (BERT only).
     n_heads : int, optional
@@ -157,18 +163,37 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         model = resolve_model(model if model is not None else checkpoint)
-        limit = max_length if max_length is not None else model.max_length
-        ids, tokens = model.tokenize(text, max_length=limit)
+        ids, tokens = model.tokenize(text)
         if not ids:
             raise ValueError("the text has no tokens")
-        out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attn_in",))
+        if max_length is not None and len(ids) > int(max_length):  # asked for: no warning
+            ids, tokens = ids[:int(max_length)], tokens[:int(max_length)]
+        elif model.max_length is not None and len(ids) > model.max_length:
+            warnings.warn(f"the text has {len(ids)} tokens and the {model.arch.model_type} model's position table "
+                          f"{model.max_length} positions: analysed its first {model.max_length} tokens",
+                          ContextWarning, stacklevel=2)
+            ids, tokens = ids[:model.max_length], tokens[:model.max_length]
+        model.context_warning(len(ids), "the text has", stacklevel=2)
+        with warnings.catch_warnings():  # said once, above, about the text
+            warnings.simplefilter("ignore", ContextWarning)
+            out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attn_in",))
         return out.attn_in[:, None], tokens
     enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
     if max_length is not None and int(max_length) < 2:
         raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]), got {max_length}")
-    default = _sentence_max_length(ck.folder) or enc.max_length
+    sentence = _sentence_max_length(ck.folder)
+    default = sentence or enc.max_length
     limit = min(default if max_length is None else int(max_length), enc.max_length)
-    ids, tokens = tokenize(ck.folder, text, max_length=limit)
+    ids, tokens = tokenize(ck.folder, text)
+    if len(ids) > limit:
+        if max_length is None or int(max_length) > enc.max_length:  # not the length asked for: say so
+            why = (f"the model's max_seq_length, {sentence} (sentence_bert_config.json, where sentence-transformers "
+                   f"truncates; its position table holds {enc.max_length}: max_length up to {enc.max_length} "
+                   f"analyses more)" if limit == sentence and sentence < enc.max_length else
+                   f"the {enc.max_length} positions of the model's position table")
+            warnings.warn(f"the text has {len(ids)} tokens: analysed its first {limit} ([CLS] ... [SEP]), "
+                          f"truncated to {why}", ContextWarning, stacklevel=2)
+        ids, tokens = tokenize(ck.folder, text, max_length=limit)
     out = enc.forward(np.asarray(ids, dtype=np.int64))
     return out.hidden_states[:-1, None], tokens
 

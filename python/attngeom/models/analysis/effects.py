@@ -94,19 +94,29 @@ class HeadEffects(_Saved):
                 "effects": _floats(self.effects), "heads": self.table()}
 
     def plot(self, ax=None):
-        """A layer x head map of the effects (diverging colours, zero white).
+        """A layer x head map of the effects (diverging colours, zero white), one integer tick
+        per layer and head (every k-th for many), the axes and colour bar labelled.
 
         Returns the matplotlib figure.
         """
         from ...plotting import axes_or_new
 
-        fig, ax = axes_or_new(ax, figsize=(1.2 + 0.45 * self.effects.shape[1], 1.0 + 0.4 * self.effects.shape[0]))
-        top = float(np.abs(self.effects).max()) or 1.0
+        from ...plotting import index_ticks
+
+        L, H = self.effects.shape
+        own = ax is None
+        # wide and tall enough for the two-line title, the labels and the colour bar at any size
+        fig, ax = axes_or_new(ax, figsize=(max(4.2, 1.6 + 0.45 * H), max(2.8, 1.6 + 0.4 * L)))
+        top = float(np.nanmax(np.abs(self.effects), initial=0.0)) or 1.0
         im = ax.imshow(self.effects, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+        index_ticks(ax, H, "x")
+        index_ticks(ax, L, "y")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(f"{self.mode}-ablation effect on {self.metric} (baseline {self.baseline:.4g})", fontsize=9)
-        fig.colorbar(im, ax=ax)
+        ax.set_title(f"{self.mode}-ablation effect on {self.metric}\n(baseline {self.baseline:.4g})", fontsize=9)
+        fig.colorbar(im, ax=ax, label=f"change in {self.metric}")
+        if own:
+            fig.tight_layout()
         return fig
 
 
@@ -250,6 +260,21 @@ class DirectionEffects(_Saved):
     kept: np.ndarray
     baseline: float
     metric: str
+
+    def __repr__(self) -> str:
+        """A few lines: the head and circuit, the singular values, the largest single-direction
+        effects and the metric with none and all directions kept."""
+        from ..._summary import leading
+
+        r = self.singular_values.size
+        order = [i for i in np.argsort(-np.nan_to_num(np.abs(self.removed), nan=-1.0), kind="stable")[:3]]
+        top = ", ".join(f"{i} {float(self.removed[i]):+.3g}" for i in order) or "none"
+        return (f"DirectionEffects({self.circuit} circuit of L{self.layer}H{self.head}, {r} directions, "
+                f"{self.metric} baseline {self.baseline:.4g}\n"
+                f"  singular values {leading(self.singular_values)}\n"
+                f"  largest effects of removing one direction (index, change): {top}\n"
+                f"  {self.metric} with none kept {float(self.kept[0]):.4g}, with all {r} kept "
+                f"{float(self.kept[-1]):.4g})")
 
     def table(self) -> list:
         """One dict per direction: index, singular_value, removed (its effect), kept (the metric
@@ -443,17 +468,23 @@ class PatchingResult(_Saved):
     def plot(self, ax=None, tokens=None):
         """A layer x position map of the restored fraction (the mean over heads for per-head
         grids). Returns the matplotlib figure."""
-        from ...plotting import axes_or_new
+        from ...plotting import axes_or_new, index_ticks
 
         grid = self.restored if self.restored.ndim == 2 else self.restored.mean(axis=-1)  # NaN rows stay NaN
-        fig, ax = axes_or_new(ax, figsize=(1.5 + 0.3 * grid.shape[1], 1.2 + 0.35 * grid.shape[0]))
+        own = ax is None
+        fig, ax = axes_or_new(ax, figsize=(max(4.2, 1.8 + 0.3 * grid.shape[1]), max(2.6, 1.4 + 0.35 * grid.shape[0])))
         im = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
+        index_ticks(ax, grid.shape[0], "y")
         if tokens is not None:
             ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
-        ax.set_title(f"patching {self.site}: restored fraction of {self.metric}", fontsize=9)
-        fig.colorbar(im, ax=ax)
+        else:
+            index_ticks(ax, grid.shape[1], "x")
+        ax.set_title(f"patching {self.site}:\nrestored fraction of {self.metric}", fontsize=9)
+        fig.colorbar(im, ax=ax, label="restored fraction")
+        if own:
+            fig.tight_layout()
         return fig
 
 

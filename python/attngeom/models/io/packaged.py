@@ -12,6 +12,7 @@ import importlib.util
 import os
 from typing import Optional
 
+from ...errors import MissingCheckpoint
 from .files import hub_not_found_message, hub_snapshot, looks_like_model_name
 
 # name -> (importable module, folder inside it, pip requirement)
@@ -66,7 +67,8 @@ def resolve_checkpoint(spec) -> str:
     in the local Hugging Face cache (:func:`attngeom.models.hub_snapshot`; nothing is
     downloaded). Raises ValueError naming the pip requirement when a packaged model's package
     is missing, saying where it looked and how to download a hub model that is not cached,
-    or when nothing matches.
+    or when nothing matches (:class:`attngeom.errors.MissingCheckpoint`, a FileNotFoundError
+    and a ValueError).
 
     Parameters
     ----------
@@ -102,13 +104,13 @@ def resolve_checkpoint(spec) -> str:
     if looks_like_model_name(path):
         found = hub_snapshot(path)
         if found is None:
-            raise ValueError(hub_not_found_message(path))
+            raise MissingCheckpoint(hub_not_found_message(path))
         return found
     bare = "/" not in path and os.sep not in path and not path.endswith(".safetensors")  # "gpt2": a hub name too
     found = hub_snapshot(path) if bare else None
     if found is not None:
         return found
-    raise ValueError(f"path must be a checkpoint: a safetensors file, a folder holding one, or one of the packaged "
+    raise MissingCheckpoint(f"path must be a checkpoint: a safetensors file, a folder holding one, or one of the packaged "
                      f"models {tuple(PACKAGED_MODELS)}; got {path!r}, which does not exist"
                      + (f"; as a Hugging Face name: {hub_not_found_message(path)}" if bare else ""))
 

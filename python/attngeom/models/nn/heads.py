@@ -99,13 +99,31 @@ class ModelHeads:
     def d_head(self) -> int:
         return self.W_Q.shape[3]
 
+    def __repr__(self) -> str:
+        """A few lines: the model, then each weight's shape, dtype, mean and range."""
+        from ..._summary import array_summary
+
+        kinds = [k for k, on in (("rotary", self.rotary is not None), ("q/k norm", self.q_norm is not None),
+                                 ("causal", self.causal)) if on]
+        lines = [f"ModelHeads({self.config.get('model_type') or self.layout} ({self.layout} layout) from "
+                 f"{self.path!r}: {self.n_layers} layers x {self.n_heads} heads (kv heads {self.n_kv_heads}), "
+                 f"d_model {self.d_model}, d_head {self.d_head}" + (f"; {', '.join(kinds)}" if kinds else "")]
+        lines += [f"  {name}: {array_summary(getattr(self, name))}" for name in ("W_Q", "W_K", "W_V", "W_O")]
+        biases = [name for name in ("b_Q", "b_K", "b_V", "b_O") if getattr(self, name) is not None]
+        lines += [f"  {name}: {array_summary(getattr(self, name))}" for name in biases]
+        if not biases:
+            lines.append("  no biases")
+        return "\n".join(lines) + ")"
+
     def kv_head(self, h: int) -> int:
         """The key/value head that query head h reads (h itself without grouped-query attention)."""
         return h // (self.n_heads // self.n_kv_heads)
 
     def summary(self) -> dict:
-        """The model's dimensions and layout as named scalars."""
-        out = {"layout": self.layout, "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
+        """The model's type (config.json's model_type, else the layout), dimensions and layout as
+        named scalars."""
+        out = {"model_type": self.config.get("model_type") or self.layout, "layout": self.layout,
+               "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
                "n_kv_heads": self.n_kv_heads, "d_model": self.d_model, "d_head": self.d_head,
                "biases": self.b_Q is not None, "path": self.path,
                "name": model_name(self.path) if self.path else "model", "rotary": self.rotary is not None,

@@ -43,7 +43,61 @@ ABLATIONS = ("zero", "mean", "resample")
 
 @dataclass(frozen=True)
 class Ablate:
-    """Replace a site's values by zeros, the reference's mean, or resampled reference values."""
+    """Replace a site's values by zeros, the reference's mean, or resampled reference values.
+
+    An intervention for ``Model.forward(ids, interventions=[...])``: as the pass reaches the
+    site, the selected values are replaced and everything downstream sees the replacement.
+
+    Parameters
+    ----------
+    site : str
+        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
+        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
+        carries the layer (``"blocks.3.attn.hook_z"``).
+    layer : int, optional
+        The layer (0..n_layers - 1); None for a full hook name and for the global sites
+        ``embed``, ``pos_embed`` and ``ln_final``.
+    heads : int or sequence of int, optional
+        Heads to change, for per-head sites (q, k, v, z, pattern and their variants);
+        default all.
+    positions : int or sequence of int, optional
+        Token positions to change (query positions for ``pattern``); default all.
+    mode : {"zero", "mean", "resample"}, default "zero"
+        "zero": zeros. "mean": the mean of the reference pass's values at the site over its
+        real tokens (per head; for ``pattern`` the mean weights over its sequences, of the
+        same length). "resample": per sequence, the values of a sequence of the reference
+        batch drawn at random (seeded), at the same positions.
+    reference : Forward, optional
+        A pass that kept the site at that layer (``keep=(site,)``); needed by "mean" and
+        "resample".
+    seed : int, default 0
+        Seed of the draws of "resample".
+
+    Raises
+    ------
+    ValueError or TypeError
+        When the pass checks it (before anything runs), naming the intervention and the
+        field: an unknown site, a layer, head or position out of range, heads on a residual
+        site, an unknown mode, a missing or mismatched reference.
+
+    See Also
+    --------
+    Project, Patch, Hook : the other interventions.
+    attngeom.models.head_ablation_effects : every head ablated in turn.
+
+    Examples
+    --------
+    >>> from attngeom.models import Ablate, planted_induction_model
+    >>> model = ag.load_model(planted_induction_model("planted"))
+    >>> ids = np.tile(np.arange(1, 9), 2)
+    >>> clean = model.forward(ids, keep=("z", "logits"))
+    >>> f = model.forward(ids, keep=("z",), interventions=[Ablate("z", 1, heads=[0])])
+    >>> float(np.abs(f.z[1, 0]).max())  # head 0 of layer 1 outputs nothing (z: layer, head, token, d_head)
+    0.0
+    >>> mean = Ablate("blocks.1.attn.hook_z", heads=[0], mode="mean", reference=clean)
+    >>> model.forward(ids, interventions=[mean]).logits.shape
+    (16, 48)
+    """
 
     site: Any
     layer: Optional[int] = None
@@ -56,7 +110,50 @@ class Ablate:
 
 @dataclass(frozen=True)
 class Project:
-    """Remove (``remove=True``) or keep only the component of a site's vectors in a subspace."""
+    """Remove (``remove=True``) or keep only the component of a site's vectors in a subspace.
+
+    Every vector at the site (a residual-stream vector, or one head's q, k, v or z) is
+    replaced by its projection onto the orthogonal complement of `subspace` (remove) or onto
+    `subspace` itself (keep).
+
+    Parameters
+    ----------
+    site : str
+        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
+        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
+        carries the layer (``"blocks.3.attn.hook_z"``).
+    layer : int, optional
+        The layer (0..n_layers - 1); None for a full hook name and for the global sites
+        ``embed``, ``pos_embed`` and ``ln_final``.
+    subspace : attngeom.Subspace
+        The subspace, of the site's vector dimension (d_model for residual sites, d_head for
+        per-head q, k, v, z).
+    heads : int or sequence of int, optional
+        Heads to change, for per-head sites (q, k, v, z, pattern and their variants);
+        default all.
+    remove : bool, default True
+        True: remove the component in the subspace; False: keep only that component.
+
+    Raises
+    ------
+    ValueError or TypeError
+        When the pass checks it: a subspace of another dimension or not a Subspace, the
+        ``pattern`` site (a matrix, not vectors), and the checks of :class:`Ablate`.
+
+    See Also
+    --------
+    attngeom.Subspace : spans, null spaces and singular directions to project on.
+
+    Examples
+    --------
+    >>> from attngeom.models import Project, planted_induction_model
+    >>> model = ag.load_model(planted_induction_model("planted"))
+    >>> ids = np.tile(np.arange(1, 9), 2)
+    >>> first = ag.Subspace.span(np.eye(model.heads.d_head)[:1])  # the first axis of the head
+    >>> f = model.forward(ids, keep=("q",), interventions=[Project("q", 1, first, heads=[0])])
+    >>> float(np.abs(f.q[1, 0, :, 0]).max())  # that component of head 0's queries is gone
+    0.0
+    """
 
     site: Any
     layer: Optional[int] = None
@@ -67,7 +164,49 @@ class Project:
 
 @dataclass(frozen=True)
 class Patch:
-    """Replace a site's values by those of another pass (a Forward that kept the site)."""
+    """Replace a site's values by those of another pass (a Forward that kept the site).
+
+    Activation patching: the source pass (say, on a clean prompt) supplies the values at the
+    selected heads and positions of this pass (say, on a corrupted one).
+
+    Parameters
+    ----------
+    site : str
+        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
+        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
+        carries the layer (``"blocks.3.attn.hook_z"``).
+    layer : int, optional
+        The layer (0..n_layers - 1); None for a full hook name and for the global sites
+        ``embed``, ``pos_embed`` and ``ln_final``.
+    source : Forward
+        A pass of the same batch and length that kept the site at that layer
+        (``keep=(site,)``).
+    heads : int or sequence of int, optional
+        Heads to change, for per-head sites (q, k, v, z, pattern and their variants);
+        default all.
+    positions : int or sequence of int, optional
+        Token positions to change (query positions for ``pattern``); default all.
+
+    Raises
+    ------
+    ValueError or TypeError
+        When the pass checks it: a source that is not a Forward, lacks the site or has
+        another batch or length, and the checks of :class:`Ablate`.
+
+    See Also
+    --------
+    attngeom.models.activation_patching : every layer and position patched in turn.
+
+    Examples
+    --------
+    >>> from attngeom.models import Patch, planted_induction_model
+    >>> model = ag.load_model(planted_induction_model("planted"))
+    >>> clean, corrupt = np.tile(np.arange(1, 9), 2), np.tile(np.arange(11, 19), 2)
+    >>> source = model.forward(clean, keep=("resid_pre", "logits"))
+    >>> f = model.forward(corrupt, interventions=[Patch("resid_pre", 0, source)])
+    >>> bool(np.allclose(f.logits, source.logits))  # the whole stream patched: the clean pass
+    True
+    """
 
     site: Any
     layer: Optional[int] = None
@@ -78,7 +217,41 @@ class Patch:
 
 @dataclass(frozen=True)
 class Hook:
-    """Replace a site's values by ``fn(values)`` (same shape, finite)."""
+    """Replace a site's values by ``fn(values)`` (same shape, finite).
+
+    The general intervention: `fn` reads the site's values and returns the values the pass
+    continues with.
+
+    Parameters
+    ----------
+    site : str
+        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
+        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
+        carries the layer (``"blocks.3.attn.hook_z"``).
+    layer : int, optional
+        The layer (0..n_layers - 1); None for a full hook name and for the global sites
+        ``embed``, ``pos_embed`` and ``ln_final``.
+    fn : callable
+        ``fn(values) -> values``: an ndarray of the site's shape in, one of the same shape
+        and finite entries out. For one sequence (1-D token ids) it sees the values without
+        the batch axis, as the Forward holds them; for a batch, with it first.
+
+    Raises
+    ------
+    ValueError or TypeError
+        When the pass checks it: `fn` not callable, and the checks of :class:`Ablate`;
+        while the pass runs, a result of another shape or with NaN or inf.
+
+    Examples
+    --------
+    >>> from attngeom.models import Hook, planted_induction_model
+    >>> model = ag.load_model(planted_induction_model("planted"))
+    >>> ids = np.tile(np.arange(1, 9), 2)
+    >>> f = model.forward(ids, keep=("v",), interventions=[Hook("v", 0, lambda v: 2 * v)])
+    >>> plain = model.forward(ids, keep=("v",))
+    >>> bool(np.allclose(f.v[0], 2 * plain.v[0]))
+    True
+    """
 
     site: Any
     layer: Optional[int] = None

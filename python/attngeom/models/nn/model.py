@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..._operands import check_token_ids, generator
-from ...errors import NonFiniteOperand
+from ...errors import ContextWarning, NonFiniteOperand
 from ..io.architecture import Architecture, architecture_from_config
 from ..io.checkpoint import Checkpoint
 from ..io.layouts import detect_layout
@@ -91,6 +92,32 @@ class Model:
         """The longest sequence an absolute position table allows (None for rotary models)."""
         return self.arch.max_positions
 
+    @property
+    def context_length(self) -> Optional[int]:
+        """The longest sequence the model knows: its position table's size, else (rotary
+        models) the context it was trained on, config.json's max_position_embeddings (which
+        attngeom-gpt checkpoints store too); None when the config records neither.
+
+        Longer inputs are refused with a position table and run with a
+        :class:`attngeom.errors.ContextWarning` otherwise (their attention past the trained
+        context is extrapolation).
+        """
+        if self.arch.max_positions is not None:
+            return self.arch.max_positions
+        value = self.arch.config.get("max_position_embeddings")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def context_warning(self, n: int, what: str = "token_ids has", *, stacklevel: int = 2) -> None:
+        """Warn (:class:`attngeom.errors.ContextWarning`) when a rotary model is given a
+        sequence of `n` tokens, more than the context it was trained on; nothing otherwise.
+        `what` begins the message ("token_ids has", "the text has")."""
+        trained = self.context_length
+        if self.arch.max_positions is None and trained is not None and n > trained:
+            warnings.warn(f"{what} {n} tokens, past the {trained}-token context this {self.arch.model_type} model "
+                          f"was trained on (config.json max_position_embeddings): all {n} tokens are analysed, "
+                          f"and attention past position {trained} is extrapolation (truncate to {trained} tokens "
+                          f"to stay inside it)", ContextWarning, stacklevel=stacklevel + 1)
+
     def tokenize(self, text: str, *, max_length: Optional[int] = None) -> Tuple[List[int], List[str]]:
         """Token ids and token strings of ``text`` with the checkpoint's tokenizer files.
 
@@ -126,7 +153,9 @@ class Model:
             ids = [vocab.index(ch) for ch in text[:max_length]]
             return ids, [vocab[i] for i in ids]
         if not os.path.isfile(os.path.join(self.folder, "tokenizer.json")):
-            raise ValueError(f"folder {self.folder!r} has no tokenizer.json; pass token ids to forward() instead")
+            raise ValueError(f"folder {self.folder!r} has no tokenizer.json; pass token ids to forward() instead "
+                             f"(on the command line: attngeom heads --ids FILE, a file of whitespace-separated "
+                             f"token ids)")
         ids, tokens = tokenize(self.folder, text, backend="tokenizers")
         if max_length is not None:
             ids, tokens = ids[:max_length], tokens[:max_length]
@@ -187,6 +216,13 @@ class Model:
             memory available (refused before anything is allocated, naming the field, its size
             and ``keep=``).
 
+        Warns
+        -----
+        ContextWarning
+            For a rotary model given more tokens than the context it was trained on
+            (:attr:`context_length`, config.json's max_position_embeddings): the pass runs
+            and the message names that length.
+
         Examples
         --------
         >>> f = model.forward(np.array([[0, 5, 7], [3, 4, 9]]), attention_mask=[[0, 1, 1], [1, 1, 1]])  # doctest: +SKIP
@@ -217,6 +253,7 @@ class Model:
             raise ValueError(f"token_ids has {int(positions.max()) + 1} tokens in a sequence, more than the "
                              f"{limit} positions of the model's position table (config.json "
                              f"{'n_positions' if 'n_positions' in self.arch.config else 'max_position_embeddings'})")
+        self.context_warning(int(positions.max()) + 1)
         plan = plan_forward(self.arch, mask, dt, keep=keep_names(keep), layers=layers, logits_at=logits_at,
                             interventions=interventions, single=single)
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
