@@ -2,9 +2,9 @@
 exactly when the package ships the marker (PEP 561). Today most public functions have no
 annotations (the call of ag.tilt_radius below is an untyped call), so there is no marker."""
 import os
+import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
@@ -30,15 +30,23 @@ def compare(q: npt.NDArray[np.float64], k: npt.NDArray[np.float64], v: npt.NDArr
 def test_the_marker_is_shipped_exactly_when_a_typed_caller_passes(tmp_path):
     pytest.importorskip("mypy")
     package = os.path.dirname(os.path.abspath(ag.__file__))
+    # mypy judges the annotations of a copy of the package that carries the marker, wherever
+    # the package is installed (an editable install, a wheel); then the verdict must match
+    # whether the real package ships the marker.
+    copy = tmp_path / "src" / "attngeom"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
+    (copy / "py.typed").write_text("")
     (tmp_path / "usage.py").write_text(USAGE)
-    env = dict(os.environ)
-    site = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
-    if os.path.realpath(os.path.dirname(package)) not in site:  # an editable install: the sources
-        env["MYPYPATH"] = os.path.dirname(package)
-    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-                             "--no-incremental", "usage.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert "usage.py" in result.stdout + result.stderr or result.returncode == 0, result.stdout + result.stderr
+    env = dict(os.environ, MYPYPATH=str(tmp_path / "src"))
+    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental",
+                             "--cache-dir", str(tmp_path / "cache"), "usage.py"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True)
+    report = result.stdout + result.stderr
+    assert "import-not-found" not in report and "import-untyped" not in report, report  # mypy read the package
+    assert result.returncode in (0, 1), report
     typed = result.returncode == 0
     marker = os.path.exists(os.path.join(package, "py.typed"))
     assert marker == typed, ("ship py.typed: the typed caller passes mypy --strict" if typed else
-                             f"remove py.typed: mypy --strict fails on a typed caller:\n{result.stdout}")
+                             f"remove py.typed: mypy --strict fails on a typed caller:\n{report}")
+    if not typed:  # the reason today: calls of unannotated public functions
+        assert "no-untyped-call" in report, report
