@@ -303,8 +303,8 @@ def _heads(args) -> int:
             report.criterion = "--detail-heads"
         if decoder is not None:
             k = args.map_text
-            report.view = head_view(decoder, id_lists[k] if id_lists else texts[k], max_length=args.max_tokens)
-            ids_k = id_lists[k] if id_lists else decoder.tokenize(texts[k], max_length=args.max_tokens)[0]
+            report.view = head_view(decoder, id_lists[k] if id_lists else texts[k], max_length=len(tokens[k]))
+            ids_k = id_lists[k] if id_lists else decoder.tokenize(texts[k], max_length=len(tokens[k]))[0]
             report.attribution = report_attribution(decoder, ids_k, tokens[k])
         t1 = time.perf_counter()
         paths = report.save(staging)
