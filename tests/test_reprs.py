@@ -9,15 +9,15 @@ from attngeom.models import direction_effects, planted_induction_model
 
 
 @pytest.fixture(scope="module")
-def planted():
-    return ag.load_model(planted_induction_model("planted"))
+def planted(tmp_path_factory):
+    return ag.load_model(planted_induction_model(tmp_path_factory.mktemp("planted")))
 
 
 def test_model_heads_repr(planted):
-    heads = ag.load_heads(planted_induction_model("planted"))
+    heads = ag.load_heads(planted.folder)
     text = repr(heads)
     assert len(text.splitlines()) <= 10 and len(text) < 1200
-    assert text.startswith("ModelHeads(gpt2 (gpt2 layout) from 'planted': 2 layers x 4 heads (kv heads 4), "
+    assert text.startswith(f"ModelHeads(gpt2 (gpt2 layout) from {heads.path!r}: 2 layers x 4 heads (kv heads 4), "
                            "d_model 256, d_head 64")
     w = heads.W_Q
     assert (f"W_Q: (2, 4, 256, 64) float64, mean {w.mean():.4g}, range [{w.min():.4g}, {w.max():.4g}]" in text)
