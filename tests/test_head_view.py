@@ -186,3 +186,21 @@ def test_cli_detail_heads_and_map_text(tmp_path, capsys):
     s = json.load(open(tmp_path / "r2" / "heads.json"))["summary"]
     assert s["criterion"] == "the best induction, previous-token and duplicate-token heads"
     assert any(line.startswith("Induction head: L1H") or line.startswith("Induction head: L0H") for line in s["leads"])
+
+
+def test_cli_report_of_an_encoder_holds_its_view(tmp_path):
+    """A BERT encoder's report.html embeds the head view of its (bidirectional) pass too."""
+    pytest.importorskip("matplotlib")
+    from attngeom.cli import main
+
+    folder = random_checkpoint("bert", tmp_path / "bert")
+    ids = [2, 11, 5, 7, 11, 5, 3]
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
+    assert main(["heads", folder, "--ids", str(tmp_path / "ids.txt"), "--out", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "report.html").read_text()
+    data = json.loads(page.split("id='head-view-data'>")[1].split("</script>")[0])
+    assert data["causal"] is False and data["n"] == len(ids)
+    import base64
+
+    shown = np.frombuffer(base64.b64decode(data["weights"]), "<f4").reshape(2, 4, 7, 7)
+    np.testing.assert_allclose(shown, _pattern(load_model(folder), ids), atol=1e-6)

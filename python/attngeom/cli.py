@@ -301,9 +301,16 @@ def _heads(args) -> int:
                              scores=_report_scores(decoder), map_text=args.map_text)
         if chosen is not None:
             report.criterion = "--detail-heads"
+        k = args.map_text
+        viewer = decoder
+        if viewer is None and heads.layout == "bert" and (texts or id_lists):  # the encoder's view: its Model
+            try:
+                viewer = load_model(args.checkpoint)
+            except (ValueError, OSError):  # a checkpoint only BertEncoder reads (no model_type): no view
+                viewer = None
+        if viewer is not None:
+            report.view = head_view(viewer, id_lists[k] if id_lists else texts[k], max_length=len(tokens[k]))
         if decoder is not None:
-            k = args.map_text
-            report.view = head_view(decoder, id_lists[k] if id_lists else texts[k], max_length=len(tokens[k]))
             ids_k = id_lists[k] if id_lists else decoder.tokenize(texts[k], max_length=len(tokens[k]))[0]
             report.attribution = report_attribution(decoder, ids_k, tokens[k])
         t1 = time.perf_counter()
