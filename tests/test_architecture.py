@@ -1,6 +1,7 @@
 """The package's import structure (docs/architecture.md, "Layers"): no module imports another module's private
 names. Private infrastructure modules exist to be imported: the operand layer, the docstring
-fragments, the compiled core, its configuration, durable (atomic, checksummed) files, and the
+fragments, the compiled core, its configuration, durable (atomic, checksummed) files, the
+short array summaries of result reprs, and the
 experiment drivers' shared result, progress and resume helpers.
 Benchmarks use the public API (and the core for their GEMM ceiling), never private helpers."""
 from __future__ import annotations
@@ -37,6 +38,7 @@ INFRASTRUCTURE = {
     "attngeom._config",
     "attngeom._durable",
     "attngeom._deprecation",
+    "attngeom._summary",
     "attngeom.experiments._result",
     "attngeom.experiments._progress",
     "attngeom.experiments._resume",
