@@ -199,6 +199,9 @@ def test_cli_heads_names_the_model_type(tmp_path, capsys):
     assert cli.main(["heads", folder, "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("attngeom-gpt model, 1 layers x 2 heads") and "llama model" not in out
+    for written in ("summary.md", "report.html"):  # the report says so too
+        text = (tmp_path / "r" / written).read_text()
+        assert "attngeom-gpt model, 1 layers x 2 heads" in text and "llama model" not in text
 
 
 def test_cli_heads_missing_checkpoint(tmp_path, capsys):

@@ -427,7 +427,7 @@ class HeadReport:
         """summary.md: the model, the per-layer table (:meth:`layer_means`), the chosen heads."""
         s = self.summary()
         lines = [f"# Heads report: {self.model.get('name') or 'model'}", "",
-                 f"{s['layout']} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
+                 f"{s.get('model_type') or s['layout']} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
                  f"d_model {s['d_model']}, d_head {s['d_head']}.", "", f"Source: {self.source}."]
         if self.tokens is not None:
             lines.append(f"{self.n_texts} text(s), {s['n_tokens']} tokens ({', '.join(map(str, s['text_lengths']))})"
@@ -551,7 +551,7 @@ def _html_page(report: HeadReport, pngs: Dict[str, bytes]) -> str:
     title = f"attngeom heads: {escape(str(report.model.get('name') or 'model'))}"
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style></head><body>",
            f"<h1>{title}</h1>",
-           f"<p>{escape(s['layout'])} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
+           f"<p>{escape(s.get('model_type') or s['layout'])} model, {s['n_layers']} layers x {s['n_heads']} heads (kv heads {s['n_kv_heads']}), "
            f"d_model {s['d_model']}, d_head {s['d_head']}. Source: {escape(report.source)}.</p>"]
     leads = report.leads()
     if leads:
