@@ -89,9 +89,14 @@ def copy_tests(project: str, dest: str) -> str:
     return dest
 
 
+# Tests that need a compiler themselves: torch.compile's inductor backend compiles C++ for the
+# CPU with the system's compiler, which this environment removes by design (make test runs it).
+NEEDS_COMPILER = ["tests/test_torch_bridge.py::test_torch_compile_one_call"]
+
+
 def pytest_args(tests: str) -> list:
     if tests == "all":
-        return ["tests"]
+        return ["tests"] + [f"--deselect={test}" for test in NEEDS_COMPILER]
     return [f"tests/test_{name}.py" for name in CI_TESTS]
 
 
