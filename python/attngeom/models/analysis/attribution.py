@@ -19,28 +19,22 @@ and a wrong answer at the last position).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 
-from ..._durable import write_atomic
 from ..._operands import check_token_ids, count
 from ...spectral import factored_svd
 from ..nn.interventions import Patch
 from .prompt import prompt_pair, resolve_model
+from .saved import SavedResult, json_floats
 
 RECEIVER_INPUTS = ("q", "k", "v")
 
 
-def _floats(a) -> list:
-    """An array as nested lists with NaN as None (JSON has no NaN)."""
-    return np.where(np.isfinite(a), a, None).tolist() if np.size(a) else []
-
-
 @dataclass(repr=False)
-class LogitAttribution:
+class LogitAttribution(SavedResult):
     """Direct logit attribution of one position's logit (difference) to what wrote the stream.
 
     Attributes
@@ -140,15 +134,11 @@ class LogitAttribution:
         """Every field as JSON types (NaN as null)."""
         return {"answer": self.answer, "wrong": self.wrong, "position": self.position, "total": self.total,
                 "explained": self.explained, "embed": self.embed, "pos_embed": self.pos_embed,
-                "heads": _floats(self.heads), "attn_bias": _floats(self.attn_bias), "mlp": _floats(self.mlp),
-                "final_bias": self.final_bias, "directions": _floats(self.directions),
-                "singular_values": _floats(self.singular_values), "outside": _floats(self.outside),
-                "by_position": None if self.by_position is None else _floats(self.by_position),
+                "heads": json_floats(self.heads), "attn_bias": json_floats(self.attn_bias), "mlp": json_floats(self.mlp),
+                "final_bias": self.final_bias, "directions": json_floats(self.directions),
+                "singular_values": json_floats(self.singular_values), "outside": json_floats(self.outside),
+                "by_position": None if self.by_position is None else json_floats(self.by_position),
                 "tokens": self.tokens}
-
-    def to_json(self, path) -> str:
-        """Write :meth:`to_dict` to `path` as JSON, atomically; returns the path."""
-        return write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     def __repr__(self) -> str:
         what = f"logit[{self.answer}]" + ("" if self.wrong is None else f" - logit[{self.wrong}]")
@@ -327,7 +317,7 @@ def logit_attribution(model, token_ids, answer, wrong=None, *, position: int = -
 
 
 @dataclass(repr=False)
-class PathPatching:
+class PathPatching(SavedResult):
     """The effect of one head through chosen inputs of later heads (:func:`path_patching`).
 
     Attributes
@@ -376,12 +366,8 @@ class PathPatching:
     def to_dict(self) -> dict:
         """Every field as JSON types."""
         return {"sender": list(self.sender), "receivers": [list(r) for r in self.receivers], "clean": self.clean,
-                "corrupt": self.corrupt, "patched": _floats(self.patched), "joint": self.joint,
+                "corrupt": self.corrupt, "patched": json_floats(self.patched), "joint": self.joint,
                 "answers": list(self.answers)}
-
-    def to_json(self, path) -> str:
-        """Write :meth:`to_dict` to `path` as JSON, atomically; returns the path."""
-        return write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     def __repr__(self) -> str:
         parts = ", ".join(f"L{layer}H{head}.{kind} {e:+.3g}" for (layer, head, kind), e

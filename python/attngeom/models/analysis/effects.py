@@ -12,9 +12,8 @@ path or name (:func:`attngeom.models.analysis.prompt.resolve_model`).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -23,27 +22,13 @@ from ...spectral import factored_svd, null_space
 from ..nn.forward import check_layers
 from ..nn.interventions import HEAD_SITES, Ablate, Hook, Patch, Project
 from .prompt import prompt_pair, resolve_model
+from .saved import SavedResult, json_floats
 
 METRICS = ("loss", "logit_diff")
 
 
-class _Saved:
-    """A result that writes its :meth:`to_dict` as JSON."""
-
-    def to_json(self, path) -> str:
-        """Write :meth:`to_dict` to path as JSON; returns the path."""
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        return str(path)
-
-
-def _floats(a) -> list:
-    """An array as nested lists with NaN as None (JSON has no NaN)."""
-    return np.where(np.isfinite(a), a, None).tolist() if np.size(a) else []
-
-
 @dataclass
-class HeadEffects(_Saved):
+class HeadEffects(SavedResult):
     """The change in a metric when each head is ablated.
 
     Attributes
@@ -91,7 +76,7 @@ class HeadEffects(_Saved):
         """{"metric", "mode", "baseline", "effects" (n_layers x n_heads, null where not ablated),
         "heads" (:meth:`table`)}."""
         return {"metric": self.metric, "mode": self.mode, "baseline": self.baseline,
-                "effects": _floats(self.effects), "heads": self.table()}
+                "effects": json_floats(self.effects), "heads": self.table()}
 
     def plot(self, ax=None):
         """A layer x head map of the effects (diverging colours, zero white), one integer tick
@@ -230,7 +215,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
 
 
 @dataclass
-class DirectionEffects(_Saved):
+class DirectionEffects(SavedResult):
     """The effect of each singular direction of one head's OV or QK circuit.
 
     Attributes
@@ -286,8 +271,8 @@ class DirectionEffects(_Saved):
         """{"layer", "head", "circuit", "metric", "baseline", "singular_values", "removed",
         "kept"}."""
         return {"layer": self.layer, "head": self.head, "circuit": self.circuit, "metric": self.metric,
-                "baseline": self.baseline, "singular_values": _floats(self.singular_values),
-                "removed": _floats(self.removed), "kept": _floats(self.kept)}
+                "baseline": self.baseline, "singular_values": json_floats(self.singular_values),
+                "removed": json_floats(self.removed), "kept": json_floats(self.kept)}
 
     def plot(self, axes=None):
         """The effect of removing each direction beside its singular value, and the metric with
@@ -428,7 +413,7 @@ def _answers(metric, answers, ids):
 
 
 @dataclass
-class PatchingResult(_Saved):
+class PatchingResult(SavedResult):
     """Activation patching: how much of the clean metric each patched activation restores.
 
     Attributes
@@ -463,7 +448,7 @@ class PatchingResult(_Saved):
     def to_dict(self) -> dict:
         """{"site", "metric", "clean", "corrupt", "restored" (null where not patched)}."""
         return {"site": self.site, "metric": self.metric, "clean": self.clean, "corrupt": self.corrupt,
-                "restored": _floats(self.restored)}
+                "restored": json_floats(self.restored)}
 
     def plot(self, ax=None, tokens=None):
         """A layer x position map of the restored fraction (the mean over heads for per-head
@@ -652,7 +637,7 @@ def head_invariances(model, token_ids, layer: int, head: int, *, dtype=np.float6
 
 
 @dataclass
-class CausalEffects(_Saved):
+class CausalEffects(SavedResult):
     """The causal part of the heads report (``attngeom heads --effects``).
 
     Attributes

@@ -18,20 +18,25 @@ from typing import Optional
 
 import numpy as np
 
+from ..._docstrings import filler
 from ..._operands import count
 from ...spectral import factored_svd
 from .prompt import encode_prompt, resolve_model
 
+_fill_doc = filler(model_text="""\
+    model : Model or str or path-like
+        A model, or a checkpoint (:func:`attngeom.models.analysis.prompt.resolve_model`).
+    text : str or array_like of int, shape (n,)
+        A text (tokenized with the model's tokenizer) or token ids.""")
 
+
+@_fill_doc
 def plot_head(model, text, layer: int, head: int, *, axes=None):
     """Pattern, entropy profile and circuit spectra of one head on one text.
 
     Parameters
     ----------
-    model : Model or str or path-like
-        A model, or a checkpoint (:func:`attngeom.models.analysis.prompt.resolve_model`).
-    text : str or array_like of int, shape (n,)
-        A text (tokenized with the model's tokenizer) or token ids.
+    %(model_text)s
     layer, head : int
         The head.
     axes : sequence of three Axes, optional
@@ -190,6 +195,7 @@ class HeadView:
         return str(path)
 
 
+@_fill_doc
 def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> HeadView:
     """Hover or click a token and see where every head looks from it: an interactive view.
 
@@ -205,10 +211,7 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
 
     Parameters
     ----------
-    model : Model or str or path-like
-        A model, or a checkpoint (:func:`attngeom.models.analysis.prompt.resolve_model`).
-    text : str or array_like of int, shape (n,)
-        A text (tokenized with the model's tokenizer) or token ids.
+    %(model_text)s
     window : int or (int, int), optional
         The tokens whose weights the view holds: (start, stop), or the first `window` tokens.
         Default the first 256 tokens, fewer where all heads' weights would exceed 400,000

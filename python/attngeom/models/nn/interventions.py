@@ -35,12 +35,23 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..._docstrings import filler
 from ...subspace import Subspace
 from .sites import BEFORE, GLOBAL_SITES, HEAD_SITES, model_sites, parse_site
+
+_fill_doc = filler(site_layer="""\
+    site : str
+        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
+        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
+        carries the layer (``"blocks.3.attn.hook_z"``).
+    layer : int, optional
+        The layer (0..n_layers - 1); None for a full hook name and for the global sites
+        ``embed``, ``pos_embed`` and ``ln_final``.""")
 
 ABLATIONS = ("zero", "mean", "resample")
 
 
+@_fill_doc
 @dataclass(frozen=True)
 class Ablate:
     """Replace a site's values by zeros, the reference's mean, or resampled reference values.
@@ -50,13 +61,7 @@ class Ablate:
 
     Parameters
     ----------
-    site : str
-        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
-        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
-        carries the layer (``"blocks.3.attn.hook_z"``).
-    layer : int, optional
-        The layer (0..n_layers - 1); None for a full hook name and for the global sites
-        ``embed``, ``pos_embed`` and ``ln_final``.
+    %(site_layer)s
     heads : int or sequence of int, optional
         Heads to change, for per-head sites (q, k, v, z, pattern and their variants);
         default all.
@@ -108,6 +113,7 @@ class Ablate:
     seed: int = 0
 
 
+@_fill_doc
 @dataclass(frozen=True)
 class Project:
     """Remove (``remove=True``) or keep only the component of a site's vectors in a subspace.
@@ -118,13 +124,7 @@ class Project:
 
     Parameters
     ----------
-    site : str
-        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
-        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
-        carries the layer (``"blocks.3.attn.hook_z"``).
-    layer : int, optional
-        The layer (0..n_layers - 1); None for a full hook name and for the global sites
-        ``embed``, ``pos_embed`` and ``ln_final``.
+    %(site_layer)s
     subspace : attngeom.Subspace
         The subspace, of the site's vector dimension (d_model for residual sites, d_head for
         per-head q, k, v, z).
@@ -162,6 +162,7 @@ class Project:
     remove: bool = True
 
 
+@_fill_doc
 @dataclass(frozen=True)
 class Patch:
     """Replace a site's values by those of another pass (a Forward that kept the site).
@@ -171,13 +172,7 @@ class Patch:
 
     Parameters
     ----------
-    site : str
-        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
-        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
-        carries the layer (``"blocks.3.attn.hook_z"``).
-    layer : int, optional
-        The layer (0..n_layers - 1); None for a full hook name and for the global sites
-        ``embed``, ``pos_embed`` and ``ln_final``.
+    %(site_layer)s
     source : Forward
         A pass of the same batch and length that kept the site at that layer
         (``keep=(site,)``).
@@ -215,6 +210,7 @@ class Patch:
     positions: Any = None
 
 
+@_fill_doc
 @dataclass(frozen=True)
 class Hook:
     """Replace a site's values by ``fn(values)`` (same shape, finite).
@@ -224,13 +220,7 @@ class Hook:
 
     Parameters
     ----------
-    site : str
-        The site: a short name with `layer` (``"z"``, ``"resid_pre"``, ``"pattern"``; the
-        names of :mod:`attngeom.models.nn.sites`) or TransformerLens' full hook name, which
-        carries the layer (``"blocks.3.attn.hook_z"``).
-    layer : int, optional
-        The layer (0..n_layers - 1); None for a full hook name and for the global sites
-        ``embed``, ``pos_embed`` and ``ln_final``.
+    %(site_layer)s
     fn : callable
         ``fn(values) -> values``: an ndarray of the site's shape in, one of the same shape
         and finite entries out. For one sequence (1-D token ids) it sees the values without
