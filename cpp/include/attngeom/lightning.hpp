@@ -5,7 +5,9 @@
 // prefix state S_c = sum of k_j^T v_j over the keys every query of the chunk sees, plus one
 // diagonal block of at most C keys under the causal mask. Three passes, each parallel:
 // per-chunk key states D_c = K_c^T V_c (over batch x chunk), their prefix sums (per batch,
-// O(n/C d_k d_v)), and the outputs Y_c = Q_c S_c + mask(Q_c K_c^T) V_c (over batch x chunk).
+// O(n/C d_k d_v)), and the outputs Y_c = Q_c S_c + mask(Q_c K_c^T) V_c (over batch x chunk),
+// a group of chunks at a time so that the states of only one group are kept and a group's
+// operands stay in cache from the first pass to the last.
 #pragma once
 
 #include <Eigen/Core>
@@ -46,36 +48,50 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   const int64_t chunks = (n_q + C - 1) / C;
   // Key boundary of chunk c: keys [0, bound(c)) are visible to every query of chunk c.
   auto bound = [&](int64_t c) { return vis.end(c * C - 1); };
-  // state[b][c] = K[0:bound(c)]^T V[0:bound(c)], c = 0..chunks-1.
-  std::vector<Mat> state(batch * chunks);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t unit = 0; unit < batch * chunks; ++unit) {
-    const int64_t b = unit / chunks, c = unit % chunks;
-    // Chunk 0 starts from the keys before its first boundary; chunk c > 0 holds the block
-    // [bound(c - 1), bound(c)) until the prefix sum below.
-    const int64_t j0 = c == 0 ? 0 : bound(c - 1), j1 = bound(c);
-    state[unit].noalias() = CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose() *
-                            CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
-  }
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t c = 1; c < chunks; ++c) state[b * chunks + c] += state[b * chunks + c - 1];
+  // The chunks go in groups whose keys, values and states (over the batch) take about 1 MB (two L2 halves);
+  // the three passes of a group run before the next, so the outputs find the group's keys,
+  // values and states still in cache, and only one group's states are kept (the last prefix
+  // state of a batch element carries into its next group). The grouping changes only when
+  // each sum is formed, not its terms or their order: y is the same bits for any grouping.
+  const double chunk_bytes = (double(C) * (d_k + d_v) + double(d_k) * d_v) * sizeof(T) * batch;
+  const int64_t group = std::min(chunks, std::max<int64_t>(1, int64_t(double(1 << 20) / chunk_bytes)));
+  // state[b * group + c - c0] = K[0:bound(c)]^T V[0:bound(c)] for the group's chunks c.
+  std::vector<Mat> state(batch * group), carry(chunks > group ? batch : 0);
 #pragma omp parallel if (par)
   {
     Mat S(C, C);
+    for (int64_t c0 = 0; c0 < chunks; c0 += group) {
+      const int64_t width = std::min(group, chunks - c0);
 #pragma omp for schedule(static)
-    for (int64_t unit = 0; unit < batch * chunks; ++unit) {
-      const int64_t b = unit / chunks, c = unit % chunks, i0 = c * C, m = std::min(C, n_q - i0);
-      const int64_t j0 = bound(c), j1 = vis.end(i0 + m - 1);
-      const CMap Q(q.block(b) + i0 * d_k, m, d_k);
-      Map Y(y + (b * n_q + i0) * d_v, m, d_v);
-      Y.noalias() = Q * state[unit];
-      if (j1 > j0) {
-        auto L = S.topLeftCorner(m, j1 - j0);
-        L.noalias() = Q * CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose();
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t col = vis.seen(i0 + r, j0, j1 - j0); col < j1 - j0; ++col) L(r, col) = T(0);
-        Y.noalias() += L * CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
+      for (int64_t unit = 0; unit < batch * width; ++unit) {
+        const int64_t b = unit / width, c = c0 + unit % width;
+        // Chunk 0 starts from the keys before its first boundary; chunk c > 0 holds the block
+        // [bound(c - 1), bound(c)) until the prefix sum below.
+        const int64_t j0 = c == 0 ? 0 : bound(c - 1), j1 = bound(c);
+        state[b * group + c - c0].noalias() = CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose() *
+                                              CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
+      }
+      // Prefix sums, from the state carried out of the batch element's previous group.
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < batch; ++b) {
+        if (c0 > 0) state[b * group] += carry[b];
+        for (int64_t c = 1; c < width; ++c) state[b * group + c] += state[b * group + c - 1];
+        if (c0 + width < chunks) carry[b] = state[b * group + width - 1];
+      }
+#pragma omp for schedule(static)
+      for (int64_t unit = 0; unit < batch * width; ++unit) {
+        const int64_t b = unit / width, c = c0 + unit % width, i0 = c * C, m = std::min(C, n_q - i0);
+        const int64_t j0 = bound(c), j1 = vis.end(i0 + m - 1);
+        const CMap Q(q.block(b) + i0 * d_k, m, d_k);
+        Map Y(y + (b * n_q + i0) * d_v, m, d_v);
+        Y.noalias() = Q * state[b * group + c - c0];
+        if (j1 > j0) {
+          auto L = S.topLeftCorner(m, j1 - j0);
+          L.noalias() = Q * CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose();
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t col = vis.seen(i0 + r, j0, j1 - j0); col < j1 - j0; ++col) L(r, col) = T(0);
+          Y.noalias() += L * CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
+        }
       }
     }
   }
