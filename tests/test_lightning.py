@@ -38,6 +38,27 @@ def test_lightning_non_contiguous_and_threads(rng):
     assert rel_err(one, want) <= 1e-12 and rel_err(one, two) <= 1e-12
 
 
+@pytest.mark.parametrize("causal", [True, "bottom_right"])
+def test_lightning_causal_across_chunk_groups(rng, causal):
+    # d = 64 in float64 over a batch of 2: groups of 5 chunks of 64 rows (about 1 MB of keys,
+    # values and states), so 3,000 queries take 10 groups and every state but the first group's
+    # comes through the carry from the group before; bottom-right with n_k > n_q also gives
+    # chunk 0 the keys before its first boundary.
+    n_q, n_k = 3000, 3000 if causal is True else 3100
+    q, k, v = rng.standard_normal((2, n_q, 64)), rng.standard_normal((2, n_k, 64)), rng.standard_normal((2, n_k, 64))
+    want = ref.lightning_attention(q, k, v, causal)
+    old = ag.get_num_threads()
+    try:
+        ag.set_num_threads(1)
+        one = ag.lightning_attention(q, k, v, causal=causal)
+        ag.set_num_threads(2)
+        two = ag.lightning_attention(q, k, v, causal=causal)
+    finally:
+        ag.set_num_threads(old)
+    assert rel_err(one, want) <= TOL[np.float64]
+    assert np.array_equal(one, two)
+
+
 def test_lightning_errors():
     with pytest.raises(ValueError, match="k must have shape"):
         ag.lightning_attention(np.ones((3, 4)), np.ones((3, 5)), np.ones((3, 2)))

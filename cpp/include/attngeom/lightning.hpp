@@ -48,11 +48,12 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   const int64_t chunks = (n_q + C - 1) / C;
   // Key boundary of chunk c: keys [0, bound(c)) are visible to every query of chunk c.
   auto bound = [&](int64_t c) { return vis.end(c * C - 1); };
-  // The chunks go in groups whose keys, values and states (over the batch) take about 1 MB (two L2 halves);
-  // the three passes of a group run before the next, so the outputs find the group's keys,
-  // values and states still in cache, and only one group's states are kept (the last prefix
-  // state of a batch element carries into its next group). The grouping changes only when
-  // each sum is formed, not its terms or their order: y is the same bits for any grouping.
+  // The chunks go in groups whose keys, values and states (over the batch) take about 1 MB,
+  // what two cores' L2 halves hold; the three passes of a group run before the next, so the
+  // outputs find the group's keys, values and states still in cache, and only one group's
+  // states are kept (the last prefix state of a batch element carries into its next group).
+  // The grouping changes only when each sum is formed, not its terms or their order: y is the
+  // same bits for any grouping. The group follows the sizes alone, never the thread count.
   const double chunk_bytes = (double(C) * (d_k + d_v) + double(d_k) * d_v) * sizeof(T) * batch;
   const int64_t group = std::min(chunks, std::max<int64_t>(1, int64_t(double(1 << 20) / chunk_bytes)));
   // state[b * group + c - c0] = K[0:bound(c)]^T V[0:bound(c)] for the group's chunks c.
