@@ -143,7 +143,7 @@ def test_bad_token_ids_and_masks(tmp_path):
         m.forward(np.zeros(4, int), attention_mask=np.array([1, 2, 1, 1]))
     with pytest.raises(ValueError, match="sequence 1 has no real token"):
         m.forward(np.zeros((2, 4), int), attention_mask=np.array([[1, 1, 1, 1], [0, 0, 0, 0]]))
-    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+    with pytest.raises(ValueError, match="dtype must be float32, float64 or .bfloat16."):
         m.forward(np.zeros(4, int), dtype=np.float16)
 
 

@@ -37,11 +37,14 @@ def as_array(name: str, x, what: str = "an array") -> np.ndarray:
 
 
 def real_array(name: str, x, *, allow_bool: bool = False) -> np.ndarray:
-    """x as a real ndarray (no dtype change yet); TypeError for complex, object, string input."""
+    """x as a real ndarray (no dtype change yet, except that bfloat16 is widened exactly to
+    float32); TypeError for complex, object, string input."""
     hint = _foreign_dtype_hint(name, x)
     if hint is not None:
         raise TypeError(hint)
     a = as_array(name, x, "a real array")
+    if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16, NumPy's bfloat16 (exact in float32)
+        return a.astype(np.float32)
     if a.dtype.kind == "b" and allow_bool:
         return a
     if a.dtype.kind not in _FLOAT_KINDS:

@@ -7,11 +7,15 @@ so a compiled graph traces through it without running NumPy.
 
 Hand-over: a contiguous CPU tensor reaches the core without a copy (``tensor.numpy()``
 shares its memory), a non-contiguous one is made contiguous once, and results come back
-through ``torch.from_numpy`` (no copy). Tensors must be on the CPU and float32 or float64;
-CUDA tensors raise ValueError. Leading (batch) axes broadcast as in the NumPy API.
+through ``torch.from_numpy`` (no copy). Tensors must be on the CPU and float32, float64 or
+bfloat16; CUDA tensors raise ValueError. bfloat16 inputs are widened exactly to float32 (a
+differentiable cast, so gradients reach them in bfloat16), the kernels compute in float32, and
+the output returns in bfloat16 (statistics stay float32). Leading (batch) axes broadcast as
+in the NumPy API.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -64,6 +68,24 @@ def _check_tensors(**tensors) -> None:
     dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
     if len(set(dtypes.values())) > 1:
         raise ValueError(f"inputs must share one dtype (float32 or float64), got {dtypes}")
+
+
+def _bfloat16_as_float32(fn):
+    """fn with bfloat16 tensor arguments widened to float32 (exact, differentiable) and, when
+    any was bfloat16, its tensor output (the first of a pair) rounded back to bfloat16."""
+    def widen(t):
+        return t.float() if isinstance(t, Tensor) and t.dtype == torch.bfloat16 else t
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
+        if not any(t.dtype == torch.bfloat16 for t in tensors):
+            return fn(*args, **kwargs)
+        out = fn(*(widen(a) for a in args), **{key: widen(a) for key, a in kwargs.items()})
+        if isinstance(out, tuple):
+            return (out[0].to(torch.bfloat16),) + out[1:]
+        return out.to(torch.bfloat16)
+    return wrapper
 
 
 def _causal(causal) -> str:
@@ -134,6 +156,7 @@ def _softmax_backward(ctx, dy, dlog_z):
 _softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 
 
+@_bfloat16_as_float32
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None, causal=False,
                       scale: Optional[float] = None, return_stats: bool = False):
     """Differentiable softmax attention y = softmax(scale q k^T + mask) v on CPU tensors.
@@ -286,6 +309,7 @@ def _(q, k, v, mask, causal, scale, kernel, params):
 _kernel_stats_op.register_autograd(_stats_backward(_kernel_backward), setup_context=_stats_setup(_kernel_setup))
 
 
+@_bfloat16_as_float32
 def kernel_attention(q: Tensor, k: Tensor, v: Tensor, *, kernel: str = "exp", mask: Optional[Tensor] = None,
                      causal=False, scale: Optional[float] = None, return_stats: bool = False, **params):
     """Differentiable kernel-swapped attention with weights psi(tau_i, u_i.k_j) (Laplace-Radon eq. 40-44).
@@ -352,6 +376,7 @@ def _projection_backward(ctx, dy):
 _projection_op.register_autograd(_projection_backward, setup_context=_projection_setup)
 
 
+@_bfloat16_as_float32
 def projection_attention(q: Tensor, k: Tensor, v: Optional[Tensor] = None, *, sigma: float = 1.0,
                          mask: Optional[Tensor] = None, causal=False) -> Tensor:
     """Differentiable Gaussian-distance attention, weights ~ exp(-|q_i - k_j|^2 / (2 sigma^2)).
@@ -411,6 +436,7 @@ def _lightning_backward(ctx, dy):
 _lightning_op.register_autograd(_lightning_backward, setup_context=_lightning_setup)
 
 
+@_bfloat16_as_float32
 def lightning_attention(q: Tensor, k: Tensor, v: Tensor, *, causal=False) -> Tensor:
     """Differentiable lightning attention y_i = sum_{j visible} (q_i.k_j) v_j, O(n) (Henry-Marchetti-Kohn eq. 1).
 
@@ -463,6 +489,7 @@ def _whiten_backward(ctx, dw):
 _whiten_op.register_autograd(_whiten_backward, setup_context=_whiten_setup)
 
 
+@_bfloat16_as_float32
 def whiten(x: Tensor, L0: Tensor, M: Tensor) -> Tensor:
     """Differentiable whitening recursion w_0 = L0^{-1} x_0, w_i = L0^{-1}(x_i - M w_{i-1}).
 

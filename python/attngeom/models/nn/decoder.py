@@ -47,7 +47,7 @@ from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
-from .products import for_row_blocks, map_rows, product, product_threads
+from .products import BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks, map_rows, product, product_threads
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -60,13 +60,30 @@ def cast(x, dt):
     return None if x is None else x.astype(dt, copy=False)
 
 
-def _unembed(final, W, dt):
-    """final (..., d) @ W^T for W (vocab, d) as stored, cast in blocks of vocabulary rows."""
+#: The layer weights that are a product's right factor: bfloat16 weights in the bfloat16 mode.
+PRODUCT_WEIGHTS = frozenset({"q", "k", "v", "o", "qkv", "up", "gate", "down", "q_a", "q_b", "kv_a", "kv_b",
+                             "shared_gate", "shared_up", "shared_down"})
+
+
+def layer_in(stored: dict, dt, bf16: bool) -> dict:
+    """A layer's stored weights for the pass: cast to the computation dtype, or, in the
+    bfloat16 mode, the product weights as :class:`BFloat16Weight` (the stored bits where they
+    are bfloat16) and the rest (norms, biases, router, the experts' stacks) in float32."""
+    return {key: None if value is None else
+            BFloat16Weight.of(value) if bf16 and key in PRODUCT_WEIGHTS and value.ndim == 2 else
+            value.astype(dt, copy=False) for key, value in stored.items()}
+
+
+def _unembed(final, W, dt, bf16=False):
+    """final (..., d) @ W^T for W (vocab, d) as stored, cast in blocks of vocabulary rows
+    (in the bfloat16 mode read as bfloat16 weights, the stored bits where they are bfloat16)."""
     V = W.shape[0]
     logits = np.empty(final.shape[:-1] + (V,), dt)
     for i in range(0, V, _UNEMBED_ROWS):
-        logits[..., i:i + _UNEMBED_ROWS] = product(final, W[i:i + _UNEMBED_ROWS].astype(dt, copy=False).T)
-        release_pages(W[i:i + _UNEMBED_ROWS])
+        rows = W[i:i + _UNEMBED_ROWS]
+        logits[..., i:i + _UNEMBED_ROWS] = product(final, BFloat16Weight.of(rows.T) if bf16 else
+                                                   rows.astype(dt, copy=False).T)
+        release_pages(rows)
     return logits
 
 
@@ -152,8 +169,9 @@ class Decoder:
             True for real tokens.
         positions : ndarray of int, shape (batch, n)
             Position of every token.
-        dtype : numpy dtype
-            float32 or float64, the computation dtype.
+        dtype : numpy dtype or "bfloat16"
+            float32 or float64, the computation dtype, or "bfloat16" (bfloat16 products with
+            float32 sums, the rest in float32; :func:`.products.compute_dtype`).
         plan : ForwardPlan, optional
             What to keep and the interventions (:func:`plan_forward`); default today's fields
             of every layer.
@@ -197,7 +215,8 @@ class Decoder:
             The keys and values of the tokens before (:class:`attngeom.models.nn.generate.KVCache`),
             extended in place by m tokens.
         dtype : numpy dtype
-            float32 or float64, the dtype of the cache.
+            float32 or float64, the dtype of the cache, or "bfloat16" (a float32 cache of the
+            keys and values the products give).
 
         Returns
         -------
@@ -222,7 +241,8 @@ class Decoder:
         """The pass as a few block steps (embedding, each layer's attention and MLP, the final
         norm and unembedding), each chosen by Architecture fields; every site's value goes
         through one :class:`Gate`."""
-        a, w, dt = self.arch, self.w, np.dtype(dtype)
+        a, w = self.arch, self.w
+        dt, bf16 = compute_dtype(dtype)
         plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
         first = 0 if resume is None else int(resume[0])
         kept = sum(1 for i in plan.layers if i >= first)
@@ -244,8 +264,8 @@ class Decoder:
                 break  # nothing after the last kept (or intervened) layer is asked for
             gate.enter(li)
             h = gate("resid_pre", h)
-            L = {key: None if value is None else value.astype(dt, copy=False) for key, value in stored.items()}
-            h, scale = self._attention(li, h, L, gate, ctx)
+            L = layer_in(stored, dt, bf16)
+            h, scale = self._attention(li, h, L, gate, ctx, bf16)
             h = self._mlp(h, L, gate, act)
             h = gate("resid_post", h)
             if gate.here:
@@ -263,7 +283,7 @@ class Decoder:
             if w["unembed"] is not None and plan.wants("logits"):
                 b = ids.shape[0]
                 rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
-                logits = _unembed(rows, w["unembed"], dt)
+                logits = _unembed(rows, w["unembed"], dt, bf16)
         sites = {name: out.get(name) for name in KEEPABLE if name != "logits"}
         for name in GLOBAL_SITES:
             sites[name] = None if sites[name] is None else sites[name][0]
@@ -308,8 +328,10 @@ class Decoder:
         return {"cos_sin": cos_sin, "key_mask": key_mask, "window": window, "positions": positions, "cache": cache,
                 "causal": causal}
 
-    def _attention(self, li, h, L, gate, ctx):
-        """The attention block of layer li on the stream h: (the stream after it, the logit scale)."""
+    def _attention(self, li, h, L, gate, ctx, bf16=False):
+        """The attention block of layer li on the stream h: (the stream after it, the logit scale).
+        In the bfloat16 mode the kernel reads q, k, v rounded to bfloat16 (the sites keep the
+        float32 values) and computes scores, softmax and statistics in float32."""
         a = self.arch
         b, n, _ = h.shape
         given = None  # the attention's input, when it is formed before the heads' products
@@ -337,6 +359,8 @@ class Decoder:
             elif ctx["cos_sin"] is None:
                 parts["q"], parts["k"] = parts["q_prerotary"], parts["k_prerotary"]
         q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
+        if bf16:
+            q, k, v = (bfloat16_values(t) for t in (q, k, v))
         if ctx["cache"] is not None:  # attend to the cached keys and values too
             k, v = ctx["cache"].extend(li, k, v)
         scale = 1.0 / math.sqrt(a.d_head) if a.scale_attn else 1.0

@@ -131,8 +131,8 @@ def generate(decoder, ids: np.ndarray, n_new: int, dtype, temperature: float = 0
         The prompts, checked against the vocabulary, every token real.
     n_new : int
         Tokens to generate, >= 1 (checked by the caller against the context).
-    dtype : numpy dtype
-        float32 or float64, the computation dtype.
+    dtype : numpy dtype or "bfloat16"
+        float32 or float64, the computation dtype, or "bfloat16" (:meth:`Model.forward`).
     temperature : float, default 0.0
         0: greedy; > 0: sampling from softmax(logits / temperature).
     seed : int or None

@@ -33,6 +33,7 @@ from .decoder import Decoder
 from .forward import Forward, keep_names, plan_forward
 from .generate import generate as _generate
 from .heads import ModelHeads, heads_from_checkpoint
+from .products import BFLOAT16, compute_dtype
 
 
 class Model:
@@ -172,8 +173,14 @@ class Model:
         attention_mask : array_like, shape of token_ids, optional
             1 / True for real tokens, 0 / False for padding (left or right); default all
             real. Every sequence needs at least one real token.
-        dtype : {np.float32, np.float64}, default np.float32
-            The computation dtype (weights of any stored precision are cast to it).
+        dtype : {np.float32, np.float64, "bfloat16"}, default np.float32
+            The computation dtype (weights of any stored precision are cast to it), or
+            "bfloat16" (also ``ml_dtypes.bfloat16``): every matrix product reads its weights as
+            bfloat16 (a bfloat16 checkpoint's bits as stored, no widened copy), rounds its input
+            rows to bfloat16 and sums in float32 (the CPU's bfloat16 dot products where it has
+            them: AVX512_BF16 on AMD Zen 4 and later, Intel Sapphire Rapids); the attention
+            reads q, k, v rounded to bfloat16 with float32 scores, softmax and statistics; norms,
+            rotary embedding and residual sums are float32, and so are the kept sites and logits.
         keep : str or sequence of str, optional
             The sites (:mod:`attngeom.models.nn.sites`), "logits" and "attention_stats" to
             compute and return (the others are None and never allocated), or "all" (every
@@ -254,7 +261,7 @@ class Model:
                              f"{limit} positions of the model's position table (config.json "
                              f"{'n_positions' if 'n_positions' in self.arch.config else 'max_position_embeddings'})")
         self.context_warning(int(positions.max()) + 1)
-        plan = plan_forward(self.arch, mask, dt, keep=keep_names(keep), layers=layers, logits_at=logits_at,
+        plan = plan_forward(self.arch, mask, compute_dtype(dt)[0], keep=keep_names(keep), layers=layers, logits_at=logits_at,
                             interventions=interventions, single=single)
         out = self.decoder.forward(ids.astype(np.int64), mask, positions, dt, plan)
         return out.sequence(0) if single else out
@@ -285,8 +292,8 @@ class Model:
             Seed of ``np.random.default_rng`` for the draws (temperature > 0).
         attention_mask : array_like, optional
             Only a mask of ones is accepted (padded batches are not supported).
-        dtype : {np.float32, np.float64}, default np.float32
-            The computation dtype.
+        dtype : {np.float32, np.float64, "bfloat16"}, default np.float32
+            The computation dtype (as in :meth:`forward`).
 
         Returns
         -------
@@ -419,11 +426,10 @@ class Model:
                          f"{' or vocab.txt' if a.tokenizer == 'wordpiece' else ''}) to decode token ids with")
 
     @staticmethod
-    def _dtype(dtype) -> np.dtype:
-        dt = np.dtype(dtype)
-        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be float32 or float64, got {dt}")
-        return dt
+    def _dtype(dtype):
+        """The checked computation dtype: float32, float64 or "bfloat16" (a string)."""
+        act, bf16 = compute_dtype(dtype)
+        return BFLOAT16 if bf16 else act
 
     def _token_ids(self, token_ids):
         """Checked token ids as (batch, n) and whether one sequence was given."""
@@ -537,7 +543,7 @@ class Model:
         dt = self._dtype(dtype)
         mask = np.ones(ids.shape, dtype=bool)
         positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        plan = plan_forward(self.arch, mask, dt, keep=keep_names(keep, "Model.run_from()"), layers=chosen,
+        plan = plan_forward(self.arch, mask, compute_dtype(dt)[0], keep=keep_names(keep, "Model.run_from()"), layers=chosen,
                             logits_at=logits_at, interventions=interventions, single=single)
         if plan.layers[0] < layer:
             raise ValueError(f"layers: {plan.layers[0]} is before the first layer run ({layer})")

@@ -14,6 +14,13 @@ never compete.
 The blocks are set by the number of processors the process may run on, not by the thread
 count, so a product gives the same bits at any thread count (the pool only distributes the
 same block products; tested bitwise).
+
+In the bfloat16 mode of a forward pass (``Model.forward(..., dtype="bfloat16")``) the right
+factors are :class:`BFloat16Weight` objects: the weights' bfloat16 bits as stored, read by
+the core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums in float32; AVX512_BF16
+dot products where the CPU has them). That product partitions rows and columns itself on the
+thread budget, and an entry of it depends on its row of x and column of W only, so it too
+gives the same bits at any thread count and any split of the rows.
 """
 from __future__ import annotations
 
@@ -25,7 +32,12 @@ from typing import Optional
 
 import numpy as np
 
+from ... import _core
 from ..._config import blas_controller, get_num_threads
+from ..io.safetensors import BFloat16Array
+
+#: The forward's bfloat16 compute mode (``dtype="bfloat16"``).
+BFLOAT16 = "bfloat16"
 
 #: Blocks have at least this many rows (fewer rows: one product on the calling thread).
 MIN_ROWS_PER_BLOCK = 32
@@ -167,8 +179,9 @@ def product(x: np.ndarray, W) -> np.ndarray:
     ----------
     x : ndarray, shape (..., k)
         The left factor (float32 or float64).
-    W : ndarray, shape (k, m)
-        The right factor, x's dtype.
+    W : ndarray or BFloat16Weight, shape (k, m)
+        The right factor, x's dtype (or bfloat16 weights, whose product partitions rows and
+        columns itself).
 
     Returns
     -------
@@ -183,7 +196,135 @@ def product(x: np.ndarray, W) -> np.ndarray:
     >>> product(np.ones((4, 3)), np.ones((3, 2))).tolist()
     [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """
+    if isinstance(W, BFloat16Weight):
+        return W.__rmatmul__(x)
     if x.dtype != np.result_type(x, W):
         x = x.astype(np.result_type(x, W))
     return map_rows(lambda rows: rows @ W, x, W.shape[-1])
 
+
+
+def compute_dtype(dtype) -> tuple:
+    """The activations' dtype of a forward's `dtype` and whether its products are bfloat16.
+
+    Parameters
+    ----------
+    dtype : numpy dtype or "bfloat16"
+        float32 or float64 (everything in that dtype), or "bfloat16" (also
+        ``ml_dtypes.bfloat16``): products in bfloat16 with float32 sums, everything else in
+        float32.
+
+    Returns
+    -------
+    (numpy dtype, bool)
+
+    Raises
+    ------
+    ValueError
+        For any other dtype.
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import compute_dtype
+    >>> compute_dtype("bfloat16")
+    (dtype('float32'), True)
+    """
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None)
+    if isinstance(name, str) and name.lower() in ("bfloat16", "bf16"):
+        return np.dtype(np.float32), True
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is not None and dt.name == "bfloat16":  # ml_dtypes.bfloat16
+        return np.dtype(np.float32), True
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32, float64 or 'bfloat16', got {dtype!r}")
+    return dt, False
+
+
+class BFloat16Weight:
+    """The right factor W (k, n) of a product, held as bfloat16 bits in (n, k) order.
+
+    ``x @ W`` (x float, shape (..., k)) rounds x to bfloat16 (nearest, ties to even) and sums
+    the exact products in float32 in the core (module docstring); the result is float32,
+    shape (..., n). The (n, k) order is a linear layer's stored (out_features, in_features)
+    weight, so a mapped bfloat16 checkpoint's weight is used where it lies, without a copy.
+
+    Parameters
+    ----------
+    bits : ndarray of uint16, shape (n, k)
+        C-contiguous bfloat16 bit patterns of W's transpose.
+
+    Attributes
+    ----------
+    bits : ndarray of uint16, shape (n, k)
+    shape : (k, n), as W's.
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import BFloat16Weight
+    >>> W = BFloat16Weight.of(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    >>> (np.array([[1.0, 1.0]], np.float32) @ W).tolist()
+    [[4.0, 6.0]]
+    """
+
+    __slots__ = ("bits",)
+    __array_ufunc__ = None  # ``ndarray @ BFloat16Weight`` defers to __rmatmul__
+
+    def __init__(self, bits: np.ndarray):
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint16 or bits.ndim != 2 or \
+                not bits.flags.c_contiguous:
+            raise TypeError("bits must be a C-contiguous 2-d uint16 ndarray (n, k) of bfloat16 bit patterns")
+        self.bits = bits
+
+    @classmethod
+    def of(cls, W) -> "BFloat16Weight":
+        """W (k, n) as bfloat16 weights: a :class:`BFloat16Array` keeps its bits (a view when its
+        transpose is C-contiguous, as for a linear layer's stored weight), other arrays are
+        rounded to bfloat16."""
+        if isinstance(W, BFloat16Array):
+            return cls(np.ascontiguousarray(W.bits.T))
+        return cls(_core.round_bf16(np.ascontiguousarray(np.asarray(W).T, dtype=np.float32)))
+
+    @property
+    def shape(self) -> tuple:
+        return self.bits.shape[::-1]
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __rmatmul__(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        k, n = self.shape
+        if x.ndim < 1 or x.shape[-1] != k:
+            raise ValueError(f"x @ W: x has shape {x.shape}, W has shape {self.shape}")
+        flat = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
+        parallel = not getattr(_in_pool, "active", False)  # a pool thread is one of the budget's threads
+        return _core.matmul_bf16(flat, self.bits, parallel).reshape(x.shape[:-1] + (n,))
+
+    def __repr__(self) -> str:
+        return f"BFloat16Weight(shape={self.shape})"
+
+
+def bfloat16_values(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (nearest, ties to even), as float32 values.
+
+    Parameters
+    ----------
+    x : ndarray
+        Any shape, float.
+
+    Returns
+    -------
+    ndarray of float32, x's shape
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import bfloat16_values
+    >>> bfloat16_values(np.array([1.0 + 2.0 ** -9, 3.0])).tolist()
+    [1.0, 3.0]
+    """
+    bits = _core.round_bf16(np.ascontiguousarray(x, dtype=np.float32))
+    return (bits.astype(np.uint32) << 16).view(np.float32)

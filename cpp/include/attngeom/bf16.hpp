@@ -1,0 +1,45 @@
+// bfloat16 products: C = bf16(A) B^T with A in float32, B stored as bfloat16 bits and every
+// sum accumulated in float32.
+//
+// B is (n, k) row-major, the layout in which checkpoints store a linear layer's weight
+// (out_features, in_features), so a product reads the weights as they lie in a mapped file,
+// with no widened or packed copy. A's rows are rounded to bfloat16 (nearest, ties to even,
+// the rounding of PyTorch and of float32_to_bfloat16 in Python) once per call.
+//
+// Two paths, chosen at run time (dot_path()):
+// - "avx512_bf16": the CPU's bfloat16 dot products (VDPBF16PS: 32 products of bfloat16 pairs
+//   added into 16 float32 lanes per instruction). Register tiles of 6 rows of A against 4
+//   rows of B, each of the 24 accumulators one (i, j) entry's 16 partial sums over the whole
+//   depth, reduced at the end by one fixed tree. Compiled with function-level target
+//   attributes into every instruction-set level, used where CPUID reports AVX512_BF16 (AMD
+//   Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later). The instruction treats
+//   subnormal bfloat16 inputs as zero.
+// - "widened": elsewhere, each panel of B widened to float32 (exactly) and the same register
+//   tiles written with Eigen's packets (the level's vector width, FMA): the same mathematics,
+//   slower.
+//
+// Determinism: within a path, an entry C[i, j] depends on row i of A and row j of B only
+// (the tiling changes which registers hold it, never the order of its sums), so results are
+// bitwise the same at any thread count and any split of the rows. The two paths agree to
+// float32 rounding, not bitwise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attngeom {
+
+// "avx512_bf16" where the CPU has bfloat16 dot products, "widened" elsewhere.
+std::string dot_path();
+
+// bits[i] = bfloat16 of x[i], rounded to nearest, ties to even; NaN stays a (quiet) NaN.
+void round_to_bf16(const float* x, int64_t count, uint16_t* bits);
+
+// C (m, n, row stride ldc) = bf16(A) (m, k, row stride lda) @ B^T, B (n, k, row stride ldb)
+// bfloat16 bits; float32 accumulation. `parallel`: OpenMP over (row block, column panel)
+// units on the core's thread budget; false runs on the calling thread (for callers that are
+// themselves one of several threads). `widened` takes the widened path on any CPU (tests).
+void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                 float* C, int64_t ldc, bool parallel, bool widened = false);
+
+}  // namespace attngeom
