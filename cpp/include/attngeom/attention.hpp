@@ -145,6 +145,22 @@ T row_max(const T* x, int64_t n) {
   return best;
 }
 
+// The index of the first x_j equal to `value` (n when none is): a packet compare per W
+// entries until the packet that holds it.
+template <class T>
+int64_t first_equal(const T* x, int64_t n, T value) {
+  namespace ei = Eigen::internal;
+  using P = typename ei::packet_traits<T>::type;
+  constexpr int64_t W = ei::packet_traits<T>::size;
+  int64_t j = 0;
+  if constexpr (W > 1) {
+    const P target = ei::pset1<P>(value);
+    while (j + W <= n && !ei::predux_any(ei::pcmp_eq(ei::ploadu<P>(x + j), target))) j += W;
+  }
+  while (j < n && x[j] != value) ++j;
+  return j;
+}
+
 // exp(x) for a packet of float x <= 88, exactly 0 where x < log_tiny (log_tiny > -87; -inf
 // gives 0). The arguments of the online softmax are scores minus a running max or a log
 // partition, so they lie below a few ulps above 0: Cody-Waite reduction with the rounding
@@ -194,9 +210,11 @@ struct RowMoments {
 // must not exceed a few ulps above 0 (shift is the row's max or its log partition). With
 // `moments`, also accumulates its RowMoments in the same pass; the weights and their sum are
 // the same bits either way (a flushed weight adds nothing to es, so hidden -inf entries never
-// make 0 * inf).
+// make 0 * inf). `padded`: x may be read and written up to n rounded up to two packets (a
+// panel row of the forward, Tile<T>::padded); the last pair of packets then goes through the
+// vector path with the lanes past n hidden, instead of one scalar exp per entry.
 template <class T>
-T exp_shift_row(T* x, int64_t n, T shift, RowMoments<T>* moments = nullptr) {
+T exp_shift_row(T* x, int64_t n, T shift, RowMoments<T>* moments = nullptr, bool padded = false) {
   constexpr T tiny = flush_below<T>();
   namespace ei = Eigen::internal;
   using P = typename ei::packet_traits<T>::type;
@@ -220,29 +238,38 @@ T exp_shift_row(T* x, int64_t n, T shift, RowMoments<T>* moments = nullptr) {
     P a = zero, b = zero;
     // the moments: t is -inf only where e is 0, so clamped to the lowest finite value e t is 0
     const P width = ei::pset1<P>(T(W)), lowest = ei::pset1<P>(std::numeric_limits<T>::lowest());
-    P es_acc = zero, dist_acc = zero;
+    // two accumulators of each moment, one per packet of the unrolled pair, as for the sum
+    P es_a = zero, es_b = zero, dist_a = zero, dist_b = zero;
     P gap = ei::psub(ei::pset1<P>(moments ? moments->pos : T(0)), ei::plset<P>(T(0)));  // pos - j by lane
-    auto accumulate = [&](P e, P t) {
-      es_acc = ei::pmadd(e, ei::pmax(t, lowest), es_acc);
-      dist_acc = ei::pmadd(e, ei::pabs(gap), dist_acc);
-      gap = ei::psub(gap, width);
-    };
-    for (; j + 2 * W <= n; j += 2 * W) {
-      const P t0 = ei::psub(ei::ploadu<P>(x + j), s), t1 = ei::psub(ei::ploadu<P>(x + j + W), s);
+    const P width2 = ei::padd(width, width);
+    auto step = [&](P t0, P t1) {
       const P e0 = exp_flushed(t0), e1 = exp_flushed(t1);
       ei::pstoreu(x + j, e0);
       ei::pstoreu(x + j + W, e1);
       a = ei::padd(a, e0);
       b = ei::padd(b, e1);
       if (moments) {
-        accumulate(e0, t0);
-        accumulate(e1, t1);
+        es_a = ei::pmadd(e0, ei::pmax(t0, lowest), es_a);
+        es_b = ei::pmadd(e1, ei::pmax(t1, lowest), es_b);
+        dist_a = ei::pmadd(e0, ei::pabs(gap), dist_a);
+        dist_b = ei::pmadd(e1, ei::pabs(ei::psub(gap, width)), dist_b);
+        gap = ei::psub(gap, width2);
       }
+    };
+    for (; j + 2 * W <= n; j += 2 * W)
+      step(ei::psub(ei::ploadu<P>(x + j), s), ei::psub(ei::ploadu<P>(x + j + W), s));
+    if (padded && j < n) {  // lanes at n and past it get -inf, whose weight is exactly 0
+      const P lane = ei::plset<P>(T(0)), inf = ei::pset1<P>(-std::numeric_limits<T>::infinity());
+      const P left = ei::pset1<P>(T(n - j));
+      const P t0 = ei::pselect(ei::pcmp_lt(lane, left), ei::psub(ei::ploadu<P>(x + j), s), inf);
+      const P t1 = ei::pselect(ei::pcmp_lt(ei::padd(lane, width), left), ei::psub(ei::ploadu<P>(x + j + W), s), inf);
+      step(t0, t1);
+      j = n;
     }
     sum = ei::predux(ei::padd(a, b));
     if (moments) {
-      es = ei::predux(es_acc);
-      dist = ei::predux(dist_acc);
+      es = ei::predux(ei::padd(es_a, es_b));
+      dist = ei::predux(ei::padd(dist_a, dist_b));
     }
   }
   for (; j < n; ++j) {
@@ -325,7 +352,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 #pragma omp parallel if (parallel_worth(work)) reduction(&& : finite)
   {
     Mat Qs(bq, d_k), acc(bq, d_v);
-    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), alpha(MR);
+    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), log_l(bq), alpha(MR);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
@@ -393,16 +420,16 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             alpha[r] = std::exp(m[i] - shift);
             if (!stats) {
               m[i] = m_new;
-              l[i] = alpha[r] * l[i] + exp_shift_row(row, seen, shift);
+              l[i] = alpha[r] * l[i] + exp_shift_row<T>(row, seen, shift, nullptr, true);
               continue;
             }
             if (block_max > m[i]) {  // the max moves to this block: its first key holding it
-              best_key[i] = j0 + (std::find(row, row + seen, block_max) - row);
+              best_key[i] = j0 + first_equal(row, seen, block_max);
             }
             // a_new = alpha (a + l (m_old - m_new)) + block terms; a and l are 0 until a key shows
             const T carried = l[i] > T(0) ? alpha[r] * (ent[i] + l[i] * (m[i] - shift)) : T(0);
             RowMoments<T> mo{T(i0 + i + vis.offset - j0)};
-            const T e_sum = exp_shift_row(row, seen, shift, &mo);
+            const T e_sum = exp_shift_row(row, seen, shift, &mo, true);
             ent[i] = carried + mo.es;
             dist[i] = alpha[r] * dist[i] + mo.dist;
             sink[i] = alpha[r] * sink[i] + (j0 == 0 ? row[0] : T(0));
@@ -417,16 +444,17 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       // Weights were written up to the panel's limit; past a row's own causal limit they are
       // hidden (-inf, or 0 for direct weights) or never written, and come out 0.
       if (direct) m.head(rows).setZero();
+      if (out.log_partition || stats) log_l.head(rows) = l.head(rows).log();  // one vector log per row
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
         Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y + (b * n_q + i0 + r) * d_v, d_v);
         y = acc.row(r) * inv;
         finite = finite && (y.array() * T(0)).sum() == T(0);  // NaN iff an entry is not finite; vectorised
-        if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : neg_inf;
+        if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + log_l[r] : neg_inf;
         if (stats) {
           const int64_t o = b * n_q + i0 + r;
           const bool seen_any = l[r] > T(0);
-          out.stats.entropy[o] = seen_any ? std::max(T(0), std::log(l[r]) - ent[r] * inv) : T(0);
+          out.stats.entropy[o] = seen_any ? std::max(T(0), log_l[r] - ent[r] * inv) : T(0);
           out.stats.max_weight[o] = inv;
           out.stats.argmax[o] = seen_any ? best_key[r] : -1;
           out.stats.sink_weight[o] = sink[r] * inv;
