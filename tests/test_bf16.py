@@ -131,6 +131,53 @@ def test_the_path_is_reported():
     assert _core.dot_path() in ("avx512_bf16", "widened")
 
 
+# -- the fused token-wise steps ---------------------------------------------------------------------
+def test_rounding_to_values_in_place_equals_the_bits():
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.standard_normal(1000).astype(np.float32) * 1e3,
+                        np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0 ** -140, 3.3961e38], np.float32)])
+    y = x.copy()
+    _core.round_bf16_values(y)
+    np.testing.assert_array_equal(y.view(np.uint32), (float32_to_bfloat16(x).astype(np.uint32) << 16))
+    with pytest.raises(TypeError):
+        _core.round_bf16_values(x[::2])  # in place needs a C-contiguous float32 array
+
+
+def test_fused_rms_norm_and_silu_gate_against_numpy():
+    """Within float32 rounding of the float64 formulas (a few units in the last place)."""
+    from attngeom.activation_functions import silu
+    from attngeom.models.nn.norm import normalize
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((33, 1024)).astype(np.float32) * 3
+    w = (1 + 0.2 * rng.standard_normal(1024)).astype(np.float32)
+    ref = normalize(x.astype(np.float64), w.astype(np.float64), None, 1e-6, "rmsnorm")
+    got = normalize(x, w, None, 1e-6, "rmsnorm", fused=True)
+    assert got.dtype == np.float32 and np.max(np.abs(got - ref) / np.abs(ref).max()) < 1e-6
+    g, u = (rng.standard_normal((7, 3000)).astype(np.float32) * 6 for _ in range(2))
+    ref = silu(g.astype(np.float64)) * u
+    got = u.copy()
+    _core.silu_mul(g, got)
+    assert np.all(np.abs(got - ref) <= 4 * np.finfo(np.float32).eps * np.abs(ref) + 1e-30)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_fused_rotation_is_bitwise_numpys(interleaved):
+    """A block of tokens' heads rotated in one pass of the core equals NumPy's expression
+    x cos + rotate_half(x) sin bitwise (the float32 forward keeps its bits)."""
+    from attngeom.models.nn.rotary import Rotary
+
+    rng = np.random.default_rng(10)
+    r = Rotary(rng.random(32), interleaved=interleaved)
+    x = rng.standard_normal((19, 6, 64)).astype(np.float32)
+    c, s = (t[:, None] for t in r.cos_sin(np.arange(5, 24), np.float32))
+    if interleaved:
+        half = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+    else:
+        half = np.concatenate([-x[..., 32:], x[..., :32]], axis=-1)
+    np.testing.assert_array_equal(r.rotate(x, cos_sin=(c, s)), x * c + half * s)
+
+
 # -- BFloat16Weight and compute_dtype ------------------------------------------------------------
 def test_bfloat16_weight_is_a_product_factor():
     rng = np.random.default_rng(6)

@@ -4,15 +4,76 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "attngeom/bf16.hpp"
+#include "attngeom/token_ops.hpp"
 
 namespace py = pybind11;
 using namespace attngeom;
 using namespace attngeom::bindings;
 
+namespace {
+
+using Floats = py::array_t<float, py::array::c_style>;
+
+float* writable(Floats& a, const char* name) {
+  if (!a.writeable()) throw std::invalid_argument(std::string(name) + " must be writable");
+  return a.mutable_data();
+}
+
+}  // namespace
+
 void bind_products(py::module_& m) {
+  m.def(
+      "rms_norm",
+      [](const Floats& x, const Floats& w, float eps) {
+        const int64_t d = x.ndim() ? x.shape(x.ndim() - 1) : 0;
+        if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != d) throw std::invalid_argument("rms_norm: x (..., d), w (d,)");
+        Floats y(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        {
+          py::gil_scoped_release release;
+          rms_norm(x.data(), d ? x.size() / d : 0, d, w.data(), eps, y.mutable_data());
+        }
+        return y;
+      },
+      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("eps"),
+      "w * x / sqrt(mean(x^2, -1) + eps) of C-contiguous float32 x (..., d).");
+  m.def(
+      "silu_mul",
+      [](const Floats& g, Floats u) {
+        if (g.size() != u.size()) throw std::invalid_argument("silu_mul: g and u differ in size");
+        float* out = writable(u, "u");
+        py::gil_scoped_release release;
+        silu_mul(g.data(), out, u.size());
+      },
+      py::arg("g").noconvert(), py::arg("u").noconvert(), "u *= silu(g), in place (C-contiguous float32).");
+  m.def(
+      "rotate_half",
+      [](const Floats& x, const Floats& cos, const Floats& sin, bool interleaved) {
+        if (x.ndim() != 3 || cos.ndim() != 2 || sin.ndim() != 2 || cos.shape(0) != x.shape(0) ||
+            cos.shape(1) != x.shape(2) || sin.shape(0) != x.shape(0) || sin.shape(1) != x.shape(2) || x.shape(2) % 2)
+          throw std::invalid_argument("rotate_half: x (rows, heads, d) with even d, cos and sin (rows, d)");
+        Floats y({x.shape(0), x.shape(1), x.shape(2)});
+        {
+          py::gil_scoped_release release;
+          rotate_half(x.data(), x.shape(0), x.shape(1), x.shape(2), cos.data(), sin.data(), interleaved,
+                      y.mutable_data());
+        }
+        return y;
+      },
+      py::arg("x").noconvert(), py::arg("cos").noconvert(), py::arg("sin").noconvert(), py::arg("interleaved"),
+      "x cos + rotate_half(x) sin for C-contiguous float32 x (rows, heads, d), cos and sin (rows, d).");
+  m.def(
+      "round_bf16_values",
+      [](Floats x) {
+        float* out = writable(x, "x");
+        py::gil_scoped_release release;
+        round_to_bf16_values(out, x.size());
+      },
+      py::arg("x").noconvert(), "x = bfloat16(x) as float32 values, in place (C-contiguous float32).");
   m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
   m.def(
       "round_bf16",

@@ -36,6 +36,8 @@ from typing import Optional
 
 import numpy as np
 
+from ... import _core
+from ...activation_functions import silu
 from ...attention import softmax_attention
 from ...attention_stats import AttentionStats
 from ..io.architecture import ACTIVATION_FUNCTIONS, Architecture
@@ -266,7 +268,7 @@ class Decoder:
             h = gate("resid_pre", h)
             L = layer_in(stored, dt, bf16)
             h, scale = self._attention(li, h, L, gate, ctx, bf16)
-            h = self._mlp(h, L, gate, act)
+            h = self._mlp(h, L, gate, act, bf16)
             h = gate("resid_post", h)
             if gate.here:
                 scales.append(scale)
@@ -330,19 +332,27 @@ class Decoder:
 
     def _attention(self, li, h, L, gate, ctx, bf16=False):
         """The attention block of layer li on the stream h: (the stream after it, the logit scale).
-        In the bfloat16 mode the kernel reads q, k, v rounded to bfloat16 (the sites keep the
-        float32 values) and computes scores, softmax and statistics in float32."""
+        In the bfloat16 mode the kernel reads q, k, v rounded to bfloat16 (the values the q, k, v
+        sites hold; an intervention's values are read as it gives them) and computes scores,
+        softmax and statistics in float32."""
         a = self.arch
         b, n, _ = h.shape
         given = None  # the attention's input, when it is formed before the heads' products
         if a.post_norm or a.mla or gate.touches("attn_in"):
             given = gate("attn_in", h if a.post_norm else normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm))
+        grouped = False
         if a.mla:  # multi-head latent attention (:mod:`.mla`)
             parts = mla_attention_inputs(given, L, a, self.rotary, ctx["positions"], gate)
         else:
             pre = gate.needs("q_prerotary") or gate.needs("k_prerotary")
             split = gate.touches("q_prerotary") or gate.touches("k_prerotary")
-            parts = self._attention_inputs(h, L, None if split else ctx["cos_sin"], pre=pre, x=given)
+            # grouped-query keys and values stay one per key head (the kernel broadcasts them
+            # over their query heads) unless a site of theirs is kept or changed
+            grouped = (a.n_heads != a.n_kv_heads and ctx["cache"] is None and not split and
+                       not any(gate.needs(site) for site in ("k", "v", "k_prerotary")) and
+                       not gate.touches("pattern"))
+            parts = self._attention_inputs(h, L, None if split else ctx["cos_sin"], pre=pre, x=given,
+                                           bf16=bf16 and not split, grouped=grouped)
             if given is None:
                 gate("attn_in", parts["attention_inputs"])
             if split or ctx["cos_sin"] is None:
@@ -359,7 +369,7 @@ class Decoder:
             elif ctx["cos_sin"] is None:
                 parts["q"], parts["k"] = parts["q_prerotary"], parts["k_prerotary"]
         q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
-        if bf16:
+        if bf16 and not parts.get("rounded"):  # multi-head latent attention, split rotations
             q, k, v = (bfloat16_values(t) for t in (q, k, v))
         if ctx["cache"] is not None:  # attend to the cached keys and values too
             k, v = ctx["cache"].extend(li, k, v)
@@ -370,9 +380,19 @@ class Decoder:
             scale /= li + 1
         want_s = gate.wants("attention_stats")
         want_p = gate.needs("pattern")
-        res = softmax_attention(q, k, v, mask=ctx["window"] if li in a.sliding_layers else ctx["key_mask"],
-                                causal=ctx["causal"], scale=scale, return_routing=want_p,
+        mask = ctx["window"] if li in a.sliding_layers else ctx["key_mask"]
+        if grouped:  # (b, K, G, n, d) queries against (b, K, 1, n, d) keys and values
+            K = a.n_kv_heads
+            q, k, v = q.reshape((b, K, -1) + q.shape[2:]), k[:, :, None], v[:, :, None]
+            mask = mask[:, :, None] if mask is not None and mask.ndim == 4 else mask
+        res = softmax_attention(q, k, v, mask=mask, causal=ctx["causal"], scale=scale, return_routing=want_p,
                                 return_stats=want_s, layout="bhnd")
+        if grouped:  # back to one axis of query heads (free reshapes of contiguous results)
+            def heads(t):
+                return t.reshape((b, a.n_heads) + t.shape[3:])
+
+            res = heads(res) if not (want_p or want_s) else tuple(
+                r.map(heads) if isinstance(r, AttentionStats) else heads(r) for r in res)
         y = res[0] if want_p or want_s else res
         if want_p:
             P = gate("pattern", res[1])
@@ -392,13 +412,14 @@ class Decoder:
             h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
         return gate("resid_mid", h), scale
 
-    def _mlp(self, h, L, gate, act) -> np.ndarray:
-        """The MLP block on the stream h (after attention): the stream after it."""
+    def _mlp(self, h, L, gate, act, bf16=False) -> np.ndarray:
+        """The MLP block on the stream h (after attention): the stream after it (`bf16`: the
+        bfloat16 mode's fused RMSNorm and SwiGLU gate)."""
         a = self.arch
         if "router" not in L and "up" not in L:  # an attention-only model
             mlp = gate("mlp_out", np.zeros_like(h))
         elif "router" not in L and not gate.needs("mlp_in") and not gate.needs("mlp_post"):
-            mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm))  # fused, block by block
+            mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm, fused=bf16))  # block by block
         else:
             x = gate("mlp_in", h if a.post_norm else normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm))
             if "router" in L:  # mixture of experts (:mod:`.moe`)
@@ -415,13 +436,16 @@ class Decoder:
             h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
         return h
 
-    def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None) -> dict:
+    def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None, bf16=False, grouped=False) -> dict:
         """The normed residual stream x (b, n, d_model) and q, k, v (b, H, n, d_head) of a
         GPT-2 / Llama-family layer (module docstring), computed block of tokens by block of
         tokens on the thread budget (:func:`for_row_blocks`: norm, products, q_norm / k_norm and
         rotation of each token together); q_prerotary, k_prerotary too when `pre` (or the
         model has no rotation, where they are q and k). A given x (an intervened attention
-        input) is used instead of the norm of h."""
+        input) is used instead of the norm of h. `bf16`: the bfloat16 mode's fused RMSNorms,
+        and q, k, v rounded to bfloat16 in their blocks (``"rounded"`` in the result).
+        `grouped`: grouped-query keys and values (and k_prerotary) stay one per key head,
+        (b, n_kv_heads, n, d_head), instead of repeated for each query head."""
         a = self.arch
         b, n, d = h.shape
         H, K, dh = a.n_heads, a.n_kv_heads, a.d_head
@@ -435,7 +459,7 @@ class Decoder:
 
         def block(lo, hi):
             if given is None:
-                xr = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
+                xr = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16)
                 x[lo:hi] = xr
             else:
                 xr = given[lo:hi]
@@ -449,13 +473,17 @@ class Decoder:
                 vr = vr if L["b_v"] is None else vr + L["b_v"]
             qr, kr, vr = qr.reshape(-1, H, dh), kr.reshape(-1, K, dh), vr.reshape(-1, K, dh)
             if a.qk_norm:
-                qr = normalize(qr, L["q_norm"], None, a.norm_eps, "rmsnorm")
-                kr = normalize(kr, L["k_norm"], None, a.norm_eps, "rmsnorm")
+                qr = normalize(qr, L["q_norm"], None, a.norm_eps, "rmsnorm", fused=bf16)
+                kr = normalize(kr, L["k_norm"], None, a.norm_eps, "rmsnorm", fused=bf16)
             if before is not None:
                 before[0][:, lo:hi], before[1][:, lo:hi] = qr.transpose(1, 0, 2), kr.transpose(1, 0, 2)
             if cos_sin is not None:
                 c, s = cos_sin[0][lo:hi], cos_sin[1][lo:hi]
                 qr, kr = self.rotary.rotate(qr, cos_sin=(c, s)), self.rotary.rotate(kr, cos_sin=(c, s))
+            if bf16:  # what the attention reads
+                qr, kr, vr = (np.ascontiguousarray(t, dtype=np.float32) for t in (qr, kr, vr))
+                for t in (qr, kr, vr):
+                    _core.round_bf16_values(t)
             q[:, lo:hi], k[:, lo:hi], v[:, lo:hi] = (t.transpose(1, 0, 2) for t in (qr, kr, vr))
 
         for_row_blocks(block, rows)
@@ -464,10 +492,10 @@ class Decoder:
             return t.reshape(t.shape[0], b, n, dh).transpose(1, 0, 2, 3)
 
         def repeat(t):  # grouped-query keys and values, one per query head
-            return t if H == K else np.repeat(t, H // K, axis=1)
+            return t if H == K or grouped else np.repeat(t, H // K, axis=1)
 
         q, k, v = heads(q), repeat(heads(k)), repeat(heads(v))
-        out = {"q": q, "k": k, "v": v, "attention_inputs": x.reshape(b, n, d)}
+        out = {"q": q, "k": k, "v": v, "attention_inputs": x.reshape(b, n, d), "rounded": bf16}
         if cos_sin is None:
             out.update(q_prerotary=q, k_prerotary=k)
         elif before is not None:
@@ -475,25 +503,29 @@ class Decoder:
         return out
 
 
-def _dense_mlp(h, L, a, act, pre_norm=True):
+def _dense_mlp(h, L, a, act, pre_norm=True, fused=False):
     """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
     down(act(gate) * up) or down(act(up)), biases where stored, block of tokens by block of
     tokens on the thread budget (norm, products and activation function together), at most MLP_ROWS
     tokens a block (the hidden units of a long input would otherwise take (n, d_ff) arrays
-    several times over)."""
+    several times over). `fused`: the bfloat16 mode's fused RMSNorm and SwiGLU gate."""
     def block(rows):
-        x = normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm) if pre_norm else rows
-        return _mlp_block(x, L, a.gated, act)
+        x = normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused) if pre_norm else rows
+        return _mlp_block(x, L, a.gated, act, fused)
 
     return map_rows(block, h, h.shape[-1], max_rows=MLP_ROWS)
 
 
-def _mlp_hidden(x, L, gated: bool, act):
-    """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)."""
+def _mlp_hidden(x, L, gated: bool, act, fused=False):
+    """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)
+    (`fused`, SiLU on float32: silu(gate) * up in one pass of the core)."""
     u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
     if not gated:
         return act(u)
     g = x @ L["gate"] if L["b_gate"] is None else x @ L["gate"] + L["b_gate"]
+    if fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and u.flags.c_contiguous:
+        _core.silu_mul(g, u)
+        return u
     return act(g) * u
 
 
@@ -503,6 +535,6 @@ def _mlp_down(hidden, L):
     return mlp if L.get("b_down") is None else mlp + L["b_down"]
 
 
-def _mlp_block(x, L, gated: bool, act):
+def _mlp_block(x, L, gated: bool, act, fused=False):
     """The MLP of a block of rows (x, d) (called from the pool: plain products)."""
-    return _mlp_down(_mlp_hidden(x, L, gated, act), L)
+    return _mlp_down(_mlp_hidden(x, L, gated, act, fused), L)

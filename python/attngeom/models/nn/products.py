@@ -326,5 +326,6 @@ def bfloat16_values(x: np.ndarray) -> np.ndarray:
     >>> bfloat16_values(np.array([1.0 + 2.0 ** -9, 3.0])).tolist()
     [1.0, 3.0]
     """
-    bits = _core.round_bf16(np.ascontiguousarray(x, dtype=np.float32))
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    _core.round_bf16_values(out)
+    return out

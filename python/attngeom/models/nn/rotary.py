@@ -30,6 +30,8 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
+from ... import _core
+
 
 def rope_frequencies(rope: dict, d_head: int) -> np.ndarray:
     """The rotation frequencies theta_p of a rotary model, float64 (d_head / 2,).
@@ -228,6 +230,10 @@ class Rotary:
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x must have shape (..., n, {self.d_head}), got {x.shape}")
         cos, sin = self.cos_sin(positions, x.dtype if x.dtype.kind == "f" else np.float64) if cos_sin is None else cos_sin
+        if (x.ndim == 3 and x.dtype == cos.dtype == sin.dtype == np.float32 and
+                cos.shape == sin.shape == (x.shape[0], 1, x.shape[2])):  # a block of tokens' heads: one pass of the core
+            return _core.rotate_half(np.ascontiguousarray(x), np.ascontiguousarray(cos[:, 0]),
+                                     np.ascontiguousarray(sin[:, 0]), self.interleaved)
         if self.interleaved:  # (a, b) -> (-b, a) within each neighbour pair
             rotated_half = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
         else:

@@ -1,0 +1,28 @@
+// The float32 token-wise steps of a forward pass, fused: one pass over a row where NumPy
+// takes four or five (RMS norm, SwiGLU's gate and rounding to bfloat16 values in the bfloat16
+// mode; the rotary embedding, bitwise NumPy's, in float32 and bfloat16 modes).
+// Each works on one row block on the calling thread (the forward's row blocks run in
+// parallel); a row's result depends on that row only.
+#pragma once
+
+#include <cstdint>
+
+namespace attngeom {
+
+// y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for `rows` rows of length d (y may be x).
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y);
+
+// u[i] = silu(g[i]) u[i], silu(g) = g / (1 + exp(-g)), in place (SwiGLU's hidden units).
+void silu_mul(const float* g, float* u, int64_t count);
+
+// y = x cos + rotate_half(x) sin for head vectors x (rows, heads, d) with one cos and sin row
+// (rows, d) per token; rotate_half maps the halves (a, b) to (-b, a), or each neighbour pair
+// when `interleaved`. Products, then the sum, each rounded as NumPy's expression rounds them:
+// bitwise NumPy's result (y may be x).
+void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
+                 bool interleaved, float* y);
+
+// x[i] = bfloat16(x[i]) (nearest, ties to even) as float32, in place.
+void round_to_bf16_values(float* x, int64_t count);
+
+}  // namespace attngeom

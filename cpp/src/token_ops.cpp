@@ -1,0 +1,71 @@
+// Fused token-wise steps of the bfloat16 mode (token_ops.hpp), with Eigen's vector exp.
+#include "attngeom/token_ops.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace attngeom {
+
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y) {
+  using Row = Eigen::Array<float, 1, Eigen::Dynamic>;
+  const Eigen::Map<const Row> gain(w, d);
+  for (int64_t r = 0; r < rows; ++r) {
+    const Eigen::Map<const Row> xr(x + r * d, d);
+    const float mean_square = xr.square().sum() / static_cast<float>(d);
+    const float inv = 1.0f / std::sqrt(mean_square + eps);
+    Eigen::Map<Row>(y + r * d, d) = gain * (xr * inv);
+  }
+}
+
+void silu_mul(const float* g, float* u, int64_t count) {
+  constexpr int64_t BLOCK = 4096;  // Eigen's expression over a block: vector exp, no temporaries
+  for (int64_t i = 0; i < count; i += BLOCK) {
+    const int64_t m = std::min(BLOCK, count - i);
+    const Eigen::Map<const Eigen::ArrayXf> gi(g + i, m);
+    Eigen::Map<Eigen::ArrayXf> ui(u + i, m);
+    ui = gi / (1.0f + (-gi).exp()) * ui;
+  }
+}
+
+void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
+                 bool interleaved, float* y) {
+  const int64_t h = d / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cos + r * d;
+    const float* s = sin + r * d;
+    for (int64_t head = 0; head < heads; ++head) {
+      const float* xv = x + (r * heads + head) * d;
+      float* yv = y + (r * heads + head) * d;
+      if (interleaved) {
+        for (int64_t i = 0; i < h; ++i) {
+          const float a = xv[2 * i], b = xv[2 * i + 1];
+          yv[2 * i] = a * c[2 * i] + (-b) * s[2 * i];
+          yv[2 * i + 1] = b * c[2 * i + 1] + a * s[2 * i + 1];
+        }
+      } else {
+        for (int64_t i = 0; i < h; ++i) {
+          const float a = xv[i], b = xv[i + h];
+          yv[i] = a * c[i] + (-b) * s[i];
+          yv[i + h] = b * c[i + h] + a * s[i + h];
+        }
+      }
+    }
+  }
+}
+
+void round_to_bf16_values(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      u = (u | 0x00400000u) & 0xffff0000u;  // NaN: quiet
+    } else {
+      u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    }
+    std::memcpy(x + i, &u, sizeof u);
+  }
+}
+
+}  // namespace attngeom
