@@ -1,43 +1,55 @@
-"""A Qwen3-0.6B-shaped model's forward pass at long lengths: attngeom against transformers.
+"""A Qwen3-0.6B-shaped model's forward pass at long lengths: attngeom against transformers,
+in float32 and in bfloat16.
 
 A random-init checkpoint with Qwen3-0.6B's shapes (hidden 1024, 28 layers, 16 query and 8
 key/value heads of width 128, q_norm / k_norm, SwiGLU intermediate 3072, vocabulary 151,936,
 tied embeddings; bfloat16 on disk, 1.2 GB) is written by ``transformers`` (save_pretrained)
-in a child process. Then, for each length n, each of these runs in a fresh process on the
-same n random token ids, float32, with the same thread count (--threads, default 2: the
-children's attngeom, NumPy BLAS and torch counts are printed) for every library:
+in a child process. Then, for each length n and thread count (--threads, default 1 and 2:
+the children's attngeom, NumPy BLAS and torch counts are printed), each of these runs in a
+fresh process on the same n random token ids:
 
-* ``attngeom``: ``model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")``:
-  every head's streaming statistics (entropy, sink mass, mean distance, ... per query) and
-  the last position's logits, with no (n, n) weights formed;
-* ``transformers_sdpa``: ``attn_implementation="sdpa"``, ``logits_to_keep=1``,
-  ``use_cache=False`` (no weights, and no key/value cache: attngeom allocates none);
-* ``transformers_eager``: ``output_attentions=True`` (every layer's weights, the peer way to
-  get any attention statistic), ``use_cache=False``, only where its estimated memory fits.
+* ``attngeom``: ``model.forward(ids, keep=("attention_stats", "logits"), logits_at="last")``
+  in float32: every head's streaming statistics (entropy, sink mass, mean distance, ... per
+  query) and the last position's logits, with no (n, n) weights formed;
+* ``attngeom_bf16``: the same with ``dtype="bfloat16"`` (bfloat16 products with float32
+  sums on the CPU's bfloat16 dot products, attention on bfloat16 q, k, v with float32
+  scores and statistics, norms and residuals in float32);
+* ``transformers_sdpa``: float32, ``attn_implementation="sdpa"``, ``logits_to_keep=1``,
+  ``use_cache=False`` (no weights, and no key/value cache: attngeom allocates none); the
+  anchor of every speed ratio;
+* ``transformers_bf16``: the same loaded with ``dtype=torch.bfloat16``, the way a bfloat16
+  checkpoint is usually run (every activation in bfloat16, oneDNN's bfloat16 products);
+* ``transformers_eager``: float32, ``output_attentions=True`` (every layer's weights, the
+  peer way to get any attention statistic), ``use_cache=False``, only where its estimated
+  memory fits (and only at the largest thread count);
+* ``reference``: attngeom in float64, one forward, for the logits' errors (not timed; off
+  with --no-reference).
+
+Both attngeom runs load with ``keep_weights=True`` (repeated passes keep the layers'
+weights, as transformers keeps its loaded model; ``--release-weights`` measures the default,
+which releases a mapped checkpoint's pages after each layer).
 
 Each process loads the model, runs the forward once (the warm-up) and then --repeats times
 (default 3; the time is their median), and reports two memory figures: the peak resident
 set of the process (VmHWM, loading included), and the activation memory, the peak while the
-forwards ran minus the resident set right after loading (what the forward passes add to
-the loaded model; the peak is reset after loading, so a loading transient, such as
-transformers' bfloat16-to-float32 copy, does not count in it). attngeom maps the
-checkpoint and reads each layer's bfloat16 pages as the forward reaches it, releasing them
-after, so its activation figure includes about a layer of weights (and their float32 copy);
-transformers holds all its float32 weights (2.4 GB) once loaded, outside that figure.
-Ratios are against transformers' sdpa forward of the same length in the same run. The
-lengths are 512, 2,048 and 8,192 tokens (add 32,768 with ``--long``; choose others with
-``--lengths``; --quick: 512 and 2,048).
+forwards ran minus the resident set right after loading. Speeds are ratios against
+transformers' float32 sdpa forward of the same length and thread count in the same run, and
+attngeom_bf16's against transformers_bf16's. Each engine's last-token logits are compared
+with the float64 reference: the largest error relative to the reference's largest logit,
+and whether the top token agrees. The lengths are 512, 2,048 and 8,192 tokens (add 32,768
+with ``--long``; choose others with ``--lengths``; --quick: 512 and 2,048 at 2 threads).
 
-Gate: the last token's logits of attngeom (and of transformers' eager forward) are compared
-with transformers' sdpa ones (harness.agree, relative to sdpa's largest logit); the exit
-status is 1 beyond the tolerance, 1e-3. Two float32 forwards through 28 layers agree to
-about 2e-6 at 512 tokens and 6e-6 at 2,048 (measured; eager to sdpa: 8e-7); the tolerance
-leaves room for the longer sums of 32k tokens, and a wrong layer, rotary phase or mask
-changes the logits in their first digit. A length whose process fails (out of memory,
-say) fails the gate too.
+Gates: attngeom's float32 logits against transformers' sdpa ones (harness.agree, relative to
+sdpa's largest logit, tolerance 1e-3: two float32 forwards through 28 layers agree to about
+2e-6 at 512 tokens and 6e-6 at 2,048, and a wrong layer, rotary phase or mask changes the
+logits in their first digit), and attngeom_bf16's logits against the float64 reference with
+transformers_bf16's own error there as the tolerance (at least 5e-3 of the largest logit:
+bfloat16 keeps 8 significant bits); the exit status is 1 beyond either. A length whose
+process fails (out of memory, say) fails the gate too.
 
-  python benchmarks/bench_long_context.py [--out DIR] [--lengths 512 2048] [--long] [--threads 2] [--repeats R]
-                                          [--libraries ...] [--quick]
+  python benchmarks/bench_long_context.py [--out DIR] [--lengths 512 2048] [--long] [--threads 1 2]
+                                          [--repeats R] [--libraries ...] [--no-reference]
+                                          [--release-weights] [--quick]
 
 Writes long_context.json to --out.
 """
@@ -55,6 +67,7 @@ from harness import agree, fail, finish, machine, parse, parser, run_child
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
 TOLERANCE = 1e-3  # the last token's logits against transformers' sdpa, relative; see the docstring
+BF16_FLOOR = 5e-3  # the least tolerance of attngeom_bf16 against the float64 reference, relative
 
 WRITER = r"""
 import sys, torch, transformers
@@ -72,18 +85,21 @@ import attngeom as ag      # first: its thread settings reach NumPy's BLAS
 import numpy as np
 from harness import measure_forward
 
-kind, folder, n, threads, repeats, logits_file = sys.argv[1:7]
-n, threads, repeats = int(n), int(threads), int(repeats)
+kind, folder, n, threads, repeats, logits_file, keep_weights = sys.argv[1:8]
+n, threads, repeats, keep_weights = int(n), int(threads), int(repeats), keep_weights == "1"
 ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], n)
 ag.set_num_threads(threads)
-if kind == "attngeom":
-    result = measure_forward(lambda: ag.load_model(folder),
-                             lambda model: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last"),
+if kind.startswith("attngeom") or kind == "reference":
+    dtype = {"attngeom": np.float32, "attngeom_bf16": "bfloat16", "reference": np.float64}[kind]
+    result = measure_forward(lambda: ag.load_model(folder, keep_weights=keep_weights),
+                             lambda model: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last",
+                                                         dtype=dtype),
                              lambda f: f.logits[-1], repeats, logits_file)
 else:
     import torch, transformers
     torch.set_num_threads(threads)
     eager = kind == "transformers_eager"
+    dtype = torch.bfloat16 if kind == "transformers_bf16" else torch.float32
     x = torch.tensor(ids)[None]
 
     def forward(model):
@@ -91,13 +107,14 @@ else:
             return model(x, logits_to_keep=1, output_attentions=eager, use_cache=False)
 
     result = measure_forward(lambda: transformers.AutoModelForCausalLM.from_pretrained(
-                                 folder, dtype=torch.float32, attn_implementation="eager" if eager else "sdpa"),
+                                 folder, dtype=dtype, attn_implementation="eager" if eager else "sdpa"),
                              forward, lambda out: out.logits[0, -1].float().numpy(), repeats, logits_file)
 print(json.dumps(result))
 """
 
 
-KINDS = ("attngeom", "transformers_sdpa", "transformers_eager")
+KINDS = ("attngeom", "attngeom_bf16", "transformers_sdpa", "transformers_bf16", "transformers_eager")
+PAIRS = {"attngeom": "transformers_sdpa", "attngeom_bf16": "transformers_bf16"}  # attngeom run: its peer
 
 
 def eager_bytes(n: int) -> int:
@@ -126,27 +143,44 @@ def cpu_name() -> str:
     return f"{fields.get('model name')} (cpu family {fields.get('cpu family')} model {fields.get('model')})"
 
 
-def table_line(n, kind, r) -> str:
+def table_line(n, threads, kind, r) -> str:
     """One row of the printed table."""
     if "seconds" not in r:
-        return f"{n:>7}  {kind:<19}  {r.get('skipped') or r.get('error')}"
+        return f"{n:>7}  {threads:>2}  {kind:<19}  {r.get('skipped') or r.get('error')}"
+    if r["seconds"] is None:  # the float64 reference: one untimed forward
+        return f"{n:>7}  {threads:>2}  {kind:<19}  {'-':>8}  {'(reference)':>11}  {r['peak_rss_mb'] / 1024:>8.2f}"
     ratio = f"{r['speed_vs_sdpa']:.2f}x" if "speed_vs_sdpa" in r else "1 (anchor)"
-    agreement = (f"{r['logits_vs_sdpa']['max_rel_error']:.1e} {'ok' if r['logits_vs_sdpa']['ok'] else 'DISAGREES'}"
-                 if "logits_vs_sdpa" in r else "(anchor)")
-    return (f"{n:>7}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>10}  {r['peak_rss_mb'] / 1024:>13.2f}  "
-            f"{r['activation_mb'] / 1024:>16.2f}  {agreement}")
+    peer = f"{r['speed_vs_peer']:.2f}x" if "speed_vs_peer" in r else ""
+    error = r.get("logits_vs_reference")
+    error = f"{error['max_rel_error']:.1e} {'top-1 ok' if error['top1'] else 'top-1 differs'}" if error else ""
+    return (f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>11}  {peer:>9}  "
+            f"{r['peak_rss_mb'] / 1024:>8.2f}  {r['activation_mb'] / 1024:>11.2f}  {error}")
+
+
+def reference_error(ours: np.ndarray, reference: np.ndarray) -> dict:
+    """The largest error of `ours` relative to the reference's largest logit, and top-1 agreement."""
+    scale = float(np.max(np.abs(reference)))
+    return {"max_abs_error": float(np.max(np.abs(ours - reference))),
+            "max_rel_error": float(np.max(np.abs(ours - reference))) / scale,
+            "top1": bool(np.argmax(ours) == np.argmax(reference))}
 
 
 def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
-    ap.add_argument("--threads", type=int, default=2, help="threads of every library (default 2)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                    help="thread counts of every library (default 1 2)")
     ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the float64 reference forward")
+    ap.add_argument("--release-weights", action="store_true",
+                    help="attngeom's default: release a mapped checkpoint's pages after each layer")
     args = parse(ap, argv)
     if "transformers_sdpa" not in args.libraries:
         ap.error("--libraries must include transformers_sdpa: it is the anchor every figure is compared with")
     lengths = ([512, 2048] if args.quick else args.lengths) + ([32768] if args.long else [])
+    thread_counts = [2] if args.quick else sorted(set(args.threads))
+    keep = "0" if args.release_weights else "1"
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         writer = subprocess.run([sys.executable, "-c", "SHAPE = " + repr(SHAPE) + "\n" + WRITER, folder],
@@ -155,52 +189,79 @@ def main(argv=None):
             sys.stderr.write(writer.stderr)
             raise SystemExit("writing the checkpoint with transformers failed")
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
-        print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; {args.threads} threads for every "
-              f"library; {cpu_name()}")
-        print(f"one process per library and length: a warm-up forward, then the median of {args.repeats}; peak RSS "
-              "of the process (loading included); activations = peak RSS while the forwards ran - RSS after "
-              "loading; logits = the last token's, relative error against transformers_sdpa's")
-        print("      n  library              time [s]  speed/sdpa  peak RSS [GB]  activations [GB]  logits rel err")
+        print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; threads {thread_counts} for every "
+              f"library; {cpu_name()}; attngeom keep_weights={keep == '1'}")
+        print(f"one process per library, length and thread count: a warm-up forward, then the median of "
+              f"{args.repeats}; speed/sdpa against transformers float32 sdpa, /peer attngeom against transformers "
+              "in its dtype; peak RSS of the process (loading included); activations = peak RSS while the "
+              "forwards ran - RSS after loading; error = the last token's logits against attngeom float64, "
+              "relative to its largest logit")
+        print("      n  th  library              time [s]   speed/sdpa  speed/peer  RSS [GB]  activ. [GB]  error")
         threads_seen = {}
         for n in lengths:
-            row = {"n": n}
-            for kind in KINDS:
-                if kind not in args.libraries:
-                    row[kind] = {"skipped": "not asked for (--libraries)"}
-                    continue
-                if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
-                    row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
-                    continue
-                row[kind] = run_child(CHILD, kind, folder, n, args.threads, args.repeats,
-                                      os.path.join(folder, f"{kind}.npy"), threads=args.threads, SHAPE=SHAPE)
-                threads_seen.setdefault(kind, row[kind].get("threads"))
-            base = row["transformers_sdpa"]
-            for kind in ("attngeom", "transformers_eager"):
-                r = row[kind]
-                if "seconds" in r and "seconds" in base:
-                    r["speed_vs_sdpa"] = base["seconds"] / r["seconds"]
-                    r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
-                    r["activation_memory_vs_sdpa"] = r["activation_mb"] / base["activation_mb"]
-                    r["logits_vs_sdpa"] = agree(f"n={n} {kind} last-token logits vs transformers_sdpa",
-                                                np.load(os.path.join(folder, f"{kind}.npy")),
+            reference = None
+            if not args.no_reference:
+                ref = run_child(CHILD, "reference", folder, n, max(thread_counts), 0,
+                                os.path.join(folder, "reference.npy"), keep, threads=max(thread_counts), SHAPE=SHAPE)
+                if "error" in ref:
+                    fail(f"n={n} reference", f"its process failed: {ref['error']}")
+                else:
+                    reference = np.load(os.path.join(folder, "reference.npy"))
+                print(table_line(n, max(thread_counts), "reference", ref), flush=True)
+            for threads in thread_counts:
+                row = {"n": n, "threads": threads}
+                for kind in KINDS:
+                    if kind not in args.libraries:
+                        row[kind] = {"skipped": "not asked for (--libraries)"}
+                        continue
+                    if kind == "transformers_eager" and threads != max(thread_counts):
+                        row[kind] = {"skipped": "at the largest thread count only"}
+                        continue
+                    if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
+                        row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
+                        continue
+                    row[kind] = run_child(CHILD, kind, folder, n, threads, args.repeats,
+                                          os.path.join(folder, f"{kind}.npy"), keep, threads=threads, SHAPE=SHAPE)
+                    threads_seen.setdefault(kind, row[kind].get("threads"))
+                base = row["transformers_sdpa"]
+                for kind in KINDS:
+                    r = row[kind]
+                    if "seconds" not in r:
+                        continue
+                    logits = np.load(os.path.join(folder, f"{kind}.npy"))
+                    if reference is not None:
+                        r["logits_vs_reference"] = reference_error(logits, reference)
+                    if kind != "transformers_sdpa" and "seconds" in base:
+                        r["speed_vs_sdpa"] = base["seconds"] / r["seconds"]
+                        r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
+                    peer = row.get(PAIRS.get(kind, ""), {})
+                    if "seconds" in peer:
+                        r["speed_vs_peer"] = peer["seconds"] / r["seconds"]
+                a, sdpa = row["attngeom"], row["transformers_sdpa"]
+                if "seconds" in a and "seconds" in sdpa:
+                    a["logits_vs_sdpa"] = agree(f"n={n} threads={threads} attngeom last-token logits vs "
+                                                "transformers_sdpa", np.load(os.path.join(folder, "attngeom.npy")),
                                                 np.load(os.path.join(folder, "transformers_sdpa.npy")),
                                                 rtol=TOLERANCE, show=False)
-            for kind in KINDS:
-                if "error" in row[kind]:
-                    fail(f"n={n} {kind}", f"its process failed: {row[kind]['error']}")
-            a, e = row["attngeom"], row["transformers_eager"]
-            if "seconds" in a and "seconds" in e:
-                row["attngeom_vs_eager"] = {"speed": e["seconds"] / a["seconds"],
-                                            "memory": e["peak_rss_mb"] / a["peak_rss_mb"],
-                                            "activation_memory": e["activation_mb"] / a["activation_mb"]}
-            rows.append(row)
-            for kind in KINDS:
-                print(table_line(n, kind, row[kind]), flush=True)
+                bf, tf = row["attngeom_bf16"], row["transformers_bf16"]
+                if reference is not None and "seconds" in bf:
+                    theirs = tf.get("logits_vs_reference", {}).get("max_rel_error", 0.0)
+                    bf["logits_vs_reference_gate"] = agree(
+                        f"n={n} threads={threads} attngeom_bf16 last-token logits vs the float64 reference",
+                        np.load(os.path.join(folder, "attngeom_bf16.npy")), reference,
+                        rtol=max(BF16_FLOOR, theirs), show=False)
+                for kind in KINDS:
+                    if "error" in row[kind]:
+                        fail(f"n={n} threads={threads} {kind}", f"its process failed: {row[kind]['error']}")
+                rows.append(row)
+                for kind in KINDS:
+                    print(table_line(n, threads, kind, row[kind]), flush=True)
         for kind, counts in threads_seen.items():
             if counts:
                 print(f"threads in the {kind} processes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return finish(args.out, "long_context", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
-                  meta=machine(threads_all=args.threads, repeats=args.repeats), threads=threads_seen, rows=rows)
+                  meta=machine(threads_all=thread_counts, repeats=args.repeats, keep_weights=keep == "1"),
+                  threads=threads_seen, rows=rows)
 
 
 if __name__ == "__main__":

@@ -259,7 +259,8 @@ def measure_forward(load, forward, logits, repeats: int, logits_file: str) -> di
     """A model's forward pass as the memory benchmarks measure it, in a fresh process: the
     model from ``load()``, the :func:`after_load` reading, one warm-up ``forward(model)``,
     then `repeats` timed ones; ``logits(output)`` of the last is saved to `logits_file`
-    (.npy, float32) for the parent to compare. Returns seconds (the median), times, the
+    (.npy, float64) for the parent to compare. Returns seconds (the median; None for no timed
+    call), times, the
     :func:`memory_figures` and the :func:`thread_counts` of the process."""
     import statistics
     import time
@@ -272,9 +273,9 @@ def measure_forward(load, forward, logits, repeats: int, logits_file: str) -> di
         t0 = time.perf_counter()
         out = forward(model)
         times.append(time.perf_counter() - t0)
-    np.save(logits_file, np.asarray(logits(out), np.float32))
-    return {"seconds": statistics.median(times), "times": times, **memory_figures(loaded, memory_mb()),
-            "threads": thread_counts()}
+    np.save(logits_file, np.asarray(logits(out), np.float64))
+    return {"seconds": statistics.median(times) if times else None, "times": times,
+            **memory_figures(loaded, memory_mb()), "threads": thread_counts()}
 
 
 def machine(**fields) -> dict:

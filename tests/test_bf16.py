@@ -329,3 +329,43 @@ def test_torch_bfloat16_tensors_in_the_bridge():
     assert q.grad is not None and q.grad.dtype == torch.bfloat16
     y, stats = at.softmax_attention(q, k, v, causal=True, return_stats=True)
     assert y.dtype == torch.bfloat16 and stats.entropy.dtype == torch.float32
+
+
+# -- weights kept across passes --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_kept_weights_give_the_same_bits(bf16_models, dtype):
+    model = bf16_models["qwen3", 1][0]
+    ids = np.arange(30) % 50
+    plain = model.forward(ids, dtype=dtype, keep=("logits", "attention_stats"))
+    model.keep_weights = True
+    try:
+        for _ in range(2):
+            f = model.forward(ids, dtype=dtype, keep=("logits", "attention_stats"))
+            np.testing.assert_array_equal(f.logits, plain.logits)
+            np.testing.assert_array_equal(f.attention_stats.entropy, plain.attention_stats.entropy)
+        kept = model.decoder._kept
+        assert len(kept) == 1 and len(next(iter(kept.values()))) == model.arch.n_layers
+        if dtype == "bfloat16":  # the stored bits themselves, nothing widened
+            layer = next(iter(kept.values()))[0]
+            assert np.shares_memory(layer["q"].bits, model.decoder.w["layers"][0]["q"].bits)
+    finally:
+        model.keep_weights = False
+    assert not model.decoder._kept
+
+
+def test_kept_weights_are_refused_beyond_memory(bf16_models, monkeypatch):
+    import attngeom.models.nn.decoder as decoder
+
+    model = bf16_models["qwen3", 2][0]
+    need = model.decoder.kept_bytes(np.float32)
+    assert model.decoder.kept_bytes(np.float64) == 2 * need
+    assert 0.5 * need <= model.decoder.kept_bytes("bfloat16") < 0.6 * need  # norms stay float32
+    monkeypatch.setattr(decoder, "available_bytes", lambda: need)
+    model.keep_weights = True
+    try:
+        with pytest.raises(ValueError, match="keep_weights: the layers' weights take"):
+            model.forward(np.arange(4), dtype=np.float32)
+    finally:
+        model.keep_weights = False
+    with pytest.raises(TypeError, match="keep_weights must be True or False"):
+        model.keep_weights = 1

@@ -44,12 +44,12 @@ from ..io.architecture import ACTIVATION_FUNCTIONS, Architecture
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import release_pages
 from ..io.weights import read_weights
-from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks
+from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks, available_bytes
 from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
-from .products import BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks, map_rows, product, product_threads
+from .products import BFLOAT16, BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks, map_rows, product, product_threads
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -76,7 +76,7 @@ def layer_in(stored: dict, dt, bf16: bool) -> dict:
             value.astype(dt, copy=False) for key, value in stored.items()}
 
 
-def _unembed(final, W, dt, bf16=False):
+def _unembed(final, W, dt, bf16=False, release=True):
     """final (..., d) @ W^T for W (vocab, d) as stored, cast in blocks of vocabulary rows
     (in the bfloat16 mode read as bfloat16 weights, the stored bits where they are bfloat16)."""
     V = W.shape[0]
@@ -85,7 +85,8 @@ def _unembed(final, W, dt, bf16=False):
         rows = W[i:i + _UNEMBED_ROWS]
         logits[..., i:i + _UNEMBED_ROWS] = product(final, BFloat16Weight.of(rows.T) if bf16 else
                                                    rows.astype(dt, copy=False).T)
-        release_pages(rows)
+        if release:
+            release_pages(rows)
     return logits
 
 
@@ -112,9 +113,55 @@ class Decoder:
     def __init__(self, arch: Architecture, weights: dict):
         self.arch = arch
         self.w = weights
+        self._keep_weights = False
+        self._kept = {}  # (dtype, bf16) -> the layers' weights as the pass reads them
         self.rotary = None if arch.rope is None else Rotary(rope_frequencies(arch.rope, arch.rotary_dim),
                                                              interleaved=arch.mla is not None,
                                                              attention_factor=yarn_factors(arch.rope)[0])
+
+    # -- weights kept across passes ------------------------------------------------------
+    @property
+    def keep_weights(self) -> bool:
+        """Whether passes keep the layers' weights as they read them (cast to the computation
+        dtype, or the bfloat16 mode's weights with their mapped pages) for the next pass,
+        instead of casting them again and releasing a mapped checkpoint's pages after each
+        layer (:meth:`attngeom.models.Model.keep_weights`)."""
+        return self._keep_weights
+
+    @keep_weights.setter
+    def keep_weights(self, on: bool) -> None:
+        if not isinstance(on, (bool, np.bool_)):
+            raise TypeError(f"keep_weights must be True or False, got {on!r}")
+        self._keep_weights = bool(on)
+        if not on:
+            self._kept.clear()
+
+    def kept_bytes(self, dtype) -> int:
+        """The memory the layers' weights take when kept in the computation dtype `dtype`
+        (float32, float64 or "bfloat16": bfloat16 weights as stored, the rest float32)."""
+        dt, bf16 = compute_dtype(dtype)
+        total = 0
+        for stored in self.w["layers"]:
+            for key, value in stored.items():
+                if value is None:
+                    continue
+                two = bf16 and key in PRODUCT_WEIGHTS and value.ndim == 2
+                total += value.size * (2 if two else dt.itemsize)
+        return total
+
+    def _layers_for(self, dt, bf16) -> Optional[dict]:
+        """The kept layers of this computation mode (created empty, after the size check), or
+        None when weights are not kept."""
+        if not self._keep_weights:
+            return None
+        key = (dt.str, bf16)
+        if key not in self._kept:
+            need, have = self.kept_bytes(BFLOAT16 if bf16 else dt), available_bytes()
+            if need > 0.8 * have:
+                raise ValueError(f"keep_weights: the layers' weights take {need / 2 ** 30:.1f} GiB in this dtype, more "
+                                 f"than 80% of the {have / 2 ** 30:.1f} GiB available; set keep_weights = False")
+            self._kept[key] = {}
+        return self._kept[key]
 
     # -- loading -----------------------------------------------------------------------
     @classmethod
@@ -245,6 +292,7 @@ class Decoder:
         through one :class:`Gate`."""
         a, w = self.arch, self.w
         dt, bf16 = compute_dtype(dtype)
+        held = self._layers_for(dt, bf16)
         plan = ForwardPlan(frozenset(KEEP_DEFAULT), tuple(range(a.n_layers))) if plan is None else plan
         first = 0 if resume is None else int(resume[0])
         kept = sum(1 for i in plan.layers if i >= first)
@@ -266,15 +314,20 @@ class Decoder:
                 break  # nothing after the last kept (or intervened) layer is asked for
             gate.enter(li)
             h = gate("resid_pre", h)
-            L = layer_in(stored, dt, bf16)
+            L = None if held is None else held.get(li)
+            if L is None:
+                L = layer_in(stored, dt, bf16)
+                if held is not None:
+                    held[li] = L
             h, scale = self._attention(li, h, L, gate, ctx, bf16)
             h = self._mlp(h, L, gate, act, bf16)
             h = gate("resid_post", h)
             if gate.here:
                 scales.append(scale)
             del L
-            for value in stored.values():  # the layer is done: its mapped pages leave the resident set
-                release_pages(value)
+            if held is None:
+                for value in stored.values():  # the layer is done: its mapped pages leave the resident set
+                    release_pages(value)
         if cache is not None:
             cache.advance(ids.shape[1])
         logits = None
@@ -285,7 +338,7 @@ class Decoder:
             if w["unembed"] is not None and plan.wants("logits"):
                 b = ids.shape[0]
                 rows = final if plan.logits_at is None else final[np.arange(b)[:, None], plan.logits_at]
-                logits = _unembed(rows, w["unembed"], dt, bf16)
+                logits = _unembed(rows, w["unembed"], dt, bf16, release=held is None)
         sites = {name: out.get(name) for name in KEEPABLE if name != "logits"}
         for name in GLOBAL_SITES:
             sites[name] = None if sites[name] is None else sites[name][0]

@@ -432,7 +432,7 @@ def plan_forward(arch, mask: np.ndarray, dtype, *, keep=None, layers=None, logit
     sizes = forward_bytes(arch, mask.shape, dtype, plan)
     fields = {name: size for name, size in sizes.items() if name != "working"}
     total = sum(sizes.values())
-    limit = _available_bytes() if available is None else int(available)
+    limit = available_bytes() if available is None else int(available)
     big = max(fields, key=fields.get) if fields else "working"
     big_size = sizes[big]
     if big_size > MAX_ARRAY_BYTES or total > limit:
@@ -516,7 +516,7 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
 MLP_ROWS = 4096
 
 
-def _available_bytes() -> int:
+def available_bytes() -> int:
     """The memory the system reports available (MemAvailable; all physical memory when unknown)."""
     try:
         with open("/proc/meminfo") as f:

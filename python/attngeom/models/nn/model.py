@@ -67,6 +67,27 @@ class Model:
         self.decoder = Decoder.from_checkpoint(ck, arch, prefix)
 
     @property
+    def keep_weights(self) -> bool:
+        """Keep the layers' weights across forward passes (default False).
+
+        By default a pass casts each layer's stored weights to the computation dtype when it
+        reaches the layer and, after it, releases a mapped checkpoint's pages from the resident
+        set, so a pass holds about one layer of weights however large the model. With
+        ``model.keep_weights = True`` (or ``load_model(..., keep_weights=True)``) the weights
+        as a pass reads them are kept for the next pass of the same dtype: the float32 or
+        float64 copies, or in the bfloat16 mode the stored bfloat16 weights, whose mapped
+        pages then stay resident. Repeated passes skip the casts and the page faults. The
+        first pass in a dtype checks that the kept weights take at most 80% of the memory
+        available (``model.decoder.kept_bytes(dtype)``), and raises ValueError otherwise. Setting it
+        to False drops what was kept.
+        """
+        return self.decoder.keep_weights
+
+    @keep_weights.setter
+    def keep_weights(self, on: bool) -> None:
+        self.decoder.keep_weights = on
+
+    @property
     def heads(self) -> ModelHeads:
         """The per-head weights (:class:`ModelHeads`, float64), loaded on first use (or given
         by the adapter that built the Model)."""
@@ -562,7 +583,7 @@ def _have_tokenizers() -> bool:
     return True
 
 
-def load_model(path, *, backend: str = "auto") -> Model:
+def load_model(path, *, backend: str = "auto", keep_weights: bool = False) -> Model:
     """Load a checkpoint for its forward pass: a folder, a file, or a cached hub model name.
 
     Parameters
@@ -574,6 +595,8 @@ def load_model(path, *, backend: str = "auto") -> Model:
         Hugging Face cache (:func:`hub_snapshot`).
     backend : {"auto", "package", "python"}, default "auto"
         The safetensors reader (as in :class:`SafetensorsFile`).
+    keep_weights : bool, default False
+        Keep the layers' weights across forward passes (:attr:`Model.keep_weights`).
 
     Returns
     -------
@@ -595,7 +618,9 @@ def load_model(path, *, backend: str = "auto") -> Model:
     (6, 3, 384)
     """
     ck = Checkpoint(path, backend=backend)
-    return model_from_checkpoint(ck, where=os.path.join(ck.folder, "config.json"))
+    model = model_from_checkpoint(ck, where=os.path.join(ck.folder, "config.json"))
+    model.keep_weights = keep_weights
+    return model
 
 
 def model_from_checkpoint(ck: Checkpoint, *, where: str, heads: Optional[ModelHeads] = None) -> Model:
