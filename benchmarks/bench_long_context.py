@@ -19,6 +19,11 @@ fresh process on the same n random token ids:
   anchor of every speed ratio;
 * ``transformers_bf16``: the same loaded with ``dtype=torch.bfloat16``, the way a bfloat16
   checkpoint is usually run (every activation in bfloat16, oneDNN's bfloat16 products);
+* ``llama_cpp_f32`` / ``llama_cpp_bf16``: llama.cpp (llama-cpp-python) on the same weights
+  written as GGUF with the ``gguf`` package (float32, or bfloat16 matrices with float32
+  norms; no tokenizer, ids fed directly), flash attention on, its default float16 key/value
+  cache, ``n_ctx = n_batch = n``; skipped with a message where llama_cpp or gguf is not
+  installed;
 * ``transformers_eager``: float32, ``output_attentions=True`` (every layer's weights, the
   peer way to get any attention statistic), ``use_cache=False``, only where its estimated
   memory fits (and only at the largest thread count);
@@ -34,7 +39,7 @@ Each process loads the model, runs the forward once (the warm-up) and then --rep
 set of the process (VmHWM, loading included), and the activation memory, the peak while the
 forwards ran minus the resident set right after loading. Speeds are ratios against
 transformers' float32 sdpa forward of the same length and thread count in the same run, and
-attngeom_bf16's against transformers_bf16's. Each engine's last-token logits are compared
+each attngeom run's against its peers in its dtype (transformers and llama.cpp). Each engine's last-token logits are compared
 with the float64 reference: the largest error relative to the reference's largest logit,
 and whether the top token agrees. The lengths are 512, 2,048 and 8,192 tokens (add 32,768
 with ``--long``; choose others with ``--lengths``; --quick: 512 and 2,048 at 2 threads).
@@ -95,6 +100,19 @@ if kind.startswith("attngeom") or kind == "reference":
                              lambda model: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last",
                                                          dtype=dtype),
                              lambda f: f.logits[-1], repeats, logits_file)
+elif kind.startswith("llama_cpp"):
+    from llama_cpp import Llama
+
+    def load():
+        return Llama(model_path=folder + f"/{kind}.gguf", n_ctx=n, n_batch=n, n_threads=threads,
+                     n_threads_batch=threads, flash_attn=True, verbose=False)
+
+    def forward(llm):
+        llm.reset()  # the next eval computes every position again
+        llm.eval(ids.tolist())
+        return np.array(llm.scores[n - 1])
+
+    result = measure_forward(load, forward, lambda out: out, repeats, logits_file)
 else:
     import torch, transformers
     torch.set_num_threads(threads)
@@ -113,8 +131,53 @@ print(json.dumps(result))
 """
 
 
-KINDS = ("attngeom", "attngeom_bf16", "transformers_sdpa", "transformers_bf16", "transformers_eager")
-PAIRS = {"attngeom": "transformers_sdpa", "attngeom_bf16": "transformers_bf16"}  # attngeom run: its peer
+KINDS = ("attngeom", "attngeom_bf16", "transformers_sdpa", "transformers_bf16", "llama_cpp_f32", "llama_cpp_bf16",
+         "transformers_eager")
+PEERS = {"attngeom": ("transformers_sdpa", "llama_cpp_f32"),  # each attngeom run: its peers in its dtype
+         "attngeom_bf16": ("transformers_bf16", "llama_cpp_bf16")}
+
+GGUF_WRITER = r"""  # run by harness.run_child: the checkpoint as GGUF for llama.cpp (qwen3, no tokenizer)
+import json, sys
+import gguf, numpy as np
+from attngeom.models import float32_to_bfloat16, read_safetensors
+
+folder, path, kind = sys.argv[1:4]
+c = json.load(open(folder + "/config.json"))
+t = read_safetensors(folder + "/model.safetensors")
+w = gguf.GGUFWriter(path, "qwen3")
+w.add_block_count(c["num_hidden_layers"])
+w.add_context_length(c["max_position_embeddings"])
+w.add_embedding_length(c["hidden_size"])
+w.add_feed_forward_length(c["intermediate_size"])
+w.add_head_count(c["num_attention_heads"])
+w.add_head_count_kv(c["num_key_value_heads"])
+w.add_key_length(c["head_dim"])
+w.add_value_length(c["head_dim"])
+w.add_rope_freq_base(c["rope_theta"] if "rope_theta" in c else c["rope_parameters"]["rope_theta"])
+w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+w.add_vocab_size(c["vocab_size"])
+w.add_tokenizer_model("none")
+w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if kind == "bf16" else gguf.LlamaFileType.ALL_F32)
+names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+roles = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+         "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+for i in range(c["num_hidden_layers"]):
+    for role, name in roles.items():
+        names[f"model.layers.{i}.{role}.weight"] = f"blk.{i}.{name}.weight"
+for ours, theirs in names.items():
+    a = np.asarray(t.pop(ours), np.float32)
+    if a.ndim == 2 and kind == "bf16":
+        w.add_tensor(theirs, float32_to_bfloat16(a), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    else:
+        w.add_tensor(theirs, a)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+print(json.dumps({"ok": True}))
+"""
 
 
 def eager_bytes(n: int) -> int:
@@ -150,11 +213,21 @@ def table_line(n, threads, kind, r) -> str:
     if r["seconds"] is None:  # the float64 reference: one untimed forward
         return f"{n:>7}  {threads:>2}  {kind:<19}  {'-':>8}  {'(reference)':>11}  {r['peak_rss_mb'] / 1024:>8.2f}"
     ratio = f"{r['speed_vs_sdpa']:.2f}x" if "speed_vs_sdpa" in r else "1 (anchor)"
-    peer = f"{r['speed_vs_peer']:.2f}x" if "speed_vs_peer" in r else ""
+    peer = " ".join(f"{v:.2f}x" for v in r.get("speed_vs", {}).values())
     error = r.get("logits_vs_reference")
     error = f"{error['max_rel_error']:.1e} {'top-1 ok' if error['top1'] else 'top-1 differs'}" if error else ""
-    return (f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>11}  {peer:>9}  "
+    return (f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>11}  {peer:>13}  "
             f"{r['peak_rss_mb'] / 1024:>8.2f}  {r['activation_mb'] / 1024:>11.2f}  {error}")
+
+
+def llama_cpp_missing():
+    """None when llama-cpp-python and gguf import, else why the llama.cpp runs are skipped."""
+    for module in ("llama_cpp", "gguf"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed (pip install llama-cpp-python gguf)"
+    return None
 
 
 def reference_error(ours: np.ndarray, reference: np.ndarray) -> dict:
@@ -189,14 +262,21 @@ def main(argv=None):
             sys.stderr.write(writer.stderr)
             raise SystemExit("writing the checkpoint with transformers failed")
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+        llama = llama_cpp_missing()
+        for kind in ("llama_cpp_f32", "llama_cpp_bf16"):
+            if kind in args.libraries and llama is None:
+                made = run_child(GGUF_WRITER, folder, os.path.join(folder, f"{kind}.gguf"), kind.split("_")[-1],
+                                 threads=1)
+                if "error" in made:
+                    fail(f"writing {kind}.gguf", made["error"])
         print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; threads {thread_counts} for every "
               f"library; {cpu_name()}; attngeom keep_weights={keep == '1'}")
         print(f"one process per library, length and thread count: a warm-up forward, then the median of "
-              f"{args.repeats}; speed/sdpa against transformers float32 sdpa, /peer attngeom against transformers "
-              "in its dtype; peak RSS of the process (loading included); activations = peak RSS while the "
+              f"{args.repeats}; speed/sdpa against transformers float32 sdpa, /peers attngeom against transformers "
+              "and llama.cpp in its dtype; peak RSS of the process (loading included); activations = peak RSS while the "
               "forwards ran - RSS after loading; error = the last token's logits against attngeom float64, "
               "relative to its largest logit")
-        print("      n  th  library              time [s]   speed/sdpa  speed/peer  RSS [GB]  activ. [GB]  error")
+        print("      n  th  library              time [s]   speed/sdpa  speed/peers    RSS [GB]  activ. [GB]  error")
         threads_seen = {}
         for n in lengths:
             reference = None
@@ -213,6 +293,9 @@ def main(argv=None):
                 for kind in KINDS:
                     if kind not in args.libraries:
                         row[kind] = {"skipped": "not asked for (--libraries)"}
+                        continue
+                    if kind.startswith("llama_cpp") and llama is not None:
+                        row[kind] = {"skipped": llama}
                         continue
                     if kind == "transformers_eager" and threads != max(thread_counts):
                         row[kind] = {"skipped": "at the largest thread count only"}
@@ -234,9 +317,9 @@ def main(argv=None):
                     if kind != "transformers_sdpa" and "seconds" in base:
                         r["speed_vs_sdpa"] = base["seconds"] / r["seconds"]
                         r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
-                    peer = row.get(PAIRS.get(kind, ""), {})
-                    if "seconds" in peer:
-                        r["speed_vs_peer"] = peer["seconds"] / r["seconds"]
+                    for peer in PEERS.get(kind, ()):
+                        if "seconds" in row[peer]:
+                            r.setdefault("speed_vs", {})[peer] = row[peer]["seconds"] / r["seconds"]
                 a, sdpa = row["attngeom"], row["transformers_sdpa"]
                 if "seconds" in a and "seconds" in sdpa:
                     a["logits_vs_sdpa"] = agree(f"n={n} threads={threads} attngeom last-token logits vs "

@@ -143,6 +143,18 @@ def test_rounding_to_values_in_place_equals_the_bits():
         _core.round_bf16_values(x[::2])  # in place needs a C-contiguous float32 array
 
 
+def test_widening_in_the_core_keeps_values_and_layout():
+    """bfloat16_to_float32 widens C-contiguous bits (and transposed ones) in the core: the same
+    values and the same strides as NumPy's shift (so the products that read them do not change)."""
+    bits = float32_to_bfloat16(np.random.default_rng(11).standard_normal((300, 200)).astype(np.float32))
+    bits[0, :4] = float32_to_bfloat16(np.array([np.nan, np.inf, -0.0, 2.0 ** -130], np.float32))
+    for b in (bits, bits.T, bits[:, ::2], bits[3], bits[:0]):
+        ref = (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        got = bfloat16_to_float32(b)
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+        assert got.strides == ref.strides
+
+
 def test_fused_rms_norm_and_silu_gate_against_numpy():
     """Within float32 rounding of the float64 formulas (a few units in the last place)."""
     from attngeom.activation_functions import silu

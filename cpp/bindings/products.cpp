@@ -76,6 +76,17 @@ void bind_products(py::module_& m) {
       py::arg("x").noconvert(), "x = bfloat16(x) as float32 values, in place (C-contiguous float32).");
   m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
   m.def(
+      "widen_bf16",
+      [](const CArray<uint16_t>& bits) {
+        CArray<float> x(std::vector<py::ssize_t>(bits.shape(), bits.shape() + bits.ndim()));
+        {
+          py::gil_scoped_release release;
+          widen_bf16(bits.data(), bits.size(), x.mutable_data());
+        }
+        return x;
+      },
+      py::arg("bits").noconvert(), "float32 values of a C-contiguous array of bfloat16 bits (exact).");
+  m.def(
       "round_bf16",
       [](const CArray<float>& x) {
         py::array_t<uint16_t> bits(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));

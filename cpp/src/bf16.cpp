@@ -191,6 +191,16 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
 
 std::string dot_path() { return has_dot() ? "avx512_bf16" : "widened"; }
 
+void widen_bf16(const uint16_t* bits, int64_t count, float* x) {
+  constexpr int64_t BLOCK = 1 << 16;
+  const int64_t blocks = (count + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (parallel_worth(double(count)))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t end = std::min(count, (b + 1) * BLOCK);
+    for (int64_t i = b * BLOCK; i < end; ++i) x[i] = widen_one(bits[i]);
+  }
+}
+
 void round_to_bf16(const float* x, int64_t count, uint16_t* bits) {
   for (int64_t i = 0; i < count; ++i) bits[i] = round_one(x[i]);
 }

@@ -32,6 +32,9 @@ namespace attngeom {
 // "avx512_bf16" where the CPU has bfloat16 dot products, "widened" elsewhere.
 std::string dot_path();
 
+// x[i] = the float32 value of bfloat16 bits[i] (exact); OpenMP over blocks when worth it.
+void widen_bf16(const uint16_t* bits, int64_t count, float* x);
+
 // bits[i] = bfloat16 of x[i], rounded to nearest, ties to even; NaN stays a (quiet) NaN.
 void round_to_bf16(const float* x, int64_t count, uint16_t* bits);
 

@@ -31,6 +31,7 @@ from typing import Dict, Iterable, Optional
 
 import numpy as np
 
+from ... import _core
 from ..._operands import choice
 
 # safetensors dtype codes -> NumPy dtypes of the stored data (little-endian).
@@ -83,6 +84,10 @@ def bfloat16_to_float32(bits) -> np.ndarray:
     b = np.asarray(bits)
     if b.dtype != np.uint16:
         raise TypeError(f"bits must be a uint16 array of bfloat16 bit patterns, got dtype {b.dtype}")
+    if b.ndim and b.flags.c_contiguous:  # the core widens on the thread budget
+        return _core.widen_bf16(b)
+    if b.ndim and b.T.flags.c_contiguous:  # a transposed weight: the same layout as NumPy's order="K"
+        return _core.widen_bf16(b.T).T
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
