@@ -101,6 +101,7 @@ if kind.startswith("attngeom") or kind == "reference":
                                                          dtype=dtype),
                              lambda f: f.logits[-1], repeats, logits_file)
 elif kind.startswith("llama_cpp"):
+    import llama_cpp
     from llama_cpp import Llama
 
     def load():
@@ -109,8 +110,8 @@ elif kind.startswith("llama_cpp"):
 
     def forward(llm):
         llm.reset()  # the next eval computes every position again
-        llm.eval(ids.tolist())
-        return np.array(llm.scores[n - 1])
+        llm.eval(ids.tolist())  # logits of the last position only (as logits_to_keep=1)
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
     result = measure_forward(load, forward, lambda out: out, repeats, logits_file)
 else:
@@ -242,7 +243,7 @@ def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], dest="thread_list",
                     help="thread counts of every library (default 1 2)")
     ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
     ap.add_argument("--no-reference", action="store_true", help="skip the float64 reference forward")
@@ -252,7 +253,7 @@ def main(argv=None):
     if "transformers_sdpa" not in args.libraries:
         ap.error("--libraries must include transformers_sdpa: it is the anchor every figure is compared with")
     lengths = ([512, 2048] if args.quick else args.lengths) + ([32768] if args.long else [])
-    thread_counts = [2] if args.quick else sorted(set(args.threads))
+    thread_counts = [2] if args.quick else sorted(set(args.thread_list))
     keep = "0" if args.release_weights else "1"
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -1,6 +1,9 @@
 """Runs every benchmarks/bench_*.py in turn with the given --out directory.
 
-  python benchmarks/run_all.py [--out DIR] [extra arguments passed to every benchmark, e.g. --quick]
+  python benchmarks/run_all.py [--out DIR] [--moonshot] [extra arguments passed to every benchmark, e.g. --quick]
+
+bench_moonshot.py (a 16 GB checkpoint and half an hour or more) runs in full only with
+--moonshot; with --quick it runs its quick check like the others.
 
 Each benchmark's output is shown as it runs; its agreement lines (the ``agree ...`` checks
 that failed and the ``agreement bench_<name>: ...`` summary, see harness.py) are collected
@@ -35,9 +38,14 @@ def run(script: Path, out: str, extra: list) -> tuple:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results", help="directory the benchmarks write their JSON to")
+    p.add_argument("--moonshot", action="store_true",
+                   help="also run bench_moonshot.py in full (a 16 GB checkpoint and half an hour or more); "
+                        "without it the moonshot runs only with --quick")
     args, extra = p.parse_known_args(argv)
 
     scripts = sorted(Path(__file__).resolve().parent.glob("bench_*.py"))
+    if not args.moonshot and "--quick" not in extra:
+        scripts = [s for s in scripts if s.name != "bench_moonshot.py"]
     if not scripts:
         print("no benchmarks/bench_*.py found", file=sys.stderr)
         return 1
