@@ -381,3 +381,19 @@ def test_kept_weights_are_refused_beyond_memory(bf16_models, monkeypatch):
         model.keep_weights = False
     with pytest.raises(TypeError, match="keep_weights must be True or False"):
         model.keep_weights = 1
+
+
+def test_corpus_statistics_in_bfloat16(tmp_path):
+    """A corpus run in the bfloat16 mode: the same statistics as float32 to bfloat16's
+    precision, and a state folder of its own (the dtype is in the fingerprint)."""
+    folder = ag.models.planted_induction_model(str(tmp_path / "m"), vocab_size=8, n_heads=2, d_head=16,
+                                               n_positions=12)
+    texts = [np.array([1, 2, 3, 1, 2, 3]), np.array([4, 5, 6, 4])]
+    a = ag.corpus_statistics(folder, texts, statistics=("radius", "routing"), dtype="bfloat16")
+    b = ag.corpus_statistics(folder, texts, statistics=("radius", "routing"), dtype=np.float32)
+    assert a.n_tokens == b.n_tokens == 10
+    ra, rb = a.statistics["radius"]["mean"], b.statistics["radius"]["mean"]
+    assert not np.array_equal(ra, rb)
+    np.testing.assert_allclose(ra, rb, rtol=2e-2)
+    with pytest.raises(ValueError, match="float32, float64 or 'bfloat16'"):
+        ag.corpus_statistics(folder, texts, statistics=("radius",), dtype=np.int32)

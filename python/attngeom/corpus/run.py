@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .._durable import read_checked, write_checked
-from .._operands import count, float_dtype
+from .._operands import count
 from ..errors import DamagedFile
 from .cumulants import CumulantStatistic
 from .partitions import batches, blas_limit, merge_states, partition_bounds, results, token_ids
@@ -136,7 +136,7 @@ def partition_states(model, ids: Sequence[np.ndarray], statistics: Sequence[Stat
 def _fingerprint(path: str, ids, protos, bounds, batch_tokens, dtype) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([path, [(s.name, type(s).__qualname__) for s in protos], bounds, batch_tokens,
-                         np.dtype(dtype).name]).encode())
+                         dtype if isinstance(dtype, str) else np.dtype(dtype).name]).encode())
     for s in protos:
         h.update(pickle.dumps({k: np.asarray(v).tolist() for k, v in s.config().items()}))
     for a in ids:
@@ -287,8 +287,9 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
         while a run uses it: a second run on it raises ValueError.
     progress : bool, default False
         A tqdm progress bar over partitions.
-    dtype : {np.float64, np.float32}, default np.float64
-        The forward pass's dtype (statistics always accumulate in float64).
+    dtype : {np.float64, np.float32, "bfloat16"}, default np.float64
+        The forward pass's dtype (:meth:`attngeom.models.Model.forward`; statistics always
+        accumulate in float64).
     blas_threads : int, optional
         Threads of NumPy's BLAS during an in-process run (and in-process reads of a store),
         restored afterwards; default 1, the setting of Dask's workers. None leaves BLAS as it
@@ -331,7 +332,10 @@ def corpus_statistics(model, texts=None, *, statistics=DEFAULT_STATISTICS, batch
     batch_tokens = count("batch_tokens", 1024 if batch_tokens is None else batch_tokens, type_error=True)
     blas_threads = count("blas_threads", blas_threads, allow_none=True, type_error=True)
     max_length = count("max_length", max_length, allow_none=True, type_error=True)
-    dt = float_dtype("dtype", dtype)
+    from ..models.nn.products import BFLOAT16, compute_dtype
+
+    act, bf16 = compute_dtype(dtype)
+    dt = BFLOAT16 if bf16 else act
     if isinstance(model, Model):
         m = model
         path = m.path if os.path.exists(m.path) else None

@@ -220,7 +220,7 @@ class Decoder:
             Position of every token.
         dtype : numpy dtype or "bfloat16"
             float32 or float64, the computation dtype, or "bfloat16" (bfloat16 products with
-            float32 sums, the rest in float32; :func:`.products.compute_dtype`).
+            float32 sums, the rest in float32; :func:`attngeom.models.nn.products.compute_dtype`).
         plan : ForwardPlan, optional
             What to keep and the interventions (:func:`plan_forward`); default today's fields
             of every layer.
