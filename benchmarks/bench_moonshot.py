@@ -13,8 +13,9 @@ beyond the mapped checkpoint's pages, which the pass releases after each layer).
 ``--layers K`` writes and runs a K-layer slice with the exact layer shapes and prints the
 32-layer extrapolation: the embedding and unembedding once, the per-layer time times 32
 (the layers are alike). ``--check`` also runs the first layer in float32 and compares its
-entropies with the bfloat16 pass's (the largest difference, in nats; gate: 0.05, about ten
-times what bfloat16 rounding of q, k, v moves an entropy by at this length).
+entropies with the bfloat16 pass's (the largest difference, in nats; gate 0.05: measured
+0.024 at 32,768 tokens on Zen 5, while a wrong layer, mask or rotation moves entropies by
+nats).
 
   python benchmarks/bench_moonshot.py [--out DIR] [--layers K] [--tokens N] [--dtype bfloat16|float32]
                                       [--threads T] [--check] [--keep-file DIR] [--quick]

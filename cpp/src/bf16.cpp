@@ -111,27 +111,41 @@ ATTNGEOM_BF16_TARGET void dot_tile(const uint16_t* A, int64_t kp, const uint16_t
   }
 }
 
-// Rows [0, rows) of the rounded A against B's rows [j0, j1): row tiles outer (a tile of A stays
-// in L1 across the panel), column tiles inner. Columns past n repeat B's last row (never stored).
+// One register tile: rows [i, i + R) of the rounded A against B's rows [j, j + NR) (columns
+// past j1 repeat B's row j1 - 1, never stored).
+ATTNGEOM_BF16_TARGET inline void dot_at(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* B, int64_t ldb,
+                                        int64_t i, int64_t j, int64_t j1, int64_t k, float* C, int64_t ldc) {
+  const int64_t R = std::min<int64_t>(MR, rows - i);
+  const int64_t cols = std::min<int64_t>(NR, j1 - j);
+  const uint16_t* Bt[NR];
+  for (int64_t c = 0; c < NR; ++c) Bt[c] = B + std::min(j + c, j1 - 1) * ldb;
+  const uint16_t* At = A + i * kp;
+  float* Ct = C + i * ldc + j;
+  switch (R) {
+    case 6: dot_tile<6>(At, kp, Bt, k, Ct, ldc, cols); break;
+    case 5: dot_tile<5>(At, kp, Bt, k, Ct, ldc, cols); break;
+    case 4: dot_tile<4>(At, kp, Bt, k, Ct, ldc, cols); break;
+    case 3: dot_tile<3>(At, kp, Bt, k, Ct, ldc, cols); break;
+    case 2: dot_tile<2>(At, kp, Bt, k, Ct, ldc, cols); break;
+    default: dot_tile<1>(At, kp, Bt, k, Ct, ldc, cols); break;
+  }
+}
+
+// Rows [0, rows) of the rounded A against B's rows [j0, j1). While a tile of A (MR rows over
+// the whole depth) fits in L1, row tiles go outer (the A tile stays in L1 across the panel,
+// B's tiles come from L2); past that depth, column tiles go outer, so that the smaller B tile
+// (NR rows) stays in L1 while A's tiles stream from L2 (measured on Zen 5: at depth 4,096
+// 600 against 510 GFLOP/s on 2 threads; at 3,072 row tiles outer stay faster). Each tile
+// computes the same sums in either order.
 ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* B, int64_t ldb,
                                     int64_t j0, int64_t j1, int64_t k, float* C, int64_t ldc) {
-  for (int64_t i = 0; i < rows; i += MR) {
-    const int64_t R = std::min<int64_t>(MR, rows - i);
-    for (int64_t j = j0; j < j1; j += NR) {
-      const int64_t cols = std::min<int64_t>(NR, j1 - j);
-      const uint16_t* Bt[NR];
-      for (int64_t c = 0; c < NR; ++c) Bt[c] = B + std::min(j + c, j1 - 1) * ldb;
-      const uint16_t* At = A + i * kp;
-      float* Ct = C + i * ldc + j;
-      switch (R) {
-        case 6: dot_tile<6>(At, kp, Bt, k, Ct, ldc, cols); break;
-        case 5: dot_tile<5>(At, kp, Bt, k, Ct, ldc, cols); break;
-        case 4: dot_tile<4>(At, kp, Bt, k, Ct, ldc, cols); break;
-        case 3: dot_tile<3>(At, kp, Bt, k, Ct, ldc, cols); break;
-        case 2: dot_tile<2>(At, kp, Bt, k, Ct, ldc, cols); break;
-        default: dot_tile<1>(At, kp, Bt, k, Ct, ldc, cols); break;
-      }
-    }
+  constexpr int64_t L1_TILE_BYTES = 40 * 1024;
+  if (MR * kp * 2 <= L1_TILE_BYTES) {
+    for (int64_t i = 0; i < rows; i += MR)
+      for (int64_t j = j0; j < j1; j += NR) dot_at(A, kp, rows, B, ldb, i, j, j1, k, C, ldc);
+  } else {
+    for (int64_t j = j0; j < j1; j += NR)
+      for (int64_t i = 0; i < rows; i += MR) dot_at(A, kp, rows, B, ldb, i, j, j1, k, C, ldc);
   }
 }
 #endif
