@@ -71,7 +71,11 @@ def test_signal_stops_a_training_run_with_one_line(tmp_path, sig, status):
     cmd = [sys.executable, "-m", "attngeom", "run", "training", "--out", str(out)]
     for item in TRAINING:
         cmd += ["--set", item]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # SIGINT as a terminal leaves it: a test run started in the background (`make test &`) ignores
+    # SIGINT, and an ignored signal stays ignored in children, where Python then never raises
+    # KeyboardInterrupt
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not glob.glob(str(out / ".*.partial" / "state" / "*")):
