@@ -155,3 +155,22 @@ def test_from_weights_checks_its_input():
         ag.AttentionStats.from_weights(np.ones((2, 2), complex))
     st = ag.AttentionStats.from_weights(np.zeros((3, 0)))
     assert np.array_equal(st.argmax, [-1, -1, -1]) and np.all(st.entropy == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_argmax_is_the_first_of_tied_keys_in_long_rows(rng, dtype, causal):
+    # Scores q.k of entries in {-1, 0, 1} are small integers, exact in either type: every row
+    # has its max at many keys, in several lanes of a packet, in both halves of the unrolled
+    # pair and in several key blocks (700 keys). The first of them is the argmax.
+    n, d = 700, 3
+    q = rng.integers(-1, 2, (2, n, d)).astype(dtype)
+    k = rng.integers(-1, 2, (2, n, d)).astype(dtype)
+    v = rng.standard_normal((2, n, 2)).astype(dtype)
+    _, st = ag.softmax_attention(q, k, v, scale=1.0, causal=causal, return_stats=True)
+    s = q.astype(np.int64) @ np.swapaxes(k.astype(np.int64), -1, -2)
+    if causal:
+        s = np.where(np.tri(n, dtype=bool), s, np.iinfo(np.int64).min)
+    first = np.argmax(s, axis=-1)  # NumPy's argmax: the first index of the max
+    assert (np.sum(s == s.max(-1, keepdims=True), -1) > 1).mean() > 0.9  # ties are the rule here
+    assert np.array_equal(st.argmax, first)

@@ -145,20 +145,32 @@ T row_max(const T* x, int64_t n) {
   return best;
 }
 
-// The index of the first x_j equal to `value` (n when none is): a packet compare per W
-// entries until the packet that holds it.
+// The index of the first x_j equal to `value`, which the row holds: one pass with no
+// branch on the data (an early exit mispredicts once per row, which costs more than the
+// rest of the pass in rows of a few packets). Each packet's matching positions, the others
+// set to n, go into a running minimum; positions are carried as T, exact below 2^digits.
 template <class T>
 int64_t first_equal(const T* x, int64_t n, T value) {
   namespace ei = Eigen::internal;
   using P = typename ei::packet_traits<T>::type;
   constexpr int64_t W = ei::packet_traits<T>::size;
-  int64_t j = 0;
+  int64_t j = 0, at = n;
   if constexpr (W > 1) {
-    const P target = ei::pset1<P>(value);
-    while (j + W <= n && !ei::predux_any(ei::pcmp_eq(ei::ploadu<P>(x + j), target))) j += W;
+    if (n < int64_t(1) << std::numeric_limits<T>::digits) {
+      const P target = ei::pset1<P>(value), none = ei::pset1<P>(T(n)), step = ei::pset1<P>(T(2 * W));
+      P pa = ei::plset<P>(T(0)), pb = ei::plset<P>(T(W)), a = none, b = none;
+      for (; j + 2 * W <= n; j += 2 * W) {
+        a = ei::pmin(a, ei::pselect(ei::pcmp_eq(ei::ploadu<P>(x + j), target), pa, none));
+        b = ei::pmin(b, ei::pselect(ei::pcmp_eq(ei::ploadu<P>(x + j + W), target), pb, none));
+        pa = ei::padd(pa, step);
+        pb = ei::padd(pb, step);
+      }
+      at = int64_t(ei::predux_min(ei::pmin(a, b)));
+    }
   }
-  while (j < n && x[j] != value) ++j;
-  return j;
+  for (; j < at && j < n; ++j)
+    if (x[j] == value) return j;
+  return at;
 }
 
 // exp(x) for a packet of float x <= 88, exactly 0 where x < log_tiny (log_tiny > -87; -inf
