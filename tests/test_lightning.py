@@ -72,6 +72,31 @@ def test_lightning_errors():
         ag.lightning_attention(np.ones((3, 4)), np.ones((0, 4)), np.ones((0, 2)))
 
 
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_lightning_names_a_non_finite_operand_wherever_it_is(rng, causal, name, bad):
+    # The causal passes check each chunk (64 rows) as they read it; the keys from the last
+    # chunk's boundary on, and those no query sees (top-left, 300 keys for 150 queries), are
+    # checked after. One bad entry anywhere, in the second batch element, names its operand;
+    # with every operand bad, q is named first, then k.
+    n_q, n_k = 150, 300
+    ops = {"q": rng.standard_normal((2, n_q, 8)), "k": rng.standard_normal((2, n_k, 8)),
+           "v": rng.standard_normal((2, n_k, 3))}
+    rows = ops[name].shape[1]
+    for row in (0, 63, 64, rows // 2, rows - 1):
+        for dtype in (np.float64, np.float32):
+            a = {key: x.astype(dtype) for key, x in ops.items()}
+            a[name][1, row, -1] = bad
+            with pytest.raises(ag.errors.NonFiniteOperand, match=f"^{name} contains NaN"):
+                ag.lightning_attention(a["q"], a["k"], a["v"], causal=causal)
+    every = {key: np.where(np.arange(x.shape[1])[:, None] == x.shape[1] - 1, bad, x) for key, x in ops.items()}
+    with pytest.raises(ag.errors.NonFiniteOperand, match="^q contains"):
+        ag.lightning_attention(every["q"], every["k"], every["v"], causal=causal)
+    with pytest.raises(ag.errors.NonFiniteOperand, match="^k contains"):
+        ag.lightning_attention(ops["q"], every["k"], every["v"], causal=causal)
+
+
 def layer_weights(rng, d=4, dp=3, a=2):
     Q, K = rng.standard_normal((2, a, d))
     return K.T @ Q, rng.standard_normal((dp, d))

@@ -112,3 +112,24 @@ def test_public_dtype_contract(dtype, expected):
     assert ag.kernel_attention(x, x, x, kernel="cauchy").dtype == expected
     u, tau = ag.tilt_radius(x)
     assert u.dtype == expected
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_finite_check_of_large_arrays_finds_every_position(dtype):
+    # From 2^16 entries the check runs in the core, in 16k-entry blocks split over threads:
+    # one bad entry at a block's edges, in the middle and at the very end is found, as NumPy
+    # finds it; a strided view of the same array goes through NumPy.
+    from attngeom._operands.validation import _CORE_CHECK_SIZE, all_finite
+    n = 5 * _CORE_CHECK_SIZE + 7
+    a = np.ones(n, dtype)
+    assert all_finite(a) and all_finite(a.reshape(-1, 1)) and all_finite(a[::2])
+    for i in (0, 16383, 16384, n // 2, n - 1):
+        for bad in (np.nan, np.inf, -np.inf):
+            a[i] = bad
+            assert not all_finite(a) and not all_finite(a.reshape(-1, 1)[i:])
+            a[i] = 1
+    a[-1] = np.nan
+    assert all_finite(a[:-1][::2]) and not all_finite(a[1::2])
+    small = np.ones(10, dtype)
+    small[3] = np.nan
+    assert not all_finite(small)

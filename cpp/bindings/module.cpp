@@ -22,6 +22,7 @@ void bind_inverse(py::module_& m);
 void bind_radon(py::module_& m);
 void bind_bench(py::module_& m);
 void bind_products(py::module_& m);
+void bind_checks(py::module_& m);
 
 PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   m.doc() = "attngeom C++ core (Eigen, OpenMP); use the attngeom package, not this module.";
@@ -57,5 +58,6 @@ PYBIND11_MODULE(ATTNGEOM_MODULE_NAME, m) {
   bind_gibbs(m);
 #endif
   bind_products(m);
+  bind_checks(m);
   bind_bench(m);
 }

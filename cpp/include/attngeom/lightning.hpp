@@ -8,6 +8,11 @@
 // O(n/C d_k d_v)), and the outputs Y_c = Q_c S_c + mask(Q_c K_c^T) V_c (over batch x chunk),
 // a group of chunks at a time so that the states of only one group are kept and a group's
 // operands stay in cache from the first pass to the last.
+//
+// NaN / inf operands raise NonFiniteOperand naming q, k or v (the first of them in that order
+// holding one). The causal passes check each chunk's rows while they are in cache for the
+// products (a separate pass over operands beyond the last-level cache costs a quarter of the
+// call at 16k tokens); the non-causal form checks its operands first.
 #pragma once
 
 #include <Eigen/Core>
@@ -32,6 +37,9 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   const bool par = parallel_worth(double(batch) * (n_q + n_k) * d_k * d_v);
   const Visibility vis(causal, n_q, n_k);
   if (!vis.limited()) {
+    check_finite(batch, q, "q");
+    check_finite(batch, k, "k");
+    check_finite(batch, v, "v");
     std::vector<Mat> kv(batch);
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t b = 0; b < batch; ++b)
@@ -58,7 +66,10 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   const int64_t group = std::min(chunks, std::max<int64_t>(1, int64_t(double(1 << 20) / chunk_bytes)));
   // state[b * group + c - c0] = K[0:bound(c)]^T V[0:bound(c)] for the group's chunks c.
   std::vector<Mat> state(batch * group), carry(chunks > group ? batch : 0);
-#pragma omp parallel if (par)
+  // Whether every row of q, and of k and v up to the last chunk's boundary, is finite (rows
+  // past it are checked after the passes).
+  bool q_ok = true, k_ok = true, v_ok = true;
+#pragma omp parallel if (par) reduction(&& : q_ok, k_ok, v_ok)
   {
     Mat S(C, C);
     for (int64_t c0 = 0; c0 < chunks; c0 += group) {
@@ -69,8 +80,10 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
         // Chunk 0 starts from the keys before its first boundary; chunk c > 0 holds the block
         // [bound(c - 1), bound(c)) until the prefix sum below.
         const int64_t j0 = c == 0 ? 0 : bound(c - 1), j1 = bound(c);
-        state[b * group + c - c0].noalias() = CMap(k.block(b) + j0 * d_k, j1 - j0, d_k).transpose() *
-                                              CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
+        const CMap K(k.block(b) + j0 * d_k, j1 - j0, d_k), V(v.block(b) + j0 * d_v, j1 - j0, d_v);
+        state[b * group + c - c0].noalias() = K.transpose() * V;
+        k_ok = k_ok && K.allFinite();
+        v_ok = v_ok && V.allFinite();
       }
       // Prefix sums, from the state carried out of the batch element's previous group.
 #pragma omp for schedule(static)
@@ -84,6 +97,7 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
         const int64_t b = unit / width, c = c0 + unit % width, i0 = c * C, m = std::min(C, n_q - i0);
         const int64_t j0 = bound(c), j1 = vis.end(i0 + m - 1);
         const CMap Q(q.block(b) + i0 * d_k, m, d_k);
+        q_ok = q_ok && Q.allFinite();
         Map Y(y + (b * n_q + i0) * d_v, m, d_v);
         Y.noalias() = Q * state[b * group + c - c0];
         if (j1 > j0) {
@@ -96,6 +110,17 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
       }
     }
   }
+  // The keys and values from the last chunk's boundary on: its diagonal block and the keys no
+  // query sees.
+  const int64_t tail = bound(chunks - 1);
+  auto rest_finite = [&](const Stack<T>& s) {
+    bool ok = true;
+    for (int64_t b = 0; b < batch && ok; ++b) ok = CMap(s.block(b) + tail * s.cols, s.rows - tail, s.cols).allFinite();
+    return ok;
+  };
+  if (!q_ok) throw NonFiniteOperand("q");
+  if (!k_ok || !rest_finite(k)) throw NonFiniteOperand("k");
+  if (!v_ok || !rest_finite(v)) throw NonFiniteOperand("v");
 }
 
 }  // namespace attngeom

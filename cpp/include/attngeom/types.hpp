@@ -103,6 +103,21 @@ double max_row_norm(int64_t batch, const Stack<T>& s) {
   return finite ? best : std::numeric_limits<double>::quiet_NaN();
 }
 
+// Whether every x[0:n] is finite: one pass in blocks of 16k entries, parallel over them, with
+// no temporary (the validation layer's check of large operands and results).
+template <class T>
+bool all_finite(const T* x, int64_t n) {
+  constexpr int64_t BLOCK = int64_t(1) << 14;
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  bool finite = true;
+#pragma omp parallel for reduction(&& : finite) schedule(static) if (parallel_worth(double(n)))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i = b * BLOCK;
+    finite = finite && Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x + i, std::min(BLOCK, n - i)).allFinite();
+  }
+  return finite;
+}
+
 // Throws NonFiniteOperand naming the stack unless every entry that batch indices
 // 0..batch-1 reach is finite. One pass, parallel over the blocks.
 template <class T>

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..errors import NonFiniteOperand, ResultOverflow
+from .validation import all_finite
 
 
 def max_row_norm(a: np.ndarray) -> float:
@@ -39,7 +40,7 @@ def _finite_values(obj) -> bool:
     dataclasses, lists, the values of dicts) is finite; other values (ints, strings, None,
     objects) count as finite."""
     if isinstance(obj, np.ndarray):
-        return not np.issubdtype(obj.dtype, np.inexact) or bool(np.all(np.isfinite(obj)))
+        return not np.issubdtype(obj.dtype, np.inexact) or all_finite(obj)
     if isinstance(obj, (float, complex, np.inexact)):
         return bool(np.isfinite(obj))
     if isinstance(obj, (tuple, list)):
