@@ -215,3 +215,35 @@ def test_cli_heads_missing_checkpoint(tmp_path, capsys):
     assert issubclass(ag.errors.MissingCheckpoint, FileNotFoundError)
     assert cli.main(["heads", missing, "--out", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_heads_dtype_is_the_forward_pass(tmp_path, capsys):
+    """--dtype runs the decoder's forward in that mode, and the report's data statistics are
+    those of its activations: float32 agrees with float64 to float32 rounding (1e-6 here), the
+    bfloat16 mode differs by its products' rounding (1e-3 to 1e-2) and stays close; a BERT
+    checkpoint, or no text, refuses a dtype other than float64."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("ml_dtypes")
+    from checkpoints import random_checkpoint
+
+    folder = random_checkpoint("llama", tmp_path / "m")
+    ids = [5, 17, 3, 42, 8, 5, 17, 3, 9, 11]
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
+    ranks = {}
+    for dtype in ("float64", "float32", "bfloat16"):
+        assert cli.main(["heads", folder, "--ids", str(tmp_path / "ids.txt"), "--dtype", dtype, "--heads", "1.2",
+                         "--out", str(tmp_path / dtype)]) == 0
+        out = capsys.readouterr().out
+        assert ("NumPy forward pass)" if dtype == "float64" else f"NumPy forward pass, {dtype})") in out
+        heads = json.load(open(tmp_path / dtype / "heads.json"))["heads"]
+        ranks[dtype] = np.array([r["routing_effective_rank_mean"] for r in heads])
+    assert np.max(np.abs(ranks["float32"] - ranks["float64"])) < 1e-5
+    gap = np.max(np.abs(ranks["bfloat16"] - ranks["float64"]))
+    assert 1e-4 < gap < 5e-2 * np.max(ranks["float64"])
+    assert cli.main(["heads", folder, "--dtype", "float32", "--out", str(tmp_path / "r2")]) == 2
+    assert "give --text FILE or --ids FILE" in capsys.readouterr().err
+    (tmp_path / "t.txt").write_text("the cat sat on the mat")
+    bert_checkpoint(tmp_path / "bert", np.random.default_rng(0))
+    assert cli.main(["heads", str(tmp_path / "bert"), "--text", str(tmp_path / "t.txt"), "--dtype", "float32",
+                     "--out", str(tmp_path / "r3")]) == 2
+    assert "BERT's encoder runs in float64 only" in capsys.readouterr().err

@@ -556,6 +556,12 @@ def test_cli_corpus(checkpoint, tmp_path, capsys, client):
     summary = json.load(open(tmp_path / "r" / "summary.json"))["summary"]
     assert summary["n_texts"] == 15 and len(summary["whiteness_per_layer"]) == 2
     assert len(open(tmp_path / "r" / "heads.csv").read().splitlines()) == 1 + 8
+    # --dtype bfloat16: the forward's bfloat16 mode (products rounded to bfloat16, ~1e-2 relative)
+    assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line", "--dtype", "bfloat16",
+                     "--out", str(tmp_path / "b")]) == 0
+    b = json.load(open(tmp_path / "b" / "summary.json"))["summary"]
+    assert b["mean_radius_mean"] != summary["mean_radius_mean"]
+    assert abs(b["mean_radius_mean"] - summary["mean_radius_mean"]) < 5e-2 * summary["mean_radius_mean"]
     assert cli.main(["corpus", checkpoint, "--corpus", str(corpus), "--split", "line",
                      "--scheduler", client.scheduler.address,
                      "--out", str(tmp_path / "c")]) == 0
@@ -566,6 +572,8 @@ def test_cli_corpus(checkpoint, tmp_path, capsys, client):
         (["--corpus", str(tmp_path / "r" / "layers.png")], "--corpus: "),
         (["--corpus", str(corpus), "--workers", "0"], "--workers must be >= 1"),
         (["--corpus", str(corpus), "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
+        (["--corpus", str(corpus), "--dtype", "bfloat16", "--write-store", str(tmp_path / "s.zarr")],
+         "--dtype bfloat16 does not apply with --write-store"),
     ]:
         assert cli.main(["corpus", checkpoint, *argv, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
@@ -616,6 +624,7 @@ def test_cli_corpus_store(checkpoint, texts, tmp_path, capsys, monkeypatch):
     for argv, message in [
         ([store, "--corpus", str(corpus)], "--corpus do not apply"),
         ([store, "--state", str(tmp_path / "s")], "--state do not apply"),
+        ([store, "--dtype", "float32"], "--dtype do not apply"),
         ([checkpoint], "--corpus FILE is required"),
         ([checkpoint, "--corpus", str(corpus), "--write-store", store], "--write-store"),
         ([checkpoint, "--corpus", str(corpus), "--write-store", str(tmp_path / "new"), "--state", str(tmp_path / "s")],

@@ -203,6 +203,29 @@ def test_the_same_bits_at_any_thread_count(models):
         np.testing.assert_array_equal(f.attention_stats.entropy, runs[0].attention_stats.entropy)
 
 
+def test_last_logits_by_vocabulary_chunks_at_any_thread_count(models, monkeypatch):
+    """The last token's logits (too few rows to split) go over the vocabulary's chunks on the
+    pool, each chunk's product whole: the same bits at 1, 2 and 3 threads, and the same as
+    the float64 logits of the whole pass to float32 rounding."""
+    from attngeom.models.nn import decoder
+
+    ids = np.random.default_rng(5).integers(0, VOCAB, (2, 30))
+    monkeypatch.setattr(decoder, "_UNEMBED_ROWS", 7)  # many chunks, the last one short
+    before = ag.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            ag.set_num_threads(threads)
+            runs.append(models["qwen3"].forward(ids, keep=("logits",), logits_at="last", dtype=np.float32).logits)
+    finally:
+        ag.set_num_threads(before)
+    for logits in runs[1:]:
+        np.testing.assert_array_equal(logits, runs[0])
+    full = models["qwen3"].forward(ids, keep=("logits",), dtype=np.float64).logits[:, -1:]
+    assert runs[0].shape == full.shape
+    np.testing.assert_allclose(runs[0], full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
+
+
 def test_products_split_by_rows(monkeypatch):
     from attngeom.models.nn import products
 

@@ -11,7 +11,7 @@
     attngeom demo [--out DIR]     the main experiment (tomography) into DIR
     attngeom config               the build configuration
     attngeom heads <checkpoint> [--n-heads N] [--text FILE ... | --ids FILE ... | --activations DIR] [--effects]
-                   [--out DIR]
+                   [--dtype float64|float32|bfloat16] [--out DIR]
         every attention head's geometry (spectra of B = W_Q W_K^T and W_OV, parameter nulls;
         with activations, radii, tilt coverage, routing ranks and attention entropies) into
         DIR: heads.json (with a glossary of its fields and the tokens), attention.npz,
@@ -24,8 +24,9 @@
         --ids FILE reads token ids (whitespace-separated integers) instead of text, for a
         checkpoint without tokenizer files; a text longer than the model's length is
         truncated with a warning naming it (past a rotary model's trained context it is
-        analysed whole, with a warning)
-    attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--out DIR]
+        analysed whole, with a warning); --dtype is the decoder's forward dtype (bfloat16:
+        bfloat16 products with float32 sums)
+    attngeom corpus <checkpoint> --corpus FILE [--scheduler ADDRESS | --workers N] [--dtype T] [--out DIR]
         corpus statistics of every head, in-process or on a Dask cluster, into DIR
         (summary.json, heads.csv, layers.png); --state DIR resumes; --write-store STORE runs
         the corpus through the model once into an activation store (Zarr) and computes the
@@ -201,22 +202,28 @@ def _read_ids(paths):
     return out
 
 
-def _id_activations(ids, *, model=None, encoder=None):
+def _id_activations(ids, *, model=None, encoder=None, dtype="float64"):
     """(attention inputs (n_layers, 1, n, d_model), token strings) of one sequence of token ids:
-    the ids decoded by the checkpoint's tokenizer where it has one, else "#<id>"."""
+    the ids decoded by the checkpoint's tokenizer where it has one, else "#<id>". `dtype` is
+    the decoder's forward dtype (the encoder runs in float64)."""
     import numpy as np
 
     ids = np.asarray(ids, dtype=np.int64)
+    if encoder is not None and dtype != "float64":
+        raise ValueError(f"--dtype {dtype}: BERT's encoder runs in float64 only (dtype applies to decoders)")
     if encoder is not None:
         x = encoder.forward(ids).hidden_states[:-1, None]
     else:
-        x = model.forward(ids, dtype=np.float64, keep=("attn_in",)).attn_in[:, None]
+        x = model.forward(ids, dtype=dtype, keep=("attn_in",)).attn_in[:, None]
     try:
         tokens = (model.to_str_tokens(ids) if model is not None else None)
     except (ValueError, OSError, ImportError):
         tokens = None
     return x, list(tokens) if tokens is not None else [f"#{int(i)}" for i in ids]
 
+
+#: The forward dtypes the heads and corpus commands offer (Model.forward's).
+DTYPES = ("float64", "float32", "bfloat16")
 
 #: Tokens of the first text the heads report's --effects runs on (each head costs a pass).
 EFFECT_TOKENS = 256
@@ -252,6 +259,9 @@ def _heads(args) -> int:
                          f"(0..{max(len(texts), len(id_lists)) - 1})")
     if args.max_tokens is not None:
         id_lists = [ids[:args.max_tokens] for ids in id_lists]
+    if args.dtype != "float64" and not (texts or id_lists):
+        raise ValueError(f"--dtype {args.dtype} is the forward pass's: give --text FILE or --ids FILE")
+    pass_dtype = "" if args.dtype == "float64" else f", {args.dtype}"
     effects_model = None
     if args.effects:  # refused before any computation: a text and a model with an lm_head are needed
         if not texts and not id_lists:
@@ -269,23 +279,23 @@ def _heads(args) -> int:
         if id_lists:
             reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
                      if heads.layout == "bert" else {"model": effects_model or load_model(args.checkpoint)})
-            x, tokens = map(list, zip(*(_id_activations(ids, **reuse) for ids in id_lists)))
+            x, tokens = map(list, zip(*(_id_activations(ids, dtype=args.dtype, **reuse) for ids in id_lists)))
             n = sum(len(t) for t in tokens)
-            source = (f"token ids ({n} tokens, NumPy forward pass)" if len(id_lists) == 1 else
-                      f"{len(id_lists)} sequences of token ids ({n} tokens, NumPy forward pass)")
+            source = (f"token ids ({n} tokens, NumPy forward pass{pass_dtype})" if len(id_lists) == 1 else
+                      f"{len(id_lists)} sequences of token ids ({n} tokens, NumPy forward pass{pass_dtype})")
         elif texts:
             reuse = ({"encoder": BertEncoder.from_checkpoint(args.checkpoint, n_heads=args.n_heads)}
                      if heads.layout == "bert" else {"model": effects_model or load_model(args.checkpoint)})
             x, tokens = [], []
             for text in texts:
                 xi, ti = text_activations(args.checkpoint, text, max_length=args.max_tokens, n_heads=args.n_heads,
-                                          **reuse)
+                                          dtype=args.dtype, **reuse)
                 x.append(xi)
                 tokens.append(ti)
             n = sum(len(t) for t in tokens)
-            source = (f"text ({n} tokens, NumPy forward pass)" if len(texts) == 1 else
+            source = (f"text ({n} tokens, NumPy forward pass{pass_dtype})" if len(texts) == 1 else
                       f"{len(texts)} texts ({n} tokens, {min(map(len, tokens))}-{max(map(len, tokens))} per text, "
-                      "NumPy forward pass)")
+                      f"NumPy forward pass{pass_dtype})")
         elif args.activations is not None:
             x = load_activations(args.activations, heads.n_layers, heads.d_model)
             source = f"activations ({x.shape[1]} x {x.shape[2]} tokens per layer)"
@@ -366,7 +376,8 @@ def _corpus_source(args):
 
     if is_store(args.checkpoint):
         given = [name for name, v in (("--corpus", args.corpus), ("--write-store", args.write_store),
-                                      ("--state", args.state), ("--max-tokens", args.max_tokens)) if v is not None]
+                                      ("--state", args.state), ("--max-tokens", args.max_tokens),
+                                      ("--dtype", args.dtype)) if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} do not apply: {args.checkpoint!r} is an activation store (its "
                              "texts and activations are in it)")
@@ -374,6 +385,9 @@ def _corpus_source(args):
     if args.corpus is None:
         raise ValueError("--corpus FILE is required unless the first argument is an activation store")
     if args.write_store is not None:
+        if args.dtype == "bfloat16":
+            raise ValueError("--dtype bfloat16 does not apply with --write-store (a store holds float64 or float32 "
+                             "activations); use float32, or no store")
         if args.state is not None:
             raise ValueError("--state does not apply with --write-store (the statistics are read from the store)")
         if os.path.lexists(args.write_store):
@@ -399,12 +413,13 @@ def _corpus(args) -> int:
                 res = corpus_statistics(args.checkpoint, batch_tokens=batch_tokens, client=client)
             elif args.write_store is not None:
                 store = write_activations(args.checkpoint, texts, args.write_store, batch_tokens=batch_tokens,
-                                          max_length=args.max_tokens)
+                                          max_length=args.max_tokens, dtype=args.dtype or "float64")
                 done["stored"] = time.perf_counter() - t0
                 res = corpus_statistics(store, client=client)
             else:
                 res = corpus_statistics(args.checkpoint, texts, batch_tokens=batch_tokens, client=client,
-                                        state_dir=args.state, max_length=args.max_tokens)
+                                        state_dir=args.state, max_length=args.max_tokens,
+                                        dtype=args.dtype or "float64")
             done.update(res=res, elapsed=time.perf_counter() - t0)
         finally:
             if client is not None:
@@ -513,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"add causal effects on the first text (at most {EFFECT_TOKENS} tokens): every head's "
                         "mean-ablation effect on the loss, the singular-direction curves and invariance checks of "
                         "the three heads that matter most, a spectrum-vs-effect figure (models with an lm_head)")
+    p.add_argument("--dtype", choices=DTYPES, default="float64",
+                   help="the forward pass's dtype for --text / --ids (default float64; bfloat16: bfloat16 "
+                        "products with float32 sums, as Model.forward(dtype='bfloat16'); BERT runs in float64 only)")
     p.add_argument("--out", default="heads_report", help="output folder (default heads_report)")
     p.set_defaults(func=_heads)
     p = sub.add_parser("corpus", help="corpus statistics of every head, in-process or on a Dask cluster")
@@ -531,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-store", default=None, metavar="STORE",
                    help="run the corpus through the model once into this activation store (Zarr) and compute the "
                         "statistics from it; pass STORE as the first argument of later runs")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the forward pass's dtype (default float64; statistics accumulate in float64; a store "
+                        "written with --write-store holds float64 or float32)")
     p.add_argument("--out", default="corpus_report", help="output folder (default corpus_report)")
     p.set_defaults(func=_corpus)
     p = sub.add_parser("config", help="print the build configuration")

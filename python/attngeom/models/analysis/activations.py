@@ -102,16 +102,25 @@ def _sentence_max_length(folder) -> Optional[int]:
     return value
 
 
+def _is_float64(dtype) -> bool:
+    """Whether a forward dtype argument means float64 (a string such as "bfloat16" does not)."""
+    try:
+        return np.dtype(dtype) == np.float64
+    except TypeError:
+        return False
+
+
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
                      encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None,
-                     model=None) -> Tuple[np.ndarray, List[str]]:
+                     model=None, dtype=np.float64) -> Tuple[np.ndarray, List[str]]:
     """Run ``text`` through the library's NumPy forward pass (BERT or a decoder).
 
     The inputs of every layer's attention, for the data diagnostics of Laplace-Radon s.12.1.
     BERT runs :class:`BertEncoder`, with the text truncated to max_length, by default the
     model's own limit (sentence_bert_config.json's max_seq_length when present, as
     sentence-transformers does, else the number of positions). Decoders (GPT-2, Llama,
-    Mistral, Qwen2, Qwen3) run :meth:`Model.forward` in float64 on the tokenizer.json tokens
+    Mistral, Qwen2, Qwen3) run :meth:`Model.forward` (float64 unless ``dtype`` says
+    otherwise) on the tokenizer.json tokens
     (truncated to max_length, else to GPT-2's position table); the activations are the
     normed residual stream each attention reads, at positions 0..n-1, which is what
     :meth:`ModelHeads.diagnostics` rotates its queries and keys with.
@@ -138,6 +147,10 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         A loaded decoder (:func:`load_model` of the same checkpoint) to reuse, so that many
         texts do not read the weights again (decoders only; a path is loaded, as
         :func:`attngeom.models.analysis.prompt.resolve_model` does).
+    dtype : {np.float64, np.float32, "bfloat16"}, default np.float64
+        The decoder's forward dtype (:meth:`Model.forward`); the activations come back in
+        float64, float32 and float32 (bfloat16 products, float32 residual stream). BERT's
+        encoder runs in float64 only: another dtype is a ValueError.
 
     Returns
     -------
@@ -159,6 +172,8 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         model, checkpoint = checkpoint, checkpoint.folder or checkpoint.path
     ck = Checkpoint(checkpoint)
     layout, _, _ = detect_layout(ck.names)
+    if layout.name == "bert" and not _is_float64(dtype):
+        raise ValueError(f"dtype {dtype!r}: BERT's encoder runs in float64 only (dtype applies to decoders)")
     if layout.name != "bert":
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
@@ -176,7 +191,7 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         model.context_warning(len(ids), "the text has", stacklevel=2)
         with warnings.catch_warnings():  # said once, above, about the text
             warnings.simplefilter("ignore", ContextWarning)
-            out = model.forward(np.asarray(ids, dtype=np.int64), dtype=np.float64, keep=("attn_in",))
+            out = model.forward(np.asarray(ids, dtype=np.int64), dtype=dtype, keep=("attn_in",))
         return out.attn_in[:, None], tokens
     enc = encoder if encoder is not None else BertEncoder.from_checkpoint(checkpoint, n_heads=n_heads)
     if max_length is not None and int(max_length) < 2:

@@ -49,7 +49,8 @@ from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
-from .products import BFLOAT16, BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks, map_rows, product, product_threads
+from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks,
+                       for_tasks, map_rows, product, product_threads)
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -81,12 +82,24 @@ def _unembed(final, W, dt, bf16=False, release=True):
     (in the bfloat16 mode read as bfloat16 weights, the stored bits where they are bfloat16)."""
     V = W.shape[0]
     logits = np.empty(final.shape[:-1] + (V,), dt)
-    for i in range(0, V, _UNEMBED_ROWS):
+
+    def chunk(c):
+        i = c * _UNEMBED_ROWS
         rows = W[i:i + _UNEMBED_ROWS]
         logits[..., i:i + _UNEMBED_ROWS] = product(final, BFloat16Weight.of(rows.T) if bf16 else
                                                    rows.astype(dt, copy=False).T)
         if release:
             release_pages(rows)
+
+    chunks = -(-V // _UNEMBED_ROWS)
+    # Too few rows for product() to split (the last token's logits): the float chunks are the
+    # tasks instead, each cast and multiplied whole on one thread, the same chunks and
+    # products as on one thread (the same bits). The bfloat16 product splits its columns itself.
+    if not bf16 and int(np.prod(final.shape[:-1])) < 2 * MIN_ROWS_PER_BLOCK:
+        for_tasks(chunk, chunks)
+    else:
+        for c in range(chunks):
+            chunk(c)
     return logits
 
 

@@ -16,8 +16,7 @@ count, so a product gives the same bits at any thread count (the pool only distr
 same block products; tested bitwise).
 
 In the bfloat16 mode of a forward pass (``Model.forward(..., dtype="bfloat16")``) the right
-factors are the core's (:class:`CoreWeight`): :class:`BFloat16Weight`, the weights' bfloat16
-bits as stored, read by the core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums
+factors are :class:`BFloat16Weight`: the weights' bfloat16 bits as stored, read by the core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums
 in float32; AVX512_BF16 dot products where the CPU has them). That product partitions rows
 and columns itself on the thread budget, and an entry of it depends on its row of x and
 column of W only, so it too gives the same bits at any thread count and any split of the rows.
@@ -126,13 +125,39 @@ def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
     if max_rows is not None:
         blocks = max(blocks, -(-rows // max_rows))
     edges = np.linspace(0, rows, blocks + 1).astype(int)
+    for_tasks(lambda i: fn(int(edges[i]), int(edges[i + 1])), blocks)
+
+
+def for_tasks(fn, count: int) -> None:
+    """Run fn(i) for i in range(count) on the thread budget's pool.
+
+    Inline, in order, on one thread, for one task, or when called from a pool thread (a
+    nested use). What a task computes must depend on i only, never on the thread that runs
+    it; then the results are the same bits at any thread count. The first exception of a
+    task is raised here.
+
+    Parameters
+    ----------
+    fn : callable
+        i -> None, writing its results where they belong.
+    count : int
+        The number of tasks.
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import for_tasks
+    >>> out = [0] * 4
+    >>> for_tasks(lambda i: out.__setitem__(i, i * i), 4)
+    >>> out
+    [0, 1, 4, 9]
+    """
     threads = get_num_threads()
-    if threads <= 1 or blocks == 1 or getattr(_in_pool, "active", False):  # nested use: inline
-        for i in range(blocks):
-            fn(int(edges[i]), int(edges[i + 1]))
+    if threads <= 1 or count <= 1 or getattr(_in_pool, "active", False):  # nested use: inline
+        for i in range(count):
+            fn(i)
         return
-    for _ in _workers(threads).map(lambda i: fn(int(edges[i]), int(edges[i + 1])), range(blocks)):
-        pass  # re-raises a block's exception
+    for _ in _workers(threads).map(fn, range(count)):
+        pass  # re-raises a task's exception
 
 
 def map_rows(fn, x: np.ndarray, width: int, *, max_rows: Optional[int] = None, dtype=None) -> np.ndarray:
@@ -179,9 +204,9 @@ def product(x: np.ndarray, W) -> np.ndarray:
     ----------
     x : ndarray, shape (..., k)
         The left factor (float32 or float64).
-    W : ndarray or CoreWeight, shape (k, m)
-        The right factor, x's dtype (or the core's weights, whose product partitions rows and
-        columns itself).
+    W : ndarray or BFloat16Weight, shape (k, m)
+        The right factor, x's dtype (or bfloat16 weights, whose core product partitions rows
+        and columns itself).
 
     Returns
     -------
@@ -196,7 +221,7 @@ def product(x: np.ndarray, W) -> np.ndarray:
     >>> product(np.ones((4, 3)), np.ones((3, 2))).tolist()
     [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """
-    if isinstance(W, CoreWeight):
+    if isinstance(W, BFloat16Weight):
         return W.__rmatmul__(x)
     if x.dtype != np.result_type(x, W):
         x = x.astype(np.result_type(x, W))
@@ -243,62 +268,15 @@ def compute_dtype(dtype) -> tuple:
     return dt, False
 
 
-class CoreWeight:
-    """The right factor W (k, n) of a product computed by the core, held in (n, k) order.
-
-    The (n, k) order is a linear layer's stored (out_features, in_features) weight: a
-    checkpoint's weight is read where it lies (or widened once), and each entry of ``x @ W``
-    is one dot product of a row of x with a row of that array, its sums in an order that
-    depends on the shapes only (the same bits at any thread count and any split of the rows).
-    :class:`BFloat16Weight` is the one kind so far.
-
-    Attributes
-    ----------
-    data : ndarray, shape (n, k)
-        C-contiguous: bfloat16 bits (uint16) or float32 values.
-    shape : (k, n), as W's.
-    """
-
-    __slots__ = ("data",)
-    __array_ufunc__ = None  # ``ndarray @ CoreWeight`` defers to __rmatmul__
-    _dtype = np.dtype(np.float32)
-
-    def __init__(self, data: np.ndarray):
-        if not isinstance(data, np.ndarray) or data.dtype != self._dtype or data.ndim != 2 or \
-                not data.flags.c_contiguous:
-            raise TypeError(f"the weights must be a C-contiguous 2-d {self._dtype} ndarray (n, k)")
-        self.data = data
-
-    @property
-    def shape(self) -> tuple:
-        return self.data.shape[::-1]
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    def _product(self, flat: np.ndarray, parallel: bool) -> np.ndarray:
-        raise NotImplementedError
-
-    def __rmatmul__(self, x) -> np.ndarray:
-        x = np.asarray(x)
-        k, n = self.shape
-        if x.ndim < 1 or x.shape[-1] != k:
-            raise ValueError(f"x @ W: x has shape {x.shape}, W has shape {self.shape}")
-        flat = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
-        parallel = not getattr(_in_pool, "active", False)  # a pool thread is one of the budget's threads
-        return self._product(flat, parallel).reshape(x.shape[:-1] + (n,))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(shape={self.shape})"
-
-
-class BFloat16Weight(CoreWeight):
+class BFloat16Weight:
     """The right factor W (k, n) of a product, held as bfloat16 bits in (n, k) order.
 
-    ``x @ W`` (x float, shape (..., k)) rounds x to bfloat16 (nearest, ties to even) and sums
-    the exact products in float32 in the core (module docstring); the result is float32,
-    shape (..., n). A mapped bfloat16 checkpoint's weight is used where it lies, without a copy.
+    The (n, k) order is a linear layer's stored (out_features, in_features) weight: a mapped
+    bfloat16 checkpoint's weight is used where it lies, without a copy. ``x @ W`` (x float,
+    shape (..., k)) rounds x to bfloat16 (nearest, ties to even) and sums the exact products
+    in float32 in the core (module docstring); the result is float32, shape (..., n). Each
+    entry is one dot product of a row of x with a row of the bits, its sums in an order that
+    depends on the shapes only: the same bits at any thread count and any split of the rows.
 
     Parameters
     ----------
@@ -308,7 +286,8 @@ class BFloat16Weight(CoreWeight):
     Attributes
     ----------
     bits : ndarray of uint16, shape (n, k)
-        The same array as ``data``.
+        The bits given.
+    shape : (k, n), as W's.
 
     Examples
     --------
@@ -318,8 +297,14 @@ class BFloat16Weight(CoreWeight):
     [[4.0, 6.0]]
     """
 
-    __slots__ = ()
-    _dtype = np.dtype(np.uint16)
+    __slots__ = ("bits",)
+    __array_ufunc__ = None  # ``ndarray @ BFloat16Weight`` defers to __rmatmul__
+
+    def __init__(self, bits: np.ndarray):
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint16 or bits.ndim != 2 or \
+                not bits.flags.c_contiguous:
+            raise TypeError("the weights must be a C-contiguous 2-d uint16 ndarray (n, k) of bfloat16 bits")
+        self.bits = bits
 
     @classmethod
     def of(cls, W) -> "BFloat16Weight":
@@ -331,11 +316,24 @@ class BFloat16Weight(CoreWeight):
         return cls(_core.round_bf16(np.ascontiguousarray(np.asarray(W).T, dtype=np.float32)))
 
     @property
-    def bits(self) -> np.ndarray:
-        return self.data
+    def shape(self) -> tuple:
+        return self.bits.shape[::-1]
 
-    def _product(self, flat: np.ndarray, parallel: bool) -> np.ndarray:
-        return _core.matmul_bf16(flat, self.data, parallel)
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __rmatmul__(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        k, n = self.shape
+        if x.ndim < 1 or x.shape[-1] != k:
+            raise ValueError(f"x @ W: x has shape {x.shape}, W has shape {self.shape}")
+        flat = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
+        parallel = not getattr(_in_pool, "active", False)  # a pool thread is one of the budget's threads
+        return _core.matmul_bf16(flat, self.bits, parallel).reshape(x.shape[:-1] + (n,))
+
+    def __repr__(self) -> str:
+        return f"BFloat16Weight(shape={self.shape})"
 
 
 def bfloat16_values(x: np.ndarray) -> np.ndarray:
