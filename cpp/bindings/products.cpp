@@ -1,4 +1,5 @@
-// pybind11 glue for bf16.hpp: bfloat16 products (attngeom.models.nn.products checks operands).
+// pybind11 glue for bf16.hpp and products.hpp: the forward's bfloat16 and float products
+// (attngeom.models.nn.products checks operands).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -9,6 +10,7 @@
 
 #include "arrays.hpp"
 #include "attngeom/bf16.hpp"
+#include "attngeom/products.hpp"
 #include "attngeom/token_ops.hpp"
 
 namespace py = pybind11;
@@ -22,6 +24,19 @@ using Floats = py::array_t<float, py::array::c_style>;
 float* writable(Floats& a, const char* name) {
   if (!a.writeable()) throw std::invalid_argument(std::string(name) + " must be writable");
   return a.mutable_data();
+}
+
+template <class T>
+CArray<T> float_matmul(const CArray<T>& x, const CArray<T>& w, bool w_rows_are_outputs) {
+  if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(w_rows_are_outputs ? 1 : 0))
+    throw std::invalid_argument("matmul: x (m, k) and w (n, k) or (k, n) expected");
+  const int64_t m = x.shape(0), k = x.shape(1), n = w.shape(w_rows_are_outputs ? 0 : 1);
+  CArray<T> c({m, n});
+  {
+    py::gil_scoped_release release;
+    matmul(m, n, k, x.data(), w.data(), w_rows_are_outputs, c.mutable_data());
+  }
+  return c;
 }
 
 }  // namespace
@@ -74,6 +89,12 @@ void bind_products(py::module_& m) {
         round_to_bf16_values(out, x.size());
       },
       py::arg("x").noconvert(), "x = bfloat16(x) as float32 values, in place (C-contiguous float32).");
+  m.def("matmul", &float_matmul<float>, py::arg("x").noconvert(), py::arg("w").noconvert(),
+        py::arg("w_rows_are_outputs"));
+  m.def("matmul", &float_matmul<double>, py::arg("x").noconvert(), py::arg("w").noconvert(),
+        py::arg("w_rows_are_outputs"),
+        "x @ w.T (w_rows_are_outputs) or x @ w for C-contiguous x (m, k) and w of x's dtype (float32 or "
+        "float64), on the calling thread (Eigen's GEMM).");
   m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
   m.def(
       "widen_bf16",

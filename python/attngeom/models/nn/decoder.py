@@ -49,8 +49,8 @@ from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
-from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, compute_dtype, for_row_blocks,
-                       for_tasks, map_rows, product, product_threads)
+from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, block_product, compute_dtype,
+                       for_row_blocks, for_tasks, map_rows, product, product_threads)
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -530,10 +530,10 @@ class Decoder:
             else:
                 xr = given[lo:hi]
             if "qkv" in L:  # one fused product (GPT-2's c_attn)
-                qkv = xr @ L["qkv"] if L["b_qkv"] is None else xr @ L["qkv"] + L["b_qkv"]
+                qkv = block_product(xr, L["qkv"]) if L["b_qkv"] is None else block_product(xr, L["qkv"]) + L["b_qkv"]
                 qr, kr, vr = np.split(qkv, 3, axis=-1)
             else:
-                qr, kr, vr = xr @ L["q"], xr @ L["k"], xr @ L["v"]
+                qr, kr, vr = block_product(xr, L["q"]), block_product(xr, L["k"]), block_product(xr, L["v"])
                 qr = qr if L["b_q"] is None else qr + L["b_q"]
                 kr = kr if L["b_k"] is None else kr + L["b_k"]
                 vr = vr if L["b_v"] is None else vr + L["b_v"]
@@ -585,10 +585,10 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False):
 def _mlp_hidden(x, L, gated: bool, act, fused=False):
     """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)
     (`fused`, SiLU on float32: silu(gate) * up in one pass of the core)."""
-    u = x @ L["up"] if L["b_up"] is None else x @ L["up"] + L["b_up"]
+    u = block_product(x, L["up"]) if L["b_up"] is None else block_product(x, L["up"]) + L["b_up"]
     if not gated:
         return act(u)
-    g = x @ L["gate"] if L["b_gate"] is None else x @ L["gate"] + L["b_gate"]
+    g = block_product(x, L["gate"]) if L["b_gate"] is None else block_product(x, L["gate"]) + L["b_gate"]
     if fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and u.flags.c_contiguous:
         _core.silu_mul(g, u)
         return u
@@ -597,7 +597,7 @@ def _mlp_hidden(x, L, gated: bool, act, fused=False):
 
 def _mlp_down(hidden, L):
     """The MLP's output of a block of hidden rows (hidden, d_ff)."""
-    mlp = hidden @ L["down"]
+    mlp = block_product(hidden, L["down"])
     return mlp if L.get("b_down") is None else mlp + L["b_down"]
 
 
