@@ -226,6 +226,33 @@ def test_last_logits_by_vocabulary_chunks_at_any_thread_count(models, monkeypatc
     np.testing.assert_allclose(runs[0], full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_core_float_product_against_numpy_at_any_address(dtype):
+    """The forward's float products (the core's GEMM): x @ W for W given as a linear layer's
+    (out, in) weight or as (in, out), odd shapes, against NumPy's float64 product; the same
+    bits for operands copied to other byte offsets."""
+    from attngeom import _core
+    from attngeom.models.nn.products import block_product
+
+    rng = np.random.default_rng(6)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for m, k, n in [(2, 3, 5), (37, 130, 67), (256, 64, 300)]:
+        x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        by_rows = _core.matmul(x, w, True)
+        by_cols = _core.matmul(x, np.ascontiguousarray(w.T), False)
+        for got in (by_rows, by_cols, block_product(x, w.T), block_product(x, np.ascontiguousarray(w.T))):
+            assert got.dtype == dtype and got.shape == (m, n)
+            assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)) * np.sqrt(k)
+        for offset in (1, 3):  # elements: 4 or 8 bytes times these
+            buf_x = np.empty(x.size + offset, dtype)[offset:].reshape(x.shape)
+            buf_w = np.empty(w.size + offset, dtype)[offset:].reshape(w.shape)
+            buf_x[...], buf_w[...] = x, w
+            np.testing.assert_array_equal(_core.matmul(buf_x, buf_w, True), by_rows)
+    with pytest.raises(ValueError, match="matmul"):
+        _core.matmul(np.ones((2, 3), dtype), np.ones((4, 5), dtype), True)
+
+
 def test_products_split_by_rows(monkeypatch):
     from attngeom.models.nn import products
 

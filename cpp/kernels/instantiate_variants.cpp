@@ -1,11 +1,12 @@
 // Laplace-Radon transforms and statistics, lightning, random-feature (FAVOR) and whitened
-// attention, forward and backward.
+// attention, forward and backward; the forward's float products and the finite check.
 #include "attngeom/favor.hpp"
 #include "attngeom/favor_backward.hpp"
 #include "attngeom/kernels.hpp"
 #include "attngeom/laplace_radon.hpp"
 #include "attngeom/lightning.hpp"
 #include "attngeom/lightning_backward.hpp"
+#include "attngeom/products.hpp"
 #include "attngeom/random_features.hpp"
 #include "attngeom/whitening.hpp"
 #include "attngeom/whitening_backward.hpp"
@@ -41,4 +42,8 @@ const void* const attngeom_variant_kernels[] = {
     ATTNGEOM_ADDRESS(whiten_backward<double>),
     ATTNGEOM_ADDRESS(condition_bound<float>),
     ATTNGEOM_ADDRESS(condition_bound<double>),
+    ATTNGEOM_ADDRESS(matmul<float>),
+    ATTNGEOM_ADDRESS(matmul<double>),
+    ATTNGEOM_ADDRESS(all_finite<float>),
+    ATTNGEOM_ADDRESS(all_finite<double>),
 };
