@@ -21,6 +21,7 @@ from ..io.layouts import detect_layout
 from ..io.tokenizer import tokenize
 from ..nn.bert import BertEncoder
 from ..nn.model import Model
+from ..nn.products import compute_dtype
 from .prompt import resolve_model
 
 
@@ -102,14 +103,6 @@ def _sentence_max_length(folder) -> Optional[int]:
     return value
 
 
-def _is_float64(dtype) -> bool:
-    """Whether a forward dtype argument means float64 (a string such as "bfloat16" does not)."""
-    try:
-        return np.dtype(dtype) == np.float64
-    except TypeError:
-        return False
-
-
 def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
                      encoder: Optional[BertEncoder] = None, n_heads: Optional[int] = None,
                      model=None, dtype=np.float64) -> Tuple[np.ndarray, List[str]]:
@@ -172,7 +165,7 @@ def text_activations(checkpoint, text: str, *, max_length: Optional[int] = None,
         model, checkpoint = checkpoint, checkpoint.folder or checkpoint.path
     ck = Checkpoint(checkpoint)
     layout, _, _ = detect_layout(ck.names)
-    if layout.name == "bert" and not _is_float64(dtype):
+    if layout.name == "bert" and compute_dtype(dtype) != (np.dtype(np.float64), False):
         raise ValueError(f"dtype {dtype!r}: BERT's encoder runs in float64 only (dtype applies to decoders)")
     if layout.name != "bert":
         if max_length is not None and int(max_length) < 1:

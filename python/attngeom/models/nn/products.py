@@ -1,25 +1,28 @@
 """The matrix products of a forward pass, on the library's one thread budget.
 
-A forward pass alternates NumPy products (projections, MLP, unembedding) with the core's
-OpenMP kernels (attention). NumPy's BLAS keeps its own worker threads, which spin for tens of
-milliseconds after each product before they sleep (OpenBLAS: 2^28 cycles unless
+A forward pass alternates products (projections, MLP, unembedding) with the core's OpenMP
+kernels (attention). :func:`product` splits a product's rows into contiguous blocks computed
+by a pool of Python threads of :func:`attngeom.get_num_threads` (the core and NumPy release
+the GIL in a product), which sleep when idle; each block is one single-thread product
+(:func:`block_product`): the core's GEMM (Eigen's kernels for the CPU's instruction-set
+level, ahead of NumPy's OpenBLAS where that runs its AVX2 kernels, as on AMD Zen 4 and 5),
+or NumPy's for a single row. NumPy's BLAS keeps its own worker threads, which spin for tens
+of milliseconds after each product before they sleep (OpenBLAS: 2^28 cycles unless
 OPENBLAS_THREAD_TIMEOUT was set before NumPy was imported); on a few cores they take the
 cores the attention kernel's threads need, which then runs 2-4x slower. Inside
-:func:`product_threads` NumPy's BLAS runs on one thread (it starts no workers) and
-:func:`product` splits a product's rows into :func:`attngeom.get_num_threads` contiguous
-blocks computed by a pool of Python threads (NumPy releases the GIL in a product), which
-sleep when idle. So :func:`attngeom.set_num_threads` sets the threads of both, and the two
-never compete.
+:func:`product_threads` NumPy's BLAS runs on one thread (it starts no workers). So
+:func:`attngeom.set_num_threads` sets the threads of both, and the two never compete.
 
 The blocks are set by the number of processors the process may run on, not by the thread
 count, so a product gives the same bits at any thread count (the pool only distributes the
 same block products; tested bitwise).
 
 In the bfloat16 mode of a forward pass (``Model.forward(..., dtype="bfloat16")``) the right
-factors are :class:`BFloat16Weight`: the weights' bfloat16 bits as stored, read by the core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums
-in float32; AVX512_BF16 dot products where the CPU has them). That product partitions rows
-and columns itself on the thread budget, and an entry of it depends on its row of x and
-column of W only, so it too gives the same bits at any thread count and any split of the rows.
+factors are :class:`BFloat16Weight`: the weights' bfloat16 bits as stored, read by the
+core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums in float32; AVX512_BF16 dot
+products where the CPU has them). That product partitions rows and columns itself on the
+thread budget, and an entry of it depends on its row of x and column of W only, so it too
+gives the same bits at any thread count and any split of the rows.
 """
 from __future__ import annotations
 
@@ -260,8 +263,8 @@ def block_product(rows: np.ndarray, W) -> np.ndarray:
     """
     if isinstance(W, BFloat16Weight):
         return rows @ W
-    if (rows.ndim == 2 and rows.shape[0] >= CORE_PRODUCT_ROWS and W.ndim == 2 and rows.dtype == W.dtype and min(W.shape) > 0
-            and rows.dtype in (np.dtype(np.float32), np.dtype(np.float64))):
+    if (rows.ndim == 2 and rows.shape[0] >= CORE_PRODUCT_ROWS and W.ndim == 2 and rows.dtype == W.dtype
+            and min(W.shape) > 0 and rows.dtype in (np.dtype(np.float32), np.dtype(np.float64))):
         if W.T.flags.c_contiguous:  # a linear layer's stored (out, in) weight, transposed
             return _core.matmul(np.ascontiguousarray(rows), W.T, True)
         if W.flags.c_contiguous:
