@@ -23,7 +23,10 @@ NATIVE ?= OFF
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
+# setuptools >= 70.1 builds wheels itself: installs run without build isolation, and an
+# extra's dependency published only as a source archive (transformer-lens needs one) is
+# built with the environment's setuptools, which Python's venv seeds at an older version.
+BUILD_DEPS := "setuptools>=70.1" "scikit-build-core>=0.10" "pybind11>=2.12" "cmeel-eigen>=3.4,<3.5" cmake ninja
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.hpp' -o -name '*.cpp' 2>/dev/null)
 # The build folder of make's environments, apart from the one `pip install .` uses
 # (build/<wheel tag>): each keeps its CMake cache pointing at its own pybind11 and Eigen, so

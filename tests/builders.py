@@ -7,6 +7,7 @@ transformers.
 Test modules import from here, never from one another.
 """
 import contextlib
+import zlib
 
 import numpy as np
 import pytest
@@ -77,12 +78,18 @@ def randomize(model, seed):
 _BUILT = {}
 
 
-def build(layout, folder, dtype="float32"):
-    """A saved random checkpoint of that layout and the transformers model it came from."""
+def random_model(layout, seed=0):
+    """The transformers model of that layout with randomize's weights, the same in every process:
+    the weights' seed comes from the layout's name by CRC-32 (str hashes change per process)."""
     config, cls = configs()[layout]()
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(cls(config), seed=hash(layout) % 1000).eval()
+    torch.manual_seed(seed)
+    return randomize(cls(config), seed=zlib.crc32(layout.encode()) % 1000).eval()
+
+
+def build(layout, folder, dtype="float32"):
+    """A saved random checkpoint of that layout and the transformers model it came from."""
+    model = random_model(layout)
     if dtype == "float64":
         model = model.double()
         with float64_everywhere():  # rotary frequencies recomputed in float64

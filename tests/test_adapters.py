@@ -14,14 +14,7 @@ import attngeom as ag
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from builders import LAYOUTS, VOCAB, configs, batch, max_errors, randomize, reference  # noqa: E402
-
-
-def hf_model(layout, seed=0):
-    config, cls = configs()[layout]()
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    return randomize(cls(config), seed=hash(layout) % 1000).eval()
+from builders import LAYOUTS, VOCAB, configs, batch, max_errors, random_model, reference  # noqa: E402
 
 
 def test_core_package_imports_no_torch():
@@ -33,7 +26,7 @@ def test_core_package_imports_no_torch():
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_from_transformers_matches_the_model(layout):
-    model = hf_model(layout)
+    model = random_model(layout)
     m = ag.models.from_transformers(model)
     assert m.path == f"<transformers {type(model).__name__}>" and m.folder == ""
     ids, mask = batch()
@@ -55,7 +48,7 @@ def test_from_transformers_matches_the_model(layout):
 def test_from_transformers_views_the_weights():
     """float32 weights are read-only views of the torch parameters (no copy); bfloat16 ones
     stay 2-byte bits, widened exactly when a layer runs."""
-    model = hf_model("qwen2")
+    model = random_model("qwen2")
     m = ag.models.from_transformers(model)
     q = m.decoder.w["layers"][0]["q"]
     param = model.model.layers[0].self_attn.q_proj.weight
@@ -64,7 +57,7 @@ def test_from_transformers_views_the_weights():
         param.mul_(2.0)
     np.testing.assert_array_equal(q, param.detach().numpy().T)
 
-    half = hf_model("gpt2").to(torch.bfloat16)  # no rotary buffer, which torch would round to bfloat16 too
+    half = random_model("gpt2").to(torch.bfloat16)  # no rotary buffer, which torch would round to bfloat16 too
     mb = ag.models.from_transformers(half)
     w = mb.decoder.w["layers"][0]["up"]
     assert isinstance(w, ag.models.BFloat16Array) and not w.bits.flags.writeable
@@ -113,7 +106,7 @@ def bridge_of(model, tokenizer):
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama", "qwen3"])
 def test_from_transformer_lens(layout, offline_tokenizer):
-    model = hf_model(layout)
+    model = random_model(layout)
     bridge = bridge_of(model, offline_tokenizer)
     m = ag.models.from_transformer_lens(bridge)
     own = ag.models.from_transformers(model).heads
@@ -146,8 +139,8 @@ def test_from_transformer_lens_bad_input(offline_tokenizer):
     with pytest.raises(TypeError, match="HookedTransformer was removed in 4.x"):
         ag.models.from_transformer_lens(HookedTransformer())
     with pytest.raises(TypeError, match="TransformerBridge"):
-        ag.models.from_transformer_lens(hf_model("gpt2"))
-    bridge = bridge_of(hf_model("gpt2"), offline_tokenizer)
+        ag.models.from_transformer_lens(random_model("gpt2"))
+    bridge = bridge_of(random_model("gpt2"), offline_tokenizer)
     bridge.process_weights()
     with pytest.raises(ValueError, match="weights were processed"):
         ag.models.from_transformer_lens(bridge)

@@ -248,7 +248,11 @@ def test_path_patching_equals_transformer_lens_hooks(pairs, bridges, layout):
     ours = ag.models.path_patching(model, clean, corrupt, sender=(0, 1), receivers=receivers, answers=answers)
     c, x, each, joint = _tl_path_patching(bridges[layout], torch.tensor(clean), torch.tensor(corrupt), (0, 1),
                                           receivers, answers, rotary=layout == "llama")
-    np.testing.assert_allclose([ours.clean, ours.corrupt], [c, x], rtol=0, atol=1e-4)
-    np.testing.assert_allclose(ours.patched, each, rtol=0, atol=1e-4)
-    np.testing.assert_allclose(ours.joint, joint, rtol=0, atol=1e-4)
-    assert np.abs(ours.effect).max() > 1e-2  # the paths matter
+    tol = 1e-4
+    np.testing.assert_allclose([ours.clean, ours.corrupt], [c, x], rtol=0, atol=tol)
+    np.testing.assert_allclose(ours.patched, each, rtol=0, atol=tol)
+    np.testing.assert_allclose(ours.joint, joint, rtol=0, atol=tol)
+    np.testing.assert_allclose(ours.effect, np.subtract(each, c), rtol=0, atol=2 * tol)
+    # the paths matter: a path's effect stands ten tolerances clear of zero, so patching the
+    # wrong site (or none) would fail the comparisons above
+    assert np.abs(ours.effect).max() > 10 * tol
