@@ -14,9 +14,10 @@
 //   attributes into every instruction-set level, used where CPUID reports AVX512_BF16 (AMD
 //   Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later). The instruction treats
 //   subnormal bfloat16 inputs as zero.
-// - "widened": elsewhere, each panel of B widened to float32 (exactly) and the same register
-//   tiles written with Eigen's packets (the level's vector width, FMA): the same mathematics,
-//   slower.
+// - "widened": elsewhere, blocks of A's rounded rows and panels of B widened to float32
+//   (exactly) and multiplied by the attention's score tiles (tiles.hpp: the level's vector
+//   width, FMA), each entry one chain of multiply-adds over the depth in order: the same
+//   mathematics at about the float32 GEMM's speed.
 //
 // Determinism: within a path, an entry C[i, j] depends on row i of A and row j of B only
 // (the tiling changes which registers hold it, never the order of its sums), so results are

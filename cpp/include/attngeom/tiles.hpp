@@ -76,8 +76,11 @@ void pack_keys(const T* K, int64_t d, int64_t cols, T* Kt) {
 #pragma GCC diagnostic pop
 
 // S[r, c] = sum_t Q[r, t] Kt[t, c] for r < MR and c < keys (a multiple of NC), Kt packed by
-// pack_keys; Q and S row-major with leading dimensions ldq and lds.
-template <class T, int MR>
+// pack_keys; Q and S row-major with leading dimensions ldq and lds. Each entry is one chain of
+// fused multiply-adds over t in order, from zero; with Accumulate the chain starts from S's
+// value instead, so that a depth split into blocks (S holding the sum so far) gives the bits
+// of one pass. An entry's bits depend on its row of Q and column of Kt only.
+template <class T, int MR, bool Accumulate = false>
 void score_tile(const T* Q, int64_t ldq, int64_t d, const T* Kt, int64_t keys, T* S, int64_t lds) {
   namespace ei = Eigen::internal;
   using P = typename Tile<T>::Packet;
@@ -85,7 +88,8 @@ void score_tile(const T* Q, int64_t ldq, int64_t d, const T* Kt, int64_t keys, T
   for (int64_t c0 = 0; c0 < keys; c0 += Tile<T>::NC) {
     P acc[MR][NP];
     for (int r = 0; r < MR; ++r)
-      for (int p = 0; p < NP; ++p) acc[r][p] = ei::pset1<P>(T(0));
+      for (int p = 0; p < NP; ++p)
+        acc[r][p] = Accumulate ? ei::ploadu<P>(S + r * lds + c0 + p * W) : ei::pset1<P>(T(0));
     const T* kt = Kt + c0 * d;
     for (int64_t t = 0; t < d; ++t, kt += Tile<T>::NC) {
       P kp[NP];
