@@ -92,21 +92,27 @@ notebooks: $(VENV)/.installed-$(NATIVE)-test,models,compare
 # SAN_CXX=g++ builds it with GCC), -O1 -g, in its own build folder and its own environment (a
 # regular install, so the package there holds only the instrumented modules and the normal
 # .venv is never touched). The C++-backed tests run at the baseline level, the hot kernels'
-# tests again at the wider levels of SAN_LEVELS where the CPU has them. CI builds baseline and
-# AVX-512 (the widest vectors, the most peeling): each wider level adds about 5 minutes of
-# compilation on two cores, and AVX2 would take CI past its half hour;
-# `make sanitize SAN_LEVELS="baseline;avx2;avx512"` runs all three. CPython is
+# tests again at the wider level of SAN_LEVELS. By default that is the widest level this CPU
+# runs (AVX-512 where it has x86-64-v4, else AVX2; on other architectures the baseline alone):
+# each wider level adds about 5 minutes of compilation on two cores, so CI builds two, and a
+# level the CPU cannot run would be compiled for nothing.
+# `make sanitize SAN_LEVELS="baseline;avx2;avx512"` builds all three. CPython is
 # not instrumented: the sanitizer runtime the compiler linked (written by CMake to
 # sanitizer-preload.txt) must be preloaded; leaks are not checked because the interpreter
 # keeps its objects alive until exit by design.
 SAN_VENV := .venv-sanitize
 SAN_BUILD := build/sanitize
 SAN_CXX ?= clang++-16
-SAN_LEVELS ?= baseline;avx512
-# A level of SAN_LEVELS this CPU cannot run is coverage lost: its hot-kernel tests do not run
-# under the sanitizers. Outside CI that is allowed, with a warning naming the level (a
-# developer's machine may lack AVX-512); under CI (CI=true, as .ci/run sets) it is an error,
-# unless SAN_ALLOW_SKIP=1 states that the runner is known to lack the level.
+# The widest x86-64 level whose features /proc/cpuinfo lists (x86-64-v4, then x86-64-v3).
+SAN_V4 := avx512f avx512bw avx512cd avx512dq avx512vl
+SAN_V3 := avx2 fma bmi1 bmi2 f16c movbe
+SAN_HAS = $(shell for f in $(1); do grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | grep -qw -- "$$f" || exit 0; done; echo yes)
+SAN_WIDEST := $(if $(call SAN_HAS,$(SAN_V4)),avx512,$(if $(call SAN_HAS,$(SAN_V3)),avx2,))
+SAN_LEVELS ?= baseline$(if $(SAN_WIDEST),;$(SAN_WIDEST))
+# A level named in SAN_LEVELS that this CPU cannot run is coverage lost: its hot-kernel tests
+# do not run under the sanitizers. Outside CI that is allowed, with a warning naming the level;
+# under CI (CI=true, as .ci/run sets) it is an error, unless SAN_ALLOW_SKIP=1 states that the
+# runner is known to lack the level. The default SAN_LEVELS names only levels the CPU runs.
 SAN_ALLOW_SKIP ?= $(if $(filter true 1,$(CI)),0,1)
 SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4" scikit-image
 # The C++-backed tests.
