@@ -68,8 +68,12 @@ demo: $(VENV)/.installed-$(NATIVE)-plot
 # The test run includes the packaged real model (the realmodel tests and notebook 08) and
 # TransformerLens (the comparisons of tests/test_transformer_lens.py). Under CI=true a skipped
 # test fails the run unless tests/allowed_skips.txt names it (tests/conftest.py).
+# The tests run in TEST_WORKERS processes (pytest-xdist, the test extra; at most 4 by default,
+# TEST_WORKERS=0 runs them in this process): much of the suite is Python between small kernel
+# calls, so two processes on two cores take 13 minutes where one takes 22 (AMD Zen 3).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: $(VENV)/.installed-$(NATIVE)-test,models,compare
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 # Benchmarks measure the build users get: a regular (non-editable, build-isolated)
 # `pip install .` into its own environment, whatever NATIVE says.
@@ -194,7 +198,7 @@ wheel: $(VENV)/.frontend $(RELEASE_VENV)/.installed
 # packaging checks with the test extra only (`.ci/run`).
 WHEEL_TESTS ?= all
 test-wheel:
-	$(PYTHON) tools/test_wheel.py --dist $(DIST) --venv .venv-wheel --tests $(WHEEL_TESTS)
+	$(PYTHON) tools/test_wheel.py --dist $(DIST) --venv .venv-wheel --tests $(WHEEL_TESTS) --workers $(TEST_WORKERS)
 
 # The sdist builds offline: a fresh venv gets the build requirements and the runtime
 # dependencies first, then `pip install --no-index --no-build-isolation` builds dist/'s sdist

@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", choices=sorted(EXTRAS), default="all")
     parser.add_argument("--installed", action="store_true", help="test the attngeom this interpreter has")
     parser.add_argument("--project", default=ROOT, help="the source tree whose tests/ is copied")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="test processes (pytest-xdist, in the test extra); 0 runs the tests in one process")
     args = parser.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="attngeom-wheel-tests-")
@@ -157,7 +159,9 @@ def main(argv=None) -> int:
         if args.tests == "ci":
             env["ATTNGEOM_ALLOWED_SKIPS"] = os.path.join(tests, "tests", "allowed_skips_wheel.txt")
         start = time.perf_counter()
-        status = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args(args.tests)],
+        workers = ["-n", str(args.workers), "--dist", "worksteal"] if args.workers > 0 else []
+        status = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+                                 *pytest_args(args.tests)],
                                 env=env, cwd=tests).returncode
         lines.append(f"tests        {args.tests}: {'passed' if status == 0 else 'FAILED'} in "
                      f"{time.perf_counter() - start:.0f} s")
