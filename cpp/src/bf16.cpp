@@ -57,7 +57,8 @@ bool has_dot() {
 }
 
 // Units of work: blocks of MB rows of A against panels of B's rows (C's columns) of about
-// PANEL_BYTES, so that a panel stays in L2 while the block's row tiles pass over it.
+// PANEL_BYTES, so that a panel stays in L2 while the block's row tiles pass over it (the
+// widened path's units are larger: WIDE_ROWS, WIDE_PANEL).
 constexpr int64_t MB = 96;
 constexpr int64_t PANEL_BYTES = 256 * 1024;
 constexpr int64_t NR = 4;  // columns of a register tile
@@ -163,19 +164,28 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 // (NC x KC floats) stays in L1 while the rows' register tiles pass over it. Each entry is one
 // chain of fused multiply-adds over the whole depth in order (the tile's sums carried from
 // one depth block to the next through the unit's float32 accumulator), so again an entry
-// depends on its row and column only. Measured on AMD Zen 3 (AVX2 level, one thread, 512 x
-// 1,024 x 3,072): about the float32 GEMM's speed; the earlier inner-product tiles of this
-// path (2 rows x 4 columns, 16 registers) ran at half of it.
+// depends on its row and column only.
+//
+// The widening and packing of B's panel costs a few cycles per entry of B, against 2 x rows
+// flops per entry in the unit's products, so a unit takes up to WIDE_ROWS rows (with MB's 96
+// it was a large share of the time), and the register tile is 6 rows at every level: 6 x 2
+// packets on 16 registers (12 accumulators; the attention's 4 x 2 tiles load a packed group
+// for 8 multiply-adds, these for 12). Measured on AMD Zen 3 (family 25 model 1, AVX2 level,
+// 512 x 1,024 x 3,072, best of 15; this host's single-thread figures vary by a quarter from
+// run to run): 40-44 GFLOP/s with units of 96 rows, 56-75 with these, the float32 GEMM 58-78;
+// on 2 threads 74-88 against 111-123.
 constexpr int64_t KC = 128;
 // Columns of a widened unit: whole groups of NC at every level (8, 16, 64 floats), 128 KB of
 // packed float32 per depth block.
 constexpr int64_t WIDE_PANEL = 256;
+// Rows of a widened unit at most (its float32 accumulator: 288 KB).
+constexpr int64_t WIDE_ROWS = 288;
 
 void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* B, int64_t ldb, int64_t j0,
                    int64_t j1, int64_t k, float* C, int64_t ldc) {
   using detail::Tile;
   constexpr int64_t NC = Tile<float>::NC;
-  constexpr int RM = Tile<float>::MR;
+  constexpr int RM = 6;  // rows of a register tile at every level (above)
   const int64_t cols = j1 - j0, padded = Tile<float>::padded(cols);
   std::vector<float> a(static_cast<size_t>(rows * KC)), b(static_cast<size_t>(cols * KC)),
       bt(static_cast<size_t>(padded * KC)), acc(static_cast<size_t>(rows * padded));
@@ -190,7 +200,7 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
       const float* group = bt.data() + c0 * depth;
       for (int64_t i = 0; i < rows; i += RM) {
         float* out = acc.data() + i * padded + c0;
-        detail::with_rows<float>(int(std::min<int64_t>(RM, rows - i)), [&](auto R) {
+        detail::with_rows<float, RM>(int(std::min<int64_t>(RM, rows - i)), [&](auto R) {
           if (first) {
             detail::score_tile<float, R()>(a.data() + i * KC, KC, depth, group, NC, out, padded);
           } else {
@@ -239,11 +249,23 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
   }
   const bool dot = has_dot() && !widened;
   const int64_t nc = dot ? panel_columns(k) : WIDE_PANEL;
-  const int64_t row_blocks = (m + MB - 1) / MB, panels = (n + nc - 1) / nc;
+  const int64_t panels = (n + nc - 1) / nc;
+  // The widened path widens and packs B's panel once per unit, so its units take more rows:
+  // the fewest equal row blocks of at most WIDE_ROWS, more (down to MB rows) while there are
+  // fewer units than twice the threads. An entry does not depend on the units, so neither do
+  // the bits.
+  int64_t mb = MB;
+  if (!dot) {
+    const int64_t want = 2 * (par ? int64_t(get_num_threads()) : 1);
+    int64_t blocks = (m + WIDE_ROWS - 1) / WIDE_ROWS;
+    while (blocks * panels < want && (blocks + 1) * MB <= m) ++blocks;
+    mb = (m + blocks - 1) / blocks;
+  }
+  const int64_t row_blocks = (m + mb - 1) / mb;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t u = 0; u < row_blocks * panels; ++u) {
     errors.run([&] {
-      const int64_t i0 = (u / panels) * MB, rows = std::min(MB, m - i0);
+      const int64_t i0 = (u / panels) * mb, rows = std::min(mb, m - i0);
       const int64_t j0 = (u % panels) * nc, j1 = std::min(n, j0 + nc);
       const uint16_t* a = rounded.data() + i0 * kp;
       float* c = C + i0 * ldc;

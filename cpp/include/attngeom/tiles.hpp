@@ -157,11 +157,10 @@ void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* V, int64_t d_v
   }
 }
 
-// Calls f(std::integral_constant<int, rows>) for 1 <= rows <= Tile<T>::MR: the tile
-// functions take the panel's row count as a template argument.
-template <class T, class F>
+// Calls f(std::integral_constant<int, rows>) for 1 <= rows <= MR (default Tile<T>::MR): the
+// tile functions take the panel's row count as a template argument.
+template <class T, int MR = Tile<T>::MR, class F>
 void with_rows(int rows, F&& f) {
-  constexpr int MR = Tile<T>::MR;
   static_assert(MR <= 6, "with_rows dispatches up to 6 rows");
   switch (rows) {
     case 1: f(std::integral_constant<int, 1>{}); break;
