@@ -118,7 +118,7 @@ SAN_LEVELS ?= baseline$(if $(SAN_WIDEST),;$(SAN_WIDEST))
 # under CI (CI=true, as .ci/run sets) it is an error, unless SAN_ALLOW_SKIP=1 states that the
 # runner is known to lack the level. The default SAN_LEVELS names only levels the CPU runs.
 SAN_ALLOW_SKIP ?= $(if $(filter true 1,$(CI)),0,1)
-SAN_DEPS := numpy pytest scipy hypothesis "safetensors>=0.4" scikit-image
+SAN_DEPS := numpy pytest "pytest-xdist>=3.5" scipy hypothesis "safetensors>=0.4" scikit-image
 # The C++-backed tests.
 SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
   lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz determinism bf16))
@@ -134,6 +134,8 @@ $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/
 	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
 	touch $@
 
+# The instrumented tests run in TEST_WORKERS processes too (each preloads the runtime).
+SAN_PYTEST = -n $(TEST_WORKERS) --dist worksteal
 SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:abort_on_error=1 \
@@ -142,13 +144,13 @@ SAN_ENV = LD_PRELOAD="$$(cat $(SAN_BUILD)/sanitizer-preload.txt)" \
 sanitize: $(SAN_VENV)/.installed
 	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -c "import attngeom as ag, os; \
 	  assert ag.show_config(file=open(os.devnull, 'w'))['sanitizers'], 'the core in $(SAN_VENV) is not instrumented'"
-	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
+	$(SAN_ENV) ATTNGEOM_ISA=baseline $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_PYTEST) $(SAN_TESTS)
 	@for level in $(filter-out baseline,$(subst ;, ,$(SAN_LEVELS))); do \
 	  $(SAN_ENV) $(SAN_VENV)/bin/python -c "import sys, attngeom._core as c; sys.exit(0 if '$$level' in c.SUPPORTED else 3)"; \
 	  probe=$$?; \
 	  if [ $$probe -eq 0 ]; then \
 	    echo "== sanitizers at the $$level level"; \
-	    $(SAN_ENV) ATTNGEOM_ISA=$$level $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_HOT_TESTS) || exit 1; \
+	    $(SAN_ENV) ATTNGEOM_ISA=$$level $(SAN_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SAN_PYTEST) $(SAN_HOT_TESTS) || exit 1; \
 	  elif [ $$probe -ne 3 ]; then \
 	    echo "== make sanitize: the probe for the $$level level failed (exit $$probe)"; exit 1; \
 	  elif [ "$(SAN_ALLOW_SKIP)" = 1 ]; then \

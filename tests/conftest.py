@@ -21,6 +21,54 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
+# -- order -------------------------------------------------------------------------------------
+# `make test` runs the suite in several processes (pytest-xdist, --dist worksteal). Each process
+# first takes a contiguous share of the collected tests (the first len // n, then the rest split
+# alike), and one that runs out takes over the tail of the longest queue. A test that trains a
+# model or executes a notebook takes up to minutes: started late it runs alone while the others
+# wait, and several in a row on one process are the run's critical path. So the tests marked
+# `heavy` are dealt round robin to the heads of the processes' shares (a module marked as a whole
+# stays together: its module-scoped fixture trains once), and each process starts with them.
+# Every process computes the same order (it depends only on the collection and the worker count),
+# and one process keeps the collected order.
+HEAVY = "heavy: trains a model, executes a notebook or builds the docs (tens of seconds to minutes); started first"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", HEAVY)
+
+
+def heavy_first(items, workers):
+    """items reordered so that each of `workers` contiguous shares starts with its round-robin
+    part of the heavy groups (tests/conftest.py, order)."""
+    groups, light = {}, []
+    for item in items:
+        marker = item.get_closest_marker("heavy")
+        if marker is None:
+            light.append(item)
+        else:  # a module-wide mark (pytestmark) keeps the module together
+            whole_module = item.module is not None and getattr(item.module, "pytestmark", None) is not None
+            groups.setdefault(item.module.__name__ if whole_module else item.nodeid, []).append(item)
+    heavy = [[] for _ in range(workers)]
+    for index, group in enumerate(groups.values()):
+        heavy[index % workers].extend(group)
+    out, remaining = [], len(items)
+    for worker in range(workers):
+        size = remaining // (workers - worker)
+        take = max(size - len(heavy[worker]), 0)
+        out += heavy[worker] + light[:take]
+        light = light[take:]
+        remaining -= size
+    return out + light
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
+def pytest_collection_modifyitems(items):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        items[:] = heavy_first(items, workers)
+
+
 # -- the skip budget ---------------------------------------------------------------------------
 # Under CI=true a test that skips fails the run unless tests/allowed_skips.txt names it: a
 # skip never hides lost coverage (a dependency dropped from the test extra, a module that

@@ -150,6 +150,7 @@ def test_every_public_function_has_a_running_example():
     assert not missing, missing
 
 
+@pytest.mark.heavy
 def test_api_reference_builds_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     pytest.importorskip("numpydoc")

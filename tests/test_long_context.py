@@ -309,6 +309,7 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 """
 
 
+@pytest.mark.heavy
 def test_sixteen_thousand_tokens_in_little_memory(tmp_path):
     """16,384 tokens with statistics and the last logits: one layer's (4, n, n) float32 weights
     alone would be 4.3 GB; the pass peaks well under 2 GB. The statistics of the first 512
@@ -340,6 +341,7 @@ def test_sixteen_thousand_tokens_in_little_memory(tmp_path):
     np.testing.assert_allclose(saved["logits"], want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.heavy
 def test_heads_report_on_a_long_text(tmp_path):
     """`attngeom heads` on a 4,096-token text: every query's statistics (the per-position
     profile figure, in the HTML too), the P-based fields on the first 512 tokens."""

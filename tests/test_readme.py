@@ -42,6 +42,7 @@ def test_shell_lines_are_valid_commands():
                 assert item.split("=", 1)[0] in fields, (words, item)
 
 
+@pytest.mark.heavy
 def test_induction_recipe_runs_verbatim(tmp_path, monkeypatch, capsys):
     """Section 3's two commands, word for word: the run forms the circuit (its summary reports the
     phase change and the heads), and `attngeom heads` on its checkpoint leads with them."""

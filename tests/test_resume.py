@@ -100,6 +100,7 @@ def _killed_run(name, parent, after, delay):
     return staging
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["training", "induction"])
 def test_a_killed_run_resumes_to_the_uninterrupted_result(name, tmp_path, monkeypatch):
     from attngeom.experiments import induction

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.heavy  # trains models (tests/conftest.py: collected first)
 
 import attngeom as ag  # noqa: E402
 from attngeom.experiments import EXPERIMENTS, TrainingConfig, run_training  # noqa: E402
