@@ -93,7 +93,7 @@ notebooks: $(VENV)/.installed-$(NATIVE)-test,models,compare
 	$(PY) notebooks/execute.py notebooks/*.ipynb
 
 # Sanitizers: the core built with ASan + UBSan by the second compiler (clang++-16 by default;
-# SAN_CXX=g++ builds it with GCC), -O1 -g, in its own build folder and its own environment (a
+# SAN_CXX=g++ builds it with GCC), -O1 with line tables, in its own build folder and its own environment (a
 # regular install, so the package there holds only the instrumented modules and the normal
 # .venv is never touched). The C++-backed tests run at the baseline level, the hot kernels'
 # tests again at the wider level of SAN_LEVELS. By default that is the widest level this CPU

@@ -46,8 +46,10 @@ def heavy_first(items, workers):
         marker = item.get_closest_marker("heavy")
         if marker is None:
             light.append(item)
-        else:  # a module-wide mark (pytestmark) keeps the module together
-            whole_module = item.module is not None and getattr(item.module, "pytestmark", None) is not None
+        else:  # a module marked heavy as a whole (pytestmark) stays together
+            marks = getattr(item.module, "pytestmark", []) if item.module is not None else []
+            marks = marks if isinstance(marks, (list, tuple)) else [marks]
+            whole_module = any(getattr(mark, "name", None) == "heavy" for mark in marks)
             groups.setdefault(item.module.__name__ if whole_module else item.nodeid, []).append(item)
     heavy = [[] for _ in range(workers)]
     for index, group in enumerate(groups.values()):

@@ -15,9 +15,9 @@ FILES = {
 }
 
 
-def _order(pytester, monkeypatch, workers):
+def _order(pytester, monkeypatch, workers, files=FILES):
     pytester.makeconftest(open(os.path.join(os.path.dirname(__file__), "conftest.py")).read())
-    pytester.makepyfile(**FILES)
+    pytester.makepyfile(**files)
     if workers is None:
         monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
     else:
@@ -38,3 +38,11 @@ def test_heavy_tests_head_each_share(pytester, monkeypatch):
     order = _order(pytester, monkeypatch, 2)
     assert order[:5] == ["test_b1", "test_c1", "test_c2", "test_a1", "test_a2"]
     assert order[5:] == ["test_b3", "test_a3", "test_b2", "test_d1", "test_d2", "test_d3"]
+
+
+def test_a_module_mark_other_than_heavy_keeps_its_heavy_tests_apart(pytester, monkeypatch):
+    # Module e is marked as a whole, but not heavy: its heavy tests e1 and e3 are dealt one by one.
+    files = {"test_e": ("import pytest\npytestmark = pytest.mark.filterwarnings('ignore')\n\n"
+                        "@pytest.mark.heavy\ndef test_e1():\n    pass\n\ndef test_e2():\n    pass\n\n"
+                        "@pytest.mark.heavy\ndef test_e3():\n    pass\n\ndef test_e4():\n    pass\n")}
+    assert _order(pytester, monkeypatch, 2, files) == ["test_e1", "test_e2", "test_e3", "test_e4"]
