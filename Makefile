@@ -95,8 +95,8 @@ notebooks: $(VENV)/.installed-$(NATIVE)-test,models,compare
 # Sanitizers: the core built with ASan + UBSan by the second compiler (clang++-16 by default;
 # SAN_CXX=g++ builds it with GCC), -O1 with line tables, in its own build folder and its own environment (a
 # regular install, so the package there holds only the instrumented modules and the normal
-# .venv is never touched; not stripped, as scikit-build-core would by default, so that a report's
-# stack trace names our functions, files and lines). The C++-backed tests run at the baseline level, the hot kernels'
+# .venv is never touched; the modules are not stripped, so that a report's stack trace names our
+# functions, files and lines: CMakeLists.txt). The C++-backed tests run at the baseline level, the hot kernels'
 # tests again at the wider level of SAN_LEVELS. By default that is the widest level this CPU
 # runs (AVX-512 where it has x86-64-v4, else AVX2; on other architectures the baseline alone):
 # each wider level adds about 5 minutes of compilation on two cores, so CI builds two, and a
@@ -131,7 +131,7 @@ $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/
 	$(PYTHON) -m venv $(SAN_VENV)
 	$(SAN_VENV)/bin/python -m pip install --quiet $(BUILD_DEPS) $(SAN_DEPS)
 	CXX=$(SAN_CXX) $(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
-	  -Cinstall.strip=false -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined "-Ccmake.define.ATTNGEOM_ISA_LEVELS=$(SAN_LEVELS)" \
+	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined "-Ccmake.define.ATTNGEOM_ISA_LEVELS=$(SAN_LEVELS)" \
 	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
 	touch $@
 
