@@ -56,7 +56,7 @@ $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
 	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]" > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
 	  shown=0; while kill -0 $$pid 2>/dev/null; do sleep 2; \
 	    grep -aoE '\[[0-9]+/[0-9]+\] [A-Za-z].*' $(MAKE_BUILD)/build.log | tail -n +$$((shown + 1)) | \
-	      sed -E 's|CMakeFiles/_core_([a-z0-9]+)\.dir/cpp/|\1: |' ; \
+	      sed -E 's|CMakeFiles/_core_([a-z0-9]+)\.dir/cpp/|\1: |; s|CMakeFiles/_core_([a-z0-9]+)\.dir/Unity/unity_([a-z_]+)_cxx\.cxx\.o|\1: \2 (one unit)|' ; \
 	    shown=$$(grep -acE '\[[0-9]+/[0-9]+\] [A-Za-z]' $(MAKE_BUILD)/build.log); done; \
 	  wait $$pid || { tail -n 40 $(MAKE_BUILD)/build.log; echo "attngeom: the build failed; the log is $(MAKE_BUILD)/build.log"; exit 1; }
 	rm -f $(VENV)/.installed-*
