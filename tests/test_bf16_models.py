@@ -151,12 +151,14 @@ def test_kept_weights_give_the_same_bits(bf16_models, dtype):
             np.testing.assert_array_equal(f.attention_stats.entropy, plain.attention_stats.entropy)
         kept = model.decoder._kept
         assert len(kept) == 1 and len(next(iter(kept.values()))) == model.arch.n_layers
+        unembedding = model.decoder._kept_unembedding  # the float modes keep its cast table
+        assert list(unembedding) == ([] if dtype == "bfloat16" else [np.dtype(dtype).str])
         if dtype == "bfloat16":  # the stored bits themselves, nothing widened
             layer = next(iter(kept.values()))[0]
             assert np.shares_memory(layer["q"].bits, model.decoder.w["layers"][0]["q"].bits)
     finally:
         model.keep_weights = False
-    assert not model.decoder._kept
+    assert not model.decoder._kept and not model.decoder._kept_unembedding
 
 
 def test_kept_weights_are_refused_beyond_memory(bf16_models, monkeypatch):

@@ -75,8 +75,9 @@ class Model:
         set, so a pass holds about one layer of weights however large the model. With
         ``model.keep_weights = True`` (or ``load_model(..., keep_weights=True)``) the weights
         as a pass reads them are kept for the next pass of the same dtype: the float32 or
-        float64 copies, or in the bfloat16 mode the stored bfloat16 weights, whose mapped
-        pages then stay resident. Repeated passes skip the casts and the page faults. The
+        float64 copies of the layers and of the unembedding, or in the bfloat16 mode the
+        stored bfloat16 weights, whose mapped pages then stay resident. Repeated passes skip
+        the casts and the page faults. The
         first pass in a dtype checks that the kept weights take at most 80% of the memory
         available (``model.decoder.kept_bytes(dtype)``), and raises ValueError otherwise. Setting it
         to False drops what was kept.
