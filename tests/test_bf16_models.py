@@ -161,6 +161,51 @@ def test_kept_weights_give_the_same_bits(bf16_models, dtype):
     assert not model.decoder._kept and not model.decoder._kept_unembedding
 
 
+_FAULTS = r"""
+import resource, sys
+import numpy as np
+import attngeom as ag
+import attngeom.models.nn.forward as forward
+if sys.argv[3] == "0":
+    forward._retaining = False  # as if glibc had refused the settings: the weights alone are kept
+model = ag.load_model(sys.argv[1], keep_weights=sys.argv[2] == "1")
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model.forward(np.arange(512) % 1000, keep=("attention_stats", "logits"))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(forward._retaining, max(faults[1:]))  # None: never asked
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc settings")
+def test_kept_weights_let_a_pass_reuse_the_memory_the_last_one_freed(tmp_path):
+    """With keep_weights a repeated pass faults no memory in: the layers' casts are kept and the
+    activations the last pass freed stay with the process (retain_freed_memory). Without the
+    malloc settings every pass faults its activations in again, weights kept or not. Each run
+    is a fresh process (the settings are the whole process's)."""
+    import subprocess
+    import sys
+
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                      max_position_embeddings=1024)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+
+    def faults(keep, retain):
+        run = subprocess.run([sys.executable, "-c", _FAULTS, str(tmp_path), keep, retain], capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        taken, count = run.stdout.split()
+        assert taken == {"01": "None", "10": "False", "11": "True"}[keep + retain]  # glibc takes them when asked
+        return int(count)
+
+    default, weights_only, kept = faults("0", "1"), faults("1", "0"), faults("1", "1")
+    # 512 tokens of width 256 (MLP 1024): each pass frees and allocates about 20 MB
+    assert kept < 100 and default > 1000 and weights_only > 1000, (default, weights_only, kept)
+
+
 def test_kept_weights_are_refused_beyond_memory(bf16_models, monkeypatch):
     import attngeom.models.nn.decoder as decoder
 

@@ -44,7 +44,8 @@ from ..io.architecture import ACTIVATION_FUNCTIONS, Architecture
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import release_pages
 from ..io.weights import read_weights
-from .forward import KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks, available_bytes
+from .forward import (KEEP_DEFAULT, KEEPABLE, MLP_ROWS, Forward, ForwardPlan, Stacks, available_bytes,
+                      retain_freed_memory)
 from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
@@ -147,6 +148,8 @@ class Decoder:
         if not isinstance(on, (bool, np.bool_)):
             raise TypeError(f"keep_weights must be True or False, got {on!r}")
         self._keep_weights = bool(on)
+        if on:
+            retain_freed_memory()  # and the activations' memory, for the whole process
         if not on:
             self._kept.clear()
             self._kept_unembedding.clear()

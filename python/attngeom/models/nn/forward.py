@@ -15,6 +15,7 @@ the field, its size and ``keep=``.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -529,6 +530,48 @@ def available_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 2 ** 62
+
+
+#: glibc's malloc settings under keep_weights (retain_freed_memory): its largest mmap
+#: threshold (32 MiB; a larger value is refused) and a trim threshold of 1 GiB.
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30
+_retaining = None  # None: not asked yet; then whether glibc took the settings
+
+
+def retain_freed_memory() -> bool:
+    """Let the process keep freed memory for the next allocation (glibc's malloc), once.
+
+    A pass allocates and frees its activations layer by layer. glibc's defaults return a freed
+    block of more than 128 kB (a threshold that adapts up to 32 MiB) and the free top of a
+    heap beyond twice that to the system, so each layer and each pass faults the same memory
+    in again, zeroed by the kernel, and the faults of the pool's threads serialize in the
+    kernel. Measured on a Qwen3-0.6B-shaped forward of 512 tokens in float32 (AMD Zen 3, 2
+    threads): 302,000 minor faults and 1.2 s of system time a pass, against 500 faults and
+    0.02 s with the thresholds raised. This raises, for the whole process, the mmap threshold
+    to 32 MiB and the trim threshold to 1 GiB (``mallopt``): blocks up to 32 MiB come from the
+    heap, and up to 1 GiB of free heap stays with the process. It is what
+    :attr:`attngeom.models.Model.keep_weights` asks for, besides the weights; with another
+    C library (musl, macOS, Windows) nothing changes.
+
+    Returns
+    -------
+    bool
+        Whether glibc took the settings (False elsewhere).
+    """
+    global _retaining
+    if _retaining is None:
+        _retaining = False
+        try:
+            libc = ctypes.CDLL(None)  # the C library the process runs on
+            libc.gnu_get_libc_version  # glibc's own symbol: another library's mallopt means other things
+            mallopt = libc.mallopt
+        except (OSError, AttributeError, TypeError):
+            return False
+        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+        _retaining = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD,
+                                                                                         TRIM_THRESHOLD))
+    return _retaining
 
 
 class Stacks:
