@@ -51,7 +51,7 @@ $(VENV)/.base:
 $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
 	@mkdir -p $(MAKE_BUILD)
 	@echo "attngeom: building the C++ core into $(MAKE_BUILD) and installing '.[$*]' into $(VENV)"
-	@echo "attngeom: the first build compiles about 45 files (3 instruction-set levels): about 7 minutes on 2 cores"
+	@echo "attngeom: the first build takes about 35 steps (3 instruction-set levels): 7-12 minutes on 2 cores"
 	@$(PIP) install -v $(CONSTRAINTS) --no-build-isolation -Cbuild-dir=$(MAKE_BUILD) \
 	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]" > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
 	  shown=0; while kill -0 $$pid 2>/dev/null; do sleep 2; \
