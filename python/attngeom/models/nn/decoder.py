@@ -150,7 +150,7 @@ class Decoder:
         self._keep_weights = bool(on)
         if on:
             retain_freed_memory()  # and the activations' memory, for the whole process
-        if not on:
+        else:
             self._kept.clear()
             self._kept_unembedding.clear()
 
