@@ -266,6 +266,55 @@ def test_products_split_by_rows(monkeypatch):
     assert products.product(x[:, :10], W).shape == (2, 10, 24)  # too few rows to split
 
 
+@pytest.mark.parametrize("kind", ["float32", "float64", "bfloat16"])
+def test_products_split_by_columns(kind, monkeypatch):
+    """A linear layer's stored (out, in) weight is split by columns, in units that depend on
+    the processor count: every column once, chunks starting at multiples of COLUMN_ALIGN. For
+    each processor count the result is the same bits at 1 and 2 threads; the bfloat16 product
+    is bitwise the unsplit one (an entry depends on its row and column only), the float GEMM
+    agrees with it to rounding (Eigen's row blocking can follow the columns of a call)."""
+    from attngeom import _core
+    from attngeom.models.nn import products
+
+    rng = np.random.default_rng(7)
+    dtype = np.float64 if kind == "float64" else np.float32
+    x = rng.standard_normal((37, 130)).astype(dtype)
+    stored = [rng.standard_normal((n, 130)).astype(dtype) for n in (200, 64, 131)]  # (out, in)
+    if kind == "bfloat16":
+        weights = [products.BFloat16Weight(_core.round_bf16(w)) for w in stored]
+        whole = [_core.matmul_bf16(x, W.bits, False) for W in weights]
+    else:
+        weights = [w.T for w in stored]
+        whole = [_core.matmul(x, w, True) for w in stored]
+    assert products.splits_columns(x, weights)
+    for processors in (1, 2, 3, 16):
+        units = products.column_units([200, 64, 131], processors)
+        for i, n in enumerate((200, 64, 131)):
+            spans = sorted((lo, hi) for j, lo, hi in units if j == i)
+            assert spans[0][0] == 0 and spans[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(lo % products.COLUMN_ALIGN == 0 for lo, _ in spans)
+        assert len(units) >= min(processors, 3)
+        monkeypatch.setattr(products, "_processors", lambda: processors)
+        runs = []
+        for threads in (1, 2):
+            before = ag.get_num_threads()
+            ag.set_num_threads(threads)
+            try:
+                runs.append(products.column_products(x, weights) + [products.product(x[None], weights[0])[0]])
+            finally:
+                ag.set_num_threads(before)
+        for g, h in zip(runs[0], runs[1]):
+            np.testing.assert_array_equal(g, h)
+        for g, w in zip(runs[0], whole + whole[:1]):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            if kind == "bfloat16":
+                np.testing.assert_array_equal(g, w)
+            else:  # float summation bound over the depth 130
+                bound = 130 * np.finfo(dtype).eps * np.abs(x).max() * max(np.abs(s).max() for s in stored)
+                assert np.max(np.abs(g - w)) <= bound
+
+
 def test_mlp_in_blocks_of_rows(models, monkeypatch):
     """Beyond MLP_ROWS rows the MLP runs in row blocks: the same function of each row."""
     from attngeom.models.nn import decoder

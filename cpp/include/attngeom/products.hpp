@@ -2,8 +2,8 @@
 // compiled for each instruction-set level (its AVX-512 kernels where the CPU has them, where
 // NumPy's OpenBLAS runs its AVX2 Haswell kernels on AMD Zen 4 and 5: 1.75x the float32
 // throughput measured on Zen 5). B is given as a linear layer stores its weight, (n, k) rows
-// (B = W^T), or as (k, n) rows. One thread: the caller splits the rows (the blocks fixed by
-// the processor count), so an entry depends on the shapes and its operands only.
+// (B = W^T), or as (k, n) rows. One thread: the caller splits the rows or the columns (units
+// fixed by the processor count), so an entry depends on the shapes and its operands only.
 #pragma once
 
 #include <Eigen/Core>

@@ -50,8 +50,9 @@ from .interventions import Gate
 from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
-from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, block_product, compute_dtype,
-                       for_row_blocks, for_tasks, map_rows, product, product_threads)
+from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, block_product, column_product,
+                       column_products, column_units, compute_dtype, for_row_blocks, for_tasks, map_rows, product,
+                       product_threads, splits_columns)
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -545,17 +546,22 @@ class Decoder:
         q, k, v = (np.empty((heads, rows, dh), h.dtype) for heads in (H, K, K))
         before = (np.empty_like(q), np.empty_like(k)) if pre and cos_sin is not None else None
 
-        def block(lo, hi):
+        def normed(lo, hi):
             if given is None:
-                xr = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16)
-                x[lo:hi] = xr
-            else:
-                xr = given[lo:hi]
+                x[lo:hi] = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16)
+            return x[lo:hi]
+
+        def block(lo, hi):  # the products by blocks of rows (GPT-2's fused (in, out) c_attn)
+            xr = normed(lo, hi)
             if "qkv" in L:  # one fused product (GPT-2's c_attn)
                 qkv = block_product(xr, L["qkv"]) if L["b_qkv"] is None else block_product(xr, L["qkv"]) + L["b_qkv"]
                 qr, kr, vr = np.split(qkv, 3, axis=-1)
             else:
-                qr, kr, vr = block_product(xr, L["q"]), block_product(xr, L["k"]), block_product(xr, L["v"])
+                qr, kr, vr = (block_product(xr, L[name]) for name in "qkv")
+            finish(lo, hi, qr, kr, vr, biases="qkv" not in L)
+
+        def finish(lo, hi, qr, kr, vr, biases=True):  # biases, q/k norms, rotation, rounding, heads-major
+            if biases:
                 qr = qr if L["b_q"] is None else qr + L["b_q"]
                 kr = kr if L["b_k"] is None else kr + L["b_k"]
                 vr = vr if L["b_v"] is None else vr + L["b_v"]
@@ -574,7 +580,15 @@ class Decoder:
                     _core.round_bf16_values(t)
             q[:, lo:hi], k[:, lo:hi], v[:, lo:hi] = (t.transpose(1, 0, 2) for t in (qr, kr, vr))
 
-        for_row_blocks(block, rows)
+        if "qkv" in L or not splits_columns(flat[:min(rows, MLP_ROWS)], [L["q"], L["k"], L["v"]]):
+            for_row_blocks(block, rows)
+        else:  # blocks of at most MLP_ROWS tokens: norms by rows, products by columns, the rest by rows
+            for start in range(0, rows, MLP_ROWS):
+                end = min(rows, start + MLP_ROWS)
+                for_row_blocks(lambda lo, hi: normed(start + lo, start + hi), end - start)
+                qa, ka, va = column_products(x[start:end], [L["q"], L["k"], L["v"]])
+                for_row_blocks(lambda lo, hi: finish(start + lo, start + hi, qa[lo:hi], ka[lo:hi], va[lo:hi]),
+                               end - start)
 
         def heads(t):  # (heads, b n, d_head) -> (b, heads, n, d_head)
             return t.reshape(t.shape[0], b, n, dh).transpose(1, 0, 2, 3)
@@ -593,15 +607,56 @@ class Decoder:
 
 def _dense_mlp(h, L, a, act, pre_norm=True, fused=False):
     """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
-    down(act(gate) * up) or down(act(up)), biases where stored, block of tokens by block of
-    tokens on the thread budget (norm, products and activation function together), at most MLP_ROWS
-    tokens a block (the hidden units of a long input would otherwise take (n, d_ff) arrays
-    several times over). `fused`: the bfloat16 mode's fused RMSNorm and SwiGLU gate."""
-    def block(rows):
-        x = normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused) if pre_norm else rows
-        return _mlp_block(x, L, a.gated, act, fused)
+    down(act(gate) * up) or down(act(up)), biases where stored, at most MLP_ROWS tokens a block
+    (the hidden units of a long input would otherwise take (n, d_ff) arrays several times
+    over), on the thread budget: the norms by rows, the products by columns
+    (:func:`column_products`, weights stored as (out, in) rows), or, for other weights, norm,
+    products and activation together by rows. `fused`: the bfloat16 mode's fused RMSNorm and
+    SwiGLU gate."""
+    def normed(rows):
+        return normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused) if pre_norm else rows
 
-    return map_rows(block, h, h.shape[-1], max_rows=MLP_ROWS)
+    flat = h.reshape(-1, h.shape[-1])
+    inner = [L["gate"], L["up"]] if a.gated else [L["up"]]
+    if not splits_columns(flat[:MLP_ROWS], inner + [L["down"]]):
+        return map_rows(lambda rows: _mlp_block(normed(rows), L, a.gated, act, fused), h, h.shape[-1],
+                        max_rows=MLP_ROWS)
+    out = np.empty_like(flat)
+    for start in range(0, flat.shape[0], MLP_ROWS):  # blocks of tokens: norms by rows, products by columns
+        x = map_rows(normed, flat[start:start + MLP_ROWS], flat.shape[1])
+        hidden = _mlp_hidden_columns(x, L, a.gated, act, fused)
+        b_down = L.get("b_down")
+        out[start:start + MLP_ROWS] = column_products(
+            hidden, [L["down"]], finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
+    return out.reshape(h.shape)
+
+
+def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
+    """:func:`_mlp_hidden` of a block of rows with its products split by columns on the pool
+    (:func:`column_products`; weights it accepts): each unit takes its chunk of the up (and
+    gate) columns, their biases and the activation, which act on each entry alone."""
+    W_up = L["up"]
+    x = np.ascontiguousarray(x, dtype=np.float32 if isinstance(W_up, BFloat16Weight) else x.dtype)
+    hidden = np.empty((x.shape[0], W_up.shape[1]), x.dtype)
+    units = column_units([W_up.shape[1]])
+
+    def unit(i):
+        _, lo, hi = units[i]
+        u = column_product(x, W_up, lo, hi)
+        u = u if L["b_up"] is None else u + L["b_up"][lo:hi]
+        if not gated:
+            hidden[:, lo:hi] = act(u)
+            return
+        g = column_product(x, L["gate"], lo, hi)
+        g = g if L["b_gate"] is None else g + L["b_gate"][lo:hi]
+        if fused and act is silu and g.dtype == u.dtype == np.float32:
+            _core.silu_mul(g, u)
+            hidden[:, lo:hi] = u
+        else:
+            hidden[:, lo:hi] = act(g) * u
+
+    for_tasks(unit, len(units))
+    return hidden
 
 
 def _mlp_hidden(x, L, gated: bool, act, fused=False):
