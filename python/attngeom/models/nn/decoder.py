@@ -94,9 +94,9 @@ def _unembed(final, W, dt, bf16=False, release=True):
             release_pages(rows)
 
     chunks = -(-V // _UNEMBED_ROWS)
-    # Too few rows for product() to split (the last token's logits): the float chunks are the
-    # tasks instead, each cast and multiplied whole on one thread, the same chunks and
-    # products as on one thread (the same bits). The bfloat16 product splits its columns itself.
+    # Few rows (the last token's logits): the float chunks are the tasks instead, each cast and
+    # multiplied whole on one thread, the same chunks and products as on one thread (the same
+    # bits). The bfloat16 product splits its columns itself.
     if not bf16 and int(np.prod(final.shape[:-1])) < 2 * MIN_ROWS_PER_BLOCK:
         for_tasks(chunk, chunks)
     else:
@@ -527,9 +527,11 @@ class Decoder:
 
     def _attention_inputs(self, h, L, cos_sin, pre: bool, x=None, bf16=False, grouped=False) -> dict:
         """The normed residual stream x (b, n, d_model) and q, k, v (b, H, n, d_head) of a
-        GPT-2 / Llama-family layer (module docstring), computed block of tokens by block of
-        tokens on the thread budget (:func:`for_row_blocks`: norm, products, q_norm / k_norm and
-        rotation of each token together); q_prerotary, k_prerotary too when `pre` (or the
+        GPT-2 / Llama-family layer (module docstring), computed on the thread budget in blocks
+        of at most MLP_ROWS tokens: the norms by rows, the products by columns
+        (:func:`column_products`), then biases, q_norm / k_norm and rotation by rows (with a
+        fused (in, out) qkv weight, as GPT-2's, all of it by rows: :func:`for_row_blocks`);
+        q_prerotary, k_prerotary too when `pre` (or the
         model has no rotation, where they are q and k). A given x (an intervened attention
         input) is used instead of the norm of h. `bf16`: the bfloat16 mode's fused RMSNorms,
         and q, k, v rounded to bfloat16 in their blocks (``"rounded"`` in the result).
@@ -580,7 +582,7 @@ class Decoder:
                     _core.round_bf16_values(t)
             q[:, lo:hi], k[:, lo:hi], v[:, lo:hi] = (t.transpose(1, 0, 2) for t in (qr, kr, vr))
 
-        if "qkv" in L or not splits_columns(flat[:min(rows, MLP_ROWS)], [L["q"], L["k"], L["v"]]):
+        if "qkv" in L or not splits_columns(flat[:MLP_ROWS], [L["q"], L["k"], L["v"]]):
             for_row_blocks(block, rows)
         else:  # blocks of at most MLP_ROWS tokens: norms by rows, products by columns, the rest by rows
             for start in range(0, rows, MLP_ROWS):
@@ -635,37 +637,36 @@ def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
     """:func:`_mlp_hidden` of a block of rows with its products split by columns on the pool
     (:func:`column_products`; weights it accepts): each unit takes its chunk of the up (and
     gate) columns, their biases and the activation, which act on each entry alone."""
-    W_up = L["up"]
-    x = np.ascontiguousarray(x, dtype=np.float32 if isinstance(W_up, BFloat16Weight) else x.dtype)
-    hidden = np.empty((x.shape[0], W_up.shape[1]), x.dtype)
-    units = column_units([W_up.shape[1]])
+    x = np.ascontiguousarray(x)
+    hidden = np.empty((x.shape[0], L["up"].shape[1]), x.dtype)
+    units = column_units([L["up"].shape[1]])
 
     def unit(i):
         _, lo, hi = units[i]
-        u = column_product(x, W_up, lo, hi)
-        u = u if L["b_up"] is None else u + L["b_up"][lo:hi]
-        if not gated:
-            hidden[:, lo:hi] = act(u)
-            return
-        g = column_product(x, L["gate"], lo, hi)
-        g = g if L["b_gate"] is None else g + L["b_gate"][lo:hi]
-        if fused and act is silu and g.dtype == u.dtype == np.float32:
-            _core.silu_mul(g, u)
-            hidden[:, lo:hi] = u
-        else:
-            hidden[:, lo:hi] = act(g) * u
+        hidden[:, lo:hi] = _mlp_hidden(x, L, gated, act, fused, columns=(lo, hi))
 
     for_tasks(unit, len(units))
     return hidden
 
 
-def _mlp_hidden(x, L, gated: bool, act, fused=False):
+def _mlp_hidden(x, L, gated: bool, act, fused=False, columns=None):
     """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)
-    (`fused`, SiLU on float32: silu(gate) * up in one pass of the core)."""
-    u = block_product(x, L["up"]) if L["b_up"] is None else block_product(x, L["up"]) + L["b_up"]
+    (`fused`, SiLU on float32: silu(gate) * up in one pass of the core), on the calling
+    thread; `columns` (lo, hi): those hidden units only (x C-contiguous, weights
+    :func:`column_products` accepts)."""
+    def linear(name):
+        W, bias = L[name], L["b_" + name]
+        if columns is None:
+            y = block_product(x, W)
+        else:
+            y = column_product(x, W, *columns)
+            bias = None if bias is None else bias[columns[0]:columns[1]]
+        return y if bias is None else y + bias
+
+    u = linear("up")
     if not gated:
         return act(u)
-    g = block_product(x, L["gate"]) if L["b_gate"] is None else block_product(x, L["gate"]) + L["b_gate"]
+    g = linear("gate")
     if fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and u.flags.c_contiguous:
         _core.silu_mul(g, u)
         return u

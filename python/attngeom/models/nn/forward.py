@@ -500,11 +500,13 @@ def forward_bytes(arch, shape, dtype, plan: ForwardPlan) -> dict:
         "attention_stats": L * b * H * n * (len(STATS_FIELDS) - 1 + 8 / item),
     }
     out = {name: int(elements[name] * item) for name in KEEPABLE if name in plan.keep and elements[name]}
-    rows = min(b * n, MLP_ROWS * get_num_threads())  # the MLP blocks the pool runs at once
+    rows = min(b * n, MLP_ROWS * get_num_threads())  # the MLP blocks the pool runs at once when split by rows
+    # split by columns: one block of at most MLP_ROWS tokens' q, k, v products at a time
+    qkv_block = min(b * n, MLP_ROWS) * (H + 2 * a.n_kv_heads) * max(d_qk, d_v)
     weights = b * H * n * n  # one layer's P, formed when kept or changed by an intervention
     touched = {r.site for todo in plan.interventions.values() for r in todo}
     hidden = "mlp_post" in plan.keep or "mlp_post" in touched  # the MLP's hidden units of the whole pass
-    working = item * (6 * b * H * n * max(d_qk, d_v) + 4 * rows * n_ff + 4 * b * n * d
+    working = item * (6 * b * H * n * max(d_qk, d_v) + qkv_block + 4 * rows * n_ff + 4 * b * n * d
                       + (weights if "pattern" in plan.keep else 0) + (2 * weights if "pattern" in touched else 0)
                       + (b * n * n_ff if hidden else 0))
     if a.sliding_layers:  # the window's (b, 1, n, n) boolean mask

@@ -228,14 +228,21 @@ def column_units(widths, processors: Optional[int] = None) -> list:
 
 def splits_columns(x: np.ndarray, weights) -> bool:
     """Whether :func:`column_products` splits x @ W over columns for these weights: a block of
-    at least CORE_PRODUCT_ROWS rows, and weights stored as linear layers store them ((out, in)
-    rows: a BFloat16Weight, or an array of x's dtype whose transpose is C-contiguous), whose
-    column chunks are contiguous rows."""
-    return x.ndim == 2 and x.shape[0] >= CORE_PRODUCT_ROWS and all(
-        isinstance(W, BFloat16Weight) or (isinstance(W, np.ndarray) and W.ndim == 2 and W.dtype == x.dtype
-                                          and x.dtype in (np.dtype(np.float32), np.dtype(np.float64))
-                                          and W.T.flags.c_contiguous and min(W.shape) > 0)
-        for W in weights)
+    at least MIN_ROWS_PER_BLOCK rows (fewer: one product on the calling thread), and weights
+    stored as linear layers store them, (out, in) rows whose column chunks are contiguous:
+    all BFloat16Weight with float32 x, or all arrays of x's dtype whose transpose is
+    C-contiguous."""
+    if x.ndim != 2 or x.shape[0] < MIN_ROWS_PER_BLOCK or not weights:
+        return False
+    if all(isinstance(W, BFloat16Weight) for W in weights):
+        return x.dtype == np.float32
+    return all(_core_float(W, x.dtype) and W.T.flags.c_contiguous for W in weights)
+
+
+def _core_float(W, dtype) -> bool:
+    """Whether the core's float GEMM takes W as a right factor for rows of this dtype."""
+    return (isinstance(W, np.ndarray) and W.ndim == 2 and W.dtype == dtype and min(W.shape) > 0
+            and dtype in (np.dtype(np.float32), np.dtype(np.float64)))
 
 
 def column_product(x: np.ndarray, W, lo: int, hi: int) -> np.ndarray:
@@ -268,7 +275,8 @@ def column_products(x: np.ndarray, weights, finish=None) -> list:
         (:func:`product`).
     finish : callable, optional
         finish(i, block, lo, hi) -> array: applied to each unit's result block (rows, hi -
-        lo) of product i before it is stored (a bias, an activation), on the unit's thread.
+        lo) of product i before it is stored (a bias, an activation), on the unit's thread
+        (unsplit: to each whole product, lo = 0, hi = n_i).
 
     Returns
     -------
@@ -284,10 +292,8 @@ def column_products(x: np.ndarray, weights, finish=None) -> list:
     if not splits_columns(x, weights):
         outs = [product(x, W) for W in weights]
         return outs if finish is None else [finish(i, o, 0, o.shape[1]) for i, o in enumerate(outs)]
-    bf16 = any(isinstance(W, BFloat16Weight) for W in weights)
-    x = np.ascontiguousarray(x, dtype=np.float32 if bf16 else x.dtype)
-    outs = [np.empty((x.shape[0], W.shape[1]), np.float32 if isinstance(W, BFloat16Weight) else x.dtype)
-            for W in weights]
+    x = np.ascontiguousarray(x)
+    outs = [np.empty((x.shape[0], W.shape[1]), x.dtype) for W in weights]
     units = column_units([W.shape[1] for W in weights])
 
     def unit(u):
@@ -366,8 +372,7 @@ def block_product(rows: np.ndarray, W) -> np.ndarray:
     """
     if isinstance(W, BFloat16Weight):
         return rows @ W
-    if (rows.ndim == 2 and rows.shape[0] >= CORE_PRODUCT_ROWS and W.ndim == 2 and rows.dtype == W.dtype
-            and min(W.shape) > 0 and rows.dtype in (np.dtype(np.float32), np.dtype(np.float64))):
+    if rows.ndim == 2 and rows.shape[0] >= CORE_PRODUCT_ROWS and _core_float(W, rows.dtype):
         if W.T.flags.c_contiguous:  # a linear layer's stored (out, in) weight, transposed
             return _core.matmul(np.ascontiguousarray(rows), W.T, True)
         if W.flags.c_contiguous:
