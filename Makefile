@@ -72,8 +72,18 @@ demo: $(VENV)/.installed-$(NATIVE)-plot
 # TEST_WORKERS=0 runs them in this process): much of the suite is Python between small kernel
 # calls, so two processes on two cores take 13 minutes where one takes 22 (AMD Zen 3).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+# Each process starts with its share of the processors as its thread count (the core's OpenMP,
+# NumPy's BLAS and PyTorch read these variables; the notebooks' kernels and the CLI subprocesses
+# inherit them): processes that each start a team of every processor oversubscribe the cores,
+# and a team whose threads wait on one another at a barrier loses the most (a small model
+# trained with 2 PyTorch threads beside one busy process took 52 s, with 1 thread 23 s; the
+# suite 12.5 minutes instead of 13.7, AMD Zen 3). The tests that are about thread counts set
+# them explicitly (ag.set_num_threads), so they run as before.
+TEST_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); w=$(TEST_WORKERS); [ "$$w" -gt 0 ] 2>/dev/null || w=1; \
+  echo $$(( n / w > 1 ? n / w : 1 )))
+TEST_THREAD_ENV = OMP_NUM_THREADS=$(TEST_THREADS) OPENBLAS_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS)
 test: $(VENV)/.installed-$(NATIVE)-test,models,compare
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+	$(TEST_THREAD_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 # Benchmarks measure the build users get: a regular (non-editable, build-isolated)
 # `pip install .` into its own environment, whatever NATIVE says.
