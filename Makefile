@@ -37,6 +37,19 @@ MAKE_BUILD := build/make
 CONSTRAINTS := -c constraints.txt
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
+# A compiler cache, where ccache is installed (`.ci/run` installs Debian's): the builds of make's
+# environments (make test, make sanitize, make wheel) compile through it, so a fresh clone whose
+# sources another clone on this host already compiled with the same compiler and flags takes
+# the objects from the cache instead of compiling again (it stores them under ccache's default
+# folder, ~/.cache/ccache). CCACHE= builds without it. Paths are hashed relative to the clone
+# (CCACHE_BASEDIR) and not by the working folder (CCACHE_NOHASHDIR: the sanitizer build's line
+# tables then name the folder of the compile that filled the cache), and the precompiled
+# headers need ccache's pch_defines and time_macros sloppiness. The objects are the compiler's
+# own output either way; the cache only skips compiling them again.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+CCACHE_DEFINE = -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE)
+CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+CCACHE_ENV = $(if $(CCACHE),CCACHE_BASEDIR=$(CURDIR) CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=$(CCACHE_SLOPPINESS))
 
 .PHONY: demo test bench docs notebooks sanitize wheel test-wheel test-sdist cross-aarch64 clean
 
@@ -51,8 +64,8 @@ $(VENV)/.base:
 $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
 	@mkdir -p $(MAKE_BUILD)
 	@echo "attngeom: building the C++ core into $(MAKE_BUILD) and installing '.[$*]' into $(VENV)"
-	@echo "attngeom: the first build takes about 35 steps (3 instruction-set levels): 7-12 minutes on 2 cores"
-	@$(PIP) install -v $(CONSTRAINTS) --no-build-isolation -Cbuild-dir=$(MAKE_BUILD) \
+	@echo "attngeom: the first build takes about 35 steps (3 instruction-set levels): 7-12 minutes on 2 cores, less for the files ccache already holds"
+	@$(CCACHE_ENV) $(PIP) install -v $(CONSTRAINTS) --no-build-isolation -Cbuild-dir=$(MAKE_BUILD) $(CCACHE_DEFINE) \
 	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]" > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
 	  shown=0; while kill -0 $$pid 2>/dev/null; do sleep 2; \
 	    grep -aoE '\[[0-9]+/[0-9]+\] [A-Za-z].*' $(MAKE_BUILD)/build.log | tail -n +$$((shown + 1)) | \
@@ -140,7 +153,8 @@ $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/
 	@command -v $(SAN_CXX) >/dev/null || { echo "make sanitize needs $(SAN_CXX) (Debian: apt-get install clang-16 libomp-16-dev), or SAN_CXX=g++"; exit 1; }
 	$(PYTHON) -m venv $(SAN_VENV)
 	$(SAN_VENV)/bin/python -m pip install --quiet $(BUILD_DEPS) $(SAN_DEPS)
-	CXX=$(SAN_CXX) $(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=$(SAN_BUILD) \
+	CXX=$(SAN_CXX) $(CCACHE_ENV) $(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps \
+	  -Cbuild-dir=$(SAN_BUILD) $(CCACHE_DEFINE) \
 	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined "-Ccmake.define.ATTNGEOM_ISA_LEVELS=$(SAN_LEVELS)" \
 	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
 	touch $@
@@ -196,7 +210,7 @@ $(VENV)/.frontend: $(VENV)/.base
 wheel: $(VENV)/.frontend $(RELEASE_VENV)/.installed
 	rm -rf $(DIST) && mkdir -p $(DIST)/raw
 	@echo "attngeom: building the sdist and the wheel (the core compiles into $(MAKE_BUILD) unless make test built it)"
-	$(PY) -m build --no-isolation --sdist --wheel --outdir $(DIST)/raw -Cbuild-dir=$(MAKE_BUILD) \
+	$(CCACHE_ENV) $(PY) -m build --no-isolation --sdist --wheel --outdir $(DIST)/raw -Cbuild-dir=$(MAKE_BUILD) $(CCACHE_DEFINE) \
 	  -Ccmake.define.ATTNGEOM_NATIVE=OFF . > $(DIST)/build.log 2>&1 \
 	  || { tail -n 40 $(DIST)/build.log; exit 1; }
 	mv $(DIST)/raw/*.tar.gz $(DIST)/

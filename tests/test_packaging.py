@@ -2,6 +2,8 @@
 already has is kept), and the versions make pins for its own environments kept apart."""
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -41,3 +43,34 @@ def test_make_and_pip_install_use_separate_build_folders():
         pip_dir = tomllib.load(f)["tool"]["scikit-build"]["build-dir"]
     assert re.search(r"^MAKE_BUILD := (\S+)", makefile, re.M).group(1) != pip_dir.split("/{")[0]
     assert "-Cbuild-dir=$(MAKE_BUILD)" in makefile
+
+
+def _make_dry_run(*args):
+    """The commands `make -n -B args` would run in the source tree (nothing is built)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not on PATH (the wheel's test environment holds no build tools)")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run([make, "-n", "-B", "-C", ROOT, *args], capture_output=True, text=True, check=True,
+                         env=env).stdout
+    return out.replace("\\\n", " ")  # a command continued over lines is one line
+
+
+@pytest.mark.parametrize("target,build", [(".venv/.installed-OFF-test", "build/make"),
+                                          (".venv-sanitize/.installed", "build/sanitize"), ("wheel", "build/make")])
+def test_make_builds_compile_through_ccache_when_one_is_given(target, build):
+    commands = [line for line in _make_dry_run(target, "CCACHE=/usr/bin/ccache").splitlines()
+                if f"-Cbuild-dir={build} " in line]
+    assert commands, f"no build command of {target} in the dry run"
+    for line in commands:
+        assert "-Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=/usr/bin/ccache " in line, line
+        env = dict(re.findall(r"\b(CCACHE_\w+)=(\S*)", line))
+        # the precompiled headers are cached only with both pch sloppiness values
+        assert set(env.pop("CCACHE_SLOPPINESS").split(",")) == {"pch_defines", "time_macros", "include_file_mtime",
+                                                                "include_file_ctime"}, line
+        assert os.path.realpath(env.pop("CCACHE_BASEDIR")) == os.path.realpath(ROOT)
+        assert env == {"CCACHE_NOHASHDIR": "1"}
+    # CCACHE= builds without it, and clears a launcher an earlier build left in the CMake cache
+    for line in _make_dry_run(target, "CCACHE=").splitlines():
+        if f"-Cbuild-dir={build} " in line:
+            assert "-Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER= " in line and "CCACHE_" not in line, line
