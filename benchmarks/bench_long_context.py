@@ -34,9 +34,14 @@ Both attngeom runs load with ``keep_weights=True`` (repeated passes keep the lay
 weights, as transformers keeps its loaded model; ``--release-weights`` measures the default,
 which releases a mapped checkpoint's pages after each layer).
 
-Each process loads the model, runs the forward once (the warm-up) and then --repeats times
-(default 3; the time is their median), and reports two memory figures: the peak resident
-set of the process (VmHWM, loading included), and the activation memory, the peak while the
+Each process loads the model and runs the forward once (the warm-up); the processes of one
+length and thread count are all resident at once and take turns (harness.run_in_turns):
+--repeats rounds (default 3), each library one timed forward per round while the others
+wait, in an order rotated each round. A library's time is the median of its forwards; a
+speed ratio is the median over rounds of the two libraries' ratio in that round, so a slow
+spell of a shared machine cancels; the CPU time the waiting processes took during a forward
+is reported (it should be near 0). Each process reports two memory figures: its peak
+resident set (VmHWM, loading included), and the activation memory, the peak while the
 forwards ran minus the resident set right after loading. Speeds are ratios against
 transformers' float32 sdpa forward of the same length and thread count in the same run, and
 each attngeom run's against its peers in its dtype (transformers and llama.cpp). Each engine's last-token logits are compared
@@ -68,7 +73,7 @@ import tempfile
 
 import numpy as np
 
-from harness import agree, fail, finish, machine, parse, parser, run_child
+from harness import agree, fail, finish, machine, parse, parser, round_ratio, run_child, run_in_turns
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
@@ -91,8 +96,8 @@ import attngeom as ag      # first: its thread settings reach NumPy's BLAS
 import numpy as np
 from harness import measure_forward
 
-kind, folder, n, threads, repeats, logits_file, keep_weights = sys.argv[1:8]
-n, threads, repeats, keep_weights = int(n), int(threads), int(repeats), keep_weights == "1"
+kind, folder, n, threads, repeats, logits_file, keep_weights, turns = sys.argv[1:9]
+n, threads, repeats, keep_weights, turns = int(n), int(threads), int(repeats), keep_weights == "1", turns == "1"
 ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], n)
 ag.set_num_threads(threads)
 if kind.startswith("attngeom") or kind == "reference":
@@ -100,7 +105,7 @@ if kind.startswith("attngeom") or kind == "reference":
     result = measure_forward(lambda: ag.load_model(folder, keep_weights=keep_weights),
                              lambda model: model.forward(ids, keep=("attention_stats", "logits"), logits_at="last",
                                                          dtype=dtype),
-                             lambda f: f.logits[-1], repeats, logits_file)
+                             lambda f: f.logits[-1], repeats, logits_file, turns=turns)
 elif kind.startswith("llama_cpp"):
     import llama_cpp
     from llama_cpp import Llama
@@ -114,7 +119,7 @@ elif kind.startswith("llama_cpp"):
         llm.eval(ids.tolist())  # logits of the last position only (as logits_to_keep=1)
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
-    result = measure_forward(load, forward, lambda out: out, repeats, logits_file)
+    result = measure_forward(load, forward, lambda out: out, repeats, logits_file, turns=turns)
 else:
     import torch, transformers
     torch.set_num_threads(threads)
@@ -128,7 +133,8 @@ else:
 
     result = measure_forward(lambda: transformers.AutoModelForCausalLM.from_pretrained(
                                  folder, dtype=dtype, attn_implementation="eager" if eager else "sdpa"),
-                             forward, lambda out: out.logits[0, -1].float().numpy(), repeats, logits_file)
+                             forward, lambda out: out.logits[0, -1].float().numpy(), repeats, logits_file,
+                             turns=turns)
 print(json.dumps(result))
 """
 
@@ -275,8 +281,9 @@ def main(argv=None):
                     fail(f"writing {kind}.gguf", made["error"])
         print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; threads {thread_counts} for every "
               f"library; {cpu_name()}; attngeom keep_weights={keep == '1'}")
-        print(f"one process per library, length and thread count: a warm-up forward, then the median of "
-              f"{args.repeats}; speed/sdpa against transformers float32 sdpa, /peers attngeom against transformers "
+        print(f"one process per library, length and thread count, all resident, a warm-up forward each, then "
+              f"{args.repeats} rounds of one forward each in turn: time = its median, speed = the median of the "
+              f"rounds' ratios; speed/sdpa against transformers float32 sdpa, /peers attngeom against transformers "
               "and llama.cpp in its dtype; peak RSS of the process (loading included); activations = peak RSS while the "
               "forwards ran - RSS after loading; error = the last token's logits against attngeom float64, "
               "relative to its largest logit")
@@ -286,7 +293,8 @@ def main(argv=None):
             reference = None
             if not args.no_reference:
                 ref = run_child(CHILD, "reference", folder, n, max(thread_counts), 0,
-                                os.path.join(folder, "reference.npy"), keep, threads=max(thread_counts), SHAPE=SHAPE)
+                                os.path.join(folder, "reference.npy"), keep, 0, threads=max(thread_counts),
+                                SHAPE=SHAPE)
                 if "error" in ref:
                     fail(f"n={n} reference", f"its process failed: {ref['error']}")
                 else:
@@ -294,21 +302,26 @@ def main(argv=None):
                 print(table_line(n, max(thread_counts), "reference", ref), flush=True)
             for threads in thread_counts:
                 row = {"n": n, "threads": threads}
+                children = {}
                 for kind in KINDS:
                     if kind not in args.libraries:
                         row[kind] = {"skipped": "not asked for (--libraries)"}
-                        continue
-                    if kind.startswith("llama_cpp") and llama is not None:
+                    elif kind.startswith("llama_cpp") and llama is not None:
                         row[kind] = {"skipped": llama}
-                        continue
-                    if kind == "transformers_eager" and threads != max(thread_counts):
+                    elif kind == "transformers_eager" and threads != max(thread_counts):
                         row[kind] = {"skipped": "at the largest thread count only"}
-                        continue
+                    else:
+                        children[kind] = (CHILD, (kind, folder, n, threads, args.repeats,
+                                                  os.path.join(folder, f"{kind}.npy"), keep, 1),
+                                          threads, {"SHAPE": SHAPE})
+
+                def admit(kind):  # asked with the others loaded: their memory counts
                     if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
-                        row[kind] = {"skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
-                        continue
-                    row[kind] = run_child(CHILD, kind, folder, n, threads, args.repeats,
-                                          os.path.join(folder, f"{kind}.npy"), keep, threads=threads, SHAPE=SHAPE)
+                        return f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"
+                    return None
+
+                row.update(run_in_turns(children, args.repeats, admit=admit))
+                for kind in children:
                     threads_seen.setdefault(kind, row[kind].get("threads"))
                 base = row["transformers_sdpa"]
                 for kind in KINDS:
@@ -319,11 +332,11 @@ def main(argv=None):
                     if reference is not None:
                         r["logits_vs_reference"] = reference_error(logits, reference)
                     if kind != "transformers_sdpa" and "seconds" in base:
-                        r["speed_vs_sdpa"] = base["seconds"] / r["seconds"]
+                        r["speed_vs_sdpa"] = round_ratio(base["times"], r["times"])
                         r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
                     for peer in PEERS.get(kind, ()):
                         if "seconds" in row[peer]:
-                            r.setdefault("speed_vs", {})[peer] = row[peer]["seconds"] / r["seconds"]
+                            r.setdefault("speed_vs", {})[peer] = round_ratio(row[peer]["times"], r["times"])
                 a, sdpa = row["attngeom"], row["transformers_sdpa"]
                 if "seconds" in a and "seconds" in sdpa:
                     a["logits_vs_sdpa"] = agree(f"n={n} threads={threads} attngeom last-token logits vs "
@@ -346,6 +359,10 @@ def main(argv=None):
                 rows.append(row)
                 for kind in KINDS:
                     print(table_line(n, threads, kind, row[kind]), flush=True)
+                busy = {kind: row[kind]["others_cpu"] for kind in KINDS if row[kind].get("others_cpu", 0) > 0.05}
+                if busy:
+                    print("  the waiting processes were not idle during these forwards (share of a CPU): " +
+                          ", ".join(f"{kind} {v:.2f}" for kind, v in busy.items()))
         for kind, counts in threads_seen.items():
             if counts:
                 print(f"threads in the {kind} processes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

@@ -39,7 +39,10 @@ Times are medians over ``--repeats`` calls (default 3) after one untimed warm-up
 (``attngeom.experiments.timing.median_time`` / ``timed(..., warm_up=True)``, or
 ``bench_attention.time_interleaved`` for contenders timed round by round), and are reported
 as ratios to the anchor measured in the same run, never asserted on; a benchmark that
-cannot repeat a call says why in its output. ``--quick`` runs every benchmark at small
+cannot repeat a call says why in its output. Libraries that run in processes of their own
+take turns (:func:`run_in_turns`): all resident at once, one forward each per round, and
+their ratios are the median over rounds of one round's ratio (:func:`round_ratio`), so a
+slow spell of a shared machine, which slows one round's forwards alike, cancels. ``--quick`` runs every benchmark at small
 sizes: a check of the gates, not a measurement. Every benchmark prints the thread counts in
 force (:func:`print_threads`: attngeom's, NumPy BLAS's, torch's). The memory benchmarks run
 each library in a fresh process (:func:`run_child`, :func:`measure_forward`) and report
@@ -55,6 +58,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -241,27 +245,161 @@ def memory_figures(loaded: dict, end: dict) -> dict:
             "activation_mb": end["peak"] - loaded["rss"], "peak_reset_after_load": loaded["peak_reset"]}
 
 
+def _child_command(code: str, args, threads: int, constants: dict):
+    """The argv and environment of a fresh Python process running `code` (:func:`run_child`)."""
+    prelude = "".join(f"{k} = {v!r}\n" for k, v in {"BENCHMARKS": str(Path(__file__).resolve().parent),
+                                                      **constants}.items())
+    return ([sys.executable, "-c", prelude + code, *map(str, args)],
+            dict(os.environ, OMP_NUM_THREADS=str(threads)))
+
+
+def _last_error(stderr: str, returncode) -> dict:
+    return {"error": (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]}
+
+
 def run_child(code: str, *args, threads: int, **constants) -> dict:
     """Run `code` in a fresh Python process (a fresh resident set: each memory figure is its
     own process's) with `args` as sys.argv[1:], OMP_NUM_THREADS = `threads`, and `constants`
     and ``BENCHMARKS`` (this folder, for ``from harness import ...``) defined first. Returns
     the JSON of its last line of output, or {"error": its last line of stderr}."""
-    prelude = "".join(f"{k} = {v!r}\n" for k, v in {"BENCHMARKS": str(Path(__file__).resolve().parent),
-                                                      **constants}.items())
-    p = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    argv, env = _child_command(code, args, threads, constants)
+    p = subprocess.run(argv, capture_output=True, text=True, env=env)
     if p.returncode:
-        return {"error": (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]}
+        return _last_error(p.stderr, p.returncode)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def measure_forward(load, forward, logits, repeats: int, logits_file: str) -> dict:
+class _TurnChild:
+    """A child of :func:`run_in_turns`: its process, its stderr in a file, its CPU time."""
+
+    def __init__(self, code, args, threads, constants):
+        argv, env = _child_command(code, args, threads, constants)
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        text=True, env=env)
+
+    def reply(self) -> dict:
+        """The child's next JSON line, or {"error": ...} when it exits first."""
+        for line in self.process.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+        self.process.wait()
+        self.stderr.seek(0)
+        return _last_error(self.stderr.read(), self.process.returncode)
+
+    def send(self, word: str) -> bool:
+        try:
+            self.process.stdin.write(word + "\n")
+            self.process.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError):
+            return False
+
+    def cpu_seconds(self) -> float:
+        """User and system time of the process's threads so far (/proc/<pid>/stat); 0 once it is gone."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
+def run_in_turns(children: dict, rounds: int, *, pause: float = 0.5, admit=None) -> dict:
+    """Time several libraries' forwards round by round, each in its own fresh process, all
+    resident at once.
+
+    Each child (name -> (code, args, threads, constants), as :func:`run_child` takes them;
+    the code calls :func:`measure_forward` with ``turns=True``) is started in turn and
+    loads its model and runs its warm-up before the next starts. Then, `rounds` times, each
+    child runs one timed forward while the others wait, in an order rotated by one each
+    round, `pause` seconds apart (for worker threads that spin after a call to sleep). A
+    slow spell of the machine then slows every library's forward of a round alike, so the
+    ratios of one round's times cancel it: pass each result's ``times`` to
+    :func:`round_ratio`.
+
+    admit(name) -> None or a reason: asked just before a child starts (the others are loaded
+    then, so a memory estimate can see what they hold); a reason skips it.
+
+    Returns name -> the child's final JSON (:func:`measure_forward`'s, its ``times`` in
+    round order), {"skipped": reason} or {"error": ...} (a child that fails is dropped from
+    the later rounds), each with ``others_cpu``: the most CPU time the other, waiting
+    processes took during one of its forwards, as a share of one CPU over that forward (near
+    0 when the waiting libraries are idle, as they should be)."""
+    import time
+
+    started, results = {}, {}
+    try:
+        for name, (code, args, threads, constants) in children.items():
+            reason = admit(name) if admit else None
+            if reason:
+                results[name] = {"skipped": reason}
+                continue
+            child = _TurnChild(code, args, threads, constants)
+            ready = child.reply()
+            if "error" in ready:
+                results[name] = ready
+                child.close()
+                continue
+            started[name] = child
+        others = {name: 0.0 for name in started}
+        names = list(started)
+        for r in range(rounds if names else 0):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if name in results:
+                    continue
+                time.sleep(pause)
+                before = {o: c.cpu_seconds() for o, c in started.items() if o != name and o not in results}
+                t0 = time.perf_counter()
+                reply = started[name].reply() if started[name].send("go") else {"error": "the process exited"}
+                wall = time.perf_counter() - t0
+                if "error" in reply:
+                    results[name] = reply
+                    continue
+                spent = sum(started[o].cpu_seconds() - t for o, t in before.items())
+                others[name] = max(others[name], spent / wall if wall > 0 else 0.0)
+        for name, child in started.items():
+            if name not in results:
+                results[name] = child.reply() if child.send("end") else {"error": "the process exited"}
+                if "error" not in results[name]:
+                    results[name]["others_cpu"] = others[name]
+    finally:
+        for child in started.values():
+            child.close()
+    return {name: results[name] for name in children}
+
+
+def round_ratio(anchor_times, times) -> Optional[float]:
+    """The median over rounds of anchor / ours, from two :func:`run_in_turns` children's
+    ``times`` (round by round); None when they are not of the same rounds."""
+    import statistics
+
+    if not anchor_times or len(anchor_times) != len(times):
+        return None
+    return statistics.median(a / t for a, t in zip(anchor_times, times))
+
+
+def measure_forward(load, forward, logits, repeats: int, logits_file: str, *, turns: bool = False) -> dict:
     """A model's forward pass as the memory benchmarks measure it, in a fresh process: the
     model from ``load()``, the :func:`after_load` reading, one warm-up ``forward(model)``,
     then `repeats` timed ones; ``logits(output)`` of the last is saved to `logits_file`
     (.npy, float64) for the parent to compare. Returns seconds (the median; None for no timed
     call), times, the
-    :func:`memory_figures` and the :func:`thread_counts` of the process."""
+    :func:`memory_figures` and the :func:`thread_counts` of the process.
+
+    With ``turns=True`` (a child of :func:`run_in_turns`) it prints ``{"ready": true}``
+    after the warm-up, then runs one timed forward for each line ``go`` on stdin (printing
+    ``{"time": seconds}``) until the line ``end``; `repeats` is not used."""
     import statistics
     import time
 
@@ -269,10 +407,23 @@ def measure_forward(load, forward, logits, repeats: int, logits_file: str) -> di
     loaded = after_load()
     out = forward(model)
     times = []
-    for _ in range(repeats):
+
+    def timed():
+        nonlocal out
         t0 = time.perf_counter()
         out = forward(model)
         times.append(time.perf_counter() - t0)
+
+    if turns:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                break
+            timed()
+            print(json.dumps({"time": times[-1]}), flush=True)
+    else:
+        for _ in range(repeats):
+            timed()
     np.save(logits_file, np.asarray(logits(out), np.float64))
     return {"seconds": statistics.median(times) if times else None, "times": times,
             **memory_figures(loaded, memory_mb()), "threads": thread_counts()}
