@@ -26,7 +26,8 @@ fresh process on the same n random token ids:
   installed;
 * ``transformers_eager``: float32, ``output_attentions=True`` (every layer's weights, the
   peer way to get any attention statistic), ``use_cache=False``, only where its estimated
-  memory fits (and only at the largest thread count);
+  memory fits (and only at the largest thread count); where it does not fit beside the
+  other libraries' processes it runs alone after them, its ratio then one of medians;
 * ``reference``: attngeom in float64, one forward, for the logits' errors (not timed; off
   with --no-reference).
 
@@ -188,6 +189,11 @@ print(json.dumps({"ok": True}))
 """
 
 
+#: Why transformers_eager leaves the turns: its weights do not fit beside the other libraries'
+#: processes, so it runs after them, alone, and its ratio is one of medians (``timed_alone``).
+EAGER_ALONE = "runs alone after the others: its weights do not fit beside them"
+
+
 def eager_bytes(n: int) -> int:
     """transformers' eager forward with output_attentions: every layer's (16, n, n) float32
     weights kept, and about three more (16, n, n) arrays while a layer runs."""
@@ -226,6 +232,8 @@ def table_line(n, threads, kind, r) -> str:
     error = f"{error['max_rel_error']:.1e} {'top-1 ok' if error['top1'] else 'top-1 differs'}" if error else ""
     if "skipped" in r.get("logits_vs_reference_gate", {}):
         error += " (ungated: no transformers_bf16)"
+    if r.get("timed_alone"):
+        error += " (timed alone: its ratio is one of medians)"
     return (f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {ratio:>11}  {peer:>13}  "
             f"{r['peak_rss_mb'] / 1024:>8.2f}  {r['activation_mb'] / 1024:>11.2f}  {error}")
 
@@ -317,10 +325,19 @@ def main(argv=None):
 
                 def admit(kind):  # asked with the others loaded: their memory counts
                     if kind == "transformers_eager" and eager_bytes(n) > 0.8 * available_bytes():
-                        return f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"
+                        return EAGER_ALONE
                     return None
 
                 row.update(run_in_turns(children, args.repeats, admit=admit))
+                if row.get("transformers_eager", {}).get("skipped") == EAGER_ALONE:  # alone, the others gone
+                    if eager_bytes(n) > 0.8 * available_bytes():
+                        row["transformers_eager"] = {
+                            "skipped": f"needs about {eager_bytes(n) / 2 ** 30:.0f} GiB for the weights"}
+                    else:
+                        code, child_args, _, constants = children["transformers_eager"]
+                        row["transformers_eager"] = run_child(code, *child_args[:-1], 0, threads=threads,
+                                                              **constants)
+                        row["transformers_eager"]["timed_alone"] = True
                 for kind in children:
                     threads_seen.setdefault(kind, row[kind].get("threads"))
                 base = row["transformers_sdpa"]
@@ -332,7 +349,8 @@ def main(argv=None):
                     if reference is not None:
                         r["logits_vs_reference"] = reference_error(logits, reference)
                     if kind != "transformers_sdpa" and "seconds" in base:
-                        r["speed_vs_sdpa"] = round_ratio(base["times"], r["times"])
+                        r["speed_vs_sdpa"] = (base["seconds"] / r["seconds"] if r.get("timed_alone") else
+                                              round_ratio(base["times"], r["times"]))
                         r["memory_vs_sdpa"] = r["peak_rss_mb"] / base["peak_rss_mb"]
                     for peer in PEERS.get(kind, ()):
                         if "seconds" in row[peer]:
