@@ -109,7 +109,6 @@ def _no_console_errors(driver):
 
 
 def test_head_view_in_the_browser(browser, qwen3, tmp_path):
-    t0 = time.perf_counter()
     ids = np.random.default_rng(2).integers(0, 97, 30)
     path = head_view(qwen3, ids).save(tmp_path / "view.html")
     browser.get("file://" + os.path.abspath(path))
@@ -120,13 +119,11 @@ def test_head_view_in_the_browser(browser, qwen3, tmp_path):
         np.testing.assert_allclose(shown, P[layer, head, query], atol=1e-6)
         assert f"L{layer}H{head}, query {query}" in side and "entropy" in side and "sink weight" in side
     _no_console_errors(browser)
-    assert time.perf_counter() - t0 < 30
 
 
 def test_report_in_the_browser(browser, tmp_path):
     """report.html of a model with a planted induction circuit: its first screen names the induction
     head, and its embedded head view shows the forward pass's weights."""
-    t0 = time.perf_counter()
     model = load_model(ag.models.planted_induction_model(tmp_path / "planted"))
     ids = np.array([0, 5, 6, 7, 8, 5, 6, 7, 8, 5])
     x = model.forward(ids, keep=("attn_in",), dtype=np.float64).attn_in
@@ -148,7 +145,6 @@ def test_report_in_the_browser(browser, tmp_path):
     row = next(r for r in heads["heads"] if (r["layer"], r["head"]) == (1, 0))
     assert row["induction_score"] == pytest.approx(scores.induction[1, 0])
     assert {"induction_score", "previous_token_score", "duplicate_token_score"} <= set(heads["fields"])
-    assert time.perf_counter() - t0 < 30
 
 
 def test_cli_detail_heads_and_map_text(tmp_path, capsys):
