@@ -42,8 +42,8 @@ as ratios to the anchor measured in the same run, never asserted on; a benchmark
 cannot repeat a call says why in its output. Libraries that run in processes of their own
 take turns (:func:`run_in_turns`): all resident at once, one forward each per round, and
 their ratios are the median over rounds of one round's ratio (:func:`round_ratio`), so a
-slow spell of a shared machine, which slows one round's forwards alike, cancels. ``--quick`` runs every benchmark at small
-sizes: a check of the gates, not a measurement. Every benchmark prints the thread counts in
+slow spell of a shared machine, which slows one round's forwards alike, cancels.
+``--quick`` runs every benchmark at small sizes: a check of the gates, not a measurement. Every benchmark prints the thread counts in
 force (:func:`print_threads`: attngeom's, NumPy BLAS's, torch's). The memory benchmarks run
 each library in a fresh process (:func:`run_child`, :func:`measure_forward`) and report
 two figures (:func:`memory_figures`): the process's peak resident set, and the activation
