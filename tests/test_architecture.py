@@ -320,3 +320,35 @@ def test_the_checker_catches_test_file_imports(tmp_path):
     bad.write_text("import builders\nfrom test_attention import x\nfrom tests import test_mla\n\n"
                    "def f():\n    import tests.test_cli\n")
     assert sorted(_test_file_imports(bad)) == [(2, "test_attention"), (3, "tests.test_mla"), (6, "tests.test_cli")]
+
+
+def test_models_corpus_and_the_version_load_on_first_use():
+    """``import attngeom`` leaves real models, corpus runs and importlib.metadata unloaded (half
+    its import time); the lazy names answer with the objects of their modules, ``dir`` and
+    ``from attngeom import *`` see them, and an unknown name is an AttributeError."""
+    import os
+    import subprocess
+    import sys
+
+    import attngeom
+
+    code = ("import sys, attngeom; print(sorted(m for m in ('attngeom.models', 'attngeom.corpus', "
+            "'importlib.metadata', 'email') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(attngeom.__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env).stdout
+    assert out.strip() == "[]"
+    import attngeom.corpus
+    import attngeom.models
+    from importlib import metadata
+
+    assert attngeom.__version__ == metadata.version("attngeom")
+    for name, (module, attribute) in attngeom._LAZY.items():
+        expected = sys.modules[f"attngeom.{module}"]
+        assert getattr(attngeom, name) is (expected if attribute is None else getattr(expected, attribute))
+        assert name in dir(attngeom)
+    assert set(attngeom._LAZY) <= set(attngeom.__all__) | {"models", "corpus"}
+    space: dict = {}
+    exec("from attngeom import *", space)
+    assert space["Model"] is attngeom.models.Model and space["corpus_statistics"] is attngeom.corpus.corpus_statistics
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        attngeom.no_such_name

@@ -31,7 +31,10 @@ for _name, _value in (("GOMP_SPINCOUNT", "10000"), ("OPENBLAS_THREAD_TIMEOUT", "
     _os.environ.setdefault(_name, _value)
 del _name, _value
 
-from ._config import __version__, get_num_threads, set_num_threads, show_config  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from . import _config  # noqa: E402
+from ._config import get_num_threads, set_num_threads, show_config  # noqa: E402
 from . import errors
 from .errors import LayoutWarning
 from .attention import (
@@ -152,27 +155,64 @@ from .radon import (
     shepp_logan_phantom,
 )
 from . import plotting  # matplotlib itself is imported on first use
-from . import models
-from .models import Model, ModelHeads, load_heads, load_model
-from .models import (
-    InductionScores,
-    LatentKeyCache,
-    LogitLens,
-    RouterStatistics,
-    WeightSpectra,
-    induction_scores,
-    latent_key_cache,
-    logit_lens,
-    router_statistics,
-    weight_spectra,
-)
-
-from . import corpus
-from .corpus import CorpusStatistics, corpus_statistics, write_activations
 from ._deprecation import renamed_attributes as _renamed_attributes
 
-__getattr__ = _renamed_attributes(__name__, topk_routing="topk_router", routing_gram="router_gram",
-                                  RoutingGram="RouterGram")
+# Real models and corpus runs load on first use: ``attngeom.Model``, ``attngeom.models`` or
+# ``import attngeom.corpus`` imports them then. They are half the package's import time, and
+# the kernels, the command line's other commands and the worker processes of a corpus run
+# (which import attngeom, then what they need) do without them.
+_LAZY = {
+    "models": ("models", None),
+    **{name: ("models", name) for name in (
+        "Model", "ModelHeads", "load_heads", "load_model", "InductionScores", "LatentKeyCache", "LogitLens",
+        "RouterStatistics", "WeightSpectra", "induction_scores", "latent_key_cache", "logit_lens",
+        "router_statistics", "weight_spectra")},
+    "corpus": ("corpus", None),
+    **{name: ("corpus", name) for name in ("CorpusStatistics", "corpus_statistics", "write_activations")},
+}
+_renamed = _renamed_attributes(__name__, topk_routing="topk_router", routing_gram="router_gram",
+                               RoutingGram="RouterGram")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        value = importlib.import_module(f"{__name__}.{module}")
+        if attribute is not None:
+            value = getattr(value, attribute)
+        globals()[name] = value
+        return value
+    if name == "__version__":
+        return _config.__version__
+    return _renamed(name, stacklevel=3)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
+
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from . import corpus, models
+    from ._config import __version__
+    from .corpus import CorpusStatistics, corpus_statistics, write_activations
+    from .models import (
+        InductionScores,
+        LatentKeyCache,
+        LogitLens,
+        Model,
+        ModelHeads,
+        RouterStatistics,
+        WeightSpectra,
+        induction_scores,
+        latent_key_cache,
+        load_heads,
+        load_model,
+        logit_lens,
+        router_statistics,
+        weight_spectra,
+    )
 
 __all__ = [
     "__version__", "get_num_threads", "set_num_threads", "show_config", "errors", "LayoutWarning",

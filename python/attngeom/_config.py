@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import operator
-from importlib import metadata
 
 import numpy as np
 
 from . import _core
 
-# The one version is pyproject.toml's, read from the installed distribution's metadata (the
-# core records the same number at its build: build_config()["version"]).
-__version__: str = metadata.version("attngeom")
+
+def __getattr__(name):
+    # The one version is pyproject.toml's, read from the installed distribution's metadata (the
+    # core records the same number at its build: build_config()["version"]). Read on first use:
+    # importlib.metadata is a tenth of the package's import time.
+    if name == "__version__":
+        from importlib import metadata
+
+        globals()["__version__"] = version = metadata.version("attngeom")
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_num_threads() -> int:

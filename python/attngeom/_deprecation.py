@@ -81,12 +81,13 @@ def _new_value(func, name: str, value, values: dict):
 def renamed_attributes(module: str, **renames):
     """The ``__getattr__`` of the module named `module` under which each old name answers
     with the object of its new name: ``__getattr__ = renamed_attributes(__name__, Old="New")``
-    in the module's body (``from module import Old`` warns too)."""
+    in the module's body (``from module import Old`` warns too). A module ``__getattr__`` of
+    its own that hands other names on to this one calls it with ``stacklevel=3``."""
 
-    def __getattr__(name):
+    def __getattr__(name, stacklevel=2):
         if name not in renames:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        deprecated(module, "the name", name, renames[name])
+        deprecated(module, "the name", name, renames[name], stacklevel=stacklevel)
         return getattr(sys.modules[module], renames[name])
 
     return __getattr__
