@@ -50,6 +50,14 @@ with the float64 reference: the largest error relative to the reference's larges
 and whether the top token agrees. The lengths are 512, 2,048 and 8,192 tokens (add 32,768
 with ``--long``; choose others with ``--lengths``; --quick: 512 and 2,048 at 2 threads).
 
+With --scaling the libraries are not compared with each other but each with itself over
+thread counts: for each length, the processes of every asked library (default attngeom and
+attngeom_bf16) at every --threads count are resident at once and take turns as above, and a
+library's speed-up from the fewest threads to each other count is the median over rounds of
+that round's ratio (so a slow spell cancels, as for the ratios between libraries). Its gate:
+attngeom's logits are the same bits at every thread count, another library's agree with its
+fewest-threads run to the float32 tolerance below.
+
 Gates: attngeom's float32 logits against transformers' sdpa ones (harness.agree, relative to
 sdpa's largest logit, tolerance 1e-3: two float32 forwards through 28 layers agree to about
 2e-6 at 512 tokens and 6e-6 at 2,048, and a wrong layer, rotary phase or mask changes the
@@ -61,7 +69,7 @@ process fails (out of memory, say) fails the gate too.
 
   python benchmarks/bench_long_context.py [--out DIR] [--lengths 512 2048] [--long] [--threads 1 2]
                                           [--repeats R] [--libraries ...] [--no-reference]
-                                          [--release-weights] [--quick]
+                                          [--release-weights] [--quick] [--scaling]
 
 Writes long_context.json to --out.
 """
@@ -256,18 +264,76 @@ def reference_error(ours: np.ndarray, reference: np.ndarray) -> dict:
             "top1": bool(np.argmax(ours) == np.argmax(reference))}
 
 
+def scaling_rows(args, folder, lengths, thread_counts, keep, llama) -> list:
+    """--scaling: per length, every asked library at every thread count, all resident and
+    taking turns; each run's speed-up over the same library at the fewest threads (the median
+    of the rounds' ratios), with its per-round ratios, and the gate on its logits."""
+    fewest = thread_counts[0]
+    print(f"one process per library and thread count, all resident, a warm-up forward each, then {args.repeats} "
+          f"rounds of one forward each in turn: time = its median; speed-up = the median over rounds of the time "
+          f"at {fewest} thread(s) / the time at this count, per-round ratios after it")
+    print("      n  th  library              time [s]    speed-up  per round")
+    rows = []
+    for n in lengths:
+        children, row = {}, {"n": n}
+        for kind in args.libraries:
+            if kind.startswith("llama_cpp") and llama is not None:
+                row[kind] = {"skipped": llama}
+                continue
+            for threads in thread_counts:
+                children[f"{kind}@{threads}"] = (CHILD, (kind, folder, n, threads, args.repeats,
+                                                         os.path.join(folder, f"{kind}@{threads}.npy"), keep, 1),
+                                                 threads, {"SHAPE": SHAPE})
+        runs = run_in_turns(children, args.repeats)
+        for kind in args.libraries:
+            if kind in row:
+                print(f"{n:>7}  {'':>2}  {kind:<19}  {row[kind]['skipped']}")
+                continue
+            row[kind] = {}
+            base = runs[f"{kind}@{fewest}"]
+            for threads in thread_counts:
+                r = row[kind][threads] = runs[f"{kind}@{threads}"]
+                if "seconds" not in r:
+                    fail(f"n={n} {kind} at {threads} threads", f"its process failed: {r.get('error')}")
+                    print(f"{n:>7}  {threads:>2}  {kind:<19}  {r.get('error')}")
+                    continue
+                if "seconds" in base and threads != fewest:
+                    r["rounds"] = [a / t for a, t in zip(base["times"], r["times"])]
+                    r["speedup"] = round_ratio(base["times"], r["times"])
+                    ours, theirs = (np.load(os.path.join(folder, f"{kind}@{t}.npy")) for t in (threads, fewest))
+                    r["logits_vs_fewest"] = agree(
+                        f"n={n} {kind} last-token logits at {threads} threads vs {fewest}", ours, theirs,
+                        rtol=0.0 if kind.startswith("attngeom") else TOLERANCE, show=False)
+                speedup = f"{r['speedup']:.2f}x" if "speedup" in r else "1 (anchor)"
+                rounds = " ".join(f"{x:.2f}" for x in r.get("rounds", []))
+                print(f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {speedup:>10}  {rounds}", flush=True)
+        busy = {name: r["others_cpu"] for name, r in runs.items() if r.get("others_cpu", 0) > 0.05}
+        if busy:
+            print("  the waiting processes were not idle during these forwards (share of a CPU): " +
+                  ", ".join(f"{name} {v:.2f}" for name, v in busy.items()))
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--long", action="store_true", help="add 32,768 tokens")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], dest="thread_list",
                     help="thread counts of every library (default 1 2)")
-    ap.add_argument("--libraries", nargs="+", choices=KINDS, default=list(KINDS), help="which runs (default all)")
+    ap.add_argument("--libraries", nargs="+", choices=KINDS, help="which runs (default all; with --scaling "
+                    "attngeom and attngeom_bf16)")
     ap.add_argument("--no-reference", action="store_true", help="skip the float64 reference forward")
     ap.add_argument("--release-weights", action="store_true",
                     help="attngeom's default: release a mapped checkpoint's pages after each layer")
+    ap.add_argument("--scaling", action="store_true",
+                    help="each library against itself at the fewest of --threads, the thread counts taking turns")
     args = parse(ap, argv)
-    if "transformers_sdpa" not in args.libraries:
+    if args.libraries is None:
+        args.libraries = ["attngeom", "attngeom_bf16"] if args.scaling else list(KINDS)
+    if "transformers_eager" in args.libraries and args.scaling:
+        ap.error("--scaling: transformers_eager does not take part (its weights alone may not fit twice)")
+    if "transformers_sdpa" not in args.libraries and not args.scaling:
         ap.error("--libraries must include transformers_sdpa: it is the anchor every figure is compared with")
     lengths = ([512, 2048] if args.quick else args.lengths) + ([32768] if args.long else [])
     thread_counts = [2] if args.quick else sorted(set(args.thread_list))
@@ -289,6 +355,11 @@ def main(argv=None):
                     fail(f"writing {kind}.gguf", made["error"])
         print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; threads {thread_counts} for every "
               f"library; {cpu_name()}; attngeom keep_weights={keep == '1'}")
+        if args.scaling:
+            rows = scaling_rows(args, folder, lengths, thread_counts, keep, llama)
+            return finish(args.out, "long_context_scaling", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
+                          meta=machine(threads_all=thread_counts, repeats=args.repeats, keep_weights=keep == "1"),
+                          rows=rows)
         print(f"one process per library, length and thread count, all resident, a warm-up forward each, then "
               f"{args.repeats} rounds of one forward each in turn: time = its median, speed = the median of the "
               f"rounds' ratios; speed/sdpa against transformers float32 sdpa, /peers attngeom against transformers "
