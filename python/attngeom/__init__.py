@@ -31,7 +31,7 @@ for _name, _value in (("GOMP_SPINCOUNT", "10000"), ("OPENBLAS_THREAD_TIMEOUT", "
     _os.environ.setdefault(_name, _value)
 del _name, _value
 
-from typing import TYPE_CHECKING  # noqa: E402
+import typing as _typing  # noqa: E402
 
 from . import _config  # noqa: E402
 from ._config import get_num_threads, set_num_threads, show_config  # noqa: E402
@@ -193,7 +193,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | {"__version__"})
 
 
-if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+if _typing.TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from . import corpus, models
     from ._config import __version__
     from .corpus import CorpusStatistics, corpus_statistics, write_activations

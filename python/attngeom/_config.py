@@ -7,6 +7,8 @@ import numpy as np
 
 from . import _core
 
+__version__: str  # bound by __getattr__ on first use (an annotation only, for type checkers)
+
 
 def __getattr__(name):
     # The one version is pyproject.toml's, read from the installed distribution's metadata (the
