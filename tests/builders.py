@@ -126,12 +126,17 @@ def reference(model, ids, mask, positions, float64):
             np.stack([a.numpy() for a in out.attentions]))
 
 
+def transformers_hidden(f) -> np.ndarray:
+    """transformers' hidden states of a Forward: every layer's resid_pre, then ln_final (the output)."""
+    return np.concatenate([f.resid_pre, f.ln_final[None]])
+
+
 def max_errors(f, ref, mask):
     logits, hidden, attn = ref
-    errs = {"hidden": np.abs(f.hidden_states - hidden)[:, mask].max()}
+    errs = {"hidden": np.abs(transformers_hidden(f) - hidden)[:, mask].max()}
     if logits is not None:
         errs["logits"] = np.abs(f.logits - logits)[mask].max()
-    a = np.abs(f.attentions - attn)  # (L, b, H, n, n): real query rows, real key columns
+    a = np.abs(f.pattern - attn)  # (L, b, H, n, n): real query rows, real key columns
     errs["attentions"] = max(a[:, s][:, :, mask[s]][:, :, :, mask[s]].max() for s in range(mask.shape[0]))
     return errs
 

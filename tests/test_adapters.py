@@ -38,11 +38,11 @@ def test_from_transformers_matches_the_model(layout):
     # the heads are the model's: queries_keys + softmax_attention give its attention
     H = m.heads
     one = m.forward(ids[0])
-    q, k = H.queries_keys(one.attention_inputs[1], 1)
+    q, k = H.queries_keys(one.attn_in[1], 1)
     i = np.arange(q.shape[-2])
     band = (i[:, None] - i[None, :]) < m.arch.sliding_window if 1 in m.arch.sliding_layers else None  # Mistral
-    _, P = ag.softmax_attention(q, k, None, mask=band, causal=H.causal, return_weights=True)
-    np.testing.assert_allclose(P, one.attentions[1], atol=1e-4)
+    _, P = ag.softmax_attention(q, k, None, mask=band, causal=H.causal, return_routing=True)
+    np.testing.assert_allclose(P, one.pattern[1], atol=1e-4)
 
 
 def test_from_transformers_views_the_weights():

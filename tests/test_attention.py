@@ -33,7 +33,7 @@ def check_softmax_against_reference(q, k, v, causal):
     """y, P and log Z of softmax_attention against the NumPy reference; zeros (and log Z =
     -inf) exactly where a query sees no key. Returns y."""
     dtype = q.dtype.type
-    y, P, lz = ag.softmax_attention(q, k, v, causal=causal, return_weights=True, return_log_partition=True)
+    y, P, lz = ag.softmax_attention(q, k, v, causal=causal, return_routing=True, return_log_partition=True)
     y_r, P_r, lz_r = ref.softmax_attention(q, k, v, causal=causal)
     assert y.dtype == dtype and P.dtype == dtype and lz.dtype == dtype
     assert y.shape == y_r.shape and P.shape == P_r.shape and lz.shape == lz_r.shape
@@ -67,7 +67,7 @@ def test_register_tiles_every_width(rng, dtype, d_k, d_v, causal):
 def test_weights_and_output_paths_agree(rng):
     q, k, v = draw(rng, (2,), (2,), (2,), 40, 600, 8, 3)
     y1 = ag.softmax_attention(q, k, v)
-    y2, P = ag.softmax_attention(q, k, v, return_weights=True)
+    y2, P = ag.softmax_attention(q, k, v, return_routing=True)
     assert np.array_equal(y1, y2)
     assert rel_err(P @ v, y1) < 1e-13
     np.testing.assert_allclose(P.sum(-1), 1, atol=1e-14)
@@ -83,7 +83,7 @@ def test_masks(rng, dtype):
     pad = rng.random(300) < 0.9  # key padding, shape (n_k,)
     for mask in (keep, bias, pad, keep[:, :1, :], bias[:, :1]):
         for causal in (False, True):
-            y, P = ag.softmax_attention(q, k, v, mask=mask, causal=causal, return_weights=True)
+            y, P = ag.softmax_attention(q, k, v, mask=mask, causal=causal, return_routing=True)
             y_r, P_r, _ = ref.softmax_attention(q, k, v, mask=mask, causal=causal)
             assert rel_err(y, y_r) < TOL[dtype] * 10
             assert np.max(np.abs(P - P_r)) < TOL[dtype] * 10
@@ -93,8 +93,8 @@ def test_masks(rng, dtype):
 
 def test_causal_alignment_conventions(rng):
     q, k, v = draw(rng, (), (), (), 4, 10, 3, 2)
-    _, P_tl = ag.softmax_attention(q, k, v, causal=True, return_weights=True)
-    _, P_br = ag.softmax_attention(q, k, v, causal="bottom_right", return_weights=True)
+    _, P_tl = ag.softmax_attention(q, k, v, causal=True, return_routing=True)
+    _, P_br = ag.softmax_attention(q, k, v, causal="bottom_right", return_routing=True)
     # top-left: query 0 sees key 0 only; bottom-right: query 0 sees keys 0..6, the last query all.
     assert np.count_nonzero(P_tl[0]) == 1 and np.count_nonzero(P_tl[3]) == 4
     assert np.count_nonzero(P_br[0]) == 7 and np.count_nonzero(P_br[3]) == 10
@@ -139,7 +139,7 @@ def test_scale(rng):
 def test_huge_logits(rng, dtype):
     q, k, v = draw(rng, (2,), (2,), (2,), 40, 700, 4, 3, dtype)
     q = q * dtype(1e4)  # logits of order 1e4 .. 1e5
-    y, P, lz = ag.softmax_attention(q, k, v, return_weights=True, return_log_partition=True)
+    y, P, lz = ag.softmax_attention(q, k, v, return_routing=True, return_log_partition=True)
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(P)) and np.all(np.isfinite(lz))
     y_r, P_r, lz_r = ref.softmax_attention(q, k, v)
     assert rel_err(y, y_r) < TOL[dtype] * 10
@@ -152,7 +152,7 @@ def test_repeated_keys_n1_and_zero_query(rng):
     assert rel_err(y, np.broadcast_to(v, y.shape)) < 1e-15
     k = np.repeat(rng.standard_normal((1, 5)), 50, axis=0)  # all keys equal: uniform weights
     v = rng.standard_normal((50, 3))
-    y, P = ag.softmax_attention(q, k, v, return_weights=True)
+    y, P = ag.softmax_attention(q, k, v, return_routing=True)
     np.testing.assert_allclose(P, 1 / 50, rtol=1e-13)
     qz = np.zeros((1, 5))
     kk = rng.standard_normal((30, 5))
@@ -175,7 +175,7 @@ KERNEL_CASES = [("exp", {}), ("gaussian", {"sigma": 0.7}), ("cauchy", {"gamma": 
 def test_kernel_attention_matches_reference(rng, dtype, kernel, params, causal):
     q, k, v = draw(rng, (2, 2), (1, 2), (2, 1), 37, 290, 8, 5, dtype)
     mask = rng.random((37, 290)) < 0.8
-    y, P, lz = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, mask=mask, return_weights=True,
+    y, P, lz = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, mask=mask, return_routing=True,
                                    return_log_partition=True, **params)
     u, tau = ref.tilt_radius(q)
     y_r, P_r, lz_r = ref.ridge_attention(u, tau, k, v, kernel, mask=mask, causal=causal, **params)
@@ -199,7 +199,7 @@ def test_cauchy_direct_weights_match_reference(rng, dtype, causal, gamma):
     masked = ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal,
                                  mask=np.ones((37, 290), bool))  # a mask takes the log-domain path
     assert rel_err(ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal), masked) < TOL[dtype]
-    y, P, lz = ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal, return_weights=True,
+    y, P, lz = ag.kernel_attention(q, k, v, kernel="cauchy", gamma=gamma, causal=causal, return_routing=True,
                                    return_log_partition=True)
     y_r, P_r, lz_r = ref.ridge_attention(*ref.tilt_radius(q), k, v, "cauchy", causal=causal, gamma=gamma)
     assert rel_err(y, y_r) < TOL[dtype] * 20
@@ -220,7 +220,7 @@ def test_kernel_exp_equals_softmax(rng):
 def test_kernel_zero_query_is_uniform(rng):
     k, v = rng.standard_normal((40, 6)), rng.standard_normal((40, 3))
     for kernel in ("exp", "gaussian", "cauchy"):
-        y, P = ag.kernel_attention(np.zeros((2, 6)), k, v, kernel=kernel, return_weights=True)
+        y, P = ag.kernel_attention(np.zeros((2, 6)), k, v, kernel=kernel, return_routing=True)
         np.testing.assert_allclose(P, 1 / 40, rtol=1e-14)
 
 
@@ -372,7 +372,7 @@ def test_thread_count_does_not_change_results(rng):
         for n in (1, 2):
             ag.set_num_threads(n)
             assert ag.get_num_threads() == n
-            out[n] = (ag.softmax_attention(q, k, v, causal=True, return_weights=True),
+            out[n] = (ag.softmax_attention(q, k, v, causal=True, return_routing=True),
                       ag.kernel_attention(q, k, v, kernel="cauchy", gamma=0.5))
         (y1, P1), c1 = out[1]
         (y2, P2), c2 = out[2]

@@ -24,7 +24,7 @@ def masks(rng, n_q, n_k):
 
 
 def check_against_weights(stats, P, log_z, causal, tol):
-    ref = ag.AttentionStats.from_weights(P, causal=causal, log_z=log_z)
+    ref = ag.AttentionStats.from_routing(P, causal=causal, log_z=log_z)
     assert stats.shape == P.shape[:-1]
     for name in FIELDS:
         got, want = getattr(stats, name), getattr(ref, name)
@@ -45,7 +45,7 @@ def check_against_weights(stats, P, log_z, causal, tol):
 def test_softmax_stats_match_the_weights(rng, dtype, causal, mask, n_q, n_k):
     q, k, v = draw(rng, [(2, 3, n_q, 16), (1, 3, n_k, 16), (2, 1, n_k, 8)], dtype, scale=1.5)
     m = masks(rng, n_q, n_k)[mask]
-    y, P, lz = ag.softmax_attention(q, k, v, mask=m, causal=causal, return_weights=True, return_log_partition=True)
+    y, P, lz = ag.softmax_attention(q, k, v, mask=m, causal=causal, return_routing=True, return_log_partition=True)
     y2, stats = ag.softmax_attention(q, k, v, mask=m, causal=causal, return_stats=True)
     assert np.array_equal(y, y2)  # asking for statistics leaves y bitwise as it was
     check_against_weights(stats, P, lz, causal, TOL[dtype])
@@ -57,7 +57,7 @@ def test_softmax_stats_match_the_weights(rng, dtype, causal, mask, n_q, n_k):
 @pytest.mark.parametrize("causal", [False, "bottom_right"])
 def test_kernel_stats_match_the_weights(rng, dtype, kernel, params, causal):
     q, k, v = draw(rng, [(2, 29, 8), (2, 67, 8), (2, 67, 5)], dtype)
-    y, P, lz = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, return_weights=True,
+    y, P, lz = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, return_routing=True,
                                    return_log_partition=True, **params)
     out = ag.kernel_attention(q, k, v, kernel=kernel, causal=causal, return_stats=True, **params)
     assert len(out) == 2
@@ -70,10 +70,10 @@ def test_kernel_stats_match_the_weights(rng, dtype, kernel, params, causal):
 
 def test_stats_come_after_weights_and_log_partition(rng):
     q, k, v = draw(rng, [(5, 4), (7, 4), (7, 3)], np.float64)
-    y, P, lz, stats = ag.softmax_attention(q, k, v, return_weights=True, return_log_partition=True,
+    y, P, lz, stats = ag.softmax_attention(q, k, v, return_routing=True, return_log_partition=True,
                                            return_stats=True)
     assert P.shape == (5, 7) and lz.shape == (5,) and isinstance(stats, ag.AttentionStats)
-    y1, P1, stats1 = ag.softmax_attention(q, k, v, return_weights=True, return_stats=True)
+    y1, P1, stats1 = ag.softmax_attention(q, k, v, return_routing=True, return_stats=True)
     assert np.array_equal(P, P1) and np.array_equal(stats1.entropy, stats.entropy)
 
 
@@ -123,7 +123,7 @@ def test_stats_of_known_rows():
 def test_entropy_is_stable_for_logits_of_any_size(rng, size):
     q, k, v = draw(rng, [(3, 40, 8), (3, 200, 8), (3, 200, 4)], np.float64)
     q = q * size
-    y, P, lz = ag.softmax_attention(q, k, v, causal=True, return_weights=True, return_log_partition=True)
+    y, P, lz = ag.softmax_attention(q, k, v, causal=True, return_routing=True, return_log_partition=True)
     _, st = ag.softmax_attention(q, k, v, causal=True, return_stats=True)
     assert np.all(np.isfinite(st.entropy)) and np.all(st.entropy >= 0)
     check_against_weights(st, P, lz, True, 1e-12 if size < 100 else 1e-10)
@@ -148,12 +148,12 @@ def test_layouts_and_threads(rng):
         assert np.array_equal(getattr(st, name), getattr(ref, name)), name
 
 
-def test_from_weights_checks_its_input():
-    with pytest.raises(ValueError, match="weights must have shape"):
-        ag.AttentionStats.from_weights(np.ones(3))
-    with pytest.raises(TypeError, match="weights"):
-        ag.AttentionStats.from_weights(np.ones((2, 2), complex))
-    st = ag.AttentionStats.from_weights(np.zeros((3, 0)))
+def test_from_routing_checks_its_input():
+    with pytest.raises(ValueError, match="routing must have shape"):
+        ag.AttentionStats.from_routing(np.ones(3))
+    with pytest.raises(TypeError, match="routing must be a real"):
+        ag.AttentionStats.from_routing(np.ones((2, 2), complex))
+    st = ag.AttentionStats.from_routing(np.zeros((3, 0)))
     assert np.array_equal(st.argmax, [-1, -1, -1]) and np.all(st.entropy == 0)
 
 

@@ -51,9 +51,9 @@ def test_bert_forward(tmp_path, rng):
     ids = np.array([2, 4, 5, 6, 7, 4, 8, 9, 3])
     out = enc.forward(ids)
     ref = bert_reference(t, ids, 2, 2)
-    assert out.hidden_states.shape == (3, 9, 8) and out.attention.shape == (2, 2, 9, 9)
+    assert out.hidden_states.shape == (3, 9, 8) and out.routing.shape == (2, 2, 9, 9)
     np.testing.assert_allclose(out.hidden_states, ref, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(out.attention.sum(-1), 1, rtol=1e-12)
+    np.testing.assert_allclose(out.routing.sum(-1), 1, rtol=1e-12)
     e = enc.sentence_embedding(ids)
     np.testing.assert_allclose(e, ref[-1].mean(0) / np.linalg.norm(ref[-1].mean(0)), rtol=1e-10)
     with pytest.raises(ValueError, match="input_ids must lie in 0..17"):

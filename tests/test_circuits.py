@@ -169,31 +169,31 @@ def test_layernorm_jacobian(rng):
         ag.layernorm_jacobian(x, eps=-1)
 
 
-def test_topk_routing_and_gram(rng):
+def test_topk_router_and_gram(rng):
     g = rng.standard_normal((50, 8))
-    R = ag.topk_routing(g, 2)
+    R = ag.topk_router(g, 2)
     assert np.all(np.count_nonzero(R, axis=1) == 2)
     np.testing.assert_allclose(R.sum(1), 1)
     top = np.argsort(-g, axis=1)[:, :2]
     for t in range(50):
         w = np.exp(g[t, top[t]] - g[t, top[t]].max())
         np.testing.assert_allclose(R[t, top[t]], w / w.sum())
-    gram = ag.routing_gram(R)
+    gram = ag.router_gram(R)
     np.testing.assert_allclose(gram.gram, R.T @ R)
     np.testing.assert_allclose(gram.loads, R.sum(0))
     assert 0 < gram.off_diagonal_mass < 1 and gram.imbalance > 0
     # balanced one-hot routing: diagonal Gram, kT/E on the diagonal, no imbalance (notes' lemma)
     T, E = 40, 4
     onehot = np.eye(E)[np.arange(T) % E]
-    bal = ag.routing_gram(onehot)
+    bal = ag.router_gram(onehot)
     np.testing.assert_allclose(bal.gram, np.eye(E) * T / E)
     assert bal.off_diagonal_mass == 0 and bal.imbalance == 0
-    ties = ag.topk_routing(np.zeros((1, 4)), 2)
+    ties = ag.topk_router(np.zeros((1, 4)), 2)
     np.testing.assert_allclose(ties, [[0.5, 0.5, 0, 0]])
     with pytest.raises(ValueError, match="k must be"):
-        ag.topk_routing(g, 9)
+        ag.topk_router(g, 9)
     with pytest.raises(ValueError, match="non-negative"):
-        ag.routing_gram(-R)
+        ag.router_gram(-R)
 
 
 def test_latent_factorization_eckart_young(rng):
@@ -232,7 +232,7 @@ def test_principal_angles_and_injectivity(rng):
     assert ag.principal_angles(a, b)[0] == pytest.approx(0.3, abs=1e-15)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "identity", np.tanh])
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "silu", "identity", np.tanh])
 def test_mlp_key_value(rng, activation):
     x = rng.standard_normal((2, 6, 8))
     W1, W2 = rng.standard_normal((8, 20)), rng.standard_normal((20, 8))
@@ -240,7 +240,7 @@ def test_mlp_key_value(rng, activation):
     kv = ag.mlp_key_value(x, W1, W2, activation, b1=b1, b2=b2)
     assert rel_err(kv.writes().sum(-2) + b2, kv.output) <= 1e-13
     phi = {"relu": lambda z: np.maximum(z, 0), "identity": lambda z: z, "silu": lambda z: z / (1 + np.exp(-z)),
-           "gelu": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))}
+           "gelu_tanh": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))}
     f = activation if callable(activation) else phi[activation]
     assert rel_err(kv.output, f(x @ W1 + b1) @ W2 + b2) <= 1e-14
     np.testing.assert_allclose(kv.keys, W1.T)

@@ -181,7 +181,7 @@ def test_statistics_equal_the_batch_functions(checkpoint, texts, reference):
     W_K = model.heads.W_K
     tok = ag.tilt_coverage(q[1, 2], W_K=W_K[1, 2], centered=True)
     assert rel(S["tilt"]["token_eigenvalues"][1, 2], tok.token_eigenvalues) < 1e-11
-    x = np.stack([f.attention_inputs[:, :4] for f in fs if f.n_tokens >= 4], axis=1)  # (L, B, 4, D)
+    x = np.stack([f.attn_in[:, :4] for f in fs if f.n_tokens >= 4], axis=1)  # (L, B, 4, D)
     for layer in range(2):
         assert rel(S["whiteness"]["whiteness"][layer], ag.whiteness(x[layer])) < RTOL
         assert rel(S["whiteness"]["stationarity"][layer], ag.stationarity(x[layer])) < RTOL
@@ -194,7 +194,7 @@ def test_statistics_equal_the_batch_functions(checkpoint, texts, reference):
     kap = np.concatenate(kap, axis=-2)
     sub = corpus_statistics(model, texts[:5], statistics=("cumulants",)).statistics["cumulants"]
     assert rel(sub["kappa1_mean"], kap[..., 0].mean(-1)) < 1e-10 and rel(sub["kappa2_std"], kap[..., 1].std(-1)) < 1e-10
-    ent = -np.concatenate([np.sum(f.attentions * np.log(np.where(f.attentions > 0, f.attentions, 1)), -1)
+    ent = -np.concatenate([np.sum(f.pattern * np.log(np.where(f.pattern > 0, f.pattern, 1)), -1)
                            for f in fs], axis=-1)
     assert rel(S["routing"]["entropy_mean"], ent.mean(-1)) < 1e-10
     assert S["routing"]["texts"][0, 0] == 60 and S["routing"]["rows"][0, 0] == q.shape[-2]
@@ -411,7 +411,7 @@ def test_store_statistics_equal_the_direct_run(checkpoint, texts, reference, cli
     n = len(texts[3])
     a = int(np.sum(lengths[:3] ** 2))
     assert rel(root["q"][:, :, o:o + n], f.q[:, 0]) < RTOL
-    assert rel(root["attentions"][:, :, a:a + n * n].reshape(2, 4, n, n), f.attentions[:, 0]) < RTOL
+    assert rel(root["attentions"][:, :, a:a + n * n].reshape(2, 4, n, n), f.pattern[:, 0]) < RTOL
     # analysed many times, any partitioning, in-process or on the cluster: the direct run's results
     assert_same(corpus_statistics(path), reference)
     assert_same(corpus_statistics(path, partitions=[1] * 10 + [len(texts) - 10], batch_tokens=16), reference)

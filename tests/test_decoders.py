@@ -24,12 +24,13 @@ def test_unpadded_defaults_and_layouts(tmp_path):
     m = load_model(tmp_path / "q")
     ids = np.arange(1, 9)
     f = m.forward(ids, dtype=np.float64)
-    assert f.logits.shape == (8, VOCAB) and f.q.shape == (2, 4, 8, 16) and f.hidden_states.shape == (3, 8, 32)
+    assert f.logits.shape == (8, VOCAB) and f.q.shape == (2, 4, 8, 16) and f.resid_pre.shape == (2, 8, 32)
+    assert f.ln_final.shape == (8, 32)
     assert f.positions.tolist() == list(range(8)) and f.attention_mask.all()
     for layer in range(2):
         _, P = ag.softmax_attention(f.q[layer], f.k[layer], f.v[layer], causal=True, scale=f.scale[layer],
                                     return_routing=True)
-        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-13)
+        np.testing.assert_allclose(P, f.pattern[layer], atol=1e-13)
         # keys and values come in groups: heads 0, 1 read kv head 0
         np.testing.assert_array_equal(f.k[layer, 0], f.k[layer, 1])
         assert not np.allclose(f.k[layer, 1], f.k[layer, 2])
@@ -208,20 +209,20 @@ def test_heads_use_the_models_queries_and_keys(tmp_path, layout):
     H = m.heads
     assert (H.rotary is not None) == (layout != "gpt2") and (H.q_norm is not None) == (layout == "qwen3")
     for layer in range(2):
-        x = f.attention_inputs[layer]
+        x = f.attn_in[layer]
         q, k = H.queries_keys(x, layer)
         np.testing.assert_allclose(q, f.q[layer], atol=1e-12)
         np.testing.assert_allclose(k, f.k[layer], atol=1e-12)
         q0, k0 = H.queries_keys(x, layer, rotary=False)
         np.testing.assert_allclose(q0, f.q_prerotary[layer], atol=1e-12)
         _, P = ag.softmax_attention(q, k, None, causal=True, return_routing=True)
-        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-12)
+        np.testing.assert_allclose(P, f.pattern[layer], atol=1e-12)
         if layout != "gpt2":
             _, P0 = ag.softmax_attention(q0, k0, None, causal=True, return_routing=True)
-            assert np.abs(P0 - f.attentions[layer]).max() > 1e-3  # the rotation matters
+            assert np.abs(P0 - f.pattern[layer]).max() > 1e-3  # the rotation matters
     # the data diagnostics see the same routing matrices
-    d = H.diagnostics(f.attention_inputs)
-    s = np.linalg.svd(f.attentions, compute_uv=False)  # (L, H, n)
+    d = H.diagnostics(f.attn_in)
+    s = np.linalg.svd(f.pattern, compute_uv=False)  # (L, H, n)
     np.testing.assert_allclose(d.routing_singular_values[:, :, 0], s, atol=1e-10)
     np.testing.assert_allclose(d.radius_mean, np.linalg.norm(f.q, axis=-1).mean(-1) / np.sqrt(H.d_head), rtol=1e-12)
 
@@ -232,7 +233,7 @@ def test_bilinear_at_an_offset(tmp_path, layout):
     m = load_model(tmp_path / "m")
     f = m.forward(np.arange(10, 19), dtype=np.float64)
     H, layer, head = m.heads, 1, 3
-    x = f.attention_inputs[layer]
+    x = f.attn_in[layer]
     logits = f.q[layer, head] @ f.k[layer, head].T  # q_i . k_j
     if layout == "qwen3":  # normalised per token: B carries the gains, the rms factors stay outside
         g, n = H.W_Q[layer, head], H.W_K[layer, head]
@@ -291,8 +292,8 @@ def test_cli_heads_on_decoders(tmp_path, layout, capsys):
     from attngeom.models import text_activations
     x, tokens = text_activations(tmp_path / "m", "the cat sat on the mat and the dog ran .")
     f = load_model(tmp_path / "m").forward(np.array([1, 2, 3, 4, 1, 5, 6, 1, 7, 8, 9]), dtype=np.float64)
-    np.testing.assert_allclose(x[:, 0], f.attention_inputs, atol=1e-12)
-    ranks = np.linalg.svd(f.attentions, compute_uv=False)
+    np.testing.assert_allclose(x[:, 0], f.attn_in, atol=1e-12)
+    ranks = np.linalg.svd(f.pattern, compute_uv=False)
     row = next(r for r in report["heads"] if (r["layer"], r["head"]) == (1, 2))
     assert abs(row["routing_effective_rank_mean"] - ag.effective_rank(ranks[1, 2], kind="entropy", spectrum=True)) \
         < 1e-6
@@ -337,6 +338,6 @@ def test_heads_report_on_decoders(tmp_path, layout, capsys):
         P = z["attention_1"]
     # the saved attention is the model's own (causal) attention
     f = load_model(tmp_path / "m").forward(np.array([1, 7, 8, 6, 1, 2, 3, 9]), dtype=np.float64)
-    np.testing.assert_allclose(P, f.attentions, atol=1e-5)
+    np.testing.assert_allclose(P, f.pattern, atol=1e-5)
     row = next(r for r in data["heads"] if (r["layer"], r["head"]) == (1, 2))
     assert 0 < row["attention_entropy"] < np.log(8) and row["attention_entropy_spread"] >= 0

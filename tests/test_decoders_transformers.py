@@ -18,7 +18,7 @@ from attngeom.models import load_model
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from builders import LAYOUTS, VOCAB, N, batch, build, configs, max_errors, reference  # noqa: E402
+from builders import LAYOUTS, VOCAB, N, batch, build, configs, max_errors, reference, transformers_hidden  # noqa: E402
 
 
 @pytest.mark.parametrize("precision", ["float32", "float64"])
@@ -31,7 +31,7 @@ def test_forward_matches_transformers(tmp_path, layout, precision):
     ids, mask = batch()
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
     f = m.forward(ids, attention_mask=mask, dtype=dt)
-    assert f.hidden_states.dtype == dt and f.attentions.shape == (2, 3, 4, N, N)
+    assert f.resid_pre.dtype == f.ln_final.dtype == dt and f.pattern.shape == (2, 3, 4, N, N)
     errs = max_errors(f, reference(model, ids, mask, positions, precision == "float64"), mask)
     print(layout, precision, {k: f"{v:.2e}" for k, v in errs.items()})
     assert max(errs.values()) <= tol, errs
@@ -43,7 +43,7 @@ def test_forward_matches_transformers(tmp_path, layout, precision):
         assert one.logits is None
     else:
         assert one.logits.shape == (N - 2, VOCAB)
-    np.testing.assert_allclose(one.hidden_states, f.hidden_states[:, 1, 2:], atol=10 * tol, rtol=0)
+    np.testing.assert_allclose(transformers_hidden(one), transformers_hidden(f)[:, 1, 2:], atol=10 * tol, rtol=0)
     ref1 = reference(model, ids[1:2, 2:], np.ones((1, N - 2), bool), np.arange(N - 2)[None], precision == "float64")
     assert max(max_errors(m.forward(ids[1:2, 2:], dtype=dt), ref1, np.ones((1, N - 2), bool)).values()) <= tol
 

@@ -64,7 +64,7 @@ def cases(dtype):
     u = draw(2, 37, 5, scale=0.4)
     tau, ku, vu = draw(2, 37), draw(2, 61, 5), draw(2, 61, 3)
     out = [
-        ("softmax", lambda q, k, v: ag.softmax_attention(q, k, v, causal=True, return_weights=True,
+        ("softmax", lambda q, k, v: ag.softmax_attention(q, k, v, causal=True, return_routing=True,
                                                          return_log_partition=True), dict(q=q, k=k, v=v), {}),
         ("softmax masked", lambda q, k, v: ag.softmax_attention(q, k, v, mask=mask, return_log_partition=True),
          dict(q=q, k=k, v=v), {}),
@@ -77,7 +77,7 @@ def cases(dtype):
         ("lightning", lambda q, k, v: ag.lightning_attention(q, k, v, causal=True), dict(q=q, k=k, v=v), {}),
         ("lightning backward", lambda q, k, v, dy: ag.lightning_attention_backward(q, k, v, dy, causal=True),
          dict(q=q, k=k[..., :131, :], v=v[..., :131, :], dy=dy), {}),
-        ("projection", lambda q, k, v: ag.projection_attention(q, k, v, sigma=0.9, causal=True, return_weights=True),
+        ("projection", lambda q, k, v: ag.projection_attention(q, k, v, sigma=0.9, causal=True, return_routing=True),
          dict(q=q, k=k, v=v), {}),
         ("projection backward", lambda q, k, v, dy: ag.projection_attention_backward(q, k, v, dy, sigma=0.9),
          dict(q=q, k=k, v=v, dy=dy), {}),
@@ -97,7 +97,7 @@ def cases(dtype):
                            ("stable", {"alpha": 1.3, "c": 1.0})):
         small = dict(q=q[:1], k=k[:1], v=v[:1]) if kernel == "stable" else dict(q=q, k=k, v=v)
         out.append((f"kernel {kernel}", lambda q, k, v, kernel=kernel, params=params: ag.kernel_attention(
-            q, k, v, kernel=kernel, causal=True, return_weights=True, return_log_partition=True, **params),
+            q, k, v, kernel=kernel, causal=True, return_routing=True, return_log_partition=True, **params),
             small, {}))
         out.append((f"kernel {kernel} backward", lambda q, k, v, dy, kernel=kernel, params=params:
                     ag.kernel_attention_backward(q, k, v, dy, kernel=kernel, causal=True, **params),

@@ -36,7 +36,7 @@ def test_softmax_huge_representable_logits_give_the_argmax():
     k = np.diag([1.0, 2.0, 3.0]) * 1e150
     q = np.array([[1.0, 0, 0], [0, 0, 1.0], [0, 1.0, 0]]) * 1e150
     v = np.arange(6.0).reshape(3, 2)
-    y, P, log_z = ag.softmax_attention(q, k, v, scale=1.0, return_weights=True, return_log_partition=True)
+    y, P, log_z = ag.softmax_attention(q, k, v, scale=1.0, return_routing=True, return_log_partition=True)
     np.testing.assert_array_equal(P, q / 1e150)  # k is diagonal: each query picks its own axis
     np.testing.assert_array_equal(y, (q / 1e150) @ v)
     np.testing.assert_allclose(log_z, [1e300, 3e300, 2e300], rtol=1e-15)
@@ -391,17 +391,17 @@ def test_a_one_element_mask_hiding_every_key_gives_the_documented_outputs(mask):
     # statistics 0 with argmax -1, and zero gradients, for every attention that takes a mask.
     q, k, v = RNG.standard_normal((3, 4, 2))
     dy = RNG.standard_normal((4, 2))
-    y, P, log_z, stats = ag.softmax_attention(q, k, v, mask=mask, return_weights=True, return_log_partition=True,
+    y, P, log_z, stats = ag.softmax_attention(q, k, v, mask=mask, return_routing=True, return_log_partition=True,
                                               return_stats=True)
     assert np.all(y == 0) and np.all(P == 0) and np.all(log_z == -np.inf)
     assert np.all(stats.log_z == -np.inf) and np.all(stats.argmax == -1)
     assert all(np.all(getattr(stats, f) == 0) for f in ("entropy", "max_weight", "sink_weight", "mean_distance"))
-    for out in (ag.kernel_attention(q, k, v, mask=mask, kernel="gaussian", return_weights=True,
+    for out in (ag.kernel_attention(q, k, v, mask=mask, kernel="gaussian", return_routing=True,
                                     return_log_partition=True),
-                ag.laplace_radon_attention(*ag.tilt_radius(q), k, v, mask=mask, return_weights=True,
+                ag.laplace_radon_attention(*ag.tilt_radius(q), k, v, mask=mask, return_routing=True,
                                            return_log_partition=True)):
         assert np.all(out[0] == 0) and np.all(out[1] == 0) and np.all(out[2] == -np.inf)
-    y, P = ag.projection_attention(q, k, v, mask=mask, return_weights=True)
+    y, P = ag.projection_attention(q, k, v, mask=mask, return_routing=True)
     assert np.all(y == 0) and np.all(P == 0)
     for grads in (ag.softmax_attention_backward(q, k, v, dy, mask=mask),
                   ag.kernel_attention_backward(q, k, v, dy, mask=mask, kernel="cauchy"),

@@ -823,7 +823,7 @@ def _kernel_call(g, backward=False):
     kernel, params = g.kernel_params()
     kw = g.kwargs(causal=g.causal, mask=lambda: g.mask("n", "m"), scale=g.real)
     if not backward:
-        kw.update(g.kwargs(return_weights=g.flag, return_log_partition=g.flag))
+        kw.update(g.kwargs(return_routing=g.flag, return_log_partition=g.flag))
     return _attention(g, backward=backward), {"kernel": kernel, **kw, **params}
 
 
@@ -842,7 +842,7 @@ SPECS = {
     "softmax_attention": lambda g: (
         _attention(g),
         g.kwargs(mask=lambda: g.mask("n", "m"), causal=g.causal, scale=g.real,
-                 return_weights=g.flag, return_log_partition=g.flag)),
+                 return_routing=g.flag, return_log_partition=g.flag)),
     "kernel_attention": lambda g: _kernel_call(g),
     "softmax_attention_backward": lambda g: (
         _attention(g, backward=True),
@@ -850,7 +850,7 @@ SPECS = {
                  y=lambda: g.arr("B", "n", "e"), log_partition=lambda: g.arr("B", "n"))),
     "kernel_attention_backward": lambda g: _kernel_call(g, backward=True),
     "projection_attention": lambda g: (
-        _attention(g), g.kwargs(sigma=g.real, causal=g.causal, mask=lambda: g.mask("n", "m"), return_weights=g.flag)),
+        _attention(g), g.kwargs(sigma=g.real, causal=g.causal, mask=lambda: g.mask("n", "m"), return_routing=g.flag)),
     "projection_attention_backward": lambda g: (
         _attention(g, backward=True), g.kwargs(sigma=g.real, causal=g.causal, mask=lambda: g.mask("n", "m"))),
     "lightning_attention": lambda g: (_attention(g), g.kwargs(causal=g.causal)),
@@ -894,7 +894,7 @@ SPECS = {
                                   **params}))(*g.kernel_params())),
     "laplace_radon_attention": lambda g: (
         (lambda kernel, params: ((g.arr("B", "n", "d"), g.tau("B", "n"), g.arr("B", "m", "d"), g.arr("B", "m", "e")),
-                                 {**g.kwargs(mask=lambda: g.mask("n", "m"), causal=g.causal, return_weights=g.flag,
+                                 {**g.kwargs(mask=lambda: g.mask("n", "m"), causal=g.causal, return_routing=g.flag,
                                              return_log_partition=g.flag), "kernel": kernel,
                                   **params}))(*g.kernel_params())),
     "projected_cumulants": lambda g: (
@@ -953,7 +953,7 @@ SPECS = {
     "full_whitening": lambda g: ((g.arr("b", "T", "D"),), {}),
     "whitened_attention": lambda g: (
         (g.arr("B", "T", "D"), g.arr("D", "d"), g.arr("D", "d"), *_whiten_factors(g)),
-        g.kwargs(causal=g.flag, scale=g.real, return_weights=g.flag)),
+        g.kwargs(causal=g.flag, scale=g.real, return_routing=g.flag)),
     "whiteness": lambda g: ((g.arr("b", "T", "D"),), {}),
     "stationarity": lambda g: ((g.arr("b", "T", "D"),), {}),
     "vector_ma1": lambda g: ((g.arr("D", "D"), g.integer((1, 2)), g.integer((1, 3, 5))), g.kwargs(seed=lambda: g.integer((0,)))),

@@ -33,7 +33,7 @@ def test_single_head_matches_parts(rng):
     assert d.radius_std == pytest.approx(tau.std(), rel=1e-12, abs=0)
     np.testing.assert_allclose(d.tilt.eigenvalues, ref.tilt_eigenvalues(q), rtol=1e-11, atol=1e-15)
     assert d.tilt.token_null.dim == 24 - 5  # span(N) = W_K span(U), rank(W_K) = 5
-    _, P = ag.softmax_attention(q, k, None, return_weights=True)
+    _, P = ag.softmax_attention(q, k, None, return_routing=True)
     r = ag.routing_nulls(P)
     np.testing.assert_allclose(d.routing_singular_values, r.singular_values, rtol=1e-12, atol=1e-15)
     np.testing.assert_array_equal(d.routing_rank, r.rank)

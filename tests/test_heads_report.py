@@ -25,7 +25,7 @@ def test_model_diagnostics(tmp_path, rng):
     q, k = H.queries_keys(x[1], 1)  # biases included: (n_seq, n_heads, n, d_head)
     tau = np.linalg.norm(q[:, 2], axis=-1) / 2.0
     np.testing.assert_allclose(d.radius_mean[1, 2], tau.mean(), rtol=1e-12)
-    P = ag.softmax_attention(q[0, 2], k[0, 2], None, causal=True, return_weights=True)[1]
+    P = ag.softmax_attention(q[0, 2], k[0, 2], None, causal=True, return_routing=True)[1]
     np.testing.assert_allclose(d.routing_singular_values[1, 2, 0], np.linalg.svd(P, compute_uv=False), rtol=1e-9)
     raw = H.diagnostics(x, bias=False)
     assert not np.allclose(raw.radius_mean, d.radius_mean)

@@ -84,8 +84,8 @@ def test_hooks_see_the_forwards_shapes_and_kept_fields_are_intervened(models):
     assert seen == [(4, N, 8)]  # one sequence: no batch axis, as Forward holds it
     np.testing.assert_array_equal(f.v[0], 2 * g.v[0])
     np.testing.assert_allclose(f.z[0], 2 * g.z[0], rtol=1e-6)  # z = P v is linear in v
-    f = model.forward(ids, keep=("attentions",), interventions=[Ablate("pattern", 0, heads=[0], positions=[3])])
-    assert np.all(f.attentions[0, :, 0, 3] == 0) and np.allclose(f.attentions[0, :, 1, 3].sum(-1), 1)
+    f = model.forward(ids, keep=("pattern",), interventions=[Ablate("pattern", 0, heads=[0], positions=[3])])
+    assert np.all(f.pattern[0, :, 0, 3] == 0) and np.allclose(f.pattern[0, :, 1, 3].sum(-1), 1)
 
 
 def test_plain_pass_is_unchanged(models):
@@ -98,7 +98,7 @@ def test_bad_interventions_name_the_intervention(models):
     model = models["llama"]
     ids = _ids(8)
     before = model.forward(ids).logits
-    source = model.forward(ids[:, :5], keep=("hidden_states",))
+    source = model.forward(ids[:, :5], keep=("resid_pre",))
     cases = [
         (Ablate("hook_z", 0), ValueError, r"interventions\[0\] \(Ablate\): site: unknown site 'hook_z'"),
         (Ablate("z", 2), ValueError, r"layer must be an integer in 0..1, got 2"),
@@ -201,7 +201,7 @@ def test_activation_patching_equals_the_patched_pass(planted):
     corrupt[:20] = np.random.default_rng(1).integers(0, 48, 20)
     r = ag.models.activation_patching(model, clean, corrupt, metric="loss", dtype=np.float64)
     assert r.restored.shape == (2, 40) and r.corrupt > r.clean
-    source = model.forward(clean, dtype=np.float64, keep=("hidden_states",))
+    source = model.forward(clean, dtype=np.float64, keep=("resid_pre",))
     for layer, p in [(0, 3), (1, 25)]:
         f = model.forward(corrupt, dtype=np.float64, interventions=[Patch("resid_pre", layer, source, positions=[p])])
         z = f.logits[:-1]
@@ -350,7 +350,7 @@ def test_removing_what_a_head_cannot_read_leaves_its_logits(models, layout):
     assert unread.dim == model.arch.d_model - 2 * model.arch.d_head
 
     def pattern(ivs):
-        return model.forward(ids, dtype=np.float64, keep=("attentions",), layers=[layer], interventions=ivs).attentions[0]
+        return model.forward(ids, dtype=np.float64, keep=("pattern",), layers=[layer], interventions=ivs).pattern[0]
 
     plain = pattern([])
     kept = pattern([Project("attn_in", layer, unread)])

@@ -59,7 +59,7 @@ def _hf_logits(hf, ids, hooks):
 
 def _out(f):
     """A Forward's logits, or for BERT its last hidden state."""
-    return f.hidden_states[-1] if f.logits is None else f.logits
+    return f.ln_final if f.logits is None else f.logits
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -82,7 +82,7 @@ def test_zero_ablating_a_heads_z_equals_transformers(pairs, layout):
 def test_mean_ablating_attn_out_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     ids, layer = _ids(1), 0
-    clean = model.forward(ids, keep=("attn_out", "logits", "hidden_states"))
+    clean = model.forward(ids, keep=("attn_out", "logits", "ln_final"))
     mean = clean.attn_out[layer].mean(axis=(0, 1))
 
     def post(module, args, output):
@@ -101,8 +101,8 @@ def test_patching_resid_pre_equals_transformers(pairs, layout):
     model, hf = pairs[layout]
     clean, corrupt = _ids(2), _ids(3)
     layer, positions = 1, [2, 5]
-    source = model.forward(clean, keep=("hidden_states",))
-    patched = source.hidden_states[layer]
+    source = model.forward(clean, keep=("resid_pre",))
+    patched = source.resid_pre[layer]
 
     def pre(module, args, kwargs):
         key = "hidden_states" if "hidden_states" in kwargs else None

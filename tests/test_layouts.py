@@ -38,7 +38,7 @@ def operands(dtype=np.float64, seed=0):
 # (name, call(q, k, v, dy, layout) in the given layout, kinds of the result items)
 CALLS = [
     ("softmax_attention", lambda q, k, v, dy, lay: ag.softmax_attention(
-        q, k, v, causal=True, return_weights=True, return_log_partition=True, layout=lay), "v-s"),
+        q, k, v, causal=True, return_routing=True, return_log_partition=True, layout=lay), "v-s"),
     ("softmax_attention_backward", lambda q, k, v, dy, lay: ag.softmax_attention_backward(
         q, k, v, dy, causal=True, layout=lay), "vvv"),
     ("kernel_attention", lambda q, k, v, dy, lay: ag.kernel_attention(
@@ -48,7 +48,7 @@ CALLS = [
     ("kernel_attention_backward exp", lambda q, k, v, dy, lay: ag.kernel_attention_backward(
         q, k, v, dy, layout=lay), "vvv"),
     ("projection_attention", lambda q, k, v, dy, lay: ag.projection_attention(
-        q, k, v, sigma=1.5, return_weights=True, layout=lay), "v-"),
+        q, k, v, sigma=1.5, return_routing=True, layout=lay), "v-"),
     ("projection_attention_backward", lambda q, k, v, dy, lay: ag.projection_attention_backward(
         q, k, v, dy, sigma=1.5, causal=True, layout=lay), "vvv"),
     ("lightning_attention", lambda q, k, v, dy, lay: ag.lightning_attention(q, k, v, causal=True, layout=lay), "v"),

@@ -47,9 +47,9 @@ def test_statistics_equal_those_of_the_weights(models, layout, dtype):
     log Z equals log sum exp of the scaled logits."""
     m = models[layout]
     ids, mask = batch()
-    f = m.forward(ids, attention_mask=mask, dtype=dtype, keep=("attentions", "attention_stats", "q", "k"))
+    f = m.forward(ids, attention_mask=mask, dtype=dtype, keep=("pattern", "attention_stats", "q", "k"))
     assert f.attention_stats.shape == (2, 3, 4, ids.shape[1])
-    ref = ag.AttentionStats.from_routing(f.attentions)
+    ref = ag.AttentionStats.from_routing(f.pattern)
     causal = layout != "bert"
     for s in range(ids.shape[0]):
         real = np.flatnonzero(mask[s])
@@ -115,8 +115,8 @@ def test_default_keep_is_every_field_but_the_statistics(models):
     ids, mask = batch()
     f = models["qwen3"].forward(ids, attention_mask=mask)
     assert f.attention_stats is None
-    assert f.attentions.shape == (2, 3, 4, ids.shape[1], ids.shape[1])
-    assert f.hidden_states.shape == (3, 3, ids.shape[1], 32) and f.logits.shape == (3, ids.shape[1], VOCAB)
+    assert f.pattern.shape == (2, 3, 4, ids.shape[1], ids.shape[1])
+    assert f.resid_pre.shape == (2, 3, ids.shape[1], 32) and f.ln_final.shape == (3, ids.shape[1], 32) and f.logits.shape == (3, ids.shape[1], VOCAB)
     np.testing.assert_array_equal(f.logits_positions, np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
 
 
@@ -141,9 +141,10 @@ def test_logits_at(models, layout):
 
 def test_one_sequence_drops_the_batch_axis(models):
     ids, _ = batch()
-    f = models["llama"].forward(ids[0], keep=("attention_stats", "q", "hidden_states"))
+    f = models["llama"].forward(ids[0], keep=("attention_stats", "q", "resid_pre", "ln_final"))
     assert f.attention_stats.shape == (2, 4, ids.shape[1]) and f.q.shape == (2, 4, ids.shape[1], 8)
-    assert f.positions.shape == (ids.shape[1],) and f.hidden_states.shape == (3, ids.shape[1], 32)
+    assert f.positions.shape == (ids.shape[1],) and f.resid_pre.shape == (2, ids.shape[1], 32)
+    assert f.ln_final.shape == (ids.shape[1], 32)
 
 
 def test_bad_arguments(models):
@@ -194,12 +195,13 @@ def test_the_same_bits_at_any_thread_count(models):
     try:
         for threads in (1, 2, 3):
             ag.set_num_threads(threads)
-            runs.append(models["qwen3"].forward(ids, keep=("logits", "hidden_states", "attention_stats")))
+            runs.append(models["qwen3"].forward(ids, keep=("logits", "resid_pre", "ln_final", "attention_stats")))
     finally:
         ag.set_num_threads(before)
     for f in runs[1:]:
         np.testing.assert_array_equal(f.logits, runs[0].logits)
-        np.testing.assert_array_equal(f.hidden_states, runs[0].hidden_states)
+        np.testing.assert_array_equal(f.resid_pre, runs[0].resid_pre)
+        np.testing.assert_array_equal(f.ln_final, runs[0].ln_final)
         np.testing.assert_array_equal(f.attention_stats.entropy, runs[0].attention_stats.entropy)
 
 
@@ -403,10 +405,10 @@ def test_sixteen_thousand_tokens_in_little_memory(tmp_path):
     assert report["shape"] == [2, 4, n]
     assert report["peak_mb"] < 2048, report
     saved = np.load(tmp_path / "out.npz")
-    short = load_model(tmp_path / "m").forward(saved["ids"], keep=("attentions",))
-    ref = ag.AttentionStats.from_routing(short.attentions)
+    short = load_model(tmp_path / "m").forward(saved["ids"], keep=("pattern",))
+    ref = ag.AttentionStats.from_routing(short.pattern)
     np.testing.assert_allclose(saved["entropy"], ref.entropy, rtol=1e-4, atol=1e-4)
-    top = np.sort(short.attentions, axis=-1)
+    top = np.sort(short.pattern, axis=-1)
     clear = top[..., -1] - top[..., -2] > 1e-4  # the largest weight is not tied at float32 rounding
     np.testing.assert_array_equal(saved["argmax"][clear], ref.argmax[clear])
     # the last token's logits: a float32 pass over 16,384 tokens against the architecture

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from builders import (HEADS, KV_LORA, NOPE, ROPE, V_DIM, VOCAB, batch, deepseek, deepseek_config,  # noqa: E402
-                      float64_everywhere, max_errors, reference)
+                      float64_everywhere, max_errors, reference, transformers_hidden)
 
 
 VARIANTS = {
@@ -52,7 +52,7 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     f = m.forward(ids, attention_mask=mask, dtype=dt)
     assert f.q.shape == (2, 3, HEADS, 7, NOPE + ROPE) and f.v.shape == (2, 3, HEADS, 7, V_DIM)
     assert f.kv_latent.shape == (2, 3, 7, KV_LORA) and f.rope_keys.shape == (2, 3, 7, ROPE)
-    assert f.hidden_states.dtype == dt
+    assert f.resid_pre.dtype == f.ln_final.dtype == dt
     if variant == "yarn":  # mscale(s, m) = 0.1 m ln s + 1: logit scale mscale(8, 0.5)^2, rotary factor the ratio
         assert f.scale[0] == pytest.approx((NOPE + ROPE) ** -0.5 * (0.05 * np.log(8) + 1) ** 2, rel=1e-12, abs=0)
         assert m.decoder.rotary.attention_factor == pytest.approx((0.1 * np.log(8) + 1) / (0.05 * np.log(8) + 1))
@@ -84,7 +84,7 @@ def test_forward_matches_transformers(tmp_path, variant, precision):
     # one unpadded sequence alone gives its rows of the batch
     one = m.forward(ids[1, 2:], dtype=dt)
     assert one.kv_latent.shape == (2, 5, KV_LORA) and one.router_logits.shape[1:] == (5, 4)
-    np.testing.assert_allclose(one.hidden_states, f.hidden_states[:, 1, 2:], atol=10 * tol, rtol=0)
+    np.testing.assert_allclose(transformers_hidden(one), transformers_hidden(f)[:, 1, 2:], atol=10 * tol, rtol=0)
 
 
 def test_queries_keys_and_latent_reproduce_the_layer(tmp_path):
@@ -96,8 +96,8 @@ def test_queries_keys_and_latent_reproduce_the_layer(tmp_path):
     f = m.forward(ids, dtype=np.float64)
     for layer in range(2):
         _, P = ag.softmax_attention(f.q[layer], f.k[layer], f.v[layer], causal=True, scale=f.scale[layer],
-                                    return_weights=True)
-        np.testing.assert_allclose(P, f.attentions[layer], atol=1e-13)
+                                    return_routing=True)
+        np.testing.assert_allclose(P, f.pattern[layer], atol=1e-13)
         kv_b = np.asarray(m.decoder.w["layers"][layer]["kv_b"], np.float64).reshape(KV_LORA, HEADS, NOPE + V_DIM)
         content = np.einsum("nc,chd->hnd", f.kv_latent[layer], kv_b[:, :, :NOPE])
         np.testing.assert_allclose(f.k[layer, :, :, :NOPE], content, atol=1e-12)
@@ -229,12 +229,12 @@ def test_router_statistics_of_deepseek(tmp_path):
     m = load_model(tmp_path / "m")
     ids = np.random.default_rng(2).integers(0, VOCAB, 20)
     s = ag.router_statistics(m, ids)
-    assert s.layers == [1] and s.routing.shape == (1, 20, 4) and s.k == 2 and s.sparsity == 0.5
-    assert (np.count_nonzero(s.routing, axis=-1) == 2).all()
+    assert s.layers == [1] and s.router_matrix.shape == (1, 20, 4) and s.k == 2 and s.sparsity == 0.5
+    assert (np.count_nonzero(s.router_matrix, axis=-1) == 2).all()
     # not renormalised: each row holds the top-2 softmax mass times routed_scaling_factor
-    np.testing.assert_allclose(s.routing.sum(-1), 1.5 * np.sort(_softmax(s.router_logits), -1)[..., -2:].sum(-1),
+    np.testing.assert_allclose(s.router_matrix.sum(-1), 1.5 * np.sort(_softmax(s.router_logits), -1)[..., -2:].sum(-1),
                                rtol=1e-12)
-    np.testing.assert_allclose(s.top_k_mass, (s.routing.sum(-1) / 1.5).mean(-1), rtol=1e-12)
+    np.testing.assert_allclose(s.top_k_mass, (s.router_matrix.sum(-1) / 1.5).mean(-1), rtol=1e-12)
     assert set(s.summary()) >= {"imbalance_L1", "entropy_L1"} and "imbalance_L0" not in s.summary()
     pytest.importorskip("matplotlib")
     assert len(s.plot().axes) >= 2
@@ -306,7 +306,7 @@ def test_induction_scores_from_the_patterns(tmp_path):
     deepseek(tmp_path / "m")
     m = load_model(tmp_path / "m")
     s = ag.induction_scores(m, seq_len=10, n_sequences=2, seed=0)
-    P = m.forward(s.token_ids, dtype=np.float32).attentions.astype(np.float64)
+    P = m.forward(s.token_ids, dtype=np.float32).pattern.astype(np.float64)
     t = np.arange(1, 20)
     np.testing.assert_allclose(s.previous_token, P[..., t, t - 1].mean(axis=(1, 3)), rtol=1e-12)
     i = np.arange(10)

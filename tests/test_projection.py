@@ -15,8 +15,8 @@ def test_unit_norm_identity_with_softmax(rng):
     q = unit(rng.standard_normal((3, 20, 8)))
     k = unit(rng.standard_normal((3, 30, 8)))
     v = rng.standard_normal((3, 30, 5))
-    y, z = ag.projection_attention(q, k, v, return_weights=True)
-    y_s, p_s = ag.softmax_attention(q, k, v, scale=1.0, return_weights=True)
+    y, z = ag.projection_attention(q, k, v, return_routing=True)
+    y_s, p_s = ag.softmax_attention(q, k, v, scale=1.0, return_routing=True)
     assert rel_err(z, p_s) <= 1e-14 and rel_err(y, y_s) <= 1e-14
 
 
@@ -26,7 +26,7 @@ def test_general_norms_match_distance_reference(rng, dtype):
     k = (rng.standard_normal((2, 25, 6)) + 1).astype(dtype)
     v = rng.standard_normal((2, 25, 4)).astype(dtype)
     sigma = 1.7
-    y, z = ag.projection_attention(q, k, v, sigma=sigma, return_weights=True)
+    y, z = ag.projection_attention(q, k, v, sigma=sigma, return_routing=True)
     z_ref = ref.projection_weights(q.astype(np.float64), k.astype(np.float64), sigma)
     assert z.dtype == dtype and y.dtype == dtype
     assert rel_err(z, z_ref) <= TOL[dtype] * 10
@@ -34,7 +34,7 @@ def test_general_norms_match_distance_reference(rng, dtype):
     # the weights are softmax with logits q.k / sigma^2 and per-key bias -|k|^2 / (2 sigma^2)
     bias = -np.sum(k.astype(np.float64) ** 2, -1)[:, None, :] / (2 * sigma ** 2)
     _, p = ag.softmax_attention(q.astype(np.float64), k.astype(np.float64), None, scale=sigma ** -2, mask=bias,
-                                return_weights=True)
+                                return_routing=True)
     assert rel_err(z, p) <= TOL[dtype] * 10
     # v defaults to k: the paper's cross-attention form y = z k
     assert rel_err(ag.projection_attention(q, k, sigma=sigma), z_ref @ k.astype(np.float64)) <= TOL[dtype] * 10
@@ -43,7 +43,7 @@ def test_general_norms_match_distance_reference(rng, dtype):
 def test_tiny_sigma_and_far_points(rng):
     k = rng.standard_normal((40, 3)) + 1e4  # a cloud far from the origin
     q = k[[3, 17]] + 1e-3 * rng.standard_normal((2, 3))
-    y, z = ag.projection_attention(q, k, sigma=0.01, return_weights=True)
+    y, z = ag.projection_attention(q, k, sigma=0.01, return_routing=True)
     assert np.all(np.isfinite(z)) and np.allclose(z.sum(-1), 1, atol=1e-14)
     assert z[0, 3] > 0.999 and z[1, 17] > 0.999  # the nearest key wins
     np.testing.assert_allclose(y, k[[3, 17]], atol=1e-9)
@@ -55,7 +55,7 @@ def test_self_attention_mask_causal(rng):
     x = rng.standard_normal((12, 4))
     keep = rng.random((12, 12)) > 0.3
     np.fill_diagonal(keep, True)
-    _, z = ag.projection_attention(x, x, sigma=0.8, mask=keep, causal=True, return_weights=True)
+    _, z = ag.projection_attention(x, x, sigma=0.8, mask=keep, causal=True, return_routing=True)
     assert np.all(z[~(keep & np.tri(12, dtype=bool))] == 0)
     w = ref.projection_weights(x, x, 0.8) * (keep & np.tri(12, dtype=bool))
     assert rel_err(z, w / w.sum(-1, keepdims=True)) <= 1e-12

@@ -155,7 +155,7 @@ def test_induction_scores_on_random_checkpoints(random_models, layout):
     T = 6
     s = ag.induction_scores(m, seq_len=T, n_repeats=2, n_sequences=2, seed=3)
     # the definition, straight from the attention matrices: the stripe at offset T - 1
-    P = m.forward(s.token_ids).attentions.astype(np.float64)  # (L, b, H, n, n)
+    P = m.forward(s.token_ids).pattern.astype(np.float64)  # (L, b, H, n, n)
     q = np.arange(T, 2 * T)
     np.testing.assert_allclose(s.induction, P[..., q, q - T + 1].mean(axis=(1, 3)), atol=1e-6)
     t = np.arange(1, 2 * T)
@@ -364,13 +364,13 @@ def test_router_statistics_on_a_random_mixtral(tmp_path):
     mixtral(tmp_path / "m")
     ids = np.random.default_rng(0).integers(0, 97, 20)
     s = ag.router_statistics(tmp_path / "m", ids)
-    assert s.routing.shape == (2, 20, 4) and s.k == 2 and s.sparsity == 0.5
-    assert (np.count_nonzero(s.routing, axis=-1) == 2).all()
-    np.testing.assert_allclose(s.routing.sum(-1), 1.0)
+    assert s.router_matrix.shape == (2, 20, 4) and s.k == 2 and s.sparsity == 0.5
+    assert (np.count_nonzero(s.router_matrix, axis=-1) == 2).all()
+    np.testing.assert_allclose(s.router_matrix.sum(-1), 1.0)
     np.testing.assert_array_equal(s.counts.sum(-1), [40, 40])
-    np.testing.assert_allclose(s.routing, ag.topk_routing(s.router_logits, 2))
+    np.testing.assert_allclose(s.router_matrix, ag.topk_router(s.router_logits, 2))
     for layer, g in enumerate(s.grams):
-        np.testing.assert_allclose(g.gram, s.routing[layer].T @ s.routing[layer], rtol=1e-12)
+        np.testing.assert_allclose(g.gram, s.router_matrix[layer].T @ s.router_matrix[layer], rtol=1e-12)
         np.testing.assert_allclose(s.gram_spectrum[layer], np.linalg.eigvalsh(g.gram)[::-1], atol=1e-12)
     assert ((0.5 <= s.top_k_mass) & (s.top_k_mass <= 1)).all() and (s.entropy <= np.log(4) + 1e-12).all()
     assert set(s.summary()) >= {"imbalance_L0", "off_diagonal_mass_L1", "sparsity"}
@@ -381,7 +381,7 @@ def test_router_statistics_on_a_random_mixtral(tmp_path):
 def test_planted_router_gives_the_balanced_lemma(tmp_path):
     mixtral(tmp_path / "m", top_k=1, planted=True)
     s = ag.router_statistics(tmp_path / "m", np.arange(16))  # token v routes to expert v mod 4
-    np.testing.assert_array_equal(s.routing[0].argmax(-1), np.arange(16) % 4)
+    np.testing.assert_array_equal(s.router_matrix[0].argmax(-1), np.arange(16) % 4)
     np.testing.assert_array_equal(s.counts[0], [4, 4, 4, 4])
     # the notes' lemma: disjoint, equal loads make R^T R = (k T / n_experts) I
     np.testing.assert_allclose(s.grams[0].gram, 4.0 * np.eye(4), atol=1e-12)

@@ -183,9 +183,11 @@ def test_the_transformers_names_warn_and_still_work(models):
     model = models["qwen3"]
     ids, mask = batch()
     new = model.forward(ids, attention_mask=mask, keep=("resid_pre", "ln_final", "pattern", "attn_in"))
-    with pytest.warns(DeprecationWarning, match="the keep name 'hidden_states' is deprecated, use 'resid_pre and "
-                                                "ln_final'"):
+    with pytest.warns(DeprecationWarning) as record:
         old = model.forward(ids, attention_mask=mask, keep=("hidden_states", "attentions", "attention_inputs"))
+    assert sorted(str(w.message) for w in record) == [
+        f"Model.forward(): the keep name {old!r} is deprecated, use {new!r}" for old, new in
+        (("attention_inputs", "attn_in"), ("attentions", "pattern"), ("hidden_states", "resid_pre and ln_final"))]
     for field, site in (("attentions", "pattern"), ("attention_inputs", "attn_in")):
         with pytest.warns(DeprecationWarning, match=f"Forward: the field '{field}' is deprecated, use '{site}'"):
             np.testing.assert_array_equal(getattr(old, field), getattr(new, site))

@@ -446,7 +446,7 @@ def test_routing_nulls_batched_softmax(rng):
     q = rng.standard_normal((2, 3, 10, 4))
     k = rng.standard_normal((2, 3, 12, 4))
     k[..., 11, :] = k[..., 10, :]  # a repeated key: equal columns in P
-    _, P = ag.softmax_attention(q, k, None, return_weights=True)
+    _, P = ag.softmax_attention(q, k, None, return_routing=True)
     r = ag.routing_nulls(P)
     assert r.rank.shape == (2, 3) and r.null.shape == (2, 3) and r.singular_values.shape == (2, 3, 10)
     assert np.all(r.nullity >= 2) and np.all(r.rank + r.nullity == 12)

@@ -89,7 +89,7 @@ def test_kernel_attention_stable_against_reference(rng, dtype):
     mask = rng.random((20, 50)) < 0.8
     for alpha in (0.7, 1.3):
         y, P = ag.kernel_attention(q, k, v, kernel="stable", alpha=alpha, c=0.5, mask=mask, causal=True,
-                                   return_weights=True)
+                                   return_routing=True)
         u, tau = ref.tilt_radius(q)
         logw = ref.log_psi("stable", tau[..., None], u @ np.swapaxes(k.astype(np.float64), -1, -2), alpha=alpha, c=0.5)
         keep = mask & ref.causal_keep(20, 50, True)

@@ -246,9 +246,9 @@ def test_load_model_runs_the_trained_softmax_arm(tmp_path):
         m = ag.load_model(folder)
         with torch.no_grad():
             ref = model.double()(torch.tensor(ids)).numpy()
-        f = m.forward(ids, dtype=np.float64, keep=("logits", "q", "attention_inputs"))
+        f = m.forward(ids, dtype=np.float64, keep=("logits", "q", "attn_in"))
         np.testing.assert_allclose(f.logits, ref, rtol=0, atol=1e-12 * np.abs(ref).max(), err_msg=f"{mlp} {positions}")
-        q, _ = m.heads.queries_keys(f.attention_inputs[1, 0], 1)
+        q, _ = m.heads.queries_keys(f.attn_in[1, 0], 1)
         np.testing.assert_allclose(q, f.q[1, 0], rtol=0, atol=1e-12)
         assert (m.heads.rotary is None) == (positions == "learned") and m.max_length == (12 if positions == "learned"
                                                                                          else None)

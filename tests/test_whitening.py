@@ -157,7 +157,7 @@ def test_whitened_attention(rng):
     x = rng.standard_normal((B, T, D))
     L, M = stable_filter(rng, D)
     W_Q, W_K = rng.standard_normal((2, D, d_k))
-    y, P = ag.whitened_attention(x, W_Q, W_K, L, M, return_weights=True)
+    y, P = ag.whitened_attention(x, W_Q, W_K, L, M, return_routing=True)
     w = ag.whiten(x, L, M)
     logits = (w @ W_Q) @ np.swapaxes(w @ W_K, -1, -2) / math.sqrt(d_k)
     logits = np.where(np.tri(T, dtype=bool), logits, -np.inf)
