@@ -264,6 +264,15 @@ def reference_error(ours: np.ndarray, reference: np.ndarray) -> dict:
             "top1": bool(np.argmax(ours) == np.argmax(reference))}
 
 
+def print_busy(results: dict) -> None:
+    """A line naming the runs (name -> run_in_turns result) during whose forwards the waiting
+    processes took more than 5% of a CPU; nothing when they were idle."""
+    busy = {name: r["others_cpu"] for name, r in results.items() if r.get("others_cpu", 0) > 0.05}
+    if busy:
+        print("  the waiting processes were not idle during these forwards (share of a CPU): " +
+              ", ".join(f"{name} {v:.2f}" for name, v in busy.items()))
+
+
 def scaling_rows(args, folder, lengths, thread_counts, keep, llama) -> list:
     """--scaling: per length, every asked library at every thread count, all resident and
     taking turns; each run's speed-up over the same library at the fewest threads (the median
@@ -307,10 +316,7 @@ def scaling_rows(args, folder, lengths, thread_counts, keep, llama) -> list:
                 speedup = f"{r['speedup']:.2f}x" if "speedup" in r else "1 (anchor)"
                 rounds = " ".join(f"{x:.2f}" for x in r.get("rounds", []))
                 print(f"{n:>7}  {threads:>2}  {kind:<19}  {r['seconds']:>8.2f}  {speedup:>10}  {rounds}", flush=True)
-        busy = {name: r["others_cpu"] for name, r in runs.items() if r.get("others_cpu", 0) > 0.05}
-        if busy:
-            print("  the waiting processes were not idle during these forwards (share of a CPU): " +
-                  ", ".join(f"{name} {v:.2f}" for name, v in busy.items()))
+        print_busy(runs)
         rows.append(row)
     return rows
 
@@ -448,10 +454,7 @@ def main(argv=None):
                 rows.append(row)
                 for kind in KINDS:
                     print(table_line(n, threads, kind, row[kind]), flush=True)
-                busy = {kind: row[kind]["others_cpu"] for kind in KINDS if row[kind].get("others_cpu", 0) > 0.05}
-                if busy:
-                    print("  the waiting processes were not idle during these forwards (share of a CPU): " +
-                          ", ".join(f"{kind} {v:.2f}" for kind, v in busy.items()))
+                print_busy({kind: row[kind] for kind in KINDS})
         for kind, counts in threads_seen.items():
             if counts:
                 print(f"threads in the {kind} processes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
