@@ -322,6 +322,46 @@ def test_backward_where_key_norms_fall(rng):
         assert np.all(np.isfinite(g)) and rel_err(g, w) <= 1e-9, (name, rel_err(g, w))
 
 
+@pytest.mark.parametrize("dtype, tol, gap", [(np.float64, 1e-12, 700.0), (np.float32, 2e-5, 90.0)])
+def test_rows_whose_hidden_keys_dominate_are_summed_exactly(dtype, tol, gap):
+    """One causal chunk of 64 queries whose key norms fall fast along it: the keys a query may
+    not see carry logits hundreds (float32: tens) of nats above the ones it sees, beyond the
+    range of exp, so a shift shared by the chunk would underflow every term of those rows. The
+    kernel sums them term by term; forward and backward match the log-domain reference, and
+    stay bitwise equal at 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    n, d, m = 64, 4, 8
+    q = rng.standard_normal((n, d)).astype(dtype)
+    k = rng.standard_normal((n, d))
+    k *= (np.linspace(60.0 if dtype == np.float64 else 20.0, 0.1, n) / np.linalg.norm(k, axis=1))[:, None]
+    k = k.astype(dtype)
+    v = rng.standard_normal((n, 3)).astype(dtype)
+    dy = rng.standard_normal((n, 3)).astype(dtype)
+    W = ag.feature_matrix(d, m, seed=0)
+    lq, lk = (x.astype(float) @ W.T - 0.5 * np.sum(x.astype(float) ** 2, -1, keepdims=True) for x in (q, k))
+    visible_top = np.array([np.max(lq[i] + lk[: i + 1].max(0)) for i in range(n)])
+    block_top = np.max(lq + lk.max(0), axis=1)
+    assert np.sum(block_top - visible_top > gap) >= 16  # rows a chunk-wide shift would lose
+    kw = dict(num_features=m, seed=0, scale=1.0, causal=True)
+    before = ag.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            ag.set_num_threads(threads)
+            runs.append((ag.random_feature_attention(q, k, v, return_log_partition=True, **kw),
+                         ag.random_feature_attention_backward(q, k, v, dy, **kw)))
+    finally:
+        ag.set_num_threads(before)
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert np.array_equal(a, b)
+    (y, log_z), grads = runs[0]
+    y_ref, lz_ref = ref.favor_log_domain(*(x.astype(float) for x in (q, k, v)), W, 1.0, True)
+    assert rel_err(y, y_ref) <= tol and log_err(log_z, lz_ref) <= tol
+    want = ref.favor_log_domain_grads(*(x.astype(float) for x in (q, k, v, dy)), W, 1.0, True)
+    for name, g, w in zip("qkv", grads, want):
+        assert np.all(np.isfinite(g)) and rel_err(g, w) <= tol, (name, rel_err(g, w))
+
+
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_backward_is_bitwise_stable(rng, causal, dtype):

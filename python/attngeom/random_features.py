@@ -11,13 +11,14 @@ Orthogonal features: W in blocks of d_k rows, each block the Q of a Gaussian mat
 with rows rescaled to chi(d_k)-distributed norms: every row is still N(0, I) (so Z stays
 unbiased) but rows within a block are exactly orthogonal, which lowers the variance.
 
-Stabilising shifts: query features are divided by exp(max_f (w_f.q - ``|q|^2``/2)) per query,
-key features by a maximum over keys and features of the head (:func:`random_features`: the
-whole block; the fused forward of :func:`random_feature_attention`: a running maximum over
-the keys summed so far); the factors cancel in y = N / Z and are added back to log Z.
+Stabilising shifts: :func:`random_features` divides query features by exp(max_f (w_f.q -
+``|q|^2``/2)) per query and key features by the maximum over the whole block. The fused
+kernels of :func:`random_feature_attention` and its backward shift each feature by its own
+running maximum over the keys summed so far, so the estimate is the log-domain one to rounding
+however far the logits spread. The factors cancel in y = N / Z and are added back to log Z.
 
-The forward estimate runs in one fused core kernel that never forms the (n, m) feature
-matrices; the backward pass forms them (it needs phi of every query and key).
+The forward estimate and its backward each run in one fused core kernel that never forms the
+(n, m) feature matrices.
 """
 from __future__ import annotations
 
@@ -174,11 +175,12 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
     Laplace-Radon s.7.3 (item 3): exp(q.k) = E_w[phi_w(q) phi_w(k)] with positive features,
     so Z and N are estimated by m features in O(n m d): S = sum_j phi(k_j) v_j^T and
     z = sum_j phi(k_j), then y_i = phi(q_i) S / phi(q_i) z. One fused core kernel computes
-    the features block by block and never forms the (n, m) feature matrices; key features
-    carry a running-maximum shift (the sums are rescaled when it grows), query features a
-    per-row shift, so exp never overflows. Causal: chunks of 64 queries, each with the
-    prefix state of the keys before it and one masked diagonal block. Results do not depend
-    on the thread count.
+    the features block by block and never forms the (n, m) feature matrices; each feature's
+    key sums carry their own running-maximum shift (rescaled when it grows) and each query a
+    shift by its largest term, so exp never overflows and no term that matters underflows.
+    Causal: chunks of 64 queries, each with the prefix state of the keys before it and one
+    masked diagonal block; a query whose hidden keys lie far beyond the exponent range above
+    the ones it sees is summed term by term there. Results do not depend on the thread count.
 
     Parameters
     ----------
@@ -206,11 +208,9 @@ def random_feature_attention(q, k, v, *, num_features: int = 256, orthogonal: bo
 
     Notes
     -----
-    Known limit: the key features share one shift (their largest logit). When the logits of
-    the features span more than the exponent range (feature logits of order 1e5 and beyond,
-    e.g. inputs of norm 1e3 at scale 1e9), the terms of a query's largest products can fall to
-    subnormal numbers and y and log Z leave the exact estimate. Logits of ordinary size, and
-    logits so large that one term dominates (1e50 and beyond), are exact to rounding.
+    y and log Z equal the log-domain estimate (every term exp(l_q,f + l_k,f) summed by
+    logsumexp) to rounding for logits of any size that the dtype holds, from ordinary ones to
+    feature logits of 1e50 and beyond (where one term dominates).
 
     Examples
     --------
@@ -274,8 +274,8 @@ def random_feature_attention_backward(q, k, v, dy, *, num_features: int = 256, o
 
     One C++ kernel, like the forward: the (n, m) feature matrices are never formed; queries are
     walked in the forward's order (dq), keys in reverse against the summed later queries (dk,
-    dv), each query at the key shift its forward used, so the gradients hold wherever the
-    forward's estimate does. The stabilising shifts cancel in y and get no gradient. The same
+    dv), every term at the per-feature shifts its forward used, so the gradients hold wherever
+    the forward's estimate does. The stabilising shifts cancel in y and get no gradient. The same
     W as the forward (same num_features, orthogonal, seed); rows with Z = 0 (y = 0) pass no
     gradient. Parallel over the batch (one thread per sequence).
 

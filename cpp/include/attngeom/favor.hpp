@@ -1,34 +1,46 @@
 // FAVOR+ attention in one pass over the rows (Laplace-Radon s.7.3; Choromanski et al.,
 // Performer): y_i = phi(q_i) S / phi(q_i) z with S = sum_j phi(k_j) v_j^T (m, d_v) and
 // z = sum_j phi(k_j) (m), phi(x) = exp(W x - |x|^2 / 2), x = root * input. The (n, m) feature
-// matrices are never formed: each thread computes the features of one block of rows in its
-// scratch (feature_logits, shared with positive_features) and folds them into a key state or
-// straight into the outputs. The 1/sqrt(m) of positive_features cancels in y; log Z takes it
+// matrices are never formed: each thread computes the feature logits of one block of rows in
+// its scratch (feature_logits, shared with positive_features) and folds them into a key state
+// or straight into the outputs. The 1/sqrt(m) of positive_features cancels in y; log Z takes it
 // back as -log m.
 //
-// Key state (S, z, M): S = sum_j exp(l_j - M) v_j^T and z = sum_j exp(l_j - M) over the keys
-// seen, l_j the m logits of key j and M their running maximum: when a block raises the maximum,
-// S and z are rescaled by exp(M_old - M_new), so exp never overflows. Two states combine at the
-// larger shift.
+// Every shift is per feature, so the estimate is the log-domain one (every term
+// exp(l^q_if + l^k_jf) summed) to rounding for any logits, however far they spread.
+//
+// Key state (S, z, M): S_f = sum_j exp(l_jf - M_f) v_j^T and z_f = sum_j exp(l_jf - M_f) over
+// the keys seen, l_jf the logit of key j in feature f and M_f its running maximum over them:
+// when a block raises M_f, row f of S and z_f are rescaled by exp(M_f,old - M_f,new), so exp
+// never overflows, and the largest key of each feature keeps the factor 1 (a single shift for
+// all features would underflow every term of the features whose keys lie far below the top).
+// Two states combine feature by feature at the larger shift.
+//
+// A query row i meets the state through L_if = exp(l^q_if + M_f - t_i), t_i its shift:
+// Y = L S and den = L z. Without a causal limit t_i = max_f (l^q_if + M_f), the log of its
+// largest term, so den >= 1 and nothing it needs underflows.
 //
 // Non-causal: per batch element the keys are cut into at most kMaxSpans spans of whole
 // kRows-row blocks (the cut depends on n_k only, never on the thread count); one state per span
 // (OpenMP over batch x span), combined in span order; then the queries in kRows-row blocks
-// (OpenMP over batch x block): per-row shifted features, y = phi_q S / phi_q z.
+// (OpenMP over batch x block).
 //
 // Causal: queries in chunks of C rows, as in lightning_attention: chunk c sees the state of the
-// keys before its boundary plus one masked diagonal block of at most C keys. The diagonal
-// block's key features are shifted per key row, and each query takes as its key shift the
-// maximum over the state and the block keys it sees, so a key hidden from a query never sets
-// its scale (no underflow of its visible terms). The chunks of a batch element are walked in
-// order, carrying the state. For parallelism inside long sequences the chunks are grouped into
-// segments (their number set by batch and n_q only): the keys of each segment are summed first
-// (OpenMP over batch x segment), prefix-combined in order, and each segment then walks its
-// chunks from its prefix state.
+// keys before its boundary plus one masked diagonal block of at most C keys, whose features are
+// K_jf = exp(l^k_jf - kappa_f), kappa_f the block's column maximum. A row's products with them,
+// Ld_if = exp(l^q_if + kappa_f - t_i), take t_i = max_f (l^q_if + max(M_f, kappa_f)), so every
+// factor is <= 1; A = (Ld K^T) masked to the keys the row sees. A key hidden from the row can
+// raise kappa_f above every key it sees, and t_i above its largest visible term u_i =
+// max_f (l^q_if + max(M_f, max over its visible keys of l^k_jf)); while t_i - u_i <= fast_gap
+// the terms that matter stay normal numbers. A row past that (logits spread over hundreds of
+// nats in float64, tens in float32) is summed exactly instead: t_i = u_i, and its row of A is
+// sum_f exp(l^q_if + l^k_jf - u_i) over its visible keys (m exponentials per key). The chunks of a
+// batch element are walked in order, carrying the state. For parallelism inside long
+// sequences the chunks are grouped into segments (their number set by batch and n_q only):
+// the keys of each segment are summed first (OpenMP over batch x segment), prefix-combined in
+// order, and each segment then walks its chunks from its prefix state.
 //
-// log Z_i = log(phi_q(i) z) - log m + s_i + M_i, s_i the query's own shift (the maximum of its
-// logits), M_i its key shift (M when non-causal). A query whose estimate underflows to 0, or
-// that sees no key, gets y = 0 and log Z = -inf.
+// log Z_i = log den_i - log m + t_i. A query that sees no key gets y = 0 and log Z = -inf.
 #pragma once
 
 #include <Eigen/Core>
@@ -36,6 +48,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "attngeom/parallel.hpp"
 #include "attngeom/random_features.hpp"
@@ -54,54 +67,95 @@ using Row = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 template <class T>
 using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
-// Per-thread scratch, allocated once per parallel region: X (rows, d) scaled inputs, L (rows, m)
-// query features and their row shifts, K (rows, m) key features and their row shifts, A and E
-// (rows, rows) the causal diagonal block and its shift factors, Y (rows, d_v) the output rows,
-// den, top (the key shift of each query row) and f (the factor on the state's sums). Every product and reduction writes into Eigen-aligned storage:
-// Eigen peels an unaligned head off a destination with scalar code (no FMA), so writing into
-// the caller's arrays directly would make the last bit depend on where they were allocated.
+// How far a row's shift may lie above its largest term on the fast path: a term within a
+// factor epsilon of the largest (times e^8 of headroom for their number) then has both of its
+// factors above the smallest normal number. 664 nats in float64, 63 in float32.
+template <class T>
+T fast_gap() {
+  return -std::log(std::numeric_limits<T>::min()) + std::log(std::numeric_limits<T>::epsilon()) - T(8);
+}
+
+// dst(r, :) = exp(src(r, :) + offset - shift(r)) for every row r, offset an array of m and
+// shift(r) a number per row (dst may be src): each row one vectorised expression, where a
+// broadcast over the whole block would make Eigen take exp one coefficient at a time.
+template <class Dst, class Src, class Off, class Shift>
+void exp_rows(Dst&& dst, const Src& src, const Off& offset, Shift shift) {
+  for (int64_t r = 0; r < src.rows(); ++r) dst.row(r).array() = (src.row(r).array() + offset - shift(r)).exp();
+}
+template <class T>
+T no_shift(int64_t) {
+  return T(0);
+}
+
+// How a query row of a causal chunk is summed: through the masked product (fast), term by
+// term (exact), or not at all (it sees no key).
+enum class RowKind : unsigned char { Fast, Exact, Dead };
+
+// Per-thread scratch, allocated once per parallel region: X (rows, d) scaled inputs, Lq (rows, m)
+// query logits, L (rows, m) query features against the state, Klog (rows, m) key logits, and
+// for causal chunks Ld (rows, m) query features against the diagonal keys, K (rows, m) their
+// features, R (rows, m) their running column maxima, A (rows, rows) the masked block; Y (rows,
+// d_v) the output rows; kappa (m) the diagonal keys' column maxima, hi (m) max(M, kappa);
+// t, den per row, seen and kind per row. Every product and reduction writes into Eigen-aligned
+// storage: Eigen peels an unaligned head off a destination with scalar code (no FMA), so
+// writing into the caller's arrays directly would make the last bit depend on where they were
+// allocated.
 template <class T>
 struct Scratch {
-  RowMatrix<T> X, L, K, A, E, Y;
-  Col<T> shift, key_shift, den, top, f;
+  RowMatrix<T> X, Lq, L, Klog, Ld, K, R, A, Y;
+  Row<T> kappa, hi;
+  Col<T> t, den;
+  std::vector<int64_t> seen;
+  std::vector<RowKind> kind;
   Scratch(int64_t rows, int64_t d, int64_t m, int64_t d_v, bool causal)
-      : X(rows, d), L(rows, m), K(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0),
-        E(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v), shift(rows), key_shift(rows), den(rows), top(rows),
-        f(rows) {}
+      : X(rows, d), Lq(rows, m), L(rows, m), Klog(rows, m), Ld(causal ? rows : 0, m), K(causal ? rows : 0, m),
+        R(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v), kappa(m), hi(m), t(rows),
+        den(rows), seen(rows), kind(rows) {}
 };
 
-// A key state stored flat: S (m, d_v) row-major followed by z (m); the shift M beside it.
+// A key state stored flat: S (m, d_v) row-major, then z (m), then the shifts M (m).
 template <class T>
 struct State {
   Eigen::Map<RowMatrix<T>> S;
-  Eigen::Map<Row<T>> z;
-  T& M;
-  State(T* data, T& shift, int64_t m, int64_t d_v) : S(data, m, d_v), z(data + m * d_v, m), M(shift) {}
+  Eigen::Map<Row<T>> z, M;
+  static int64_t width(int64_t m, int64_t d_v) { return m * d_v + 2 * m; }
+  State(T* data, int64_t m, int64_t d_v) : S(data, m, d_v), z(data + m * d_v, m), M(data + m * d_v + m, m) {}
   void clear() {
     S.setZero();
     z.setZero();
-    M = -std::numeric_limits<T>::infinity();
+    M.setConstant(-std::numeric_limits<T>::infinity());
   }
-  bool empty() const { return M == -std::numeric_limits<T>::infinity(); }
-  // Raise the shift to `to` (if larger), rescaling the sums.
-  void raise(T to) {
-    if (!(to > M)) return;
-    if (!empty()) {
-      const T f = std::exp(M - to);
-      S *= f;
-      z *= f;
+  // Every feature sees every key, so the shifts are all finite or all -inf.
+  bool empty() const { return M(0) == -std::numeric_limits<T>::infinity(); }
+  void assign(const State& other) {
+    S = other.S;
+    z = other.z;
+    M = other.M;
+  }
+  // Raise each shift M_f to to_f (where larger), rescaling row f of the sums.
+  template <class V>
+  void raise(const V& to) {
+    for (int64_t f = 0; f < M.size(); ++f) {
+      if (!(to(f) > M(f))) continue;
+      if (M(f) != -std::numeric_limits<T>::infinity()) {
+        const T g = std::exp(M(f) - to(f));
+        S.row(f) *= g;
+        z(f) *= g;
+      }
+      M(f) = to(f);
     }
-    M = to;
   }
-  // this += other, both at the larger shift.
+  // this += other, feature by feature at the larger shift.
   void add(const State& other) {
     if (other.empty()) return;
     raise(other.M);
-    const T f = std::exp(other.M - M);
-    S.noalias() += f * other.S;
-    z.noalias() += f * other.z;
+    for (int64_t f = 0; f < M.size(); ++f) {
+      const T g = std::exp(other.M(f) - M(f));
+      S.row(f).noalias() += g * other.S.row(f);
+      z(f) += g * other.z(f);
+    }
   }
-  // S += F^T V, z += column sums of F, for features F (rows, m) at this state's shift and
+  // S += F^T V, z += column sums of F, for features F (rows, m) at this state's shifts and
   // values V (rows, d_v).
   template <class F, class VMap>
   void fold(const F& features, const VMap& V) {
@@ -110,109 +164,115 @@ struct State {
   }
 };
 
-// K (rows, m) logits -> exp(K - M), and S += K^T V, z += column sums of K, for the key rows
-// whose values are V (rows, d_v).
-template <class T, class Blk>
-void fold_keys(Blk& K, const T* v, int64_t rows, int64_t d_v, State<T>& st) {
-  K = (K.array() - st.M).exp().matrix();
-  st.fold(K, Eigen::Map<const RowMatrix<T>>(v, rows, d_v));
-}
-
 // Adds keys [j0, j1) of one batch element (k (n_k, d) and v (n_k, d_v) blocks) to the state,
-// in blocks of at most `rows` rows, raising the shift to each block's maximum logit.
+// in blocks of at most `rows` rows, raising each shift to the block's column maximum.
 template <class T>
 void add_keys(const T* k, const T* v, int64_t j0, int64_t j1, int64_t d, int64_t d_v,
               const Eigen::Map<const RowMatrix<T>>& W, T root, int64_t rows, Scratch<T>& s, State<T>& st) {
   for (int64_t a = j0; a < j1; a += rows) {
     const int64_t r = std::min(rows, j1 - a);
-    auto K = s.K.rows() >= r ? s.K.topRows(r) : s.L.topRows(r);
+    auto K = s.Klog.topRows(r);
     feature_logits(k + a * d, r, d, W, root, s.X, K);
-    st.raise(K.maxCoeff());
-    fold_keys(K, v + a * d_v, r, d_v, st);
+    s.kappa = K.colwise().maxCoeff();
+    st.raise(s.kappa);
+    exp_rows(K, K, -st.M.array(), no_shift<T>);
+    st.fold(K, Eigen::Map<const RowMatrix<T>>(v + a * d_v, r, d_v));
   }
 }
 
-// Row-shifted features of `rows` rows in L: shift(r) = max of row r's logits, L = exp(L - shift).
-template <class T, class Blk>
-void row_features(Blk& L, int64_t rows, Col<T>& shift) {
-  for (int64_t r = 0; r < rows; ++r) shift(r) = L.row(r).maxCoeff();
-  L.array().colwise() -= shift.head(rows).array();
-  L = L.array().exp().matrix();
-}
-
-// The causal diagonal block of query rows [i0, i0 + r) against the nk keys from j0 with row shifts
-// kappa: row `row` sees the first vis.seen(i0 + row, j0, nk) of them. Its key shift
-// becomes t = max(M, kappa_j over the keys it sees), so keys hidden from it never set its scale;
-// E(row, j) = exp(kappa_j - t) for the keys it sees and 0 for the others, and f(row) = exp(M - t)
-// rescales the state's sums (1 when t = M, 0 when the state is empty).
+// The diagonal keys kx (nk rows) of a causal chunk: logits into s.Klog, column maxima into
+// s.kappa, features exp(l - kappa) into s.K.
 template <class T>
-void diagonal_shifts(const Visibility& vis, int64_t i0, int64_t r, int64_t j0, int64_t nk, T M, const Col<T>& kappa,
-                     RowMatrix<T>& E, Col<T>& top, Col<T>& f) {
-  for (int64_t row = 0; row < r; ++row) {
-    const int64_t seen = vis.seen(i0 + row, j0, nk);
-    const T t = seen > 0 ? std::max(M, kappa.head(seen).maxCoeff()) : M;
-    top(row) = t;
-    f(row) = t > M ? std::exp(M - t) : T(1);
-    E.row(row).head(seen).array() = (kappa.head(seen).transpose().array() - t).exp();
-    E.row(row).segment(seen, nk - seen).setZero();
-  }
+void diagonal_keys(const T* kx, int64_t nk, int64_t d, const Eigen::Map<const RowMatrix<T>>& W, T root,
+                   Scratch<T>& s) {
+  auto Kl = s.Klog.topRows(nk);
+  feature_logits(kx, nk, d, W, root, s.X, Kl);
+  s.kappa = Kl.colwise().maxCoeff();
+  exp_rows(s.K.topRows(nk), Kl, -s.kappa.array(), no_shift<T>);
 }
 
-// One causal chunk against the state `st` of the keys before it: the r query rows x (rows
-// i0.. of the sequence; features into s.L, row shifts s.shift) give Y = L S and den = L z at
-// the state's shift, and with nk > 0 the diagonal block of keys kx (keys j0..; features s.K,
-// row shifts s.key_shift), values vx, each row seeing the keys `vis` gives it
-// (diagonal_shifts): rows whose key shift rises above the state's are rescaled by f, and
-// A = (L K^T) o E adds A V and its row sums. Leaves s.top, s.f and s.E for the backward.
+// Row `row` of the exact sum: out_j = sum_f exp(l^q_f + l^k_jf - t) for its `seen` keys.
+template <class T, class Out>
+void exact_row(const Scratch<T>& s, int64_t row, Out&& out) {
+  for (int64_t j = 0; j < s.seen[row]; ++j)
+    out(j) = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().sum();
+}
+
+// Query rows x (rows i0.. of the sequence, r of them) against the state `st` of the keys
+// before them and, with nk > 0, the diagonal block of keys kx (keys j0..), values vx, each row
+// seeing the keys `vis` gives it: Y and den at each row's shift t (see the top of the file).
+// Leaves in the scratch what the backward needs: Lq, L, Ld, Klog, K, kappa, t, seen, kind.
 template <class T>
 void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, int64_t j0, int64_t nk,
                    const Visibility& vis, int64_t d, int64_t d_v, const Eigen::Map<const RowMatrix<T>>& W, T root,
                    const State<T>& st, Scratch<T>& s) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  auto Lq = s.Lq.topRows(r);
+  feature_logits(x, r, d, W, root, s.X, Lq);
+  if (nk > 0) {
+    diagonal_keys(kx, nk, d, W, root, s);
+    auto R = s.R.topRows(nk);  // running column maxima of the key logits
+    R.row(0) = s.Klog.row(0);
+    for (int64_t j = 1; j < nk; ++j) R.row(j) = R.row(j - 1).cwiseMax(s.Klog.row(j));
+    s.hi = st.M.cwiseMax(s.kappa);
+  }
+  const T gap = fast_gap<T>();
+  for (int64_t row = 0; row < r; ++row) {
+    const int64_t seen = nk > 0 ? vis.seen(i0 + row, j0, nk) : 0;
+    const auto q = Lq.row(row).array();
+    const T u = seen > 0 ? (q + st.M.array().max(s.R.row(seen - 1).array())).maxCoeff()
+                         : (q + st.M.array()).maxCoeff();
+    const T t = nk > 0 ? (q + s.hi.array()).maxCoeff() : u;
+    s.seen[row] = seen;
+    s.kind[row] = u == -inf ? RowKind::Dead : t - u > gap ? RowKind::Exact : RowKind::Fast;
+    s.t(row) = s.kind[row] == RowKind::Dead ? T(0) : s.kind[row] == RowKind::Exact ? u : t;
+  }
+  // A dead row has M = -inf (an empty state): its L row is exp(-inf) = 0.
   auto L = s.L.topRows(r);
-  feature_logits(x, r, d, W, root, s.X, L);
-  row_features(L, r, s.shift);
+  exp_rows(L, Lq, st.M.array(), [&](int64_t row) { return s.t(row); });
   auto Y = s.Y.topRows(r);
   Y.noalias() = L * st.S;
   auto den = s.den.head(r);
   den.noalias() = L * st.z.transpose();
-  s.top.head(r).setConstant(st.M);
-  s.f.head(r).setOnes();
   if (nk == 0) return;
-  auto K = s.K.topRows(nk);
-  feature_logits(kx, nk, d, W, root, s.X, K);
-  row_features(K, nk, s.key_shift);
-  diagonal_shifts(vis, i0, r, j0, nk, st.M, s.key_shift, s.E, s.top, s.f);
-  Y.array().colwise() *= s.f.head(r).array();
-  den.array() *= s.f.head(r).array();
+  auto Ld = s.Ld.topRows(r);
+  for (int64_t row = 0; row < r; ++row) {
+    if (s.kind[row] == RowKind::Fast)
+      Ld.row(row) = (Lq.row(row).array() + s.kappa.array() - s.t(row)).exp().matrix();
+    else
+      Ld.row(row).setZero();
+  }
   auto A = s.A.topLeftCorner(r, nk);
-  A.noalias() = L * K.transpose();
-  A.array() *= s.E.topLeftCorner(r, nk).array();
+  A.noalias() = Ld * s.K.topRows(nk).transpose();
+  for (int64_t row = 0; row < r; ++row) {
+    A.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+    if (s.kind[row] == RowKind::Exact) exact_row(s, row, A.row(row));
+  }
   Y.noalias() += A * Eigen::Map<const RowMatrix<T>>(vx, nk, d_v);
   den += A.rowwise().sum();
 }
 
-// Folds the diagonal keys of chunk_forward (s.K, row shifts s.key_shift, values vx) into the
-// state at the shift max(M, kappa).
+// Folds the diagonal keys of chunk_forward (features s.K at the shifts s.kappa, values vx)
+// into the state, raising its shifts to max(M, kappa).
 template <class T>
 void fold_diagonal(int64_t nk, const T* vx, int64_t d_v, Scratch<T>& s, State<T>& st) {
   auto K = s.K.topRows(nk);
-  st.raise(s.key_shift.head(nk).maxCoeff());
-  K.array().colwise() *= (s.key_shift.head(nk).array() - st.M).exp();
+  st.raise(s.kappa);
+  s.hi = (s.kappa - st.M).array().exp().matrix();
+  for (int64_t j = 0; j < nk; ++j) K.row(j).array() *= s.hi.array();
   st.fold(K, Eigen::Map<const RowMatrix<T>>(vx, nk, d_v));
 }
 
-// y rows /= den and log Z = log den - log m + shift + top (the key shift of the row); y = 0,
-// log Z = -inf where den = 0.
+// y rows /= den and log Z = log den - log m + t; y = 0, log Z = -inf where den = 0.
 // The rows are copied from the scratch Y into y (rows, d_v).
 template <class T>
-void finish_rows(RowMatrix<T>& Y, int64_t rows, const Col<T>& den, const Col<T>& shift, const Col<T>& top, T log_m,
-                 T* y, T* log_z) {
+void finish_rows(RowMatrix<T>& Y, int64_t rows, const Col<T>& den, const Col<T>& t, T log_m, T* y, T* log_z) {
   const int64_t d_v = Y.cols();
   for (int64_t r = 0; r < rows; ++r) {
     const T dr = den(r);
     if (dr > T(0)) {
       Y.row(r) /= dr;
-      log_z[r] = ((std::log(dr) - log_m) + shift(r)) + top(r);
+      log_z[r] = (std::log(dr) - log_m) + t(r);
     } else {
       Y.row(r).setZero();
       log_z[r] = -std::numeric_limits<T>::infinity();
@@ -236,7 +296,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   const int64_t n_q = q.rows, d = q.cols, n_k = k.rows, d_v = v.cols;
   if (batch == 0 || n_q == 0 || m == 0) return;
   const CMap Wm(W, m, d);
-  const int64_t width = m * d_v + m;  // one state
+  const int64_t width = State<T>::width(m, d_v);
   const T log_m = std::log(T(m));
   const bool par = parallel_worth(double(batch) * (n_q + n_k) * m * (d + d_v));
   const Visibility vis(causal, n_q, n_k);
@@ -246,8 +306,8 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
     const int64_t per = std::max<int64_t>(1, (blocks + kMaxSpans - 1) / kMaxSpans);
     const int64_t spans = std::max<int64_t>(1, (blocks + per - 1) / per), span_rows = per * kRows;
     const int64_t qblocks = (n_q + kRows - 1) / kRows;
-    Col<T> store(batch * spans * width), shifts(batch * spans);
-    auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
+    Col<T> store(batch * spans * width);
+    auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, m, d_v); };
 #pragma omp parallel if (par)
     {
       Scratch<T> s(kRows, d, m, d_v, false);
@@ -271,7 +331,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
         const int64_t b = unit / qblocks, i0 = (unit % qblocks) * kRows, r = std::min(kRows, n_q - i0);
         chunk_forward<T>(q.block(b) + i0 * d, i0, r, nullptr, nullptr, 0, 0, vis, d, d_v, Wm, root, state(b * spans),
                          s);
-        finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
+        finish_rows(s.Y, r, s.den, s.t, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
     return;
@@ -283,14 +343,13 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
   const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (kUnits + batch - 1) / batch),
                                          std::max<int64_t>(1, chunks / 8));
   const int64_t G = (chunks + want - 1) / want, segments = (chunks + G - 1) / G;
-  Col<T> store(batch * segments * width), shifts(batch * segments);
-  auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, shifts[slot], m, d_v); };
+  Col<T> store(batch * segments * width);
+  auto state = [&](int64_t slot) { return State<T>(store.data() + slot * width, m, d_v); };
 #pragma omp parallel if (par)
   {
     Scratch<T> s(C, d, m, d_v, true);
     Col<T> own_data(width);
-    T own_shift;
-    State<T> own(own_data.data(), own_shift, m, d_v);
+    State<T> own(own_data.data(), m, d_v);
     // Slot (b, g) gets the keys of segment g - 1, slot (b, 0) the keys every query sees
     // (those before bound(0), when bottom-right alignment has more keys than queries) ...
 #pragma omp for schedule(dynamic)
@@ -313,12 +372,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
       const int64_t b = unit / segments, g = unit % segments;
       const T* kb = k.block(b);
       const T* vb = v.block(b);
-      {
-        const State<T> prefix = state(unit);
-        own.S = prefix.S;
-        own.z = prefix.z;
-        own.M = prefix.M;
-      }
+      own.assign(state(unit));
       const int64_t c_end = std::min(chunks, (g + 1) * G);
       for (int64_t c = g * G; c < c_end; ++c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
@@ -326,7 +380,7 @@ void favor_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const 
         // Queries against the state (the keys before the chunk, all visible) and the diagonal.
         chunk_forward(q.block(b) + i0 * d, i0, r, kb + j0 * d, vb + j0 * d_v, j0, nk, vis, d, d_v, Wm, root, own, s);
         if (nk > 0 && c + 1 < c_end) fold_diagonal(nk, vb + j0 * d_v, d_v, s, own);
-        finish_rows(s.Y, r, s.den, s.shift, s.top, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
+        finish_rows(s.Y, r, s.den, s.t, log_m, y + (b * n_q + i0) * d_v, log_z + b * n_q + i0);
       }
     }
   }

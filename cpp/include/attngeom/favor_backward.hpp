@@ -1,22 +1,24 @@
 // The FAVOR+ backward pass (favor.hpp), fused: the (n, m) feature matrices are never formed,
-// and every query is differentiated at the key shift its forward used, so the gradients hold
-// wherever the forward's estimate does (a shift by the maximum over all keys underflows the
-// early queries of a causal sequence whose key norms fall along it).
+// and every term is taken at the shifts its forward used, per feature, so the gradients hold
+// wherever the forward's estimate does, for any spread of the logits.
 //
-// With phi_i the query features (row shift s_i), psi_j the key features, a_ij = phi_i . psi_j
-// over the keys query i sees, Z_i = sum_j a_ij, y_i = sum_j a_ij v_j / Z_i, and D_i = dy_i . y_i:
+// With l^q_if, l^k_jf the logits, Z_i = sum_{j seen, f} exp(l^q_if + l^k_jf), y_i = sum_j a_ij
+// v_j / Z_i (a_ij = sum_f exp(l^q_if + l^k_jf)), D_i = dy_i . y_i and c_ij = dy_i . v_j - D_i:
 //
-//   dv_j   = sum_i (a_ij / Z_i) dy_i = psi_j G_j,           G_j = sum_{i sees j} phi_i dy_i^T / Z_i
-//   dl^k_j = psi_j o (G_j v_j - h_j),                        h_j = sum_{i sees j} phi_i D_i / Z_i
-//   dl^q_i = phi_i o (S_i dy_i - z_i D_i) / Z_i,             S_i, z_i the forward's key state of query i
-//   dx     = root ((dl W) - x' rowsum(dl)),                  x' = root x, through l = W x' - |x'|^2 / 2.
+//   dv_j   = sum_{i sees j} (a_ij / Z_i) dy_i      = sum_f exp(l^k_jf + T_f) G_f
+//   dl^k_jf = sum_{i sees j} exp(l^q_if + l^k_jf) c_ij / Z_i = exp(l^k_jf + T_f) (G_f . v_j - h_f)
+//   dl^q_if = sum_{j seen} exp(l^q_if + l^k_jf) c_ij / Z_i
+//   dx     = root ((dl W) - x' rowsum(dl)),        x' = root x, through l = W x' - |x'|^2 / 2,
 //
-// Queries are walked as the forward walks them (the same state, shifts and chunks; dq there);
-// keys then in reverse, against a query state (G, h) summed over the queries after them. Its
-// shift T is the smallest key shift t_i of the queries folded in: G = sum_i phi_i dy_i^T
-// exp(T - t_i) / den_i, every factor <= 1, and key j meets it as psi_j exp(kappa_j - T) with
-// kappa_j <= T (every query after key j saw it when setting its shift). Without a causal limit
-// every query has the forward's one shift M and the query state needs none.
+// G_f = sum_i exp(w_if - T_f) dy_i and h_f = sum_i exp(w_if - T_f) D_i the query state over the
+// queries that see key j, w_if = l^q_if - log Z_i and T_f their running maximum in feature f.
+// Every query in the state sees key j, so l^k_jf + w_if <= 0 and every factor is <= 1.
+//
+// Queries are walked as the forward walks them (the same state, shifts, chunks and exact rows;
+// dq there): dl^q is L o (dy S^T - D z) against the key state plus, for the diagonal block,
+// Ld o (B K) with B_ij = c_ij on the keys a row sees (the exact rows term by term), over
+// den_i. Keys then in reverse, against the query state of the queries after them and the
+// chunk's own rows.
 //
 // One batch element per thread, its rows walked in order (the result does not depend on the
 // thread count); products write into aligned scratch, as in the forward.
@@ -49,47 +51,48 @@ void through_features(const DL& dl, const T* x, int64_t rows, int64_t d, const E
   std::copy_n(Ds.data(), rows * d, dx);
 }
 
-// The query state of the reverse walk: G (m, d_v), h (m) at shift T (+inf: empty).
+// The query state of the reverse walk: G (m, d_v), h (m) at the shifts T (m; -inf: empty).
 template <class T>
 struct QueryState {
   RowMatrix<T> G;
-  Row<T> h;
-  T shift = std::numeric_limits<T>::infinity();
-  QueryState(int64_t m, int64_t d_v) : G(m, d_v), h(m) {}
+  Row<T> h, T_;
+  QueryState(int64_t m, int64_t d_v) : G(m, d_v), h(m), T_(m) {}
   void clear() {
     G.setZero();
     h.setZero();
-    shift = std::numeric_limits<T>::infinity();
+    T_.setConstant(-std::numeric_limits<T>::infinity());
   }
-  bool empty() const { return shift == std::numeric_limits<T>::infinity(); }
+  bool empty() const { return T_(0) == -std::numeric_limits<T>::infinity(); }
 };
 
-// Scratch of the backward beyond the forward's: dY (rows, d_v), P (rows, rows), dL, KB, VG
-// (rows, m), D (rows, d), dV and KG (rows, d_v), and per-row D_i, 1 / den_i and factors.
+// Scratch of the backward beyond the forward's: dY (rows, d_v), P and B (rows, rows), dL, KB
+// (rows, m), D (rows, d), dV, VG and KG (rows, d_v or m), a row e (m), and per row D_i and
+// 1 / den_i.
 template <class T>
 struct BackScratch {
-  RowMatrix<T> dY, P, dL, KB, VG, D, dV, KG;
-  Col<T> Dy, inv, g;
+  RowMatrix<T> dY, P, B, dL, KB, VG, D, dV, KG;
+  Row<T> e;
+  Col<T> Dy, inv;
   BackScratch(int64_t rows, int64_t d, int64_t m, int64_t d_v)
-      : dY(rows, d_v), P(rows, rows), dL(rows, m), KB(rows, m), VG(rows, m), D(rows, d), dV(rows, d_v),
-        KG(rows, d_v), Dy(rows), inv(rows), g(rows) {}
+      : dY(rows, d_v), P(rows, rows), B(rows, rows), dL(rows, m), KB(rows, m), VG(rows, m), D(rows, d),
+        dV(rows, d_v), KG(rows, d_v), e(m), Dy(rows), inv(rows) {}
 };
 
-// Keys of one block (features K (nk, m) with row shifts kappa, values V) against the query
-// state: dV += diag(e) K G and dL += diag(e) K o (V G^T - h), e_j = exp(kappa_j - T).
-template <class T, class KB, class VB, class DV, class DL>
-void keys_against_state(const KB& K, const Col<T>& kappa, int64_t nk, const VB& V, const QueryState<T>& qs,
-                        BackScratch<T>& bs, DV&& dV, DL&& dL) {
+// Keys of one block (logits s.Klog, nk rows, values V) against the query state:
+// Ks = exp(l^k + T), dV += Ks G and dL += Ks o (V G^T - h). Uses bs.KB for Ks.
+template <class T, class VB, class DV, class DL>
+void keys_against_state(const Scratch<T>& s, int64_t nk, const VB& V, const QueryState<T>& qs, BackScratch<T>& bs,
+                        DV&& dV, DL&& dL) {
   if (qs.empty()) return;
-  auto e = bs.g.head(nk);
-  e = (kappa.head(nk).array() - qs.shift).exp().matrix();
+  auto Ks = bs.KB.topRows(nk);
+  exp_rows(Ks, s.Klog.topRows(nk), qs.T_.array(), no_shift<T>);
   auto VG = bs.VG.topRows(nk);
   VG.noalias() = V * qs.G.transpose();
   VG.rowwise() -= qs.h;
-  dL.array() += (K.array() * VG.array()).colwise() * e.array();
+  dL.array() += Ks.array() * VG.array();
   auto KG = bs.KG.topRows(nk);
-  KG.noalias() = K * qs.G;
-  dV.array() += KG.array().colwise() * e.array();
+  KG.noalias() = Ks * qs.G;
+  dV += KG;
 }
 
 }  // namespace favor_detail
@@ -117,21 +120,21 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
   {
     Scratch<T> s(C, d, m, d_v, true);
     BackScratch<T> bs(C, d, m, d_v);
-    Col<T> key_data(m * d_v + m);
-    T key_shift_M;
-    State<T> own(key_data.data(), key_shift_M, m, d_v);
+    Col<T> key_data(State<T>::width(m, d_v));
+    State<T> own(key_data.data(), m, d_v);
     QueryState<T> qs(m, d_v);
-    // Per query of the batch element: its key shift t_i, 1 / den_i (0: no gradient) and D_i.
-    Col<T> tops(n_q), invs(n_q), Ds(n_q);
+    // Per query of the batch element: its shift t_i, 1 / den_i (0: no gradient), D_i, its
+    // log Z_i (unnormalised: t_i + log den_i) and how its diagonal block was summed.
+    Col<T> tops(n_q), invs(n_q), Ds(n_q), logz(n_q);
+    std::vector<RowKind> kinds(n_q);
 
-    // Query rows [i0, i0 + r) of batch element b: features L (row-shifted), their forward
-    // (Y, den against the state `own`, plus the diagonal block A when nk > 0 keys from j0),
-    // then y, D, 1 / den and dq. Leaves K (diagonal key features) and E in the scratch.
+    // Query rows [i0, i0 + r) of batch element b: their forward (against the state `own`,
+    // plus the diagonal block when nk > 0 keys from j0), then y, D, 1 / den and dq. Leaves the
+    // diagonal keys' logits and features (Klog, K, kappa) in the scratch.
     auto query_rows = [&](int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nk) {
       const T* vb = v.block(b);
       chunk_forward(q.block(b) + i0 * d, i0, r, k.block(b) + j0 * d, vb + j0 * d_v, j0, nk, vis, d, d_v, Wm, root,
                     own, s);
-      const auto L = s.L.topRows(r);
       const auto Y = s.Y.topRows(r);
       const auto den = s.den.head(r);
       auto dY = bs.dY.topRows(r);
@@ -142,98 +145,138 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         inv(row) = den(row) > T(0) ? T(1) / den(row) : T(0);
         Dv(row) = inv(row) > T(0) ? dY.row(row).dot(Y.row(row)) * inv(row) : T(0);  // dy . y
       }
-      // dl^q = phi o [ (f (dY S^T - D z) + B K) / den ], B_ij = E_ij (dy_i . v_j - D_i).
+      // dl^q = [L o (dY S^T - D z) + Ld o (B K) + exact rows] / den, B_ij = dy_i . v_j - D_i on the seen keys.
       auto dL = bs.dL.topRows(r);
       dL.noalias() = dY * own.S.transpose();
       dL -= Dv * own.z;
-      dL.array().colwise() *= s.f.head(r).array();
+      dL.array() *= s.L.topRows(r).array();
       if (nk > 0) {
-        auto P = bs.P.topLeftCorner(r, nk);
-        P.noalias() = dY * CMap(vb + j0 * d_v, nk, d_v).transpose();
-        P.array().colwise() -= Dv.array();
-        P.array() *= s.E.topLeftCorner(r, nk).array();
-        dL.noalias() += P * s.K.topRows(nk);
+        auto B = bs.B.topLeftCorner(r, nk);
+        B.noalias() = dY * CMap(vb + j0 * d_v, nk, d_v).transpose();
+        B.array().colwise() -= Dv.array();
+        for (int64_t row = 0; row < r; ++row) B.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+        auto BK = bs.KB.topRows(r);
+        BK.noalias() = B * s.K.topRows(nk);
+        dL.array() += s.Ld.topRows(r).array() * BK.array();
+        for (int64_t row = 0; row < r; ++row) {
+          if (s.kind[row] != RowKind::Exact) continue;
+          for (int64_t j = 0; j < s.seen[row]; ++j) {
+            bs.e = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().matrix();
+            dL.row(row) += B(row, j) * bs.e;
+          }
+        }
       }
       dL.array().colwise() *= inv.array();
-      dL.array() *= L.array();
       through_features(dL, q.block(b) + i0 * d, r, d, Wm, root, s.X, bs.D, dq + (b * n_q + i0) * d);
-      tops.segment(i0, r) = s.top.head(r);
-      invs.segment(i0, r) = inv;
-      Ds.segment(i0, r) = Dv;
+      for (int64_t row = 0; row < r; ++row) {
+        tops(i0 + row) = s.t(row);
+        invs(i0 + row) = inv(row);
+        Ds(i0 + row) = Dv(row);
+        logz(i0 + row) = inv(row) > T(0) ? s.t(row) + std::log(den(row)) : T(0);
+        kinds[i0 + row] = s.kind[row];
+      }
     };
 
-    // Keys [j0, j0 + nk) of batch element b, features in s.K (row shifts s.key_shift): dk and dv
-    // from the query state and, with a diagonal block (r > 0), from the chunk's query rows
-    // [i0, i0 + r), whose features are recomputed into s.L.
+    // Logits of query rows [i0, i0 + r) of batch element b into s.Lq, their forward shifts into
+    // s.t, their visible counts against the diagonal keys from j0 (nk of them) into s.seen.
+    auto query_logits = [&](int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nk) {
+      feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, s.Lq.topRows(r));
+      for (int64_t row = 0; row < r; ++row) {
+        s.t(row) = tops(i0 + row);
+        s.seen[row] = nk > 0 ? vis.seen(i0 + row, j0, nk) : 0;
+        s.kind[row] = kinds[i0 + row];
+      }
+    };
+
+    // Keys [j0, j0 + nk) of batch element b (logits already in s.Klog): dk and dv from the
+    // query state and, with a diagonal block (r > 0), from the chunk's query rows [i0, i0 + r)
+    // (query_logits already run for them).
     auto key_rows = [&](int64_t b, int64_t j0, int64_t nk, int64_t i0, int64_t r) {
-      auto K = s.K.topRows(nk);
       const CMap V(v.block(b) + j0 * d_v, nk, d_v);
       auto dL = bs.dL.topRows(nk);
       dL.setZero();
       auto dV = bs.dV.topRows(nk);
       dV.setZero();
-      keys_against_state(K, s.key_shift, nk, V, qs, bs, dV, dL);
+      keys_against_state(s, nk, V, qs, bs, dV, dL);
       if (r > 0) {
-        auto L = s.L.topRows(r);
-        feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
-        row_features(L, r, s.shift);
-        // E_ij = exp(kappa_j - t_i) at the forward's key shift t_i of each row, 0 where hidden.
-        auto E = s.E.topLeftCorner(r, nk);
+        s.kappa = s.Klog.topRows(nk).colwise().maxCoeff();
+        auto K = s.K.topRows(nk);
+        exp_rows(K, s.Klog.topRows(nk), -s.kappa.array(), no_shift<T>);
+        // The forward's t_i >= l^q_if + kappa_f on the fast rows: every factor of Ld is <= 1.
+        auto Ld = s.Ld.topRows(r);
         for (int64_t row = 0; row < r; ++row) {
-          const int64_t seen = vis.seen(i0 + row, j0, nk);
-          E.row(row).head(seen).array() = (s.key_shift.head(seen).transpose().array() - tops(i0 + row)).exp();
-          E.row(row).segment(seen, nk - seen).setZero();
+          if (s.kind[row] == RowKind::Fast)
+            Ld.row(row) = (s.Lq.row(row).array() + s.kappa.array() - s.t(row)).exp().matrix();
+          else
+            Ld.row(row).setZero();
         }
         const auto inv = invs.segment(i0, r);
         auto dY = bs.dY.topRows(r);
         dY = CMap(dy + (b * n_q + i0) * d_v, r, d_v);
-        // P_ij = (phi_i . K_j) E_ij / den_i: dv += P^T dY.
+        // P_ij = a_ij / Z_i on the seen keys (exact rows term by term): dv += P^T dY.
         auto P = bs.P.topLeftCorner(r, nk);
-        P.noalias() = L * K.transpose();
-        P.array() *= E.array();
+        P.noalias() = Ld * K.transpose();
+        for (int64_t row = 0; row < r; ++row) {
+          P.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+          if (s.kind[row] == RowKind::Exact) exact_row(s, row, P.row(row));
+        }
         P.array().colwise() *= inv.array();
         dV.noalias() += P.transpose() * dY;
-        // dl^k += K o (B^T phi), B_ij = E_ij (dy_i . v_j - D_i) / den_i.
-        P.noalias() = dY * V.transpose();
-        P.array().colwise() -= Ds.segment(i0, r).array();
-        P.array() *= E.array();
-        P.array().colwise() *= inv.array();
+        // dl^k += K o (B^T Ld) + exact rows, B_ij = (dy_i . v_j - D_i) / den_i on the seen keys.
+        auto B = bs.B.topLeftCorner(r, nk);
+        B.noalias() = dY * V.transpose();
+        B.array().colwise() -= Ds.segment(i0, r).array();
+        B.array().colwise() *= inv.array();
+        for (int64_t row = 0; row < r; ++row) B.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
         auto KB = bs.KB.topRows(nk);
-        KB.noalias() = P.transpose() * L;
+        KB.noalias() = B.transpose() * Ld;
         dL.array() += K.array() * KB.array();
+        for (int64_t row = 0; row < r; ++row) {
+          if (s.kind[row] != RowKind::Exact) continue;
+          for (int64_t j = 0; j < s.seen[row]; ++j) {
+            bs.e = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().matrix();
+            dL.row(j) += B(row, j) * bs.e;
+          }
+        }
       }
       std::copy_n(dV.data(), nk * d_v, dv + (b * n_k + j0) * d_v);
       through_features(dL, k.block(b) + j0 * d, nk, d, Wm, root, s.X, bs.D, dk + (b * n_k + j0) * d);
     };
 
-    // Features of keys [j0, j0 + nk) of batch element b into s.K, row shifts into s.key_shift.
-    auto key_features = [&](int64_t b, int64_t j0, int64_t nk) {
-      auto K = s.K.topRows(nk);
-      feature_logits(k.block(b) + j0 * d, nk, d, Wm, root, s.X, K);
-      row_features(K, nk, s.key_shift);
+    // Logits of keys [j0, j0 + nk) of batch element b into s.Klog.
+    auto key_logits = [&](int64_t b, int64_t j0, int64_t nk) {
+      feature_logits(k.block(b) + j0 * d, nk, d, Wm, root, s.X, s.Klog.topRows(nk));
     };
 
-    // Folds query rows [i0, i0 + r) (features in s.L) into the query state.
+    // Folds query rows [i0, i0 + r) (logits in s.Lq) into the query state: w_if = l^q_if -
+    // log Z_i, the shifts T_f raised to their column maximum over the live rows.
     auto fold_queries = [&](int64_t b, int64_t i0, int64_t r) {
-      T lowest = qs.shift;
-      for (int64_t row = 0; row < r; ++row)
-        if (invs(i0 + row) > T(0)) lowest = std::min(lowest, tops(i0 + row));
-      if (lowest == std::numeric_limits<T>::infinity()) return;  // no live row
-      if (!qs.empty() && lowest < qs.shift) {
-        const T f = std::exp(lowest - qs.shift);
-        qs.G *= f;
-        qs.h *= f;
+      auto W_ = bs.KB.topRows(r);
+      bool live = false;
+      for (int64_t row = 0; row < r; ++row) {
+        if (invs(i0 + row) > T(0)) {
+          W_.row(row) = s.Lq.row(row).array() - logz(i0 + row);
+          live = true;
+        } else {
+          W_.row(row).setConstant(-std::numeric_limits<T>::infinity());
+        }
       }
-      qs.shift = lowest;
-      auto g = bs.g.head(r);
-      for (int64_t row = 0; row < r; ++row)
-        g(row) = invs(i0 + row) > T(0) ? std::exp(lowest - tops(i0 + row)) * invs(i0 + row) : T(0);
-      auto Lg = bs.KB.topRows(r);
-      Lg = s.L.topRows(r).array().colwise() * g.array();
+      if (!live) return;
+      s.hi = W_.colwise().maxCoeff();
+      for (int64_t f = 0; f < m; ++f) {
+        if (!(s.hi(f) > qs.T_(f))) continue;
+        if (qs.T_(f) != -std::numeric_limits<T>::infinity()) {
+          const T g = std::exp(qs.T_(f) - s.hi(f));
+          qs.G.row(f) *= g;
+          qs.h(f) *= g;
+        }
+        qs.T_(f) = s.hi(f);
+      }
+      exp_rows(W_, W_, -qs.T_.array(), no_shift<T>);
       auto dY = bs.dY.topRows(r);
       dY = CMap(dy + (b * n_q + i0) * d_v, r, d_v);
-      qs.G.noalias() += Lg.transpose() * dY;
-      qs.h.noalias() += Ds.segment(i0, r).transpose() * Lg;
+      qs.G.noalias() += W_.transpose() * dY;
+      qs.h.noalias() += Ds.segment(i0, r).transpose() * W_;
     };
 
 #pragma omp for schedule(dynamic)
@@ -245,11 +288,11 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         for (int64_t i0 = 0; i0 < n_q; i0 += C) {
           const int64_t r = std::min(C, n_q - i0);
           query_rows(b, i0, r, 0, 0);
-          fold_queries(b, i0, r);  // every query has the shift M: the state's factors are 1
+          fold_queries(b, i0, r);
         }
         for (int64_t j0 = 0; j0 < n_k; j0 += C) {
           const int64_t nk = std::min(C, n_k - j0);
-          key_features(b, j0, nk);
+          key_logits(b, j0, nk);
           key_rows(b, j0, nk, 0, 0);
         }
         continue;
@@ -268,20 +311,17 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
       for (int64_t c = chunks - 1; c >= 0; --c) {
         const int64_t i0 = c * C, r = std::min(C, n_q - i0);
         const int64_t j0 = bound(c), nk = vis.end(i0 + r - 1) - j0;
+        query_logits(b, i0, r, j0, nk);
         if (nk > 0) {
-          key_features(b, j0, nk);
+          key_logits(b, j0, nk);
           key_rows(b, j0, nk, i0, r);
-        } else {
-          auto L = s.L.topRows(r);
-          feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, L);
-          row_features(L, r, s.shift);
         }
         fold_queries(b, i0, r);
       }
       // The keys before the first chunk's boundary: seen by every query.
       for (int64_t j0 = 0; j0 < bound(0); j0 += C) {
         const int64_t nk = std::min(C, bound(0) - j0);
-        key_features(b, j0, nk);
+        key_logits(b, j0, nk);
         key_rows(b, j0, nk, 0, 0);
       }
     }
