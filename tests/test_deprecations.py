@@ -1,6 +1,7 @@
 """Renamed public names (docs/architecture.md, "Glossary"): every old name still works for one
 release, warns DeprecationWarning naming the new one at the caller's line, and gives the same
 result as the new name, which does not warn. Then the mechanism itself (attngeom._deprecation)."""
+import copy
 import dataclasses
 import functools
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import attngeom as ag
 from attngeom import _deprecation, circuits
 from attngeom.laplace_radon import ridge_attention
-from attngeom.models import BertOutput, Forward, RouterStatistics, load_model
+from attngeom.models import BertOutput, Forward, HeadReport, HeadView, RouterStatistics, WeightSpectra, load_model
 
 RNG = np.random.default_rng(5)
 Q, K, V = RNG.standard_normal((3, 2, 6, 4))
@@ -33,6 +34,11 @@ BERT = BertOutput(RNG.standard_normal((3, 5, 4)), np.stack([P, P.T]))
 FORWARD = Forward(None, scale=np.ones(2), positions=np.arange(5), attention_mask=np.ones(5, bool),
                   resid_pre=RNG.standard_normal((2, 5, 4)), ln_final=RNG.standard_normal((5, 4)),
                   attn_in=RNG.standard_normal((2, 5, 4)), pattern=np.stack([np.stack([P, P.T])] * 2))
+SPECTRA = WeightSpectra(np.ones((1, 2, 3)), np.ones((1, 2, 3)), np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2, 3)),
+                        np.ones((1, 2, 3)), routing=np.stack([np.stack([P, P.T])]))
+REPORT = HeadReport({}, None, [(0, 1)], routing={(0, 1): P.T}, text_routing=[np.stack([np.stack([P, P.T])])])
+VIEW = HeadView([str(i) for i in range(5)], 0, 5, np.stack([np.stack([P, P.T])]).astype(np.float32),
+                np.zeros((1, 2, 5), np.float32), {}, {}, False, "five tokens")
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +97,9 @@ RENAMED = {
     "RouterStatistics.routing": (lambda: STATS.routing, lambda: STATS.router_matrix, "router_matrix"),
     "BertOutput.attention": (lambda: BERT.attention, lambda: BERT.routing, "routing"),
     "Forward.attentions": (lambda: FORWARD.attentions, lambda: FORWARD.pattern, "pattern"),
+    "WeightSpectra.attentions": (lambda: SPECTRA.attentions, lambda: SPECTRA.routing, "routing"),
+    "HeadReport.attention": (lambda: REPORT.attention, lambda: REPORT.text_routing, "text_routing"),
+    "HeadView.weights": (lambda: VIEW.weights, lambda: VIEW.routing, "routing"),
     "Forward.attention_inputs": (lambda: FORWARD.attention_inputs, lambda: FORWARD.attn_in, "attn_in"),
     "Forward.hidden_states": (lambda: FORWARD.hidden_states,
                               lambda: np.concatenate([FORWARD.resid_pre, FORWARD.ln_final[None]]),
@@ -129,6 +138,29 @@ def test_old_name_warns_naming_the_new_one_and_gives_the_same_result(name):
     assert len(old_leaves) == len(new_leaves)
     for a, b in zip(old_leaves, new_leaves):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("result, old, new", [(SPECTRA, "attentions", "routing"), (REPORT, "attention", "text_routing"),
+                                              (VIEW, "weights", "routing")])
+def test_renamed_field_of_an_analysis_result_is_the_new_one(result, old, new):
+    """The old field of WeightSpectra, HeadReport (dataclasses) and HeadView (a plain class) is
+    the new field's object, read and written; the constructor and dataclasses.fields know the
+    new name only."""
+    result = copy.copy(result)
+    name = type(result).__name__
+    with pytest.warns(DeprecationWarning, match=f"{name}: the field '{old}' is deprecated, use '{new}'"):
+        assert getattr(result, old) is getattr(result, new)
+    replacement = np.zeros((1, 2, 5, 5))
+    with pytest.warns(DeprecationWarning, match=f"use '{new}'"):
+        setattr(result, old, replacement)
+    assert getattr(result, new) is replacement
+    assert old not in vars(result)
+    if dataclasses.is_dataclass(result):
+        fields = {f.name: f for f in dataclasses.fields(result)}
+        assert old not in fields and not fields[new].repr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing of the result reads its old name
+        assert old not in repr(result)
 
 
 def test_attention_heatmap_old_keyword():

@@ -39,15 +39,15 @@ def test_view_holds_the_forward_pass(qwen3):
     ids = np.random.default_rng(0).integers(0, 97, 40)
     view = head_view(qwen3, ids)
     P = _pattern(qwen3, ids)
-    assert view.weights.shape == P.shape == (2, 4, 40, 40)
-    np.testing.assert_array_equal(view.weights, P)
+    assert view.routing.shape == P.shape == (2, 4, 40, 40)
+    np.testing.assert_array_equal(view.routing, P)
     st = qwen3.forward(ids, keep=("attention_stats",)).attention_stats
     for k in ("entropy", "sink_weight", "mean_distance"):
         np.testing.assert_allclose(view.stats[k], np.asarray(getattr(st, k)).reshape(2, 4, 40), atol=1e-6)
         np.testing.assert_allclose(view.means[k], np.asarray(getattr(st, k)).reshape(2, 4, 40).mean(-1), atol=1e-6)
     assert not view.outside.any()
     inner = head_view(qwen3, ids, window=(10, 30))  # a window inside the text: its rows, its keys, the rest apart
-    np.testing.assert_allclose(inner.weights, P[:, :, 10:30, 10:30], atol=1e-6)
+    np.testing.assert_allclose(inner.routing, P[:, :, 10:30, 10:30], atol=1e-6)
     np.testing.assert_allclose(inner.outside, P[:, :, 10:30, :10].sum(-1), atol=1e-6)
     assert "40 tokens" in repr(view) and "<script" in view._repr_html_()
     with pytest.raises(ValueError, match="window must satisfy"):
@@ -65,7 +65,7 @@ def test_view_of_4k_tokens_stays_small(qwen3, tmp_path):
     assert size < 3_000_000, size
     st = qwen3.forward(ids, keep=("attention_stats",)).attention_stats
     np.testing.assert_allclose(view.means["entropy"], np.asarray(st.entropy).reshape(2, 4, -1).mean(-1), atol=1e-5)
-    np.testing.assert_array_equal(view.weights, _pattern(qwen3, ids[:256])[..., :256, :256])
+    np.testing.assert_array_equal(view.routing, _pattern(qwen3, ids[:256])[..., :256, :256])
     print(f"head view of 4096 tokens: {size / 1e6:.2f} MB in {seconds:.2f} s")
 
 
@@ -198,5 +198,5 @@ def test_cli_report_of_an_encoder_holds_its_view(tmp_path):
     assert data["causal"] is False and data["n"] == len(ids)
     import base64
 
-    shown = np.frombuffer(base64.b64decode(data["weights"]), "<f4").reshape(2, 4, 7, 7)
+    shown = np.frombuffer(base64.b64decode(data["routing"]), "<f4").reshape(2, 4, 7, 7)
     np.testing.assert_allclose(shown, _pattern(load_model(folder), ids), atol=1e-6)

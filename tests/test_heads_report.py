@@ -81,8 +81,8 @@ def test_report_over_several_texts(tmp_path, rng):
         np.testing.assert_allclose(r.grid(key), per_text.mean(0), atol=1e-12)
         np.testing.assert_allclose(r.grid(key + "_spread"), per_text.std(0), atol=1e-12)
     np.testing.assert_allclose(r.grid("bilinear_effective_rank"), singles[0].grid("bilinear_effective_rank"))
-    # the entropy is that of the attention matrices themselves (causal: row i has i + 1 keys)
-    P = r.attention[1]
+    # the entropy is that of the routing matrices themselves (causal: row i has i + 1 keys)
+    P = r.text_routing[1]
     assert P.shape == (2, 2, 7, 7) and np.allclose(np.triu(P[0, 0], 1), 0) and np.allclose(P.sum(-1), 1, atol=1e-6)
     ent = -np.sum(np.where(P > 0, P * np.log(np.where(P > 0, P, 1)), 0), -1).mean(-1)
     np.testing.assert_allclose(singles[1].grid("attention_entropy"), ent, atol=1e-5)

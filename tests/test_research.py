@@ -233,7 +233,7 @@ def test_spectral_diagnostics_figure_with_thinned_tokens(random_models):
     with_tokenizer(folder)
     text = " ".join(["the cat sat on the mat and the dog ran ."] * 11)[:-2]  # 120 tokens
     s = ag.weight_spectra(folder, prompt=text)
-    assert s.attentions.shape == (2, 4, 120, 120) and len(s.tokens) == 120
+    assert s.routing.shape == (2, 4, 120, 120) and len(s.tokens) == 120
     fig = s.plot(1, 2)
     heat = fig.axes[2]
     labels = [t.get_text() for t in heat.get_xticklabels()]

@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..._deprecation import renamed_field
 from ..._docstrings import filler
 from ..._operands import count
 from ...spectral import factored_svd
@@ -109,7 +110,7 @@ def plot_head(model, text, layer: int, head: int, *, axes=None):
 
 
 # -- the interactive head view ------------------------------------------------------------------
-#: The window's weights are kept up to this many numbers (all heads together): about 2 MB of page.
+#: The window's routing is kept up to this many numbers (all heads together): about 2 MB of page.
 VIEW_NUMBERS = 400_000
 #: The longest window drawn by default.
 VIEW_WINDOW = 256
@@ -129,10 +130,11 @@ class HeadView:
     tokens : list of str
         The token strings of the whole text.
     start, stop : int
-        The window [start, stop) whose weights the view holds.
-    weights : ndarray, shape (n_layers, n_heads, stop - start, stop - start), float32
-        P[layer, head, start + i, start + j], the weights from the window's queries to its keys
-        (exactly ``Model.forward(...).pattern`` there).
+        The window [start, stop) whose routing the view holds.
+    routing : ndarray, shape (n_layers, n_heads, stop - start, stop - start), float32
+        P[layer, head, start + i, start + j]: every head's routing matrix from the window's
+        queries to its keys (exactly ``Model.forward(...).pattern`` there); ``weights`` is its
+        deprecated old name.
     outside : ndarray, shape (n_layers, n_heads, stop - start), float32
         Each window query's weight on keys outside the window (keys before ``start``, and for a
         bidirectional model after ``stop``).
@@ -147,25 +149,27 @@ class HeadView:
         What the view shows (model and text length).
     """
 
-    def __init__(self, tokens, start, stop, weights, outside, stats, means, causal, title):
+    weights = renamed_field("routing")
+
+    def __init__(self, tokens, start, stop, routing, outside, stats, means, causal, title):
         self.tokens, self.start, self.stop = list(tokens), int(start), int(stop)
-        self.weights, self.outside, self.stats, self.means = weights, outside, stats, means
+        self.routing, self.outside, self.stats, self.means = routing, outside, stats, means
         self.causal, self.title = bool(causal), str(title)
 
     def __repr__(self) -> str:
-        L, H = self.weights.shape[:2]
-        return (f"HeadView({L} layers x {H} heads, {len(self.tokens)} tokens, weights of tokens "
+        L, H = self.routing.shape[:2]
+        return (f"HeadView({L} layers x {H} heads, {len(self.tokens)} tokens, routing of tokens "
                 f"{self.start}..{self.stop - 1}; _repr_html_ draws it, save(path) writes a page)")
 
     def data(self) -> dict:
         """The view's data as the page reads it (float32 arrays base64-encoded, little-endian)."""
-        L, H, w = self.weights.shape[:3]
+        L, H, w = self.routing.shape[:3]
         if self.causal:  # the lower triangle, row by row
-            rows = np.concatenate([self.weights[:, :, i, :i + 1] for i in range(w)], axis=-1)
+            rows = np.concatenate([self.routing[:, :, i, :i + 1] for i in range(w)], axis=-1)
         else:
-            rows = self.weights.reshape(L, H, w * w)
+            rows = self.routing.reshape(L, H, w * w)
         return {"tokens": self.tokens[self.start:self.stop], "n": len(self.tokens), "start": self.start,
-                "layers": L, "heads": H, "causal": self.causal, "title": self.title, "weights": _b64(rows),
+                "layers": L, "heads": H, "causal": self.causal, "title": self.title, "routing": _b64(rows),
                 "outside": _b64(self.outside), **{f"q_{k}": _b64(v) for k, v in self.stats.items()},
                 **{f"mean_{k}": np.round(np.asarray(v, float), 6).tolist() for k, v in self.means.items()}}
 
@@ -206,15 +210,15 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
     query's entropy, sink weight and mean distance and the head's means over the whole text.
 
     Long texts: the statistics of every query come from the streaming kernels (no (n, n)
-    matrix); the weights are kept for a window of the text only, so a page of a 4,000-token text
+    matrix); the routing is kept for a window of the text only, so a page of a 4,000-token text
     stays within a few MB.
 
     Parameters
     ----------
     %(model_text)s
     window : int or (int, int), optional
-        The tokens whose weights the view holds: (start, stop), or the first `window` tokens.
-        Default the first 256 tokens, fewer where all heads' weights would exceed 400,000
+        The tokens whose routing the view holds: (start, stop), or the first `window` tokens.
+        Default the first 256 tokens, fewer where all heads' routing would exceed 400,000
         numbers (about 2 MB).
     max_length : int, optional
         Keep at most this many tokens of the text.
@@ -233,9 +237,9 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
     --------
     >>> from attngeom.models import planted_induction_model
     >>> view = ag.models.head_view(planted_induction_model("planted"), [0, 5, 6, 7, 5, 6, 7])
-    >>> view.weights.shape  # (layers, heads, queries, keys) of the window: here the whole text
+    >>> view.routing.shape  # (layers, heads, queries, keys) of the window: here the whole text
     (2, 4, 7, 7)
-    >>> round(float(view.weights[1, 0, 4, 2]), 3)  # the induction head, from the second 5 to the 6 after the first
+    >>> round(float(view.routing[1, 0, 4, 2]), 3)  # the induction head, from the second 5 to the 6 after the first
     1.0
     >>> view.save("head_view.html")
     'head_view.html'
@@ -267,7 +271,7 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
     means = {k: v.mean(-1) for k, v in full.items()}
     stats = {k: v[..., start:stop].astype(np.float32) for k, v in full.items()}
     w = stop - start
-    weights = np.empty((L, H, w, w), np.float32)
+    routing = np.empty((L, H, w, w), np.float32)
     outside = np.empty((L, H, w), np.float32)
     upto = ids[:stop] if causal else ids  # a causal model's rows < stop need only the tokens < stop
     for layer in range(L) if start > 0 else [None]:  # a window inside the text: one layer at a time
@@ -277,11 +281,11 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
             P = P[:, 0]
         rows = P[..., start:stop, :]
         sl = slice(None) if layer is None else slice(layer, layer + 1)
-        weights[sl] = rows[..., start:stop]
+        routing[sl] = rows[..., start:stop]
         outside[sl] = rows.sum(-1) - rows[..., start:stop].sum(-1)
     name = getattr(model, "name", None) or model.arch.model_type
-    title = f"{name}: {n} tokens" + (f", weights of tokens {start}..{stop - 1}" if (start, stop) != (0, n) else "")
-    return HeadView(tokens, start, stop, weights, np.maximum(outside, 0), stats, means, causal, title)
+    title = f"{name}: {n} tokens" + (f", routing of tokens {start}..{stop - 1}" if (start, stop) != (0, n) else "")
+    return HeadView(tokens, start, stop, routing, np.maximum(outside, 0), stats, means, causal, title)
 
 
 _VIEW_CSS = """.attngeom-head-view{font-family:sans-serif;font-size:13px;display:flex;flex-wrap:wrap;gap:12px}
@@ -299,7 +303,7 @@ _VIEW_JS = r"""function attngeomHeadView(id) {
   var root = document.getElementById(id), d = JSON.parse(document.getElementById(id + "-data").textContent);
   function f32(s) { var b = atob(s), u = new Uint8Array(b.length); for (var i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
     return new Float32Array(u.buffer); }
-  var W = f32(d.weights), out = f32(d.outside), w = d.tokens.length, q = {};
+  var W = f32(d.routing), out = f32(d.outside), w = d.tokens.length, q = {};
   ["entropy", "sink_weight", "mean_distance"].forEach(function (k) { q[k] = f32(d["q_" + k]); });
   var per = d.causal ? w * (w + 1) / 2 : w * w, layer = 0, head = 0, pinned = -1, shown = -1;
   function el(tag, attrs, text) { var e = document.createElement(tag); for (var a in attrs) e.setAttribute(a, attrs[a]);

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ... import _operands
+from ..._deprecation import renamed_field
 from ...attention import softmax_attention
 from ...errors import NonFiniteOperand
 from ...head_diagnostics import HeadDiagnostics
@@ -116,7 +117,7 @@ _STREAM_KEYS = ("attention_entropy", "sink_weight", "mean_distance", "log_z_min"
 WINDOW = 512
 _SPREAD = "_spread"
 # The routing matrices of every head are kept (and saved) up to this many bytes in float32.
-_ATTENTION_BYTES = 1 << 28
+_ROUTING_BYTES = 1 << 28
 
 
 @dataclass
@@ -142,9 +143,10 @@ class HeadReport:
     text_values : dict
         {data field: (n_texts, n_layers, n_heads) array}: the data fields of :meth:`table`
         per text, before the mean and spread over texts.
-    attention : list of ndarray or None
+    text_routing : list of ndarray or None
         Per text, the (n_layers, n_heads, n, n) float32 routing matrices of every head;
-        None when they would exceed 256 MB (then only ``routing`` is kept).
+        None when they would exceed 256 MB (then only ``routing`` is kept). ``attention`` is
+        its deprecated old name.
     queries : dict
         {(layer, head): (m, d_head) queries} of the chosen heads, pooled over the texts (the
         Laplace-Radon panels: radii and tilts).
@@ -176,7 +178,7 @@ class HeadReport:
     source: str = "weights"
     seconds: dict = field(default_factory=dict)
     text_values: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    attention: Optional[List[np.ndarray]] = field(default=None, repr=False)
+    text_routing: Optional[List[np.ndarray]] = field(default=None, repr=False)
     queries: Dict[Tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     profiles: Optional[Dict[str, np.ndarray]] = field(default=None, repr=False)
     window: Optional[int] = None
@@ -186,6 +188,7 @@ class HeadReport:
     attribution: Any = field(default=None, repr=False)
     criterion: str = ""
     map_text: int = 0
+    attention = renamed_field("text_routing")
 
     @property
     def n_texts(self) -> int:
@@ -476,8 +479,8 @@ class HeadReport:
             arrays = {}
             for t, toks in enumerate(self.tokens or []):
                 arrays[f"tokens_{t}"] = np.array(toks, dtype=str)
-            if self.attention is not None:
-                arrays.update({f"attention_{t}": a for t, a in enumerate(self.attention)})
+            if self.text_routing is not None:
+                arrays.update({f"attention_{t}": a for t, a in enumerate(self.text_routing)})
             else:
                 arrays.update({f"routing_L{l}_H{h}": p.astype(np.float32) for (l, h), p in self.routing.items()})
             path = os.path.join(folder, "attention.npz")
@@ -778,7 +781,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
         A description of where the heads came from, stored in the report.
     window : int, default WINDOW (512)
         Texts longer than this: routing ranks, radii, tilt coverage, the heat maps and the
-        saved attention matrices use their first `window` tokens (for a causal model exactly
+        saved routing matrices use their first `window` tokens (for a causal model exactly
         the first rows of P); attention_entropy, sink_weight, mean_distance, log_z_min /
         log_z_max and the per-position profile (attention_profile.png) every query, from the
         streaming attention statistics (no (n, n) matrix), so a long document costs memory
@@ -834,8 +837,8 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                  "routing_effective_rank_mean")
     shape = (heads.n_layers, heads.n_heads)
     values = {key: np.zeros((len(texts),) + shape) for key in data_keys + _STREAM_KEYS} if texts else {}
-    keep = 4 * heads.n_layers * heads.n_heads * sum(a.shape[1] ** 2 for a in cut) <= _ATTENTION_BYTES
-    attention = [] if texts and keep else None
+    keep = 4 * heads.n_layers * heads.n_heads * sum(a.shape[1] ** 2 for a in cut) <= _ROUTING_BYTES
+    text_routing = [] if texts and keep else None
     routing, queries = {}, {c: [] for c in chosen} if texts else {}
     profiles = None
     for t, (a, w) in enumerate(zip(texts, cut)):
@@ -844,7 +847,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
             layer, head = row["head"]
             for key in data_keys:
                 values[key][t, layer, head] = row[key]
-        maps = np.empty(shape + (w.shape[1],) * 2, np.float32) if attention is not None else None
+        maps = np.empty(shape + (w.shape[1],) * 2, np.float32) if text_routing is not None else None
         if t == map_text:
             profiles = {key: np.empty(shape + (a.shape[1],), np.float32) for key in ("entropy", "sink_weight")}
         for layer in range(heads.n_layers):
@@ -867,8 +870,8 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
                     queries[l, h].append(q[h, :m])
                     if t == map_text:
                         routing[l, h] = P[h]
-        if attention is not None:
-            attention.append(maps)
+        if text_routing is not None:
+            text_routing.append(maps)
     t2 = time.perf_counter()
     model = heads.summary()
     model["causal"] = bool(heads.causal)
@@ -876,7 +879,7 @@ def head_report(heads, x=None, *, tokens=None, chosen=None, bias: bool = True,
     longest = max((a.shape[1] for a in texts), default=0)
     return HeadReport(model, d, chosen, routing, token_lists,
                       source or ("weights" if not texts else "activations"),
-                      {"load": t1 - t0, "diagnostics": t2 - t1}, values, attention,
+                      {"load": t1 - t0, "diagnostics": t2 - t1}, values, text_routing,
                       {c: np.concatenate(qs) for c, qs in queries.items()}, profiles,
                       window if longest > window else None, effects=effects, scores=scores, criterion=criterion,
                       map_text=map_text)

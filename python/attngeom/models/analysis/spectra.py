@@ -10,9 +10,9 @@ head matches. The spectra come from :func:`attngeom.factored_svd` (no d_model x 
 product is formed), r_eff from :func:`attngeom.effective_rank` (kind "energy") and E_k from
 :func:`attngeom.cumulative_energy`.
 
-With a prompt, the model's attention matrices are kept, so :meth:`WeightSpectra.plot` draws
-the notes' figure for one head: its spectra with E_k beside its attention heat map on the
-prompt, tokens as tick labels (every k-th beyond 60 tokens).
+With a prompt, the model's routing matrices are kept (``WeightSpectra.routing``), so
+:meth:`WeightSpectra.plot` draws the notes' figure for one head: its spectra with E_k beside
+its attention heat map on the prompt, tokens as tick labels (every k-th beyond 60 tokens).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..._deprecation import renamed_field
 from ..._docstrings import fill_doc
 from ..._operands import choice, count, scalar
 from ...spectral import cumulative_energy, effective_rank, factored_svd
@@ -40,8 +41,9 @@ class WeightSpectra:
         The notes' r_eff (entropy of sigma_i^2 / sum sigma_j^2, exponentiated).
     ov_energy, qk_energy : ndarray, shape (n_layers, n_heads, d_head)
         E_k for k = 1..d_head.
-    attentions : ndarray, shape (n_layers, n_heads, n, n), or None
-        The attention matrices on the prompt (None without one).
+    routing : ndarray, shape (n_layers, n_heads, n, n), or None
+        The routing matrices P of every head on the prompt (None without one); ``attentions``
+        is its deprecated old name.
     token_ids : ndarray of int, shape (n,), or None
         The prompt's token ids.
     tokens : list of str or None
@@ -54,9 +56,10 @@ class WeightSpectra:
     qk_effective_rank: np.ndarray
     ov_energy: np.ndarray = field(repr=False)
     qk_energy: np.ndarray = field(repr=False)
-    attentions: Optional[np.ndarray] = field(default=None, repr=False)
+    routing: Optional[np.ndarray] = field(default=None, repr=False)
     token_ids: Optional[np.ndarray] = None
     tokens: Optional[List[str]] = None
+    attentions = renamed_field("routing")
 
     def directions_for(self, level: float = 0.9, *, which: str = "ov") -> np.ndarray:
         """The smallest k with E_k >= level, per head: how many directions hold that energy.
@@ -124,7 +127,7 @@ class WeightSpectra:
         L, H = self.ov_effective_rank.shape
         layer = count("layer", layer, 0, L - 1)
         head = count("head", head, 0, H - 1)
-        n_panels = 3 if self.attentions is not None else 2
+        n_panels = 3 if self.routing is not None else 2
         if axes is None:
             fig, axes = plotting.panel_row(None, n_panels, 4.6, height=4.0)
         else:
@@ -133,8 +136,8 @@ class WeightSpectra:
         plotting.head_spectrum_pair(self.qk_singular_values[layer, head], self.ov_singular_values[layer, head],
                                     f"{title} (r_eff W_QK {self.qk_effective_rank[layer, head]:.1f}, W_OV "
                                     f"{self.ov_effective_rank[layer, head]:.1f})", axes=axes[:2])
-        if self.attentions is not None:
-            plotting.attention_heatmap(self.attentions[layer, head], tokens=self.tokens, title=f"{title} attention",
+        if self.routing is not None:
+            plotting.attention_heatmap(self.routing[layer, head], tokens=self.tokens, title=f"{title} attention",
                                        ax=axes[2])
         return fig
 
@@ -142,7 +145,7 @@ class WeightSpectra:
 def weight_spectra(model, *, prompt=None) -> WeightSpectra:
     """Per-head W_OV and W_QK spectra, effective ranks and cumulative energies E_k.
 
-    The notes' "spectral diagnostics" (module docstring); with a prompt the attention
+    The notes' "spectral diagnostics" (module docstring); with a prompt the routing
     matrices are kept for the figure of :meth:`WeightSpectra.plot`.
 
     Parameters
@@ -157,7 +160,7 @@ def weight_spectra(model, *, prompt=None) -> WeightSpectra:
     -------
     WeightSpectra
         Singular values, r_eff and E_k of W_OV and W_QK for every head (n_layers, n_heads, ...),
-        and the attentions on the prompt.
+        and the routing matrices on the prompt.
 
     Raises
     ------
@@ -187,6 +190,6 @@ def weight_spectra(model, *, prompt=None) -> WeightSpectra:
                         cumulative_energy(qk, spectrum=True))
     if prompt is not None:
         ids, tokens = encode_prompt(m, prompt)
-        out.attentions = m.forward(ids, dtype=np.float64, keep=("pattern",)).pattern
+        out.routing = m.forward(ids, dtype=np.float64, keep=("pattern",)).pattern
         out.token_ids, out.tokens = ids, tokens
     return out
