@@ -368,6 +368,23 @@ def test_random_features_refuse_a_feature_exponent_beyond_the_range(backward):
     assert all(np.all(np.isfinite(a)) for a in out)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("backward", [False, True])
+def test_random_features_refuse_keys_whose_squared_norm_overflows(dtype, backward):
+    # |k|^2 = 1.5 x the float maximum: |k|^2 / 2 fits, but the kernel forms |k|^2 before halving
+    # it, so every logit of those keys would be -inf. Such keys once made the key state NaN and
+    # every later query read y = 0, log Z = -inf (as if it saw no key), without an error.
+    q = RNG.standard_normal((130, 3)).astype(dtype)
+    k = RNG.standard_normal((130, 3)).astype(dtype)
+    k[:64] = np.sqrt(float(np.finfo(dtype).max) / 2) * np.sign(RNG.standard_normal((64, 3)))
+    v = RNG.standard_normal((130, 2)).astype(dtype)
+    with pytest.raises(ValueError, match=r"squared feature norm scale \|x\|\^2 may reach"):
+        if backward:
+            ag.random_feature_attention_backward(q, k, v, v, scale=1.0, causal=True)
+        else:
+            ag.random_feature_attention(q, k, v, scale=1.0, causal=True)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_random_features_at_a_large_representable_scale_are_right(causal):
     # The forward of the case above against the log-domain reference (exact to rounding for

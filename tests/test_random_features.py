@@ -362,6 +362,36 @@ def test_rows_whose_hidden_keys_dominate_are_summed_exactly(dtype, tol, gap):
         assert np.all(np.isfinite(g)) and rel_err(g, w) <= tol, (name, rel_err(g, w))
 
 
+@pytest.mark.parametrize("causal, n_q", [("top_left", 130), ("bottom_right", 100)])
+@pytest.mark.parametrize("dtype, tol, top, values", [(np.float64, 1e-12, 60.0, (1e-40, 1.0, 1e12)),
+                                                     (np.float32, 2e-5, 20.0, (1e-16, 1.0, 1e6))])
+def test_spread_logits_hold_at_any_scale_of_the_values(dtype, tol, top, values, causal, n_q):
+    """Key norms falling along each 64-query chunk (a sawtooth over three chunks): every chunk
+    has rows summed exactly and fast rows whose keys hidden from them lie up to the kernel's gap
+    above the ones they see, with the keys of earlier chunks in the state. y is linear in v and
+    the cotangents bilinear in (v, dy), so values and cotangents scaled far down or up must
+    keep their relative error: the fast rows' products meet them at the row's own shift."""
+    rng = np.random.default_rng(11)
+    n_k, d, m = 130, 4, 8
+    q = rng.standard_normal((n_q, d)).astype(dtype)
+    k = rng.standard_normal((n_k, d))
+    saw = np.resize(np.linspace(top, 0.1, 64), n_k)
+    k = (k * (saw / np.linalg.norm(k, axis=1))[:, None]).astype(dtype)
+    v0 = rng.standard_normal((n_k, 3))
+    dy0 = rng.standard_normal((n_q, 3))
+    W = ag.feature_matrix(d, m, seed=0)
+    kw = dict(num_features=m, seed=0, scale=1.0, causal=causal)
+    for c in values:
+        v, dy = (v0 * c).astype(dtype), (dy0 * c).astype(dtype)
+        y, log_z = ag.random_feature_attention(q, k, v, return_log_partition=True, **kw)
+        y_ref, lz_ref = ref.favor_log_domain(*(x.astype(float) for x in (q, k, v)), W, 1.0, causal)
+        assert rel_err(y, y_ref) <= tol and log_err(log_z, lz_ref) <= tol, c
+        grads = ag.random_feature_attention_backward(q, k, v, dy, **kw)
+        want = ref.favor_log_domain_grads(*(x.astype(float) for x in (q, k, v, dy)), W, 1.0, causal)
+        for name, g, w in zip("qkv", grads, want):
+            assert rel_err(g, w) <= tol, (c, name, rel_err(g, w))
+
+
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_backward_is_bitwise_stable(rng, causal, dtype):

@@ -245,12 +245,12 @@ def _favor_outputs(q, k, v, num_features, orthogonal, seed, causal, scale):
 
 def _feature_root(p: AttentionOperands, scale) -> float:
     """sqrt(scale), the factor of x' = sqrt(scale) x in the features phi(x') = exp(W x' -
-    |x'|^2 / 2): refused (ValueError) when |x'|^2 / 2 may overflow the kernel's dtype, where
-    every feature of a row would underflow to 0 and the row read as if it saw no key."""
+    |x'|^2 / 2): refused (ValueError) when |x'|^2, which the kernel forms before halving it, may
+    overflow its dtype; every logit of that row would be -inf, and the row read as if it saw no
+    key."""
     scale = logit_scale(scale, p.d_k, positive=True)
     largest = max(max_row_norm(p.q.array), max_row_norm(p.k.array))
-    check_bound(0.5 * scale * largest * largest, p.dtype, "the feature exponent scale |x|^2 / 2",
-                "rescale q, k or scale")
+    check_bound(scale * largest * largest, p.dtype, "the squared feature norm scale |x|^2", "rescale q, k or scale")
     return math.sqrt(scale)
 
 

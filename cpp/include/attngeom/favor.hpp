@@ -27,14 +27,16 @@
 //
 // Causal: queries in chunks of C rows, as in lightning_attention: chunk c sees the state of the
 // keys before its boundary plus one masked diagonal block of at most C keys, whose features are
-// K_jf = exp(l^k_jf - kappa_f), kappa_f the block's column maximum. A row's products with them,
-// Ld_if = exp(l^q_if + kappa_f - t_i), take t_i = max_f (l^q_if + max(M_f, kappa_f)), so every
-// factor is <= 1; A = (Ld K^T) masked to the keys the row sees. A key hidden from the row can
-// raise kappa_f above every key it sees, and t_i above its largest visible term u_i =
-// max_f (l^q_if + max(M_f, max over its visible keys of l^k_jf)); while t_i - u_i <= fast_gap
-// the terms that matter stay normal numbers. A row past that (logits spread over hundreds of
-// nats in float64, tens in float32) is summed exactly instead: t_i = u_i, and its row of A is
-// sum_f exp(l^q_if + l^k_jf - u_i) over its visible keys (m exponentials per key). The chunks of a
+// K_jf = exp(l^k_jf - kappa_f), kappa_f the block's column maximum. A row's shift t_i is its
+// largest visible term, max_f (l^q_if + max(M_f, max over its visible keys of l^k_jf)), as
+// without a causal limit. Its products with the block, Ld_if = exp(l^q_if + kappa_f - r_i),
+// take r_i = max_f (l^q_if + max(M_f, kappa_f)) >= t_i so that every factor is <= 1;
+// A = (Ld K^T) masked to the keys the row sees, then its row times g_i = exp(r_i - t_i), which
+// puts it at the row's shift before it meets the values (so small values lose nothing). A key
+// hidden from the row can raise kappa_f above every key it sees, and r_i above t_i; while
+// r_i - t_i <= fast_gap the terms that matter stay normal numbers. A row past that (logits
+// spread over hundreds of nats in float64, tens in float32) is summed exactly instead: its row
+// of A is sum_f exp(l^q_if + l^k_jf - t_i) over its visible keys (m exponentials per key). The chunks of a
 // batch element are walked in order, carrying the state. For parallelism inside long
 // sequences the chunks are grouped into segments (their number set by batch and n_q only):
 // the keys of each segment are summed first (OpenMP over batch x segment), prefix-combined in
@@ -67,12 +69,13 @@ using Row = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 template <class T>
 using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
-// How far a row's shift may lie above its largest term on the fast path: a term within a
-// factor epsilon of the largest (times e^8 of headroom for their number) then has both of its
-// factors above the smallest normal number. 664 nats in float64, 63 in float32.
+// How far a row's product shift r_i may lie above its largest term on the fast path: a term
+// within a factor epsilon^2 of the largest (one epsilon for the term, one for the backward's
+// cotangents it meets; e^8 of headroom for their number) then has every factor above the
+// smallest normal number. 628 nats in float64, 47 in float32.
 template <class T>
 T fast_gap() {
-  return -std::log(std::numeric_limits<T>::min()) + std::log(std::numeric_limits<T>::epsilon()) - T(8);
+  return -std::log(std::numeric_limits<T>::min()) + T(2) * std::log(std::numeric_limits<T>::epsilon()) - T(8);
 }
 
 // dst(r, :) = exp(src(r, :) + offset - shift(r)) for every row r, offset an array of m and
@@ -96,7 +99,8 @@ enum class RowKind : unsigned char { Fast, Exact, Dead };
 // for causal chunks Ld (rows, m) query features against the diagonal keys, K (rows, m) their
 // features, R (rows, m) their running column maxima, A (rows, rows) the masked block; Y (rows,
 // d_v) the output rows; kappa (m) the diagonal keys' column maxima, hi (m) max(M, kappa);
-// t, den per row, seen and kind per row. Every product and reduction writes into Eigen-aligned
+// per row t (its shift), r (its product shift on the fast path), g = exp(r - t), den, seen and
+// kind. Every product and reduction writes into Eigen-aligned
 // storage: Eigen peels an unaligned head off a destination with scalar code (no FMA), so
 // writing into the caller's arrays directly would make the last bit depend on where they were
 // allocated.
@@ -104,13 +108,13 @@ template <class T>
 struct Scratch {
   RowMatrix<T> X, Lq, L, Klog, Ld, K, R, A, Y;
   Row<T> kappa, hi;
-  Col<T> t, den;
+  Col<T> t, rs, g, den;
   std::vector<int64_t> seen;
   std::vector<RowKind> kind;
   Scratch(int64_t rows, int64_t d, int64_t m, int64_t d_v, bool causal)
       : X(rows, d), Lq(rows, m), L(rows, m), Klog(rows, m), Ld(causal ? rows : 0, m), K(causal ? rows : 0, m),
         R(causal ? rows : 0, m), A(causal ? rows : 0, causal ? rows : 0), Y(rows, d_v), kappa(m), hi(m), t(rows),
-        den(rows), seen(rows), kind(rows) {}
+        rs(rows), g(rows), den(rows), seen(rows), kind(rows) {}
 };
 
 // A key state stored flat: S (m, d_v) row-major, then z (m), then the shifts M (m).
@@ -201,7 +205,7 @@ void exact_row(const Scratch<T>& s, int64_t row, Out&& out) {
 // Query rows x (rows i0.. of the sequence, r of them) against the state `st` of the keys
 // before them and, with nk > 0, the diagonal block of keys kx (keys j0..), values vx, each row
 // seeing the keys `vis` gives it: Y and den at each row's shift t (see the top of the file).
-// Leaves in the scratch what the backward needs: Lq, L, Ld, Klog, K, kappa, t, seen, kind.
+// Leaves in the scratch what the backward needs: Lq, L, Ld, Klog, K, kappa, t, rs, g, seen, kind.
 template <class T>
 void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, int64_t j0, int64_t nk,
                    const Visibility& vis, int64_t d, int64_t d_v, const Eigen::Map<const RowMatrix<T>>& W, T root,
@@ -222,10 +226,13 @@ void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, 
     const auto q = Lq.row(row).array();
     const T u = seen > 0 ? (q + st.M.array().max(s.R.row(seen - 1).array())).maxCoeff()
                          : (q + st.M.array()).maxCoeff();
-    const T t = nk > 0 ? (q + s.hi.array()).maxCoeff() : u;
+    const T rr = nk > 0 ? (q + s.hi.array()).maxCoeff() : u;
     s.seen[row] = seen;
-    s.kind[row] = u == -inf ? RowKind::Dead : t - u > gap ? RowKind::Exact : RowKind::Fast;
-    s.t(row) = s.kind[row] == RowKind::Dead ? T(0) : s.kind[row] == RowKind::Exact ? u : t;
+    s.kind[row] = u == -inf ? RowKind::Dead : rr - u > gap ? RowKind::Exact : RowKind::Fast;
+    const bool fast = s.kind[row] == RowKind::Fast;
+    s.t(row) = s.kind[row] == RowKind::Dead ? T(0) : u;
+    s.rs(row) = fast ? rr : s.t(row);
+    s.g(row) = fast ? std::exp(rr - u) : T(1);
   }
   // A dead row has M = -inf (an empty state): its L row is exp(-inf) = 0.
   auto L = s.L.topRows(r);
@@ -238,7 +245,7 @@ void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, 
   auto Ld = s.Ld.topRows(r);
   for (int64_t row = 0; row < r; ++row) {
     if (s.kind[row] == RowKind::Fast)
-      Ld.row(row) = (Lq.row(row).array() + s.kappa.array() - s.t(row)).exp().matrix();
+      Ld.row(row) = (Lq.row(row).array() + s.kappa.array() - s.rs(row)).exp().matrix();
     else
       Ld.row(row).setZero();
   }
@@ -246,6 +253,7 @@ void chunk_forward(const T* x, int64_t i0, int64_t r, const T* kx, const T* vx, 
   A.noalias() = Ld * s.K.topRows(nk).transpose();
   for (int64_t row = 0; row < r; ++row) {
     A.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+    if (s.kind[row] == RowKind::Fast) A.row(row) *= s.g(row);
     if (s.kind[row] == RowKind::Exact) exact_row(s, row, A.row(row));
   }
   Y.noalias() += A * Eigen::Map<const RowMatrix<T>>(vx, nk, d_v);

@@ -16,9 +16,12 @@
 //
 // Queries are walked as the forward walks them (the same state, shifts, chunks and exact rows;
 // dq there): dl^q is L o (dy S^T - D z) against the key state plus, for the diagonal block,
-// Ld o (B K) with B_ij = c_ij on the keys a row sees (the exact rows term by term), over
+// g o Ld o (B K) with B_ij = c_ij on the keys a row sees (the exact rows term by term), over
 // den_i. Keys then in reverse, against the query state of the queries after them and the
-// chunk's own rows.
+// chunk's own rows: K o (B^T (g o Ld)). In the diagonal products B is brought to [1, 2) by a
+// power of two per row (dq) or per key (dk), taken back after the product: the factors
+// Ld, K and g span up to fast_gap nats, and with cotangents near either end of the float range
+// their products would otherwise leave it.
 //
 // One batch element per thread, its rows walked in order (the result does not depend on the
 // thread count); products write into aligned scratch, as in the forward.
@@ -66,17 +69,25 @@ struct QueryState {
 };
 
 // Scratch of the backward beyond the forward's: dY (rows, d_v), P and B (rows, rows), dL, KB
-// (rows, m), D (rows, d), dV, VG and KG (rows, d_v or m), a row e (m), and per row D_i and
-// 1 / den_i.
+// (rows, m), D (rows, d), dV, VG and KG (rows, d_v or m), rows e and acc (m), per row D_i and
+// 1 / den_i, and the powers of two of B's rows or columns.
 template <class T>
 struct BackScratch {
   RowMatrix<T> dY, P, B, dL, KB, VG, D, dV, KG;
-  Row<T> e;
-  Col<T> Dy, inv;
+  Row<T> e, acc;
+  Col<T> Dy, inv, sigma;
   BackScratch(int64_t rows, int64_t d, int64_t m, int64_t d_v)
       : dY(rows, d_v), P(rows, rows), B(rows, rows), dL(rows, m), KB(rows, m), VG(rows, m), D(rows, d),
-        dV(rows, d_v), KG(rows, d_v), e(m), Dy(rows), inv(rows) {}
+        dV(rows, d_v), KG(rows, d_v), e(m), acc(m), Dy(rows), inv(rows), sigma(rows) {}
 };
+
+// The power of two at or below x >= 0, or 1 when x is 0, subnormal or not finite: dividing by
+// it is exact and brings x to [1, 2).
+template <class T>
+T power_of_two(T x) {
+  return x >= std::numeric_limits<T>::min() && x <= std::numeric_limits<T>::max() ? std::ldexp(T(1), std::ilogb(x))
+                                                                                     : T(1);
+}
 
 // Keys of one block (logits s.Klog, nk rows, values V) against the query state:
 // Ks = exp(l^k + T), dV += Ks G and dL += Ks o (V G^T - h). Uses bs.KB for Ks.
@@ -123,9 +134,10 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
     Col<T> key_data(State<T>::width(m, d_v));
     State<T> own(key_data.data(), m, d_v);
     QueryState<T> qs(m, d_v);
-    // Per query of the batch element: its shift t_i, 1 / den_i (0: no gradient), D_i, its
-    // log Z_i (unnormalised: t_i + log den_i) and how its diagonal block was summed.
-    Col<T> tops(n_q), invs(n_q), Ds(n_q), logz(n_q);
+    // Per query of the batch element: its shift t_i, product shift r_i and g_i = exp(r_i - t_i),
+    // 1 / den_i (0: no gradient), D_i, its log Z_i (unnormalised: t_i + log den_i) and how its
+    // diagonal block was summed.
+    Col<T> tops(n_q), rss(n_q), gs(n_q), invs(n_q), Ds(n_q), logz(n_q);
     std::vector<RowKind> kinds(n_q);
 
     // Query rows [i0, i0 + r) of batch element b: their forward (against the state `own`,
@@ -145,7 +157,8 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         inv(row) = den(row) > T(0) ? T(1) / den(row) : T(0);
         Dv(row) = inv(row) > T(0) ? dY.row(row).dot(Y.row(row)) * inv(row) : T(0);  // dy . y
       }
-      // dl^q = [L o (dY S^T - D z) + Ld o (B K) + exact rows] / den, B_ij = dy_i . v_j - D_i on the seen keys.
+      // dl^q = [L o (dY S^T - D z) + g o Ld o (B K) + exact rows] / den, B_ij = dy_i . v_j - D_i on
+      // the seen keys, each row of B divided by its power of two sigma_i (taken back after).
       auto dL = bs.dL.topRows(r);
       dL.noalias() = dY * own.S.transpose();
       dL -= Dv * own.z;
@@ -154,15 +167,23 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         auto B = bs.B.topLeftCorner(r, nk);
         B.noalias() = dY * CMap(vb + j0 * d_v, nk, d_v).transpose();
         B.array().colwise() -= Dv.array();
-        for (int64_t row = 0; row < r; ++row) B.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+        for (int64_t row = 0; row < r; ++row) {
+          B.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+          bs.sigma(row) = power_of_two(B.row(row).cwiseAbs().maxCoeff());
+          B.row(row) *= T(1) / bs.sigma(row);
+        }
         auto BK = bs.KB.topRows(r);
         BK.noalias() = B * s.K.topRows(nk);
-        dL.array() += s.Ld.topRows(r).array() * BK.array();
         for (int64_t row = 0; row < r; ++row) {
-          if (s.kind[row] != RowKind::Exact) continue;
-          for (int64_t j = 0; j < s.seen[row]; ++j) {
-            bs.e = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().matrix();
-            dL.row(row) += B(row, j) * bs.e;
+          if (s.kind[row] == RowKind::Fast) {
+            dL.row(row).array() += ((s.Ld.row(row).array() * BK.row(row).array()) * s.g(row)) * bs.sigma(row);
+          } else if (s.kind[row] == RowKind::Exact) {
+            bs.acc.setZero();
+            for (int64_t j = 0; j < s.seen[row]; ++j) {
+              bs.e = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().matrix();
+              bs.acc += B(row, j) * bs.e;
+            }
+            dL.row(row) += bs.acc * bs.sigma(row);
           }
         }
       }
@@ -170,6 +191,8 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
       through_features(dL, q.block(b) + i0 * d, r, d, Wm, root, s.X, bs.D, dq + (b * n_q + i0) * d);
       for (int64_t row = 0; row < r; ++row) {
         tops(i0 + row) = s.t(row);
+        rss(i0 + row) = s.rs(row);
+        gs(i0 + row) = s.g(row);
         invs(i0 + row) = inv(row);
         Ds(i0 + row) = Dv(row);
         logz(i0 + row) = inv(row) > T(0) ? s.t(row) + std::log(den(row)) : T(0);
@@ -178,11 +201,13 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
     };
 
     // Logits of query rows [i0, i0 + r) of batch element b into s.Lq, their forward shifts into
-    // s.t, their visible counts against the diagonal keys from j0 (nk of them) into s.seen.
+    // s.t, s.rs and s.g, their visible counts against the diagonal keys from j0 (nk of them) into s.seen.
     auto query_logits = [&](int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nk) {
       feature_logits(q.block(b) + i0 * d, r, d, Wm, root, s.X, s.Lq.topRows(r));
       for (int64_t row = 0; row < r; ++row) {
         s.t(row) = tops(i0 + row);
+        s.rs(row) = rss(i0 + row);
+        s.g(row) = gs(i0 + row);
         s.seen[row] = nk > 0 ? vis.seen(i0 + row, j0, nk) : 0;
         s.kind[row] = kinds[i0 + row];
       }
@@ -202,11 +227,11 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         s.kappa = s.Klog.topRows(nk).colwise().maxCoeff();
         auto K = s.K.topRows(nk);
         exp_rows(K, s.Klog.topRows(nk), -s.kappa.array(), no_shift<T>);
-        // The forward's t_i >= l^q_if + kappa_f on the fast rows: every factor of Ld is <= 1.
+        // The forward's r_i >= l^q_if + kappa_f on the fast rows: every factor of Ld is <= 1.
         auto Ld = s.Ld.topRows(r);
         for (int64_t row = 0; row < r; ++row) {
           if (s.kind[row] == RowKind::Fast)
-            Ld.row(row) = (s.Lq.row(row).array() + s.kappa.array() - s.t(row)).exp().matrix();
+            Ld.row(row) = (s.Lq.row(row).array() + s.kappa.array() - s.rs(row)).exp().matrix();
           else
             Ld.row(row).setZero();
         }
@@ -218,24 +243,31 @@ void favor_attention_backward(int64_t batch, const Stack<T>& q, const Stack<T>& 
         P.noalias() = Ld * K.transpose();
         for (int64_t row = 0; row < r; ++row) {
           P.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+          if (s.kind[row] == RowKind::Fast) P.row(row) *= s.g(row);
           if (s.kind[row] == RowKind::Exact) exact_row(s, row, P.row(row));
         }
         P.array().colwise() *= inv.array();
         dV.noalias() += P.transpose() * dY;
-        // dl^k += K o (B^T Ld) + exact rows, B_ij = (dy_i . v_j - D_i) / den_i on the seen keys.
+        // dl^k += K o (B^T (g o Ld)) + exact rows, B_ij = (dy_i . v_j - D_i) / den_i on the seen
+        // keys, each column of B divided by its power of two sigma_j (taken back after).
         auto B = bs.B.topLeftCorner(r, nk);
         B.noalias() = dY * V.transpose();
         B.array().colwise() -= Ds.segment(i0, r).array();
         B.array().colwise() *= inv.array();
         for (int64_t row = 0; row < r; ++row) B.row(row).segment(s.seen[row], nk - s.seen[row]).setZero();
+        auto sigma = bs.sigma.head(nk);
+        for (int64_t j = 0; j < nk; ++j) sigma(j) = power_of_two(B.col(j).cwiseAbs().maxCoeff());
+        for (int64_t row = 0; row < r; ++row) B.row(row).array() /= sigma.transpose().array();
+        auto Lg = bs.VG.topRows(r);
+        for (int64_t row = 0; row < r; ++row) Lg.row(row) = Ld.row(row) * s.g(row);
         auto KB = bs.KB.topRows(nk);
-        KB.noalias() = B.transpose() * Ld;
-        dL.array() += K.array() * KB.array();
+        KB.noalias() = B.transpose() * Lg;
+        for (int64_t j = 0; j < nk; ++j) dL.row(j).array() += (K.row(j).array() * KB.row(j).array()) * sigma(j);
         for (int64_t row = 0; row < r; ++row) {
           if (s.kind[row] != RowKind::Exact) continue;
           for (int64_t j = 0; j < s.seen[row]; ++j) {
             bs.e = (s.Lq.row(row).array() + s.Klog.row(j).array() - s.t(row)).exp().matrix();
-            dL.row(j) += B(row, j) * bs.e;
+            dL.row(j) += (B(row, j) * bs.e) * sigma(j);
           }
         }
       }
