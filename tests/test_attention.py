@@ -64,6 +64,39 @@ def test_register_tiles_every_width(rng, dtype, d_k, d_v, causal):
     assert np.array_equal(ag.softmax_attention(q, k, v, causal=causal), y)  # without weights: the same path
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("d_k,d_v", TILE_WIDTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_output_entry_does_not_depend_on_the_query_tiling(rng, dtype, d_k, d_v, causal):
+    """The rows of a query block go through register panels of up to Tile::MR rows; the last
+    panel of a block has what is left. A query block of 1, 5, 7, 64 or 203 rows makes panels of
+    every row count, and y, log Z and the statistics must be the same bits for all of them,
+    columns past the last whole packet of d_v included (the query block is chosen from the
+    processor count, so results depending on it would differ between machines)."""
+    from attngeom import _core
+    from attngeom._operands import AttentionOperands
+
+    q, k, v = draw(rng, (3,), (3,), (3,), 203, 389, d_k, d_v, dtype)
+    args = AttentionOperands(q, k, v, causal=causal).core_args()
+    scale = 1 / np.sqrt(d_k)
+    runs = [_core.softmax_attention(args, scale, False, True, block_q=bq, want_stats=True) for bq in (0, 1, 5, 7, 64, 203)]
+    first = leaves_of(runs[0])
+    assert len(first) == 7  # y, log Z and the five statistics
+    for run in runs[1:]:
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, leaves_of(run), strict=True))
+
+
+def leaves_of(out) -> list[np.ndarray]:
+    """The arrays of a core result: (y, weights or None, log Z, statistics tuple or None)."""
+    found = []
+    for part in out:
+        if isinstance(part, np.ndarray):
+            found.append(part)
+        elif isinstance(part, (tuple, list)):
+            found.extend(leaves_of(part))
+    return found
+
+
 def test_weights_and_output_paths_agree(rng):
     q, k, v = draw(rng, (2,), (2,), (2,), 40, 600, 8, 3)
     y1 = ag.softmax_attention(q, k, v)

@@ -168,9 +168,8 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 //
 // The widening and packing of B's panel costs a few cycles per entry of B, against 2 x rows
 // flops per entry in the unit's products, so a unit takes up to WIDE_ROWS rows (with MB's 96
-// it was a large share of the time), and the register tile is 6 rows at every level: 6 x 2
-// packets on 16 registers (12 accumulators; the attention's 4 x 2 tiles load a packed group
-// for 8 multiply-adds, these for 12). Measured on AMD Zen 3 (family 25 model 1, AVX2 level,
+// it was a large share of the time), and the register tile is the attention's, 6 rows at
+// every level (6 x 2 packets on 16 registers: 12 accumulators). Measured on AMD Zen 3 (family 25 model 1, AVX2 level,
 // 512 x 1,024 x 3,072, best of 15; this host's single-thread figures vary by a quarter from
 // run to run): 40-44 GFLOP/s with units of 96 rows, 56-75 with these, the float32 GEMM 58-78;
 // on 2 threads 74-88 against 111-123.
@@ -185,7 +184,7 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
                    int64_t j1, int64_t k, float* C, int64_t ldc) {
   using detail::Tile;
   constexpr int64_t NC = Tile<float>::NC;
-  constexpr int RM = 6;  // rows of a register tile at every level (above)
+  constexpr int RM = Tile<float>::MR;  // rows of a register tile: 6 at every level (above)
   const int64_t cols = j1 - j0, padded = Tile<float>::padded(cols);
   std::vector<float> a(static_cast<size_t>(rows * KC)), b(static_cast<size_t>(cols * KC)),
       bt(static_cast<size_t>(padded * KC)), acc(static_cast<size_t>(rows * padded));

@@ -364,7 +364,11 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 #pragma omp parallel if (parallel_worth(work)) reduction(&& : finite)
   {
     Mat Qs(bq, d_k), acc(bq, d_v);
-    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq), log_l(bq), alpha(MR);
+    // l and log_l run to whole packets, so that every row's log goes through the vector path
+    // (a row in the scalar tail would round differently from one in a packet).
+    constexpr int64_t LW = Eigen::internal::packet_traits<T>::size;
+    const int64_t bq_whole = (bq + LW - 1) / LW * LW;
+    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole), alpha(MR);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
@@ -456,7 +460,11 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       // Weights were written up to the panel's limit; past a row's own causal limit they are
       // hidden (-inf, or 0 for direct weights) or never written, and come out 0.
       if (direct) m.head(rows).setZero();
-      if (out.log_partition || stats) log_l.head(rows) = l.head(rows).log();  // one vector log per row
+      if (out.log_partition || stats) {  // one vector log over the block's rows, padded with ones
+        const int64_t whole = (rows + LW - 1) / LW * LW;
+        l.segment(rows, whole - rows).setOnes();
+        log_l.head(whole) = l.head(whole).log();
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
         Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y + (b * n_q + i0 + r) * d_v, d_v);
