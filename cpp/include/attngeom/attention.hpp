@@ -368,7 +368,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
     // (a row in the scalar tail would round differently from one in a packet).
     constexpr int64_t LW = Eigen::internal::packet_traits<T>::size;
     const int64_t bq_whole = (bq + LW - 1) / LW * LW;
-    Vec Kt(ld * d_k), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole), alpha(MR);
+    Vec Kt(ld * d_k), Vp(bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole), alpha(MR);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
@@ -397,6 +397,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       for (int64_t j0 = 0; j0 < key_end; j0 += bk) {
         const int64_t cols = std::min(bk, key_end - j0);
         pack_keys(K + j0 * d_k, d_k, cols, Kt.data());
+        pack_values(V + j0 * d_v, d_v, cols, Vp.data());
         for (int64_t p0 = 0; p0 < rows; p0 += MR) {
           const int mr = int(std::min<int64_t>(MR, rows - p0));
           const int64_t seen = vis.seen(i0 + p0 + mr - 1, j0, cols);  // keys of the block the panel's last row sees
@@ -416,7 +417,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
                 if (W) std::copy_n(&L(r, 0), seen, W + (p0 + r) * n_k + j0);
                 l[p0 + r] += L.row(r).sum();
               }
-              with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, nullptr); });
+              with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, nullptr); });
               continue;
             }
           }
@@ -452,7 +453,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             m[i] = m_new;
             l[i] = alpha[r] * l[i] + e_sum;
           }
-          with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vj, d_v, A, alpha.data()); });
+          with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, alpha.data()); });
         }
       }
 

@@ -5,14 +5,18 @@
 // A panel is up to MR query rows against one key block. Scores: S = Q K^T with K^T packed once
 // per key block into groups of NC keys (packets along the keys, each group contiguous), an
 // MR x NC accumulator tile in registers, one broadcast of q[r, t] per row and step. Values:
-// A = alpha A + P V with V as it is (row-major, packets along d_v) and P the panel's weights,
-// the rescaling of the online softmax folded into the load of the accumulator tile. Neither
-// Q, P nor V is packed, and every operand of a panel stays in L1 or L2.
+// A = alpha A + P V with V packed once per key block into groups of NC columns (each group's
+// keys contiguous, so a tile streams one block of L1 instead of a stripe of V's rows) and P
+// the panel's weights, the rescaling of the online softmax folded into the load of the
+// accumulator tile. Neither Q nor P is packed, and every operand of a panel stays in L1 or L2.
 //
 // Measured (float32, AVX-512 level, one thread, d 64-128, n 1024-2048, against an FMA peak of
 // 117 GFLOP/s per core): score tiles including the key packing at 86-89 % of the peak, value
 // tiles at 96 %; the forward 5-17 % faster than with Eigen's block products in the same
-// driver, which pack Q, K, P and V anew for every block product.
+// driver, which pack Q, K, P and V anew for every block product. Packing V took the forward
+// 2-8 % faster (float32, AVX2 level, AMD Zen 3, d 64-128; the most at d_v 128, where V's
+// rows lie 512 bytes apart) and 2 % slower at (8, 12, 256, 64) causal, whose short units
+// pack a key block for few rows.
 #pragma once
 
 #include <Eigen/Core>
@@ -38,6 +42,8 @@ struct Tile {
   static constexpr int NP = wide ? 4 : 2;   // packets per row of a tile
   static constexpr int64_t NC = NP * W;     // keys of a score tile
   static int64_t padded(int64_t keys) { return (keys + NC - 1) / NC * NC; }
+  // Values per key of pack_values: the whole packets of d_v.
+  static int64_t packed_values(int64_t d_v) { return d_v / W * W; }
 };
 
 // PacketBlock<P, W> drops the packet type's vector attributes in a template argument, as in
@@ -144,23 +150,52 @@ inline T lane_madd(T a, T b, T c) {
 #endif
 }
 
-// The same for all d_v columns of A and V (leading dimension d_v): whole tiles, a narrower
-// last tile, then the columns past the last whole packet one entry at a time, each in the
-// order and with the operations of a packet lane. So an entry's bits depend on its row of Pm
-// and its column of V only, not on the panel's row count or on where its column falls.
+// Packs the whole packets of values V (keys rows of d_v, row-major) into groups of NC
+// columns, each group's rows contiguous: Vp[g keys NC + t NC + c] = V[t, g NC + c] for the
+// d_v / W whole packets (the last group narrower when they are not a multiple of NP). A value
+// tile then streams one contiguous group (keys x NC, in L1 for a key block) instead of a
+// stripe of V's rows one row length apart. Vp holds keys * Tile<T>::packed_values(d_v) values.
+template <class T>
+void pack_values(const T* V, int64_t d_v, int64_t keys, T* Vp) {
+  namespace ei = Eigen::internal;
+  using P = typename Tile<T>::Packet;
+  constexpr int W = Tile<T>::W, NP = Tile<T>::NP;
+  constexpr int64_t NC = Tile<T>::NC;
+  const int64_t whole = d_v / W * W;
+  for (int64_t g0 = 0; g0 < whole; g0 += NC) {
+    T* dst = Vp + g0 * keys;
+    const T* src = V + g0;
+    if (g0 + NC <= whole) {
+      for (int64_t t = 0; t < keys; ++t)
+        for (int p = 0; p < NP; ++p) ei::pstoreu(dst + t * NC + p * W, ei::ploadu<P>(src + t * d_v + p * W));
+    } else {
+      const int64_t width = whole - g0;
+      for (int64_t t = 0; t < keys; ++t) std::copy_n(src + t * d_v, width, dst + t * width);
+    }
+  }
+}
+
+// The same for all d_v columns of A (leading dimension d_v): the whole packets from Vp (the
+// values of `packed` keys packed by pack_values; the first `keys` of them are used), in tiles of NP packets and a narrower last one, then the
+// columns past the last whole packet from V itself (row-major, d_v wide), one entry at a
+// time in the order and with the operations of a packet lane. So an entry's bits depend on
+// its row of Pm and its column of V only, not on the panel's row count or on where its column
+// falls.
 template <class T, int MR>
-void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* V, int64_t d_v, T* A, const T* alpha) {
+void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t packed, const T* V, int64_t d_v,
+                 T* A, const T* alpha) {
   constexpr int W = Tile<T>::W, NP = Tile<T>::NP;
   static_assert(NP <= 4, "value_panel dispatches narrower tiles up to 3 packets");
   const int64_t packets = d_v / W;
   int64_t p0 = 0;
-  for (; p0 + NP <= packets; p0 += NP) value_tile<T, MR, NP>(Pm, ldp, keys, V + p0 * W, d_v, A + p0 * W, d_v, alpha);
-  const T* Vp = V + p0 * W;
+  for (; p0 + NP <= packets; p0 += NP)
+    value_tile<T, MR, NP>(Pm, ldp, keys, Vp + p0 * W * packed, NP * W, A + p0 * W, d_v, alpha);
+  const T* Vg = Vp + p0 * W * packed;
   T* Ap = A + p0 * W;
   switch (packets - p0) {
-    case 1: value_tile<T, MR, 1>(Pm, ldp, keys, Vp, d_v, Ap, d_v, alpha); break;
-    case 2: if constexpr (NP > 2) value_tile<T, MR, 2>(Pm, ldp, keys, Vp, d_v, Ap, d_v, alpha); break;
-    case 3: if constexpr (NP > 3) value_tile<T, MR, 3>(Pm, ldp, keys, Vp, d_v, Ap, d_v, alpha); break;
+    case 1: value_tile<T, MR, 1>(Pm, ldp, keys, Vg, W, Ap, d_v, alpha); break;
+    case 2: if constexpr (NP > 2) value_tile<T, MR, 2>(Pm, ldp, keys, Vg, 2 * W, Ap, d_v, alpha); break;
+    case 3: if constexpr (NP > 3) value_tile<T, MR, 3>(Pm, ldp, keys, Vg, 3 * W, Ap, d_v, alpha); break;
     default: break;
   }
   for (int64_t c = packets * W; c < d_v; ++c) {
