@@ -66,24 +66,38 @@ def test_register_tiles_every_width(rng, dtype, d_k, d_v, causal):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("d_k,d_v", TILE_WIDTHS)
-@pytest.mark.parametrize("causal", [False, True])
-def test_an_output_entry_does_not_depend_on_the_query_tiling(rng, dtype, d_k, d_v, causal):
-    """The rows of a query block go through register panels of up to Tile::MR rows; the last
-    panel of a block has what is left. A query block of 1, 5, 7, 64 or 203 rows makes panels of
-    every row count, and y, log Z and the statistics must be the same bits for all of them,
-    columns past the last whole packet of d_v included (the query block is chosen from the
-    processor count, so results depending on it would differ between machines)."""
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("kernel", ["softmax", "cauchy"])
+def test_an_output_entry_does_not_depend_on_the_query_tiling(rng, dtype, d_k, d_v, causal, kernel):
+    """The rows of a query block go through register panels of up to 6 rows; the last panel of
+    a block has what is left, and under a causal limit a panel's keys end at its last row's.
+    Query blocks of 1, 5, 7, 8, 64 and 203 rows make panels of every row count, and y, log Z
+    and the statistics must be the same bits for all of them, columns past the last whole
+    packet of d_v included: an entry depends on its query row, the keys and the key tiling
+    only. The Cauchy kernel without statistics sums its bounded weights directly (no running
+    max); with them it takes the log-domain path."""
     from attngeom import _core
     from attngeom._operands import AttentionOperands
+    from attngeom.laplace_radon import tilts_and_radii
 
     q, k, v = draw(rng, (3,), (3,), (3,), 203, 389, d_k, d_v, dtype)
-    args = AttentionOperands(q, k, v, causal=causal).core_args()
     scale = 1 / np.sqrt(d_k)
-    runs = [_core.softmax_attention(args, scale, False, True, block_q=bq, want_stats=True) for bq in (0, 1, 5, 7, 64, 203)]
-    first = leaves_of(runs[0])
-    assert len(first) == 7  # y, log Z and the five statistics
-    for run in runs[1:]:
-        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, leaves_of(run), strict=True))
+    if kernel == "softmax":
+        args = AttentionOperands(q, k, v, causal=causal).core_args()
+
+        def run(bq, stats):
+            return _core.softmax_attention(args, scale, False, True, block_q=bq, want_stats=stats)
+    else:
+        u, tau = tilts_and_radii(q, scale)
+        args = AttentionOperands(u, k, v, qname="q", tau=tau, causal=causal).core_args()
+
+        def run(bq, stats):
+            return _core.ridge_attention(args, "cauchy", {"gamma": 0.5}, False, True, want_stats=stats, block_q=bq)
+    for stats in (False, True):
+        runs = [leaves_of(run(bq, stats)) for bq in (0, 1, 5, 7, 8, 64, 203)]
+        assert len(runs[0]) == (7 if stats else 2)  # y, log Z and the five statistics
+        for other in runs[1:]:
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(runs[0], other, strict=True))
 
 
 def leaves_of(out) -> list[np.ndarray]:

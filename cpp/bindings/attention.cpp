@@ -78,16 +78,18 @@ void def_attention(py::module_& m) {
   m.def(
       "ridge_attention",
       [](const AttentionArgs<T>& a, const std::string& kernel, const py::dict& params, bool want_weights,
-         bool want_logz, bool want_stats) {
+         bool want_logz, bool want_stats, int64_t block_q, int64_t block_k) {
         auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
         with_kernel<T>(kernel, params, [&](const auto& psi) {
           py::gil_scoped_release release;
-          ridge_attention<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi, out.view());
+          ridge_attention<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi, out.view(),
+                             Blocking{block_q, block_k});
         });
         return out.result();
       },
       py::arg("operands"), py::arg("kernel"), py::arg("params"), py::arg("want_weights"), py::arg("want_logz"),
-      py::arg("want_stats") = false, "The operands' q holds the tilts u, their tau the radii.");
+      py::arg("want_stats") = false, py::arg("block_q") = 0, py::arg("block_k") = 0,
+      "The operands' q holds the tilts u, their tau the radii.");
 }
 
 // Gradient arrays of one backward call; dtau and dkey_bias only when asked for.

@@ -145,6 +145,37 @@ T row_max(const T* x, int64_t n) {
   return best;
 }
 
+// sum_j x_j of a row of n >= 1 entries, in the lanes and order of exp_shift_row: packets
+// in pairs into two accumulators, the last pair with the lanes at n and past it set to 0
+// (x is read up to n rounded up to two packets: a panel row of the forward). Zeros appended
+// to the row leave the sum's bits as they are, so a row summed to a panel's limit gives the
+// bits of the row summed to its own.
+template <class T>
+T row_sum(const T* x, int64_t n) {
+  namespace ei = Eigen::internal;
+  using P = typename ei::packet_traits<T>::type;
+  constexpr int64_t W = ei::packet_traits<T>::size;
+  if constexpr (W > 1) {
+    const P zero = ei::pset1<P>(T(0));
+    P a = zero, b = zero;
+    int64_t j = 0;
+    for (; j + 2 * W <= n; j += 2 * W) {
+      a = ei::padd(a, ei::ploadu<P>(x + j));
+      b = ei::padd(b, ei::ploadu<P>(x + j + W));
+    }
+    if (j < n) {
+      const P lane = ei::plset<P>(T(0)), left = ei::pset1<P>(T(n - j)), width = ei::pset1<P>(T(W));
+      a = ei::padd(a, ei::pselect(ei::pcmp_lt(lane, left), ei::ploadu<P>(x + j), zero));
+      b = ei::padd(b, ei::pselect(ei::pcmp_lt(ei::padd(lane, width), left), ei::ploadu<P>(x + j + W), zero));
+    }
+    return ei::predux(ei::padd(a, b));
+  } else {
+    T sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += x[j];
+    return sum;
+  }
+}
+
 // The index of the first x_j equal to `value`, which the row holds: one pass with no
 // branch on the data (an early exit mispredicts once per row, which costs more than the
 // rest of the pass in rows of a few packets). Each packet's matching positions, the others
@@ -406,22 +437,28 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             score_tile<T, R()>(Qs.data() + p0 * d_k, d_k, d_k, Kt.data(), Tile<T>::padded(seen), S.data(), ld);
           });
           PanelMap L(S.data(), mr, seen, Eigen::OuterStride<>(ld));
+          // The kernel maps whole packets of each row (the score tile's padded(seen) columns, the
+          // ones past `seen` unused): every log-weight takes the packet path, whatever the panel's
+          // key limit, and equals the backward's bit for bit.
+          PanelMap Lw(S.data(), mr, Tile<T>::padded(seen), Eigen::OuterStride<>(ld));
           const T* tau_panel = tau_rows ? tau_rows + p0 : nullptr;
           T* A = acc.data() + p0 * d_v;
           const T* Vj = V + j0 * d_v;
           if constexpr (Kernel::direct) {
             if (direct) {
-              kernel.psi(L, tau_panel);
+              kernel.psi(Lw, tau_panel);
               hide(L, mask, vis, b, i0 + p0, j0, T(0));
               for (int r = 0; r < mr; ++r) {
                 if (W) std::copy_n(&L(r, 0), seen, W + (p0 + r) * n_k + j0);
-                l[p0 + r] += L.row(r).sum();
+                l[p0 + r] += row_sum(&L(r, 0), seen);
               }
-              with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, nullptr); });
+              with_rows<T>(mr, [&](auto R) {
+                value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, nullptr);
+              });
               continue;
             }
           }
-          kernel.log_psi(L, tau_panel);
+          kernel.log_psi(Lw, tau_panel);
           hide(L, mask, vis, b, i0 + p0, j0);
           // Online softmax: running max m, running sum l, accumulator rescaled by alpha.
           // Weights below min/epsilon are flushed to exactly 0 (exp_shift_row): hidden keys and
@@ -453,7 +490,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             m[i] = m_new;
             l[i] = alpha[r] * l[i] + e_sum;
           }
-          with_rows<T>(mr, [&](auto R) { value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, alpha.data()); });
+          with_rows<T>(mr, [&](auto R) {
+            value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, alpha.data());
+          });
         }
       }
 

@@ -139,11 +139,12 @@ void value_tile(const T* Pm, int64_t ldp, int64_t keys, const T* V, int64_t ldv,
     for (int p = 0; p < NP; ++p) ei::pstoreu(A + r * lda + p * W, acc[r][p]);
 }
 
-// a b + c as a packet lane computes it (ei::pmadd): one rounding where the level has fused
-// multiply-add, two elsewhere. (-ffp-contract=off keeps a plain a * b + c at two roundings.)
+// a b + c as a packet lane computes it (ei::pmadd): one rounding where Eigen's packets use
+// fused multiply-add (EIGEN_VECTORIZE_FMA: x86 with FMA, aarch64), two elsewhere.
+// (-ffp-contract=off keeps a plain a * b + c at two roundings.)
 template <class T>
 inline T lane_madd(T a, T b, T c) {
-#if defined(__FMA__)
+#if defined(EIGEN_VECTORIZE_FMA)
   return std::fma(a, b, c);
 #else
   return a * b + c;
@@ -151,10 +152,11 @@ inline T lane_madd(T a, T b, T c) {
 }
 
 // Packs the whole packets of values V (keys rows of d_v, row-major) into groups of NC
-// columns, each group's rows contiguous: Vp[g keys NC + t NC + c] = V[t, g NC + c] for the
-// d_v / W whole packets (the last group narrower when they are not a multiple of NP). A value
-// tile then streams one contiguous group (keys x NC, in L1 for a key block) instead of a
-// stripe of V's rows one row length apart. Vp holds keys * Tile<T>::packed_values(d_v) values.
+// columns, each group's rows contiguous: the group of columns g0 .. g0 + w - 1 (w = NC, or
+// less for the last group when the whole packets are not a multiple of NP) starts at
+// Vp + g0 keys and holds Vp[g0 keys + t w + c] = V[t, g0 + c]. A value tile then streams one
+// contiguous group (keys x w) instead of a stripe of V's rows one row length apart. Vp holds
+// keys * Tile<T>::packed_values(d_v) values.
 template <class T>
 void pack_values(const T* V, int64_t d_v, int64_t keys, T* Vp) {
   namespace ei = Eigen::internal;
@@ -176,11 +178,11 @@ void pack_values(const T* V, int64_t d_v, int64_t keys, T* Vp) {
 }
 
 // The same for all d_v columns of A (leading dimension d_v): the whole packets from Vp (the
-// values of `packed` keys packed by pack_values; the first `keys` of them are used), in tiles of NP packets and a narrower last one, then the
-// columns past the last whole packet from V itself (row-major, d_v wide), one entry at a
-// time in the order and with the operations of a packet lane. So an entry's bits depend on
-// its row of Pm and its column of V only, not on the panel's row count or on where its column
-// falls.
+// values of `packed` keys packed by pack_values; the first `keys` of them are used), in tiles
+// of NP packets and a narrower last one, then the columns past the last whole packet from V
+// itself (row-major, d_v wide), one entry at a time in the order and with the operations of a
+// packet lane. So an entry's bits depend on its row of Pm and its column of V only, not on the
+// panel's row count or on where its column falls.
 template <class T, int MR>
 void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t packed, const T* V, int64_t d_v,
                  T* A, const T* alpha) {
@@ -189,7 +191,7 @@ void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t pa
   const int64_t packets = d_v / W;
   int64_t p0 = 0;
   for (; p0 + NP <= packets; p0 += NP)
-    value_tile<T, MR, NP>(Pm, ldp, keys, Vp + p0 * W * packed, NP * W, A + p0 * W, d_v, alpha);
+    value_tile<T, MR, NP>(Pm, ldp, keys, Vp + p0 * W * packed, Tile<T>::NC, A + p0 * W, d_v, alpha);
   const T* Vg = Vp + p0 * W * packed;
   T* Ap = A + p0 * W;
   switch (packets - p0) {
