@@ -443,7 +443,6 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
           PanelMap Lw(S.data(), mr, Tile<T>::padded(seen), Eigen::OuterStride<>(ld));
           const T* tau_panel = tau_rows ? tau_rows + p0 : nullptr;
           T* A = acc.data() + p0 * d_v;
-          const T* Vj = V + j0 * d_v;
           if constexpr (Kernel::direct) {
             if (direct) {
               kernel.psi(Lw, tau_panel);
@@ -453,7 +452,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
                 l[p0 + r] += row_sum(&L(r, 0), seen);
               }
               with_rows<T>(mr, [&](auto R) {
-                value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, nullptr);
+                value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, d_v, A, nullptr);
               });
               continue;
             }
@@ -491,7 +490,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             l[i] = alpha[r] * l[i] + e_sum;
           }
           with_rows<T>(mr, [&](auto R) {
-            value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, Vj, d_v, A, alpha.data());
+            value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, d_v, A, alpha.data());
           });
         }
       }

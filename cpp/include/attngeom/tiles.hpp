@@ -6,7 +6,7 @@
 // per key block into groups of NC keys (packets along the keys, each group contiguous), an
 // MR x NC accumulator tile in registers, one broadcast of q[r, t] per row and step. Values:
 // A = alpha A + P V with V packed once per key block into groups of NC columns (each group's
-// keys contiguous, so a tile streams one block of L1 instead of a stripe of V's rows) and P
+// keys contiguous, so a tile streams one contiguous block instead of a stripe of V's rows) and P
 // the panel's weights, the rescaling of the online softmax folded into the load of the
 // accumulator tile. Neither Q nor P is packed, and every operand of a panel stays in L1 or L2.
 //
@@ -21,7 +21,6 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -42,8 +41,8 @@ struct Tile {
   static constexpr int NP = wide ? 4 : 2;   // packets per row of a tile
   static constexpr int64_t NC = NP * W;     // keys of a score tile
   static int64_t padded(int64_t keys) { return (keys + NC - 1) / NC * NC; }
-  // Values per key of pack_values: the whole packets of d_v.
-  static int64_t packed_values(int64_t d_v) { return d_v / W * W; }
+  // Values per key of pack_values: d_v rounded up to whole packets.
+  static int64_t packed_values(int64_t d_v) { return (d_v + W - 1) / W * W; }
 };
 
 // PacketBlock<P, W> drops the packet type's vector attributes in a template argument, as in
@@ -139,24 +138,13 @@ void value_tile(const T* Pm, int64_t ldp, int64_t keys, const T* V, int64_t ldv,
     for (int p = 0; p < NP; ++p) ei::pstoreu(A + r * lda + p * W, acc[r][p]);
 }
 
-// a b + c as a packet lane computes it (ei::pmadd): one rounding where Eigen's packets use
-// fused multiply-add (EIGEN_VECTORIZE_FMA: x86 with FMA, aarch64), two elsewhere.
-// (-ffp-contract=off keeps a plain a * b + c at two roundings.)
-template <class T>
-inline T lane_madd(T a, T b, T c) {
-#if defined(EIGEN_VECTORIZE_FMA)
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-// Packs the whole packets of values V (keys rows of d_v, row-major) into groups of NC
-// columns, each group's rows contiguous: the group of columns g0 .. g0 + w - 1 (w = NC, or
-// less for the last group when the whole packets are not a multiple of NP) starts at
-// Vp + g0 keys and holds Vp[g0 keys + t w + c] = V[t, g0 + c]. A value tile then streams one
-// contiguous group (keys x w) instead of a stripe of V's rows one row length apart. Vp holds
-// keys * Tile<T>::packed_values(d_v) values.
+// Packs values V (keys rows of d_v, row-major) into groups of NC columns, each group's rows
+// contiguous: the group of columns g0 .. g0 + w - 1 starts at Vp + g0 keys and holds
+// Vp[g0 keys + t w + c] = V[t, g0 + c]. Every group is NC wide but the last, which takes the
+// whole packets left (w < NC when they are not a multiple of NP); the columns past the last
+// whole packet form one more group of one packet, zero past d_v. A value tile then streams
+// one contiguous group (keys x w) instead of a stripe of V's rows one row length apart. Vp
+// holds keys * Tile<T>::packed_values(d_v) values.
 template <class T>
 void pack_values(const T* V, int64_t d_v, int64_t keys, T* Vp) {
   namespace ei = Eigen::internal;
@@ -175,17 +163,24 @@ void pack_values(const T* V, int64_t d_v, int64_t keys, T* Vp) {
       for (int64_t t = 0; t < keys; ++t) std::copy_n(src + t * d_v, width, dst + t * width);
     }
   }
+  if (const int64_t rest = d_v - whole) {
+    T* dst = Vp + whole * keys;
+    for (int64_t t = 0; t < keys; ++t) {
+      std::copy_n(V + t * d_v + whole, rest, dst + t * W);
+      std::fill(dst + t * W + rest, dst + (t + 1) * W, T(0));
+    }
+  }
 }
 
-// The same for all d_v columns of A (leading dimension d_v): the whole packets from Vp (the
-// values of `packed` keys packed by pack_values; the first `keys` of them are used), in tiles
-// of NP packets and a narrower last one, then the columns past the last whole packet from V
-// itself (row-major, d_v wide), one entry at a time in the order and with the operations of a
-// packet lane. So an entry's bits depend on its row of Pm and its column of V only, not on the
-// panel's row count or on where its column falls.
+// The same for all d_v columns of A (leading dimension d_v), from Vp (the values of `packed`
+// keys packed by pack_values; the first `keys` of them are used): tiles of NP packets, a
+// narrower one for the whole packets left, and the columns past the last whole packet as one
+// packet through a copy of A's rows padded with zeros. So every entry is computed as a packet
+// lane: its bits depend on its row of Pm and its column of V only, not on the panel's row
+// count or on where its column falls.
 template <class T, int MR>
-void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t packed, const T* V, int64_t d_v,
-                 T* A, const T* alpha) {
+void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t packed, int64_t d_v, T* A,
+                 const T* alpha) {
   constexpr int W = Tile<T>::W, NP = Tile<T>::NP;
   static_assert(NP <= 4, "value_panel dispatches narrower tiles up to 3 packets");
   const int64_t packets = d_v / W;
@@ -200,13 +195,13 @@ void value_panel(const T* Pm, int64_t ldp, int64_t keys, const T* Vp, int64_t pa
     case 3: if constexpr (NP > 3) value_tile<T, MR, 3>(Pm, ldp, keys, Vg, 3 * W, Ap, d_v, alpha); break;
     default: break;
   }
-  for (int64_t c = packets * W; c < d_v; ++c) {
-    for (int r = 0; r < MR; ++r) {
-      T a = alpha ? alpha[r] * A[r * d_v + c] : A[r * d_v + c];
-      const T* p = Pm + r * ldp;
-      for (int64_t t = 0; t < keys; ++t) a = lane_madd(p[t], V[t * d_v + c], a);
-      A[r * d_v + c] = a;
-    }
+  const int64_t done = packets * W, rest = d_v - done;
+  if (rest > 0) {
+    T tile[MR * W];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < W; ++c) tile[r * W + c] = c < rest ? A[r * d_v + done + c] : T(0);
+    value_tile<T, MR, 1>(Pm, ldp, keys, Vp + done * packed, W, tile, W, alpha);
+    for (int r = 0; r < MR; ++r) std::copy_n(tile + r * W, rest, A + r * d_v + done);
   }
 }
 
