@@ -71,7 +71,7 @@ def test_register_tiles_every_width(rng, dtype, d_k, d_v, causal):
 def test_an_output_entry_does_not_depend_on_the_query_tiling(rng, dtype, d_k, d_v, causal, kernel):
     """The rows of a query block go through register panels of up to 6 rows; the last panel of
     a block has what is left, and under a causal limit a panel's keys end at its last row's.
-    Query blocks of 1, 5, 7, 8, 64 and 203 rows make panels of every row count, and y, log Z
+    Query blocks of 1, 5, 7, 8, 9, 64 and 203 rows make panels of every row count, and y, log Z
     and the statistics must be the same bits for all of them, columns past the last whole
     packet of d_v included: an entry depends on its query row, the keys and the key tiling
     only. The Cauchy kernel without statistics sums its bounded weights directly (no running
@@ -92,9 +92,10 @@ def test_an_output_entry_does_not_depend_on_the_query_tiling(rng, dtype, d_k, d_
         args = AttentionOperands(u, k, v, qname="q", tau=tau, causal=causal).core_args()
 
         def run(bq, stats):
-            return _core.ridge_attention(args, "cauchy", {"gamma": 0.5}, False, True, want_stats=stats, block_q=bq)
+            return _core.ridge_attention(args, "cauchy", {"gamma": 0.5}, False, True, want_stats=stats,
+                                         block_q=bq)
     for stats in (False, True):
-        runs = [leaves_of(run(bq, stats)) for bq in (0, 1, 5, 7, 8, 64, 203)]
+        runs = [leaves_of(run(bq, stats)) for bq in (0, 1, 5, 7, 8, 9, 64, 203)]
         assert len(runs[0]) == (7 if stats else 2)  # y, log Z and the five statistics
         for other in runs[1:]:
             assert all(a.tobytes() == b.tobytes() for a, b in zip(runs[0], other, strict=True))

@@ -82,8 +82,8 @@ void def_attention(py::module_& m) {
         auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
         with_kernel<T>(kernel, params, [&](const auto& psi) {
           py::gil_scoped_release release;
-          ridge_attention<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi, out.view(),
-                             Blocking{block_q, block_k});
+          ridge_attention<T>(a.batch, a.q, a.radii(), a.tau_index, a.k, a.v, a.mask, a.causal, psi,
+                             out.view(), Blocking{block_q, block_k});
         });
         return out.result();
       },

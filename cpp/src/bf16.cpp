@@ -171,8 +171,8 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 // it was a large share of the time), and the register tile is the attention's, 6 rows at
 // every level (6 x 2 packets on 16 registers: 12 accumulators). Measured on AMD Zen 3
 // (family 25 model 1, AVX2 level, 512 x 1,024 x 3,072, best of 15; this host's single-thread
-// figures vary by a quarter from run to run): 40-44 GFLOP/s with units of 96 rows, 56-75 with these, the float32 GEMM 58-78;
-// on 2 threads 74-88 against 111-123.
+// figures vary by a quarter from run to run): 40-44 GFLOP/s with units of 96 rows, 56-75 with
+// these, the float32 GEMM 58-78; on 2 threads 74-88 against 111-123.
 constexpr int64_t KC = 128;
 // Columns of a widened unit: whole groups of NC at every level (8, 16, 64 floats), 128 KB of
 // packed float32 per depth block.

@@ -438,8 +438,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
           });
           PanelMap L(S.data(), mr, seen, Eigen::OuterStride<>(ld));
           // The kernel maps whole packets of each row (the score tile's padded(seen) columns, the
-          // ones past `seen` unused): every log-weight takes the packet path, whatever the panel's
-          // key limit, and equals the backward's bit for bit.
+          // ones past `seen` unused; rows start packet-aligned): a log-weight is computed the same
+          // way (the packet path, where the kernel has one) whatever the panel's key limit, and
+          // equals the backward's bit for bit.
           PanelMap Lw(S.data(), mr, Tile<T>::padded(seen), Eigen::OuterStride<>(ld));
           const T* tau_panel = tau_rows ? tau_rows + p0 : nullptr;
           T* A = acc.data() + p0 * d_v;

@@ -168,7 +168,7 @@ void attend_backward(int64_t batch, const Stack<T>& q, const T* tau, const int64
         }
         auto L = S.topLeftCorner(rows, cols);
         if (ridge) Raw.topLeftCorner(rows, cols) = L;
-        kernel.log_psi(S.topLeftCorner(rows, Tile<T>::padded(cols)), tau_rows);  // whole packets, as the forward
+        kernel.log_psi(S.topLeftCorner(rows, Tile<T>::padded(cols)), tau_rows);  // whole packets, as forward
         hide(L, mask, vis, b, i0, j0);
         // P = exp(l - log Z), flushed below min/epsilon as the forward does, so hidden (-inf)
         // entries are exactly zero; rows with no visible key (log Z = -inf) are shifted by
