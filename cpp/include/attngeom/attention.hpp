@@ -399,7 +399,8 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
     // (a row in the scalar tail would round differently from one in a packet).
     constexpr int64_t LW = Eigen::internal::packet_traits<T>::size;
     const int64_t bq_whole = (bq + LW - 1) / LW * LW;
-    Vec Kt(ld * d_k), Vp(bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole), alpha(MR);
+    Vec Kt(ld * d_k), Vp(bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole),
+        alpha(MR);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);

@@ -28,8 +28,8 @@ namespace attngeom {
 namespace detail {
 
 // Tile sizes for scalar type T at the compiled packet width: 6 x 4 packets (24 accumulators)
-// with 32 vector registers (AVX-512), 6 x 2 (12 accumulators, with two key packets and a
-// broadcast 15 of 16 registers) with 16. Twelve chains of fused multiply-adds hide the FMA
+// with 32 vector registers (AVX-512), 6 x 2 with 16 (12 accumulators; with two key packets
+// and a broadcast, 15 of the 16 registers). Twelve chains of fused multiply-adds hide the FMA
 // latency with a margin; 4 x 2 gave eight, and the forward took 3-12 % longer (float32, AVX2
 // level, d 64-128, n 256-4096, AMD Zen 3; 5-8 % longer at the baseline level).
 template <class T>
@@ -37,7 +37,7 @@ struct Tile {
   using Packet = typename Eigen::internal::packet_traits<T>::type;
   static constexpr int W = Eigen::internal::packet_traits<T>::size;
   static constexpr bool wide = W * sizeof(T) >= 64;
-  static constexpr int MR = 6;             // query rows of a panel
+  static constexpr int MR = 6;              // query rows of a panel
   static constexpr int NP = wide ? 4 : 2;   // packets per row of a tile
   static constexpr int64_t NC = NP * W;     // keys of a score tile
   static int64_t padded(int64_t keys) { return (keys + NC - 1) / NC * NC; }
