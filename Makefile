@@ -66,7 +66,8 @@ $(VENV)/.installed-$(NATIVE)-%: $(VENV)/.base $(SOURCES)
 	@echo "attngeom: building the C++ core into $(MAKE_BUILD) and installing '.[$*]' into $(VENV)"
 	@echo "attngeom: the first build takes about 35 steps (3 instruction-set levels): 7-12 minutes on 2 cores, less for the files ccache already holds"
 	@$(CCACHE_ENV) $(PIP) install -v $(CONSTRAINTS) --no-build-isolation -Cbuild-dir=$(MAKE_BUILD) $(CCACHE_DEFINE) \
-	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -e ".[$*]" > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
+	  -Ccmake.define.ATTNGEOM_NATIVE=$(NATIVE) -Ccmake.define.ATTNGEOM_BF16_EMULATION=ON -e ".[$*]" \
+	  > $(MAKE_BUILD)/build.log 2>&1 & pid=$$!; \
 	  shown=0; while kill -0 $$pid 2>/dev/null; do sleep 2; \
 	    grep -aoE '\[[0-9]+/[0-9]+\] [A-Za-z].*' $(MAKE_BUILD)/build.log | tail -n +$$((shown + 1)) | \
 	      sed -E 's|CMakeFiles/_core_([a-z0-9]+)\.dir/cpp/|\1: |; s|CMakeFiles/_core_([a-z0-9]+)\.dir/Unity/unity_([a-z_]+)_cxx\.cxx\.o|\1: \2 (one unit)|' ; \
@@ -156,7 +157,7 @@ $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/
 	CXX=$(SAN_CXX) $(CCACHE_ENV) $(SAN_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps \
 	  -Cbuild-dir=$(SAN_BUILD) $(CCACHE_DEFINE) \
 	  -Ccmake.define.ATTNGEOM_SANITIZE=address,undefined "-Ccmake.define.ATTNGEOM_ISA_LEVELS=$(SAN_LEVELS)" \
-	  -Ccmake.define.ATTNGEOM_NATIVE=OFF .
+	  -Ccmake.define.ATTNGEOM_NATIVE=OFF -Ccmake.define.ATTNGEOM_BF16_EMULATION=ON .
 	touch $@
 
 # The instrumented tests run in TEST_WORKERS processes too (each preloads the runtime).
@@ -191,7 +192,8 @@ sanitize: $(SAN_VENV)/.installed
 
 # Release artifacts. The wheel is built from the tree with the build tools of .venv and make's
 # build folder, so after `make test` it compiles nothing (the same flags: portable levels,
-# NATIVE=OFF); the sdist's own build from its files is checked by `make test-sdist`.
+# NATIVE=OFF; the tests' emulated bfloat16 module, which make test's build adds where SIMDe is
+# installed, is turned off); the sdist's own build from its files is checked by `make test-sdist`.
 # auditwheel repairs the wheel to the lowest manylinux policy the toolchain satisfies (it
 # vendors libgomp, outside every policy, into attngeom.libs/) and `auditwheel show` and
 # `twine check --strict` must pass.
@@ -211,7 +213,7 @@ wheel: $(VENV)/.frontend $(RELEASE_VENV)/.installed
 	rm -rf $(DIST) && mkdir -p $(DIST)/raw
 	@echo "attngeom: building the sdist and the wheel (the core compiles into $(MAKE_BUILD) unless make test built it)"
 	$(CCACHE_ENV) $(PY) -m build --no-isolation --sdist --wheel --outdir $(DIST)/raw -Cbuild-dir=$(MAKE_BUILD) $(CCACHE_DEFINE) \
-	  -Ccmake.define.ATTNGEOM_NATIVE=OFF . > $(DIST)/build.log 2>&1 \
+	  -Ccmake.define.ATTNGEOM_NATIVE=OFF -Ccmake.define.ATTNGEOM_BF16_EMULATION=OFF . > $(DIST)/build.log 2>&1 \
 	  || { tail -n 40 $(DIST)/build.log; exit 1; }
 	mv $(DIST)/raw/*.tar.gz $(DIST)/
 	PATH="$(abspath $(RELEASE_VENV))/bin:$$PATH" auditwheel repair --wheel-dir $(DIST) $(DIST)/raw/*.whl

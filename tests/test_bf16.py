@@ -19,9 +19,29 @@ from attngeom import _core
 from attngeom.models import bfloat16_to_float32, float32_to_bfloat16
 from attngeom.models.nn.products import BFloat16Weight, bfloat16_values, compute_dtype
 
-PATHS = [False, True]  # widened=False: the CPU's path (dot products where it has them); True: widened
+# "cpu": the path this CPU takes (its bfloat16 dot products where it has them); "widened": the
+# widened path on any CPU; "emulated": the AVX512_BF16 tiles on SIMDe's emulated intrinsics
+# (attngeom._bf16_emulated, which make test builds where SIMDe is installed), so that every CPU
+# runs the dot path's code.
+PATHS = ["cpu", "widened", "emulated"]
 SHAPES = [(1, 1, 1), (7, 5, 33), (13, 9, 70), (6, 4, 64), (100, 37, 1024), (97, 130, 3001), (300, 2, 5),
           (20, 9, 4000)]  # the last: depth past an A tile in L1 (column tiles outer)
+
+
+def _emulated():
+    try:
+        from attngeom import _bf16_emulated
+    except ImportError:
+        pytest.skip("attngeom._bf16_emulated is not built: make test builds it where SIMDe's headers are installed "
+                    "(Debian: libsimde-dev)")
+    return _bf16_emulated
+
+
+def _product(x, w, path, parallel=True):
+    """bf16(x) @ w.T through one of PATHS."""
+    if path == "emulated":
+        return _emulated().matmul_bf16(x, w, parallel)
+    return _core.matmul_bf16(x, w, parallel, path == "widened")
 
 
 def _operands(m, n, k, seed=0):
@@ -56,12 +76,12 @@ def test_rounding_is_nearest_ties_to_even():
     np.testing.assert_array_equal(bfloat16_values(special[:4]), bfloat16_to_float32(float32_to_bfloat16(special[:4])))
 
 
-@pytest.mark.parametrize("widened", PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_product_within_the_float32_summation_bound(shape, widened):
+def test_product_within_the_float32_summation_bound(shape, path):
     m, n, k = shape
     x, w = _operands(m, n, k)
-    y = _core.matmul_bf16(x, w, True, widened)
+    y = _product(x, w, path)
     assert y.dtype == np.float32 and y.shape == (m, n)
     ref, size = _exact(x, w)
     u = 2.0 ** -24
@@ -74,8 +94,8 @@ def test_product_within_the_float32_summation_bound(shape, widened):
         assert np.max(np.abs(unrounded - ref) - bound) > 0
 
 
-@pytest.mark.parametrize("widened", PATHS)
-def test_product_is_exact_where_every_sum_is(widened):
+@pytest.mark.parametrize("path", PATHS)
+def test_product_is_exact_where_every_sum_is(path):
     """Small integers: every product and partial sum is an integer below 2^24, so both paths
     give the exact product, bitwise."""
     rng = np.random.default_rng(2)
@@ -83,40 +103,42 @@ def test_product_is_exact_where_every_sum_is(widened):
     x = rng.integers(-8, 9, (m, k)).astype(np.float32)
     w = float32_to_bfloat16(rng.integers(-8, 9, (n, k)).astype(np.float32))
     ref = x.astype(np.float64) @ bfloat16_to_float32(w).astype(np.float64).T
-    np.testing.assert_array_equal(_core.matmul_bf16(x, w, True, widened), ref.astype(np.float32))
+    np.testing.assert_array_equal(_product(x, w, path), ref.astype(np.float32))
 
 
-@pytest.mark.parametrize("widened", PATHS)
-def test_an_entry_depends_on_its_row_and_column_only(widened):
+@pytest.mark.parametrize("path", PATHS)
+def test_an_entry_depends_on_its_row_and_column_only(path):
     """Bitwise: any split of the rows, one row at a time, serial or parallel, 1 or 2 threads,
     and a slice of the columns give the same entries."""
     x, w = _operands(97, 130, 300, seed=3)
-    full = _core.matmul_bf16(x, w, True, widened)
-    np.testing.assert_array_equal(np.vstack([_core.matmul_bf16(x[i:i + 1], w, True, widened) for i in range(97)]), full)
-    np.testing.assert_array_equal(np.vstack([_core.matmul_bf16(x[i:i + 13], w, False, widened)
+    full = _product(x, w, path)
+    np.testing.assert_array_equal(np.vstack([_product(x[i:i + 1], w, path) for i in range(97)]), full)
+    np.testing.assert_array_equal(np.vstack([_product(x[i:i + 13], w, path, parallel=False)
                                              for i in range(0, 97, 13)]), full)
-    np.testing.assert_array_equal(_core.matmul_bf16(x, np.ascontiguousarray(w[5:11]), True, widened), full[:, 5:11])
+    np.testing.assert_array_equal(_product(x, np.ascontiguousarray(w[5:11]), path), full[:, 5:11])
     old = ag.get_num_threads()
     try:
         for t in (1, 2):
             ag.set_num_threads(t)
-            np.testing.assert_array_equal(_core.matmul_bf16(x, w, True, widened), full)
+            np.testing.assert_array_equal(_product(x, w, path), full)
     finally:
         ag.set_num_threads(old)
 
 
-def test_the_paths_agree_to_float32_rounding():
+@pytest.mark.parametrize("path", ["cpu", "emulated"])
+def test_the_paths_agree_to_float32_rounding(path):
     x, w = _operands(50, 40, 2048, seed=4)
-    a, b = _core.matmul_bf16(x, w, True, False), _core.matmul_bf16(x, w, True, True)
+    a, b = _product(x, w, path), _product(x, w, "widened")
     _, size = _exact(x, w)
     assert np.all(np.abs(a - b) <= 2 * 2048 * 2.0 ** -24 * size)
 
 
-def test_non_finite_values_stay_in_their_rows_and_columns():
+@pytest.mark.parametrize("path", PATHS)
+def test_non_finite_values_stay_in_their_rows_and_columns(path):
     x, w = _operands(12, 8, 100, seed=5)
     x[3, 7] = np.nan
     w[2, 50] = float32_to_bfloat16(np.array([np.inf], np.float32))[0]
-    y = _core.matmul_bf16(x, w)
+    y = _product(x, w, path)
     bad = np.zeros(y.shape, bool)
     bad[3, :] = True
     bad[:, 2] = True
@@ -124,10 +146,25 @@ def test_non_finite_values_stay_in_their_rows_and_columns():
     assert np.isfinite(y[~bad]).all()
 
 
-def test_empty_depth_gives_zeros():
-    y = _core.matmul_bf16(np.zeros((3, 0), np.float32), np.zeros((4, 0), np.uint16))
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_depth_gives_zeros(path):
+    y = _product(np.zeros((3, 0), np.float32), np.zeros((4, 0), np.uint16), path)
     np.testing.assert_array_equal(y, np.zeros((3, 4), np.float32))
-    assert _core.matmul_bf16(np.zeros((0, 5), np.float32), np.zeros((4, 5), np.uint16)).shape == (0, 4)
+    assert _product(np.zeros((0, 5), np.float32), np.zeros((4, 5), np.uint16), path).shape == (0, 4)
+
+
+def test_the_emulated_module_runs_the_dot_path():
+    """The emulated module's product takes the AVX512_BF16 tiles (its dot_path), and its
+    threads are the core's: one OpenMP runtime, one budget."""
+    emulated = _emulated()
+    assert emulated.dot_path() == "avx512_bf16"
+    old = ag.get_num_threads()
+    try:
+        for t in (1, 2):
+            ag.set_num_threads(t)
+            assert emulated.get_num_threads() == t
+    finally:
+        ag.set_num_threads(old)
 
 
 def test_the_path_is_reported():

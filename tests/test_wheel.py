@@ -64,6 +64,8 @@ def test_the_wheel_holds_every_level_and_no_leftovers():
     for level in LEVELS:
         assert any(re.fullmatch(rf"attngeom/_core_{level}\..*\.so", n) for n in names), level
     assert "attngeom/_core.py" in names and "attngeom/cli.py" in names
+    modules = [n for n in names if n.startswith("attngeom/") and n.endswith(".so")]
+    assert all(re.fullmatch(r"attngeom/_core_\w+\..*\.so", n) for n in modules), modules  # not the tests' modules
     assert not [n for n in names if LEFTOVERS.search(n)]
     outside = {n.split("/")[0] for n in names} - {"attngeom", "attngeom.libs", f"attngeom-{ag.__version__}.dist-info"}
     assert not outside, outside

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "dot_products.hpp"
 #include "attngeom/bf16.hpp"
 #include "attngeom/products.hpp"
 #include "attngeom/token_ops.hpp"
@@ -95,7 +96,6 @@ void bind_products(py::module_& m) {
         py::arg("w_rows_are_outputs"),
         "x @ w.T (w_rows_are_outputs) or x @ w for C-contiguous x (m, k) and w of x's dtype (float32 or "
         "float64), on the calling thread (Eigen's GEMM).");
-  m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
   m.def(
       "widen_bf16",
       [](const CArray<uint16_t>& bits) {
@@ -118,19 +118,5 @@ void bind_products(py::module_& m) {
         return bits;
       },
       py::arg("x").noconvert(), "bfloat16 bits of a C-contiguous float32 array (nearest, ties to even).");
-  m.def(
-      "matmul_bf16",
-      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, bool widened) {
-        if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
-          throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
-        const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
-        CArray<float> c({m_, n});
-        {
-          py::gil_scoped_release release;
-          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, c.mutable_data(), n, parallel, widened);
-        }
-        return c;
-      },
-      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("widened") = false,
-      "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums.");
+  def_dot_products(m);
 }

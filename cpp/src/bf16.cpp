@@ -9,7 +9,15 @@
 #include "attngeom/parallel.hpp"
 #include "attngeom/tiles.hpp"
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#if defined(ATTNGEOM_BF16_EMULATED)
+// The tests' module attngeom._bf16_emulated (cpp/emulation/) compiles this file on SIMDe's
+// portable definitions of the AVX-512 intrinsics: any CPU then runs the dot path's code (its
+// tiles, tails and reduction tree), though not at its speed. Never in a user's build.
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define ATTNGEOM_BF16_X86 1
+#define ATTNGEOM_BF16_TARGET
+#elif (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define ATTNGEOM_BF16_X86 1
 // Function-level targets: the tiles compile into every level's module and run only where
@@ -43,7 +51,9 @@ void widen_row(const uint16_t* bits, int64_t count, float* x) {
 }
 
 bool has_dot() {
-#ifdef ATTNGEOM_BF16_X86
+#if defined(ATTNGEOM_BF16_EMULATED)
+  return true;
+#elif defined(ATTNGEOM_BF16_X86)
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -70,12 +80,27 @@ int64_t panel_columns(int64_t k) {
 }
 
 #ifdef ATTNGEOM_BF16_X86
+// The low and high 8 lanes of a added (AVX512F only: SIMDe has no _mm512_extractf32x8_ps).
+ATTNGEOM_BF16_TARGET inline __m256 halves(__m512 a) {
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  return _mm256_add_ps(_mm512_castps512_ps256(a), high);
+}
+
+// The first `count` (< 32) bfloat16 values at p, zero above: a masked load, which reads no
+// byte past them (SIMDe has no 16-bit masked load: a copy, for the tests' module).
+ATTNGEOM_BF16_TARGET inline __m512i load_head(const uint16_t* p, int64_t count) {
+#if defined(ATTNGEOM_BF16_EMULATED)
+  alignas(64) uint16_t head[KV] = {};
+  std::copy_n(p, count, head);
+  return _mm512_loadu_si512(head);
+#else
+  return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((uint64_t(1) << count) - 1), p);
+#endif
+}
+
 // The four sums of a, b, c, d's lanes, one fixed tree: halves, then pairs (hadd) twice.
 ATTNGEOM_BF16_TARGET inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
-  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
-  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+  const __m256 a8 = halves(a), b8 = halves(b), c8 = halves(c), d8 = halves(d);
   const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
@@ -98,9 +123,8 @@ ATTNGEOM_BF16_TARGET void dot_tile(const uint16_t* A, int64_t kp, const uint16_t
     }
   }
   if (full < k) {  // B's ragged end through a masked load; A is zero there
-    const __mmask32 mask = static_cast<__mmask32>((uint64_t(1) << (k - full)) - 1);
     __m512i b[NR];
-    for (int c = 0; c < NR; ++c) b[c] = _mm512_maskz_loadu_epi16(mask, B[c] + full);
+    for (int c = 0; c < NR; ++c) b[c] = load_head(B[c] + full, k - full);
     for (int r = 0; r < R; ++r) {
       const __m512bh a = (__m512bh)_mm512_loadu_si512(A + r * kp + full);
       for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a, (__m512bh)b[c]);

@@ -1,0 +1,35 @@
+// pybind11 glue for bf16.hpp's product and its path, shared by the core's modules
+// (products.cpp) and the tests' emulated module (cpp/emulation/bf16_emulated.cpp).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "arrays.hpp"
+#include "attngeom/bf16.hpp"
+
+namespace attngeom::bindings {
+
+inline void def_dot_products(py::module_& m) {
+  m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
+  m.def(
+      "matmul_bf16",
+      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, bool widened) {
+        if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
+          throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
+        const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
+        CArray<float> c({m_, n});
+        {
+          py::gil_scoped_release release;
+          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, c.mutable_data(), n, parallel, widened);
+        }
+        return c;
+      },
+      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("widened") = false,
+      "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums.");
+}
+
+}  // namespace attngeom::bindings
