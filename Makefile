@@ -146,10 +146,11 @@ SAN_ALLOW_SKIP ?= $(if $(filter true 1,$(CI)),0,1)
 SAN_DEPS := numpy pytest "pytest-xdist>=3.5" scipy hypothesis "safetensors>=0.4" scikit-image
 # The C++-backed tests.
 SAN_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward kernels \
-  lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz determinism bf16))
+  lightning radon whitening dimension stable_density random_features laplace_radon spectral isa fuzz determinism bf16 \
+  attention_bf16))
 # The hot kernels (the code compiled once per level), tested again at the wider levels.
 SAN_HOT_TESTS := $(addprefix tests/test_,$(addsuffix .py,attention attention_backward variants_backward \
-  lightning whitening random_features laplace_radon extremes determinism bf16))
+  lightning whitening random_features laplace_radon extremes determinism bf16 attention_bf16))
 $(SAN_VENV)/.installed: Makefile $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
 	@command -v $(SAN_CXX) >/dev/null || { echo "make sanitize needs $(SAN_CXX) (Debian: apt-get install clang-16 libomp-16-dev), or SAN_CXX=g++"; exit 1; }
 	$(PYTHON) -m venv $(SAN_VENV)

@@ -36,7 +36,7 @@ IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "_build", "results", ".i
 # configuration and the packaging checks (the wheel's contents, the version, the typing marker).
 CI_TESTS = ["attention", "attention_backward", "variants_backward", "kernels", "lightning", "radon", "whitening",
             "dimension", "stable_density", "random_features", "laplace_radon", "spectral", "isa", "determinism", "bf16",
-            "config", "packaging", "wheel", "typing"]
+            "attention_bf16", "config", "packaging", "wheel", "typing"]
 EXTRAS = {"all": "test,models,compare", "ci": "test"}
 # Programs that could build attngeom from source (x86_64-linux-gnu-g++-12, clang++-16, cmake, ...);
 # the test environment's PATH has none of them.

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include "arrays.hpp"
+#include "attention_outputs.hpp"
 #include "attngeom/attention.hpp"
 #include "attngeom/attention_backward.hpp"
 #include "kernel_dispatch.hpp"
@@ -13,67 +14,9 @@ using namespace attngeom::bindings;
 
 namespace {
 
-// The per-query statistics (AttentionStatsOutput), each (batch, n_q).
-template <class T>
-struct StatsArrays {
-  CArray<T> entropy, max_weight;
-  CArray<int64_t> argmax;
-  CArray<T> sink_weight, mean_distance;
-};
-
-template <class T>
-struct Outputs {
-  CArray<T> y;
-  std::optional<CArray<T>> weights, log_partition;
-  std::optional<StatsArrays<T>> stats;
-  AttentionOutput<T> view() {
-    AttentionOutput<T> o{y.mutable_data(), weights ? weights->mutable_data() : nullptr,
-                         log_partition ? log_partition->mutable_data() : nullptr, {}};
-    if (stats)
-      o.stats = {stats->entropy.mutable_data(), stats->max_weight.mutable_data(), stats->argmax.mutable_data(),
-                 stats->sink_weight.mutable_data(), stats->mean_distance.mutable_data()};
-    return o;
-  }
-  // (y, weights or None, log Z or None, (entropy, max_weight, argmax, sink_weight,
-  // mean_distance) or None)
-  py::tuple result() {
-    py::object st = py::none();
-    if (stats)
-      st = py::make_tuple(stats->entropy, stats->max_weight, stats->argmax, stats->sink_weight,
-                          stats->mean_distance);
-    return py::make_tuple(y, weights ? py::object(*weights) : py::none(),
-                          log_partition ? py::object(*log_partition) : py::none(), st);
-  }
-};
-
-template <class T>
-Outputs<T> make_outputs(int64_t batch, int64_t n_q, int64_t n_k, int64_t d_v, bool want_weights, bool want_logz,
-                        bool want_stats) {
-  Outputs<T> o{CArray<T>({batch, n_q, d_v}), std::nullopt, std::nullopt, std::nullopt};
-  if (want_weights) o.weights = CArray<T>({batch, n_q, n_k});
-  if (want_logz || want_stats) o.log_partition = CArray<T>({batch, n_q});
-  if (want_stats)
-    o.stats = StatsArrays<T>{CArray<T>({batch, n_q}), CArray<T>({batch, n_q}), CArray<int64_t>({batch, n_q}),
-                             CArray<T>({batch, n_q}), CArray<T>({batch, n_q})};
-  return o;
-}
-
 template <class T>
 void def_attention(py::module_& m) {
-  m.def(
-      "softmax_attention",
-      [](const AttentionArgs<T>& a, double scale, bool want_weights, bool want_logz, int64_t block_q,
-         int64_t block_k, bool want_stats) {
-        auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
-        {
-          py::gil_scoped_release release;
-          softmax_attention<T>(a.batch, a.q, a.k, a.v, a.mask, a.causal, T(scale), out.view(),
-                               Blocking{block_q, block_k});
-        }
-        return out.result();
-      },
-      py::arg("operands"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"), py::arg("block_q") = 0,
-      py::arg("block_k") = 0, py::arg("want_stats") = false);
+  def_softmax_attention<T>(m);
 
   m.def(
       "ridge_attention",

@@ -1,15 +1,17 @@
 // attngeom._bf16_emulated: a module for the tests, never in a wheel (CMake option
 // ATTNGEOM_BF16_EMULATION, which make test's build turns on where SIMDe is installed).
 //
-// It holds bf16.cpp compiled with ATTNGEOM_BF16_EMULATED: the AVX512_BF16 register tiles on
-// SIMDe's portable definitions of the AVX-512 intrinsics (VDPBF16PS as float32 multiply-adds
-// of the widened pairs), with has_dot() true. So a CPU without the instructions runs the dot
-// path's own code, its tiles, ragged depth, column tails, loop orders and reduction tree, and
-// tests/test_bf16.py checks it as it checks the CPU's paths. Its sums are ordered as SIMDe
-// orders them, which the instruction need not match, so it is held to the same bounds as the
-// real path, never to the real path's bits.
+// It holds bf16.cpp's product and the float32 softmax forward (attention.hpp) compiled with
+// ATTNGEOM_BF16_EMULATED: the AVX512_BF16 register tiles (bf16.cpp, bf16_tiles.hpp) on SIMDe's
+// portable definitions of the AVX-512 intrinsics (VDPBF16PS as float32 multiply-adds of the
+// widened pairs), with has_bf16_dot() true. So a CPU without the instructions runs the dot
+// paths' own code, their packing, tiles, ragged depths and columns, loop orders and reduction
+// tree, and tests/test_bf16.py and tests/test_attention_bf16.py check it as they check the
+// CPU's paths. Its sums are ordered as SIMDe orders them, which the instruction need not
+// match, so it is held to the same bounds as the real path, never to the real path's bits.
 #include <pybind11/pybind11.h>
 
+#include "../bindings/attention_outputs.hpp"
 #include "../bindings/dot_products.hpp"
 #include "attngeom/parallel.hpp"
 
@@ -18,5 +20,6 @@ namespace py = pybind11;
 PYBIND11_MODULE(_bf16_emulated, m) {
   m.doc() = "The bfloat16 dot-product path on SIMDe's emulated AVX512_BF16 intrinsics (tests only).";
   attngeom::bindings::def_dot_products(m);
+  attngeom::bindings::def_softmax_attention<float>(m);
   m.def("get_num_threads", &attngeom::get_num_threads, "This module's OpenMP thread budget.");
 }

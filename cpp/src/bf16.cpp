@@ -6,37 +6,14 @@
 #include <cstring>
 #include <vector>
 
+#include "attngeom/bf16_tiles.hpp"
 #include "attngeom/parallel.hpp"
 #include "attngeom/tiles.hpp"
-
-#if defined(ATTNGEOM_BF16_EMULATED)
-// The tests' module attngeom._bf16_emulated (cpp/emulation/) compiles this file on SIMDe's
-// portable definitions of the AVX-512 intrinsics: any CPU then runs the dot path's code (its
-// tiles, tails and reduction tree), though not at its speed. Never in a user's build.
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#define ATTNGEOM_BF16_X86 1
-#define ATTNGEOM_BF16_TARGET
-#elif (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ATTNGEOM_BF16_X86 1
-// Function-level targets: the tiles compile into every level's module and run only where
-// dot_path() found the instructions.
-#define ATTNGEOM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
-#endif
 
 namespace attngeom {
 namespace {
 
 constexpr int64_t KV = 32;  // bfloat16 values in a 512-bit vector: A's rows are padded to a multiple
-
-uint16_t round_one(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: quiet
-  u += 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even (carries into the exponent as it should)
-  return static_cast<uint16_t>(u >> 16);
-}
 
 float widen_one(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -48,22 +25,6 @@ float widen_one(uint16_t b) {
 // The contiguous loop the compiler vectorizes (shifts of 16-bit lanes widened to 32).
 void widen_row(const uint16_t* bits, int64_t count, float* x) {
   for (int64_t i = 0; i < count; ++i) x[i] = widen_one(bits[i]);
-}
-
-bool has_dot() {
-#if defined(ATTNGEOM_BF16_EMULATED)
-  return true;
-#elif defined(ATTNGEOM_BF16_X86)
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bf16");
-  }();
-  return yes;
-#else
-  return false;
-#endif
 }
 
 // Units of work: blocks of MB rows of A against panels of B's rows (C's columns) of about
@@ -238,7 +199,7 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
 
 }  // namespace
 
-std::string dot_path() { return has_dot() ? "avx512_bf16" : "widened"; }
+std::string dot_path() { return detail::has_bf16_dot() ? "avx512_bf16" : "widened"; }
 
 void widen_bf16(const uint16_t* bits, int64_t count, float* x) {
   constexpr int64_t BLOCK = 1 << 16;
@@ -251,7 +212,7 @@ void widen_bf16(const uint16_t* bits, int64_t count, float* x) {
 }
 
 void round_to_bf16(const float* x, int64_t count, uint16_t* bits) {
-  for (int64_t i = 0; i < count; ++i) bits[i] = round_one(x[i]);
+  for (int64_t i = 0; i < count; ++i) bits[i] = bf16_bits(x[i]);
 }
 
 void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
@@ -270,7 +231,7 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
     round_to_bf16(A + i * lda, k, rounded.data() + i * kp);
     std::fill(rounded.data() + i * kp + k, rounded.data() + (i + 1) * kp, uint16_t(0));
   }
-  const bool dot = has_dot() && !widened;
+  const bool dot = detail::has_bf16_dot() && !widened;
   const int64_t nc = dot ? panel_columns(k) : WIDE_PANEL;
   const int64_t panels = (n + nc - 1) / nc;
   // The widened path widens and packs B's panel once per unit, so its units take more rows:

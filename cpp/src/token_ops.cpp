@@ -55,17 +55,4 @@ void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const f
   }
 }
 
-void round_to_bf16_values(float* x, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      u = (u | 0x00400000u) & 0xffff0000u;  // NaN: quiet
-    } else {
-      u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    }
-    std::memcpy(x + i, &u, sizeof u);
-  }
-}
-
 }  // namespace attngeom

@@ -20,7 +20,7 @@ import numpy as np
 from . import _core
 from ._deprecation import renamed_arguments
 from ._docstrings import fill_doc
-from ._operands import (AttentionOperands, finite_result, from_bhnd, logit_scale, operand,
+from ._operands import (AttentionOperands, choice, finite_result, from_bhnd, logit_scale, operand,
                         reduce_to_shape, scalar, to_bhnd)
 from .attention_stats import core_stats, with_stats
 from .kernels import kernel_params
@@ -29,7 +29,7 @@ from .laplace_radon import ridge_attention, tilts_and_radii
 
 @renamed_arguments(return_weights="return_routing")
 def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_routing=False,
-                      return_log_partition=False, return_stats=False, layout=None):
+                      return_log_partition=False, return_stats=False, layout=None, products="float"):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
     Lawrence, Laplace-Radon eq. (2)-(3). Flash-style C++ kernel: online softmax over key
@@ -74,6 +74,16 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
         n_k). Without a layout argument, 4-D q, k, v that look like (batch, pos, head,
         d_head) give a :class:`attngeom.LayoutWarning` (the rule is in ``docs/api.rst``,
         "Activation layouts").
+    products : {"float", "bfloat16"}, default "float"
+        "bfloat16" (float32 operands; ``ml_dtypes.bfloat16`` ones are float32 here): q, k and
+        v are rounded to bfloat16 (nearest, ties to even) and their products summed in
+        float32, while the scores, the softmax, log Z and the statistics stay float32, as in
+        the bfloat16 mode of :meth:`attngeom.Model.forward`. Where the CPU has bfloat16 dot
+        products (AVX512_BF16; ``show_config()["bf16_products"]``) they compute both block
+        products, S = scale (q . k) and P V with each weight rounded to bfloat16 (as PyTorch's
+        bfloat16 flash attention rounds them), so y may differ from the exact attention of the
+        rounded q, k, v by up to 2^-8 sum_j p_ij |v_j| per entry. Elsewhere the float32 kernel
+        runs on the rounded values.
 
     Returns
     -------
@@ -103,8 +113,12 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
     layout, (q, k, v) = to_bhnd(layout, "softmax_attention", [("q", q, "v"), ("k", k, "v"), ("v", v, "v")])
     pr = AttentionOperands(q, k, v, mask=mask, causal=causal, finite=False)  # the core checks q, k, v
     scale = logit_scale(scale, pr.d_k)
+    bf16 = choice("products", products, ("float", "bfloat16")) == "bfloat16"
+    if bf16 and pr.dtype != np.float32:
+        raise ValueError(f"products='bfloat16' computes in float32: q, k and v must be float32 (or bfloat16), "
+                         f"got a {pr.dtype} computation")
     y, w, lz, st = _core.softmax_attention(pr.core_args(), scale, bool(return_routing),
-                                           bool(return_log_partition), want_stats=bool(return_stats))
+                                           bool(return_log_partition), want_stats=bool(return_stats), bf16=bf16)
     out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
     if return_stats:
         out = (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st))

@@ -10,6 +10,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "attngeom/bf16.hpp"
+#include "attngeom/bf16_tiles.hpp"
 #include "attngeom/parallel.hpp"
 #include "attngeom/tiles.hpp"
 #include "attngeom/types.hpp"
@@ -369,10 +371,18 @@ void hide(M&& L, const Mask<T>& mask, const Visibility& vis, int64_t b, int64_t 
 // mask, online softmax and the value product while the panel's scores are in L1. Under a
 // causal limit a panel stops at the last key its last row sees, so the diagonal costs at
 // most MR - 1 rows of waste and the tiling need not shrink.
+//
+// `bf16` (float32 softmax scores only): q, k and v are rounded to bfloat16 (nearest, ties to
+// even; a bfloat16 value stays as it is), and the scores, the online softmax, log Z and the
+// statistics stay float32. Where the CPU has bfloat16 dot products (has_bf16_dot) the two block
+// products are bf16_tiles.hpp's: S = scale (q . k) summed in float32, and each panel's weights
+// rounded to bfloat16 for the value product (as PyTorch's bfloat16 flash attention rounds
+// them; l sums the float32 weights). Elsewhere the float32 tiles run on the rounded values,
+// with the weights unrounded and the scale in the query block as without `bf16`.
 template <class T, class Kernel>
 void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
             const Stack<T>& v, const Mask<T>& mask, Causal causal, T query_scale, const Kernel& kernel,
-            const AttentionOutput<T>& out, Blocking blocking) {
+            const AttentionOutput<T>& out, Blocking blocking, bool bf16 = false) {
   using Mat = RowMatrix<T>;
   using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
   using CMap = Eigen::Map<const Mat>;
@@ -380,7 +390,15 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   constexpr int MR = Tile<T>::MR;
   const int64_t n_q = q.rows, d_k = q.cols, n_k = k.rows, d_v = v.cols;
   blocking = tiled(blocking, Causal::None, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
-  const int64_t bq = blocking.query, bk = blocking.key, ld = Tile<T>::padded(bk);
+  constexpr bool dot_able = std::is_same_v<T, float> && std::is_same_v<Kernel, DotScores<T>>;
+  if (bf16 && !dot_able) throw std::invalid_argument("internal: bfloat16 products need float32 softmax scores");
+  bool dot = false;  // the bfloat16 dot tiles
+#ifdef ATTNGEOM_BF16_X86
+  if constexpr (dot_able) dot = bf16 && has_bf16_dot();
+#endif
+  const int64_t bq = blocking.query, bk = blocking.key;
+  const int64_t ld = dot ? DotTile::padded(bk) : Tile<T>::padded(bk);  // the score rows' stride
+  const int64_t d2 = DotTile::pairs(d_k);  // words of a query or key in the dot tiles
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const Visibility vis(causal, n_q, n_k);
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -399,8 +417,12 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
     // (a row in the scalar tail would round differently from one in a packet).
     constexpr int64_t LW = Eigen::internal::packet_traits<T>::size;
     const int64_t bq_whole = (bq + LW - 1) / LW * LW;
-    Vec Kt(ld * d_k), Vp(bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole), log_l(bq_whole),
-        alpha(MR);
+    Vec Kt(ld * d_k), Vp(dot ? 0 : bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole),
+        log_l(bq_whole), alpha(MR);
+    // The dot tiles' words (bf16_tiles.hpp): the unit's query rows, the key block's rows before
+    // packing, its packed values and a panel's weight rows.
+    Vec Qw(dot ? bq * d2 : 0), Kw(dot ? bk * d2 : 0), Vw(dot ? DotTile::pairs(bk) * DotTile::packed_values(d_v) : 0),
+        Pw(dot ? MR * ld / 2 : 0);
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
@@ -411,7 +433,18 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       const int64_t i0 = (unit % q_blocks) * bq;
       const int64_t rows = std::min(bq, n_q - i0);
       const T* tau_rows = tau ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
-      Qs.topRows(rows).noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
+      if (dot) {
+        if constexpr (dot_able)
+          for (int64_t r = 0; r < rows; ++r) round_pairs(q.block(b) + (i0 + r) * d_k, d_k, Qw.data() + r * d2);
+      } else if (bf16) {
+        if constexpr (dot_able) {
+          Qs.topRows(rows) = CMap(q.block(b) + i0 * d_k, rows, d_k);
+          round_to_bf16_values(Qs.data(), rows * d_k);
+          Qs.topRows(rows) *= query_scale;
+        }
+      } else {
+        Qs.topRows(rows).noalias() = CMap(q.block(b) + i0 * d_k, rows, d_k) * query_scale;
+      }
       const T *K = k.block(b), *V = v.block(b);
       acc.topRows(rows).setZero();
       m.head(rows).setConstant(neg_inf);
@@ -428,13 +461,36 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 
       for (int64_t j0 = 0; j0 < key_end; j0 += bk) {
         const int64_t cols = std::min(bk, key_end - j0);
-        pack_keys(K + j0 * d_k, d_k, cols, Kt.data());
-        pack_values(V + j0 * d_v, d_v, cols, Vp.data());
+        if (dot) {
+          if constexpr (dot_able) {
+            for (int64_t c = 0; c < cols; ++c) round_pairs(K + (j0 + c) * d_k, d_k, Kw.data() + c * d2);
+            pack_keys<float, DotTile::NC>(Kw.data(), d2, cols, Kt.data());
+            pack_values_bf16(V + j0 * d_v, d_v, cols, Vw.data());
+          }
+        } else {
+          pack_keys(K + j0 * d_k, d_k, cols, Kt.data());
+          pack_values(V + j0 * d_v, d_v, cols, Vp.data());
+          if constexpr (dot_able) {
+            if (bf16) {
+              round_to_bf16_values(Kt.data(), Tile<T>::padded(cols) * d_k);
+              round_to_bf16_values(Vp.data(), cols * Tile<T>::packed_values(d_v));
+            }
+          }
+        }
         for (int64_t p0 = 0; p0 < rows; p0 += MR) {
           const int mr = int(std::min<int64_t>(MR, rows - p0));
           const int64_t seen = vis.seen(i0 + p0 + mr - 1, j0, cols);  // keys of the block the panel's last row sees
           if (seen == 0) continue;
           with_rows<T>(mr, [&](auto R) {
+#ifdef ATTNGEOM_BF16_X86
+            if constexpr (dot_able) {
+              if (dot) {
+                score_tile_bf16<R()>(Qw.data() + p0 * d2, d2, d2, Kt.data(), DotTile::padded(seen), query_scale,
+                                     S.data(), ld);
+                return;
+              }
+            }
+#endif
             score_tile<T, R()>(Qs.data() + p0 * d_k, d_k, d_k, Kt.data(), Tile<T>::padded(seen), S.data(), ld);
           });
           PanelMap L(S.data(), mr, seen, Eigen::OuterStride<>(ld));
@@ -492,6 +548,16 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             l[i] = alpha[r] * l[i] + e_sum;
           }
           with_rows<T>(mr, [&](auto R) {
+#ifdef ATTNGEOM_BF16_X86
+            if constexpr (dot_able) {
+              if (dot) {  // the weights rounded to bfloat16 pairs, after l took them in float32
+                for (int r = 0; r < mr; ++r) round_pairs(&L(r, 0), seen, Pw.data() + r * (ld / 2));
+                value_panel_bf16<R()>(Pw.data(), ld / 2, seen, Vw.data(), DotTile::pairs(cols), d_v, A,
+                                      alpha.data());
+                return;
+              }
+            }
+#endif
             value_panel<T, R()>(S.data(), ld, seen, Vp.data(), cols, d_v, A, alpha.data());
           });
         }
@@ -548,11 +614,13 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 }  // namespace detail
 
 // Softmax attention y = softmax(scale * q k^T + mask) v (Laplace-Radon eq. 2-3).
+// `bf16` (float32 only): bfloat16 products, as attend describes.
 template <class T>
 void softmax_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, const Stack<T>& v, const Mask<T>& mask,
-                       Causal causal, T scale, const AttentionOutput<T>& out, Blocking blocking = {}) {
+                       Causal causal, T scale, const AttentionOutput<T>& out, Blocking blocking = {},
+                       bool bf16 = false) {
   detail::attend(batch, q, static_cast<const T*>(nullptr), nullptr, k, v, mask, causal, scale,
-                 detail::DotScores<T>{}, out, blocking);
+                 detail::DotScores<T>{}, out, blocking, bf16);
 }
 
 // Ridge attention: weights psi(tau_j, u_j . k_i) normalised per row (eq. 40-44), for a

@@ -26,9 +26,28 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace attngeom {
+
+// The bfloat16 bits of x: nearest, ties to even (carrying into the exponent as it should, so
+// the largest floats round to infinity); a NaN stays a quiet NaN.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// x[i] = bfloat16(x[i]) as float32 (bf16_bits), in place.
+inline void round_to_bf16_values(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t u = uint32_t(bf16_bits(x[i])) << 16;
+    std::memcpy(x + i, &u, sizeof u);
+  }
+}
 
 // "avx512_bf16" where the CPU has bfloat16 dot products, "widened" elsewhere.
 std::string dot_path();

@@ -49,16 +49,18 @@ struct Tile {
 // Eigen's own kernels; GCC's warning about it is silenced here only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wignored-attributes"
-// Packs keys K (cols rows of d, row-major) transposed into groups of NC keys:
+// Packs keys K (cols rows of d, row-major) transposed into groups of NC keys (the score
+// tile's, or another multiple of the packet width):
 // Kt[(g d + t) NC + c] = K[g NC + c, t], zero past `cols` up to a whole group. W x W blocks go
-// through registers (Eigen's ptranspose), ragged edges coefficient by coefficient.
-// Kt holds Tile<T>::padded(cols) * d values.
-template <class T>
+// through registers (Eigen's ptranspose), ragged edges coefficient by coefficient; values are
+// only moved, so their bits are kept whatever they are (the bfloat16 tiles pack words of
+// pairs with it). Kt holds (cols rounded up to NC) * d values.
+template <class T, int64_t NC = Tile<T>::NC>
 void pack_keys(const T* K, int64_t d, int64_t cols, T* Kt) {
   namespace ei = Eigen::internal;
   using P = typename Tile<T>::Packet;
   constexpr int W = Tile<T>::W;
-  constexpr int64_t NC = Tile<T>::NC;
+  static_assert(NC % W == 0, "groups of whole packets");
   if (const int64_t used = cols % NC) {  // the last group's keys past `cols` are zero
     T* last = Kt + (cols / NC) * d * NC;
     for (int64_t t = 0; t < d; ++t) std::fill(last + t * NC + used, last + (t + 1) * NC, T(0));

@@ -22,7 +22,4 @@ void silu_mul(const float* g, float* u, int64_t count);
 void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
                  bool interleaved, float* y);
 
-// x[i] = bfloat16(x[i]) (nearest, ties to even) as float32, in place.
-void round_to_bf16_values(float* x, int64_t count);
-
 }  // namespace attngeom

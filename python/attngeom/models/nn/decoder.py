@@ -475,7 +475,7 @@ class Decoder:
             q, k, v = q.reshape((b, K, -1) + q.shape[2:]), k[:, :, None], v[:, :, None]
             mask = mask[:, :, None] if mask is not None and mask.ndim == 4 else mask
         res = softmax_attention(q, k, v, mask=mask, causal=ctx["causal"], scale=scale, return_routing=want_p,
-                                return_stats=want_s, layout="bhnd")
+                                return_stats=want_s, layout="bhnd", products="bfloat16" if bf16 else "float")
         if grouped:  # back to one axis of query heads (free reshapes of contiguous results)
             def heads(t):
                 return t.reshape((b, a.n_heads) + t.shape[3:])
