@@ -82,7 +82,7 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
         products (AVX512_BF16; ``show_config()["bf16_products"]``) they compute both block
         products, S = scale (q . k) and P V with each weight rounded to bfloat16 (as PyTorch's
         bfloat16 flash attention rounds them), so y may differ from the exact attention of the
-        rounded q, k, v by up to 2^-8 sum_j p_ij |v_j| per entry. Elsewhere the float32 kernel
+        rounded q, k, v by up to 2^-8 sum_j p_ij abs(v_j) per entry. Elsewhere the float32 kernel
         runs on the rounded values.
 
     Returns
