@@ -28,7 +28,14 @@
 
 #if defined(ATTNGEOM_BF16_EMULATED)
 #define SIMDE_ENABLE_NATIVE_ALIASES
+// Clang 16 and later declare __m128bh and __m256bh in their own SSE and AVX headers, which
+// SIMDe 0.7's aliases would declare again: its aliases of those two (unused here) take other
+// names.
+#define __m128bh attngeom_simde_m128bh
+#define __m256bh attngeom_simde_m256bh
 #include <simde/x86/avx512.h>
+#undef __m128bh
+#undef __m256bh
 #define ATTNGEOM_BF16_X86 1
 #define ATTNGEOM_BF16_TARGET
 #elif (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
@@ -114,8 +121,10 @@ inline void pack_values_bf16(const float* V, int64_t d_v, int64_t keys, float* V
 #ifdef ATTNGEOM_BF16_X86
 // 16 words of pairs as the instruction's operand type: loaded, or one word broadcast.
 ATTNGEOM_BF16_TARGET inline __m512bh load_pairs(const float* words) { return (__m512bh)_mm512_loadu_si512(words); }
+// (A broadcast of _mm512_set1_ps / _mm512_set1_epi32 cast to __m512bh crashes Clang 16's code
+// generator at -O1 and above; the broadcast of a scalar load does not.)
 ATTNGEOM_BF16_TARGET inline __m512bh broadcast_pair(const float* word) {
-  return (__m512bh)_mm512_castps_si512(_mm512_set1_ps(*word));
+  return (__m512bh)_mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss(word)));
 }
 
 // S[r, c] = scale * sum_t Q[r, t] . Kt[t, c] for r < MR and c < keys (a multiple of
