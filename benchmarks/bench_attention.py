@@ -1,6 +1,7 @@
 """Softmax attention: attngeom against PyTorch CPU SDPA, NumPy and the batched-GEMM ceiling.
 
-For float32/float64, causal off/on, 1 and 2 threads and four (batch, heads, n, d) shapes,
+For float32/float64 and bfloat16 products, causal off/on, 1 and 2 threads and four
+(batch, heads, n, d) shapes,
 every contender runs on the same inputs, interleaved round by round after a warm-up; the
 table reports medians and ratios measured in this run (never absolute-time assertions):
 
@@ -14,6 +15,13 @@ table reports medians and ratios measured in this run (never absolute-time asser
   gauss/o, cauchy/o   kernel_attention (Gaussian, Cauchy) time over softmax attention's
   stats/o   softmax attention with return_stats=True (entropy, max weight, sink weight and
             mean distance of every query, in the same pass) over the plain call
+
+The bfloat16 rows: ours is softmax_attention(..., products="bfloat16") on float32 arrays of
+bfloat16 values (the CPU's bfloat16 dot products where it has them: show_config's
+bf16_products), torch's SDPA takes the same values as torch.bfloat16 tensors (its bfloat16
+flash path), and y is checked against the float64 reference at 1e-2 (both round the weights
+to bfloat16: about 4e-3 measured), the statistics at 1e-4 (float32 softmax). The kernel
+columns are float32 kernels and are left out of these rows.
 
 Every output timed is checked so the benchmark never times wrong code (harness.agree; the
 exit status is 1 beyond a tolerance): softmax attention against torch's SDPA and against a
@@ -49,9 +57,9 @@ from attngeom import _core
 from harness import agree, finish, machine, parser, print_threads
 
 SHAPES = [(2, 8, 1024, 64), (1, 4, 4096, 64), (8, 12, 256, 64), (1, 8, 2048, 128)]
-DTYPES = [np.float32, np.float64]
+DTYPES = [np.float32, np.float64, "bfloat16"]
 NUMPY_LIMIT_S = 5.0  # skip the NumPy reference when one call would take longer
-TOLERANCE = {np.float32: 1e-4, np.float64: 1e-11}  # relative; see the docstring
+TOLERANCE = {np.float32: 1e-4, np.float64: 1e-11, "bfloat16": 1e-2}  # relative; see the docstring
 BLOCK_SWEEP = [(bq, bk) for bq in (32, 64, 128, 256) for bk in (64, 128, 256, 512)]
 KERNELS = {"gaussian": {"sigma": 4.0}, "cauchy": {"gamma": 4.0}}
 
@@ -150,19 +158,26 @@ def core_attention(q, k, v, causal, block_q, block_k):
 
 def bench_case(dtype, causal, shape, repeats, sweep, rng):
     B, H, n, d = shape
-    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
-    row = {"dtype": np.dtype(dtype).name, "causal": causal, "shape": list(shape), "flops": flops(B * H, n, d, causal),
-           "threads": ag.get_num_threads()}
+    bf16 = dtype == "bfloat16"
+    if bf16:  # float32 arrays of bfloat16 values, as the models' bfloat16 mode passes them
+        q, k, v = (ag.models.bfloat16_to_float32(ag.models.float32_to_bfloat16(
+            rng.standard_normal(shape).astype(np.float32))) for _ in range(3))
+    else:
+        q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    products = "bfloat16" if bf16 else "float"
+    row = {"dtype": "bfloat16" if bf16 else np.dtype(dtype).name, "causal": causal, "shape": list(shape),
+           "flops": flops(B * H, n, d, causal), "threads": ag.get_num_threads()}
     notes = []
 
-    ours = lambda: ag.softmax_attention(q, k, v, causal=causal)  # noqa: E731
-    contenders = {"ours": ours, "gemm": gemm_ceiling(B * H, n, d, causal, dtype, rng),
-                  "stats": lambda: ag.softmax_attention(q, k, v, causal=causal, return_stats=True)}
-    for name, params in KERNELS.items():
+    ours = lambda: ag.softmax_attention(q, k, v, causal=causal, products=products)  # noqa: E731
+    contenders = {"ours": ours, "gemm": gemm_ceiling(B * H, n, d, causal, q.dtype, rng),
+                  "stats": lambda: ag.softmax_attention(q, k, v, causal=causal, return_stats=True, products=products)}
+    for name, params in ({} if bf16 else KERNELS).items():
         contenders[name] = (lambda p=params, kn=name:
                             ag.kernel_attention(q, k, v, kernel=kn, causal=causal, **p))
     y = ours()
     tol = TOLERANCE[dtype]
+    stats_tol = TOLERANCE[np.float32] if bf16 else tol  # the statistics come from float32 scores
     case = f"{row['threads']} threads {row['dtype']} causal={causal} {tuple(shape)}"
     checks = []
     ref_y, ref_stats = reference(q, k, v, causal)
@@ -170,16 +185,20 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
     y_stats, stats = contenders["stats"]()
     checks.append(agree(f"softmax return_stats y vs numpy, {case}", y_stats, ref_y, rtol=tol, show=False))
     for field, want in ref_stats.items():
-        checks.append(agree(f"stats {field} vs numpy, {case}", getattr(stats, field), want, rtol=tol, show=False))
-    for name, params in KERNELS.items():
+        checks.append(agree(f"stats {field} vs numpy, {case}", getattr(stats, field), want, rtol=stats_tol,
+                            show=False))
+    for name, params in ({} if bf16 else KERNELS).items():
         want = reference(q, k, v, causal, name, **params)[0]
         checks.append(agree(f"{name} vs numpy, {case}", contenders[name](), want, rtol=tol, show=False))
 
     if torch is not None:
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))  # 4-D: torch's flash path
+        if bf16:
+            tq, tk, tv = (t.to(torch.bfloat16) for t in (tq, tk, tv))
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
         contenders["torch"] = sdpa
-        checks.append(agree(f"softmax vs torch, {case}", y, sdpa().numpy(), rtol=tol, show=False))
+        checks.append(agree(f"softmax vs torch, {case}", y, (sdpa().float() if bf16 else sdpa()).numpy(), rtol=tol,
+                            show=False))
         row["maxrel_torch"] = checks[-1]["max_rel_error"]
     row["maxrel_numpy"] = max(c["max_rel_error"] for c in checks)
 
@@ -200,7 +219,8 @@ def bench_case(dtype, causal, shape, repeats, sweep, rng):
     if "torch" in med:
         row["torch/ours"] = med["torch"] / med["ours"]
     for name in KERNELS:
-        row[f"{name}/ours"] = med[name] / med["ours"]
+        if name in med:
+            row[f"{name}/ours"] = med[name] / med["ours"]
     row["stats/ours"] = med["stats"] / med["ours"]
     row["gflops_ours"] = row["flops"] / med["ours"] / 1e9
     row["gflops_gemm"] = row["flops"] / med["gemm"] / 1e9
@@ -232,7 +252,7 @@ def print_row(row, sweep):
         f"{str(tuple(row['shape'])):>18}", f"{row['t_ours'] * 1e3:>9.1f}",
         fmt(row.get("torch/ours"), ".2f", 7), fmt(row.get("ours/numpy"), ".3f", 7),
         f"{row['gflops_ours']:>6.1f}", f"{row['gflops_gemm']:>6.1f}", f"{100 * row['fraction_of_ceiling']:>4.0f}%",
-        f"{row['gaussian/ours']:>7.2f}", f"{row['cauchy/ours']:>8.2f}", f"{row['stats/ours']:>7.2f}",
+        fmt(row.get("gaussian/ours"), ".2f", 7), fmt(row.get("cauchy/ours"), ".2f", 8), f"{row['stats/ours']:>7.2f}",
         fmt(row.get("maxrel_torch"), ".1e", 8), fmt(row.get("maxrel_numpy"), ".1e", 8),
     ]
     if sweep:
@@ -246,7 +266,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                    help="thread counts for attngeom and torch, each measured in turn (default: 1 2)")
     p.add_argument("--blocks", action="store_true", help="also sweep (block_q, block_k) of the kernel")
-    p.add_argument("--dtype", choices=["float32", "float64"], action="append",
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], action="append",
                    help="restrict to this dtype (repeatable; default both)")
     p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "N", "D"),
                    help="restrict to this (batch, heads, n, d) shape (repeatable)")
@@ -275,7 +295,7 @@ def main(argv=None):
             torch.set_num_threads(n_threads)
         threads[n_threads] = print_threads()
         print("  ".join(header))
-        for dtype in [t for t in DTYPES if not args.dtype or np.dtype(t).name in args.dtype]:
+        for dtype in [t for t in DTYPES if not args.dtype or (t if t == "bfloat16" else np.dtype(t).name) in args.dtype]:
             for causal in (False, True):
                 for shape in shapes:
                     row = bench_case(dtype, causal, shape, args.repeats, args.blocks, rng)
