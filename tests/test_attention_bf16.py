@@ -153,3 +153,30 @@ def test_the_public_function_takes_the_products_argument():
         ag.softmax_attention(q, k, v, products="bf16")
     with pytest.raises(ValueError, match="products='bfloat16' computes in float32"):
         ag.softmax_attention(q.astype(np.float64), k, v, products="bfloat16")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_inputs_whose_bfloat16_products_overflow_are_refused(path):
+    """The float32 kernel folds the scale into q, so it accepts |scale q| |k| up to the float
+    maximum; the dot tiles sum q . k before the scale, and rounding to bfloat16 carries values
+    within half a bfloat16 step of the float maximum to inf. Both bfloat16 paths refuse such
+    inputs (the same ones on every CPU) instead of returning y with log Z = inf."""
+    module = _emulated() if path == "emulated" else _core
+    v = np.array([[[1.0], [0.0]]], np.float32)
+
+    def call(mod, q, keys, scale, bf16):
+        q, k = np.array([[[q]]], np.float32), np.array([[[key] for key in keys]], np.float32)
+        return mod.softmax_attention(AttentionOperands(q, k, v, finite=False).core_args(), scale, False, True, 0, 0,
+                                     False, bf16)
+
+    cases = [(1e20, [2e19, 1e19], 0.125, "the bfloat16 products q.k"),  # q.k = 2e39, scale q.k = 2.5e38
+             (3.4e38, [1.0, 0.5], 1e-30, r"\|q_i\| rounded to bfloat16"),
+             (1.0, [3.4e38, 0.5], 1e-30, r"\|k_j\| rounded to bfloat16")]
+    for q, keys, scale, message in cases:
+        y, _, log_z, _ = call(_core, q, keys, scale, False)
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_z))  # the float32 kernel takes them
+        with pytest.raises(ValueError, match=message):
+            call(module, q, keys, scale, True)
+    # just inside the bound: |q| |k| = 3e38, finite y and log Z
+    y, _, log_z, _ = call(module, 1.5e19, [2e19, 1e19], 1e-30, True)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_z))

@@ -352,3 +352,25 @@ def test_from_transformers(tmp_path):
     b = load_model(tmp_path / "m").forward(ids, dtype=np.float64)
     np.testing.assert_array_equal(a.logits, b.logits)
     np.testing.assert_array_equal(a.kv_latent, b.kv_latent)
+
+
+def test_bfloat16_sites_hold_bfloat16_values_and_an_intervention_is_read_as_given(tmp_path):
+    """In the bfloat16 mode multi-head latent attention rounds q, k and v before their sites
+    (as the other layouts do): the sites hold bfloat16 values, and a value an intervention
+    gives reaches the kernel as given (the heads' outputs z are its float32 attention)."""
+    from attngeom.models import Hook
+    from attngeom.models.nn.products import bfloat16_values
+
+    deepseek(tmp_path / "m")
+    m = load_model(tmp_path / "m")
+    ids = np.arange(1, 10)
+    f = m.forward(ids, dtype="bfloat16", keep=("q", "k", "v"))
+    for site in ("q", "k", "v"):
+        x = getattr(f, site)
+        assert x.dtype == np.float32
+        np.testing.assert_array_equal(bfloat16_values(x), x)
+    tilt = np.float32(1 + 2.0 ** -12)  # moves q off bfloat16 values
+    g = m.forward(ids, dtype="bfloat16", keep=("q", "k", "v", "z"), interventions=[Hook("q", 0, lambda q: q * tilt)])
+    assert not np.array_equal(bfloat16_values(g.q[0]), g.q[0])
+    want = ag.softmax_attention(g.q[0], g.k[0], g.v[0], causal=True, scale=(NOPE + ROPE) ** -0.5)
+    np.testing.assert_array_equal(g.z[0], want)

@@ -96,9 +96,14 @@ struct DotScores {
 // scaled query norm) and the largest |s| (the key norm, times the tilt norm for ridge
 // kernels: Cauchy-Schwarz). One pass over q (or tau and u) and k. The values are checked
 // through the output (attend).
+//
+// `bf16` (attend's bfloat16 products): rounding to bfloat16 moves an entry up by at most a
+// factor 1 + 2^-8 (a value near the float maximum would round to inf), and the dot tiles sum
+// q . k before they apply the scale; so the rounded norms and their product without the scale
+// must stay finite too. Both bfloat16 paths refuse the same inputs, whichever the CPU runs.
 template <class T, class Kernel>
 void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_index, const Stack<T>& k,
-                 T query_scale, const Kernel& kernel) {
+                 T query_scale, const Kernel& kernel, bool bf16 = false) {
   const double q_max = max_row_norm(batch, q);
   if (std::isnan(q_max)) throw NonFiniteOperand(tau ? "u" : "q");
   double tau_max = 0;
@@ -115,6 +120,12 @@ void check_range(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* 
   }
   double s_max = max_row_norm(batch, k);
   if (std::isnan(s_max)) throw NonFiniteOperand("k");
+  if (bf16) {
+    const double limit = std::numeric_limits<T>::max(), up = 1.0 + std::ldexp(1.0, -8);
+    check_bound(up * q_max, limit, "|q_i| rounded to bfloat16", "rescale q");
+    check_bound(up * s_max, limit, "|k_j| rounded to bfloat16", "rescale k");
+    check_bound(up * q_max * up * s_max, limit, "the bfloat16 products q.k (before the scale)", "rescale q or k");
+  }
   if (tau) s_max *= q_max;  // |s| = |u.k| <= |u| |k|: tilts given directly need not be unit
   kernel.check_range(tau_max, s_max);
 }
@@ -404,7 +415,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t units = batch * q_blocks;
   const double work = double(batch) * n_q * n_k * (d_k + d_v);
-  check_range(batch, q, tau, tau_index, k, query_scale, kernel);
+  check_range(batch, q, tau, tau_index, k, query_scale, kernel, bf16);
   const bool stats = out.stats.active();
   // Statistics need the log-weights: bounded kernels then take the log-domain path too.
   const bool direct = Kernel::direct && !mask.active() && !stats;

@@ -30,12 +30,17 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 // Clang 16 and later declare __m128bh and __m256bh in their own SSE and AVX headers, which
 // SIMDe 0.7's aliases would declare again: its aliases of those two (unused here) take other
-// names.
+// names. Where the compiler's AVX512_BF16 header came first (immintrin.h included earlier),
+// SIMDe builds its types on the compiler's and its aliases name the same types: no renaming.
+#if !defined(_AVX512BF16INTRIN_H_INCLUDED) && !defined(__AVX512BF16INTRIN_H)
 #define __m128bh attngeom_simde_m128bh
 #define __m256bh attngeom_simde_m256bh
 #include <simde/x86/avx512.h>
 #undef __m128bh
 #undef __m256bh
+#else
+#include <simde/x86/avx512.h>
+#endif
 #define ATTNGEOM_BF16_X86 1
 #define ATTNGEOM_BF16_TARGET
 #elif (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))

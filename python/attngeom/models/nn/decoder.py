@@ -458,9 +458,10 @@ class Decoder:
                                           for site in ("q_prerotary", "k_prerotary"))
             elif ctx["cos_sin"] is None:
                 parts["q"], parts["k"] = parts["q_prerotary"], parts["k_prerotary"]
-        q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
         if bf16 and not parts.get("rounded"):  # multi-head latent attention, split rotations
-            q, k, v = (bfloat16_values(t) for t in (q, k, v))
+            for site in ("q", "k", "v"):  # rounded before their sites, as _attention_inputs rounds
+                parts[site] = bfloat16_values(parts[site])
+        q, k, v = gate("q", parts["q"]), gate("k", parts["k"]), gate("v", parts["v"])
         if ctx["cache"] is not None:  # attend to the cached keys and values too
             k, v = ctx["cache"].extend(li, k, v)
         scale = 1.0 / math.sqrt(a.d_head) if a.scale_attn else 1.0
