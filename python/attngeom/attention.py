@@ -98,7 +98,10 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
     ValueError
         Naming the argument: q or k holds NaN or inf, or v does in a row some query sees
         (a value no query can see never enters); the weighted sum of v passes the float
-        range (entries of v near the float limit); or a shape, mask or scale is invalid.
+        range (entries of v near the float limit); the logits may pass it (with
+        ``products="bfloat16"``, also q or k within half a bfloat16 step of the float maximum,
+        or q . k before the scale beyond it, on every CPU alike); or a shape, mask or scale
+        is invalid.
 
     Examples
     --------
