@@ -21,6 +21,7 @@ import attngeom as ag
 from attngeom import _core
 from attngeom._operands import AttentionOperands
 from attngeom.models import bfloat16_to_float32, float32_to_bfloat16
+from emulation import emulated_bf16
 
 PATHS = ["cpu", "emulated"]
 # (batch, n_q, n_k, d_k, d_v, causal): odd depths and key counts; d_v of whole 64-column
@@ -30,15 +31,6 @@ CASES = [(2, 37, 53, 64, 64, False), (1, 100, 100, 128, 128, True), (3, 9, 300, 
          (2, 65, 65, 33, 80, "bottom_right"), (1, 200, 513, 64, 17, False), (2, 130, 130, 16, 200, True),
          (1, 40, 70, 32, 96, True), (2, 25, 33, 48, 48, False), (1, 1, 1, 1, 1, False)]
 U = 2.0 ** -8
-
-
-def _emulated():
-    try:
-        from attngeom import _bf16_emulated
-    except ImportError:
-        pytest.skip("attngeom._bf16_emulated is not built: make test builds it where SIMDe's headers are installed "
-                    "(Debian: libsimde-dev)")
-    return _bf16_emulated
 
 
 def _rounded(x):
@@ -56,7 +48,7 @@ def _attend(path, q, k, v, causal=False, block_q=0, weights=False):
     """(y, P or None, log Z, stats tuple) of the bfloat16-product forward through `path`."""
     args = AttentionOperands(q, k, v, causal=causal, finite=False).core_args()
     scale = 1.0 / np.sqrt(q.shape[-1])
-    module = _emulated() if path == "emulated" else _core
+    module = emulated_bf16() if path == "emulated" else _core
     return module.softmax_attention(args, scale, weights, True, block_q, 0, True, True)
 
 
@@ -161,7 +153,7 @@ def test_inputs_whose_bfloat16_products_overflow_are_refused(path):
     maximum; the dot tiles sum q . k before the scale, and rounding to bfloat16 carries values
     within half a bfloat16 step of the float maximum to inf. Both bfloat16 paths refuse such
     inputs (the same ones on every CPU) instead of returning y with log Z = inf."""
-    module = _emulated() if path == "emulated" else _core
+    module = emulated_bf16() if path == "emulated" else _core
     v = np.array([[[1.0], [0.0]]], np.float32)
 
     def call(mod, q, keys, scale, bf16):

@@ -18,6 +18,7 @@ import attngeom as ag
 from attngeom import _core
 from attngeom.models import bfloat16_to_float32, float32_to_bfloat16
 from attngeom.models.nn.products import BFloat16Weight, bfloat16_values, compute_dtype
+from emulation import emulated_bf16
 
 # "cpu": the path this CPU takes (its bfloat16 dot products where it has them); "widened": the
 # widened path on any CPU; "emulated": the AVX512_BF16 tiles on SIMDe's emulated intrinsics
@@ -28,19 +29,10 @@ SHAPES = [(1, 1, 1), (7, 5, 33), (13, 9, 70), (6, 4, 64), (100, 37, 1024), (97, 
           (20, 9, 4000)]  # the last: depth past an A tile in L1 (column tiles outer)
 
 
-def _emulated():
-    try:
-        from attngeom import _bf16_emulated
-    except ImportError:
-        pytest.skip("attngeom._bf16_emulated is not built: make test builds it where SIMDe's headers are installed "
-                    "(Debian: libsimde-dev)")
-    return _bf16_emulated
-
-
 def _product(x, w, path, parallel=True):
     """bf16(x) @ w.T through one of PATHS."""
     if path == "emulated":
-        return _emulated().matmul_bf16(x, w, parallel)
+        return emulated_bf16().matmul_bf16(x, w, parallel)
     return _core.matmul_bf16(x, w, parallel, path == "widened")
 
 
@@ -156,7 +148,7 @@ def test_empty_depth_gives_zeros(path):
 def test_the_emulated_module_runs_the_dot_path():
     """The emulated module's product takes the AVX512_BF16 tiles (its dot_path), and its
     threads are the core's: one OpenMP runtime, one budget."""
-    emulated = _emulated()
+    emulated = emulated_bf16()
     assert emulated.dot_path() == "avx512_bf16"
     old = ag.get_num_threads()
     try:

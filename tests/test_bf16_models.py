@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from builders import configs, randomize  # noqa: E402  (needs transformers)
+from emulation import emulated_bf16  # noqa: E402
 
 LAYOUTS = ["llama", "qwen3", "gpt2", "mistral"]
 SEEDS = range(8)
@@ -53,11 +54,7 @@ def test_bfloat16_logits_on_emulated_dot_products_are_as_close(bf16_models, monk
     dot tiles and the attention's, whose value product rounds the weights to bfloat16, as a
     CPU with the instructions computes them (up to SIMDe's order of the sums). Measured when
     written: mean abs error 0.54-0.69 of transformers', top-1 5,072 against 5,025."""
-    try:
-        from attngeom import _bf16_emulated as emulated
-    except ImportError:
-        pytest.skip("attngeom._bf16_emulated is not built: make test builds it where SIMDe's headers are installed "
-                    "(Debian: libsimde-dev)")
+    emulated = emulated_bf16()
     from attngeom import _core
 
     calls = []
