@@ -132,6 +132,23 @@ ATTNGEOM_BF16_TARGET inline __m512bh broadcast_pair(const float* word) {
   return (__m512bh)_mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss(word)));
 }
 
+// The register tile's loop, shared by the score and value tiles: acc[r][p] += X[r, t] .
+// B[t, p W .. (p + 1) W) for t < pairs in order, X's rows of words at stride ldx, B's rows of
+// NP packets of pairs at stride ldb words.
+template <int MR, int NP>
+ATTNGEOM_BF16_TARGET inline void accumulate_pairs(__m512 (&acc)[MR][NP], const float* X, int64_t ldx, int64_t pairs,
+                                                  const float* B, int64_t ldb) {
+  constexpr int W = DotTile::W;
+  for (int64_t t = 0; t < pairs; ++t, B += ldb) {
+    __m512bh b[NP];
+    for (int p = 0; p < NP; ++p) b[p] = load_pairs(B + p * W);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh x = broadcast_pair(X + r * ldx + t);
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], x, b[p]);
+    }
+  }
+}
+
 // S[r, c] = scale * sum_t Q[r, t] . Kt[t, c] for r < MR and c < keys (a multiple of
 // DotTile::NC): Q's rows are d2 words of pairs (row stride ldq words), Kt the keys' words
 // packed in groups of NC keys (pack_keys on the words: Kt[(g d2 + t) NC + c] is key g NC + c's
@@ -146,15 +163,7 @@ ATTNGEOM_BF16_TARGET void score_tile_bf16(const float* Q, int64_t ldq, int64_t d
     __m512 acc[MR][NP];
     for (int r = 0; r < MR; ++r)
       for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
-    const float* kt = Kt + c0 * d2;
-    for (int64_t t = 0; t < d2; ++t, kt += DotTile::NC) {
-      __m512bh kp[NP];
-      for (int p = 0; p < NP; ++p) kp[p] = load_pairs(kt + p * W);
-      for (int r = 0; r < MR; ++r) {
-        const __m512bh qb = broadcast_pair(Q + r * ldq + t);
-        for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], qb, kp[p]);
-      }
-    }
+    accumulate_pairs<MR, NP>(acc, Q, ldq, d2, Kt + c0 * d2, DotTile::NC);
     for (int r = 0; r < MR; ++r)
       for (int p = 0; p < NP; ++p) _mm512_storeu_ps(S + r * lds + c0 + p * W, _mm512_mul_ps(acc[r][p], sc));
   }
@@ -174,15 +183,7 @@ ATTNGEOM_BF16_TARGET void value_tile_bf16(const float* Pw, int64_t ldp, int64_t 
     const __m512 a = _mm512_set1_ps(alpha ? alpha[r] : 1.0f);
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_mul_ps(a, _mm512_loadu_ps(A + r * lda + p * W));
   }
-  const float* v = V;
-  for (int64_t t = 0; t < pairs; ++t, v += ldv) {
-    __m512bh vp[NP];
-    for (int p = 0; p < NP; ++p) vp[p] = load_pairs(v + p * W);
-    for (int r = 0; r < MR; ++r) {
-      const __m512bh pb = broadcast_pair(Pw + r * ldp + t);
-      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], pb, vp[p]);
-    }
-  }
+  accumulate_pairs<MR, NP>(acc, Pw, ldp, pairs, V, ldv);
   for (int r = 0; r < MR; ++r)
     for (int p = 0; p < NP; ++p) _mm512_storeu_ps(A + r * lda + p * W, acc[r][p]);
 }
