@@ -82,7 +82,8 @@ import tempfile
 
 import numpy as np
 
-from harness import agree, fail, finish, machine, parse, parser, round_ratio, run_child, run_in_turns
+from harness import (agree, build_line, cpu_name, fail, finish, machine, parse, parser, round_ratio, run_child,
+                     run_in_turns)
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072, vocab_size=151936)
@@ -214,18 +215,6 @@ def available_bytes() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def cpu_name() -> str:
-    fields = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if len(fields) == 3:
-                break
-    return f"{fields.get('model name')} (cpu family {fields.get('cpu family')} model {fields.get('model')})"
 
 
 def table_line(n, threads, kind, r) -> str:
@@ -360,10 +349,10 @@ def main(argv=None):
                 if "error" in made:
                     fail(f"writing {kind}.gguf", made["error"])
         print(f"Qwen3-0.6B-shaped checkpoint: {size / 1e9:.2f} GB bfloat16; threads {thread_counts} for every "
-              f"library; {cpu_name()}; attngeom keep_weights={keep == '1'}")
+              f"library; {cpu_name()}; {build_line()}; attngeom keep_weights={keep == '1'}")
         if args.scaling:
             rows = scaling_rows(args, folder, lengths, thread_counts, keep, llama)
-            return finish(args.out, "long_context_scaling", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
+            return finish(args.out, "long_context_scaling", shape=SHAPE, checkpoint_bytes=size,
                           meta=machine(threads_all=thread_counts, repeats=args.repeats, keep_weights=keep == "1"),
                           rows=rows)
         print(f"one process per library, length and thread count, all resident, a warm-up forward each, then "
@@ -458,7 +447,7 @@ def main(argv=None):
         for kind, counts in threads_seen.items():
             if counts:
                 print(f"threads in the {kind} processes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    return finish(args.out, "long_context", shape=SHAPE, checkpoint_bytes=size, cpu=cpu_name(),
+    return finish(args.out, "long_context", shape=SHAPE, checkpoint_bytes=size,
                   meta=machine(threads_all=thread_counts, repeats=args.repeats, keep_weights=keep == "1"),
                   threads=threads_seen, rows=rows)
 

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from harness import agree, finish, machine, parse, parser
+from harness import agree, build_line, cpu_name, finish, machine, parse, parser
 
 import attngeom as ag
 from attngeom import _core
@@ -139,9 +139,6 @@ def main(argv=None):
     args = parse(ap, argv)
     layers, n = (1, 2048) if args.quick else (args.layers, args.tokens)
     ag.set_num_threads(args.threads)
-    cpu = open("/proc/cpuinfo").read()
-    family = next((l.split(":")[1].strip() for l in cpu.splitlines() if l.startswith("cpu family")), "?")
-    model_no = next((l.split(":")[1].strip() for l in cpu.splitlines() if l.startswith("model\t")), "?")
     context = tempfile.TemporaryDirectory() if args.keep_file is None else None
     folder = context.name if context is not None else args.keep_file
     os.makedirs(folder, exist_ok=True)
@@ -153,7 +150,7 @@ def main(argv=None):
         written = time.perf_counter() - t0
         print(f"Llama-3-8B-shaped checkpoint, {layers} of 32 layers: {size / 1e9:.1f} GB bfloat16 "
               f"({'reused' if ok else f'written in {written:.0f} s'}); {n} tokens, {args.dtype}, {args.threads} "
-              f"threads; cpu family {family} model {model_no}")
+              f"threads; {cpu_name()}; {build_line()}")
         model = ag.load_model(folder)
         ids = np.random.default_rng(1).integers(0, SHAPE["vocab_size"], n)
         with AnonPeak() as anon:
@@ -170,7 +167,7 @@ def main(argv=None):
         result = dict(layers=layers, tokens=n, dtype=args.dtype, threads=args.threads, seconds=seconds,
                       seconds_per_layer=per_layer, seconds_32_layers=whole if layers < 32 else seconds,
                       extrapolated=layers < 32, peak_rss_mb=peak_rss_mb(), peak_anon_mb=anon.peak,
-                      checkpoint_bytes=size, cpu_family=family, cpu_model=model_no)
+                      checkpoint_bytes=size)
         print(f"forward: {seconds:.1f} s ({per_layer:.1f} s per layer); 32 layers: {result['seconds_32_layers'] / 60:.1f} "
               f"min{' (extrapolated)' if layers < 32 else ''}; peak RSS {result['peak_rss_mb'] / 1024:.2f} GB, of it "
               f"anonymous (beyond the mapped checkpoint) {anon.peak / 1024:.2f} GB")

@@ -115,11 +115,40 @@ def thread_counts(**anchors) -> dict:
     return counts
 
 
+def cpu_name() -> str:
+    """The processor as /proc/cpuinfo names it: ``<model name> (cpu family F model M)``, the
+    family and model that tell, say, AMD Zen 4 (family 25, model 17) from Zen 5 (family 26);
+    ``platform.processor()`` where there is no /proc/cpuinfo."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                    fields[key.strip()] = value.strip()
+                if len(fields) == 3:
+                    break
+    except OSError:
+        return platform.processor() or "unknown processor"
+    return f"{fields.get('model name')} (cpu family {fields.get('cpu family')} model {fields.get('model')})"
+
+
+def build_line() -> str:
+    """attngeom's instruction-set level in use and its bfloat16 products' path (show_config's
+    ``isa`` and ``bf16_products``), for instance ``attngeom avx2 level, bfloat16 products
+    widened``. The same CPU runs another level where a hypervisor hides its AVX-512 state, so
+    a speed figure names both."""
+    config = ag.show_config(file=io.StringIO())
+    return f"attngeom {config['isa']} level, bfloat16 products {config['bf16_products']}"
+
+
 def print_threads(**anchors) -> dict:
-    """Print the line ``threads: attngeom N, numpy_blas M, torch K, ...`` and return
+    """Print the line ``threads: attngeom N, numpy_blas M, torch K, ...`` and the processor
+    with attngeom's level (:func:`cpu_name`, :func:`build_line`), and return
     :func:`thread_counts`."""
     counts = thread_counts(**anchors)
     print("threads: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+    print(f"cpu: {cpu_name()}; {build_line()}", flush=True)
     return counts
 
 
@@ -431,9 +460,11 @@ def measure_forward(load, forward, logits, repeats: int, logits_file: str, *, tu
 
 def machine(**fields) -> dict:
     """The run's metadata: the thread counts (:func:`thread_counts`), `fields`, the NumPy
-    and Python versions and the CPU count."""
+    and Python versions, the CPU count, the processor (:func:`cpu_name`) and attngeom's
+    level and bfloat16 path (:func:`build_line`)."""
     return {"threads": thread_counts(), **fields, "numpy": np.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+            "python": platform.python_version(), "cpu_count": os.cpu_count(), "cpu": cpu_name(),
+            "build": build_line()}
 
 
 def write(out, name: str, **payload) -> Path:
