@@ -16,6 +16,9 @@ beyond the mapped checkpoint's pages, which the pass releases after each layer).
 entropies with the bfloat16 pass's (the largest difference, in nats; gate 0.05: measured
 0.024 at 32,768 tokens on Zen 5, while a wrong layer, mask or rotation moves entropies by
 nats).
+Every run checks that each causal row's entropy is at most log(i + 1) for row i, which sees
+i + 1 keys (within 1e-3 nats of float32 rounding; a mask that lets rows see later keys
+exceeds it by nats).
 
   python benchmarks/bench_moonshot.py [--out DIR] [--layers K] [--tokens N] [--dtype bfloat16|float32]
                                       [--threads T] [--check] [--keep-file DIR] [--quick]
@@ -43,6 +46,7 @@ from attngeom import _core
 SHAPE = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
              intermediate_size=14336, vocab_size=128256)
 ENTROPY_GATE = 0.05  # nats: the first layer's entropies, bfloat16 against float32 (docstring)
+ENTROPY_BOUND_SLACK = 1e-3  # nats: float32 rounding of an entropy of up to log(32,768) = 10.4 nats
 
 
 def tensors(layers: int):
@@ -171,6 +175,11 @@ def main(argv=None):
         print(f"forward: {seconds:.1f} s ({per_layer:.1f} s per layer); 32 layers: {result['seconds_32_layers'] / 60:.1f} "
               f"min{' (extrapolated)' if layers < 32 else ''}; peak RSS {result['peak_rss_mb'] / 1024:.2f} GB, of it "
               f"anonymous (beyond the mapped checkpoint) {anon.peak / 1024:.2f} GB")
+        # A causal row i sees i + 1 keys, so its entropy is at most log(i + 1): the largest excess
+        # of each layer's heads (a mask that lets a row see later keys exceeds it by nats).
+        excess = np.max(f.attention_stats.entropy - np.log1p(np.arange(n, dtype=np.float64)), axis=-1)
+        result["entropy_bound"] = agree("entropies within log(i + 1) of a causal row i", excess, np.zeros_like(excess),
+                                        rtol=0.0, atol=ENTROPY_BOUND_SLACK, above_only=True)
         if args.check:
             other = "float32" if args.dtype == "bfloat16" else "bfloat16"
             g = model.forward(ids, keep=("attention_stats",), layers=[0], dtype=other)
