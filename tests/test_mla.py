@@ -374,3 +374,26 @@ def test_bfloat16_sites_hold_bfloat16_values_and_an_intervention_is_read_as_give
     assert not np.array_equal(bfloat16_values(g.q[0]), g.q[0])
     want = ag.softmax_attention(g.q[0], g.k[0], g.v[0], causal=True, scale=(NOPE + ROPE) ** -0.5)
     np.testing.assert_array_equal(g.z[0], want)
+
+
+def test_router_logits_interventions_read_the_layer_they_name(tmp_path):
+    """Router logits are kept at the layers with experts only (DeepSeek-V2's first layers are
+    dense), so a reference's stack is indexed by those layers: patching a run with its own
+    router logits gives its logits bitwise, and a mean ablation writes that layer's mean."""
+    from attngeom.models import Ablate, Hook, Patch
+
+    deepseek(tmp_path / "m", num_hidden_layers=3)
+    m = load_model(tmp_path / "m")
+    assert m.arch.moe_layers == (1, 2)
+    ids = np.random.default_rng(0).integers(0, VOCAB, (2, 9))
+    clean = m.forward(ids, keep=("logits", "router_logits"))
+    assert clean.router_logits.shape[0] == 2 and clean["router_logits", 1].shape == (2, 9, 4)
+    for layer in (1, 2):
+        patched = m.forward(ids, keep=("logits",), interventions=[Patch("router_logits", layer, clean)])
+        np.testing.assert_array_equal(patched.logits, clean.logits)
+        seen = {}
+        m.forward(ids, keep=("logits",), interventions=[
+            Ablate("router_logits", layer, mode="mean", reference=clean),
+            Hook("router_logits", layer, lambda a: seen.setdefault("a", a.copy()) * 0 + a)])
+        np.testing.assert_allclose(seen["a"], np.broadcast_to(clean["router_logits", layer].mean(axis=(0, 1)), (2, 9, 4)),
+                                   rtol=1e-6, atol=0)

@@ -186,7 +186,12 @@ class Forward:
         return value.map(lambda a: a[i]) if isinstance(value, AttentionStats) else value[i]
 
     def __contains__(self, name) -> bool:
-        return self.get(name) is not None
+        """Whether the site `name` was kept; False for a name that is no site, as ``in`` is
+        for a dict."""
+        try:
+            return self.get(name) is not None
+        except (ValueError, TypeError):
+            return False
 
     def _site_layers(self, site: str) -> list:
         """The layers a per-layer site's stack holds."""

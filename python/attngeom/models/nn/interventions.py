@@ -402,7 +402,8 @@ def _field(label, name, value, site, layer):
         raise TypeError(f"{label}: {name} must be a Forward (model.forward(..., keep=({site!r},))), got "
                         f"{type(value).__name__}")
     data = value.get(site)
-    layers = list(np.asarray(value.layers))
+    # the layers the site's stack holds (router logits: the kept layers with experts only)
+    layers = value._site_layers(site) if hasattr(value, "_site_layers") else [int(i) for i in value.layers]
     if data is None or (layer is not None and layer not in layers):
         at = "" if layer is None else f" at layer {layer}"
         raise ValueError(f"{label}: {name} did not keep {site!r}{at} (pass keep=({site!r}, ...) and layers covering "
