@@ -92,6 +92,7 @@ def test_a_cache_of_every_site(models, layout):
         model.forward(ids, attention_mask=mask, keep="z", layers=[0])["z", 1]
     with pytest.raises(KeyError, match="'z' was not kept"):
         model.forward(ids, attention_mask=mask, keep="logits" if layout != "bert" else "pattern")["z", 0]
+    assert "blocks.0.hook_nothing" not in f and "z" in f and ("z", 0) in f  # no site: False, as for a dict
     with pytest.raises(ValueError, match=r"Forward\[...\]: unknown site 'blocks.0.hook_nothing'"):
         f["blocks.0.hook_nothing"]
 
@@ -222,3 +223,42 @@ def test_the_forward_has_no_family_name_branches(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text('if a.family == "bert":\n    pass\nok = arch.post_norm\nif "gpt2" != arch.family:\n    pass\n')
     assert family_branches(tmp_path) == [("planted.py", 1), ("planted.py", 4)]
+
+
+
+@pytest.fixture(scope="module")
+def wide_mlp_models(tmp_path_factory):
+    """Random GPT-2, Llama (grouped queries) and Qwen3 checkpoints whose MLPs are wide enough
+    (256 hidden units) for their products to be split into several column units."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    small = dict(vocab_size=97, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    made = {"gpt2": tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_inner=256)),
+            "llama": tf.LlamaForCausalLM(tf.LlamaConfig(**small)),
+            "qwen3": tf.Qwen3ForCausalLM(tf.Qwen3Config(**small, head_dim=16))}
+    models = {}
+    for layout, model in made.items():
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp("wide_" + layout)
+        model.eval().save_pretrained(folder)
+        models[layout] = load_model(folder)
+    return models
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["gpt2", "llama", "qwen3"])
+def test_keeping_or_hooking_the_mlp_sites_leaves_the_bits(wide_mlp_models, layout, dtype):
+    """The MLP's input and hidden units kept, hooked with the identity or patched from the
+    pass's own cache give the plain pass's logits bitwise, on batches whose products are split
+    by columns (>= 32 tokens) and on shorter ones, in float32 and in the bfloat16 mode."""
+    model = wide_mlp_models[layout]
+    for shape in [(3, 12), (2, 5)]:
+        ids = np.random.default_rng(1).integers(0, model.arch.vocab_size, shape)
+        plain = model.forward(ids, keep=("logits",), dtype=dtype).logits
+        cache = model.forward(ids, keep=("logits", "mlp_in", "mlp_post", "resid_pre"), dtype=dtype)
+        np.testing.assert_array_equal(cache.logits, plain)
+        for iv in [Hook("mlp_in", 0, lambda x: x), Hook("mlp_post", 1, lambda x: x), Patch("mlp_in", 1, cache),
+                   Patch("mlp_post", 0, cache), Patch("resid_pre", 1, cache)]:
+            out = model.forward(ids, keep=("logits",), interventions=[iv], dtype=dtype).logits
+            np.testing.assert_array_equal(out, plain, err_msg=f"{shape} {iv}")

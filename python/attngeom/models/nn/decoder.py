@@ -515,18 +515,12 @@ class Decoder:
         a = self.arch
         if "router" not in L and "up" not in L:  # an attention-only model
             mlp = gate("mlp_out", np.zeros_like(h))
-        elif "router" not in L and not gate.needs("mlp_in") and not gate.needs("mlp_post"):
-            mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm, fused=bf16))  # block by block
-        else:
+        elif "router" not in L:  # block by block; mlp_in and mlp_post through the gate where needed
+            sites = gate if gate.needs("mlp_in") or gate.needs("mlp_post") else None
+            mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm, fused=bf16, gate=sites))
+        else:  # mixture of experts (:mod:`.moe`)
             x = gate("mlp_in", h if a.post_norm else normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm))
-            if "router" in L:  # mixture of experts (:mod:`.moe`)
-                mlp, _ = moe_mlp(x, L, a, act, gate)
-            elif gate.needs("mlp_post"):
-                hidden = gate("mlp_post", map_rows(lambda r: _mlp_hidden(r, L, a.gated, act), x,
-                                                   L["down"].shape[0], max_rows=MLP_ROWS))
-                mlp = map_rows(lambda r: _mlp_down(r, L), hidden, h.shape[-1], max_rows=MLP_ROWS)
-            else:
-                mlp = map_rows(lambda r: _mlp_block(r, L, a.gated, act), x, h.shape[-1], max_rows=MLP_ROWS)
+            mlp, _ = moe_mlp(x, L, a, act, gate)
             mlp = gate("mlp_out", mlp)
         h = h + mlp
         if a.post_norm:
@@ -615,29 +609,55 @@ class Decoder:
         return out
 
 
-def _dense_mlp(h, L, a, act, pre_norm=True, fused=False):
+def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
     """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
     down(act(gate) * up) or down(act(up)), biases where stored, at most MLP_ROWS tokens a block
     (the hidden units of a long input would otherwise take (n, d_ff) arrays several times
     over), on the thread budget: the norms by rows, the products by columns
     (:func:`column_products`, weights stored as (out, in) rows), or, for other weights, norm,
     products and activation together by rows. `fused`: the bfloat16 mode's fused RMSNorm and
-    SwiGLU gate."""
+    SwiGLU gate. `gate`: the pass's site gate, where mlp_in or mlp_post is kept or intervened
+    on: the normed input (b, n, d) and the hidden units (b, n, d_ff) then pass through it
+    whole, and the blocks and products are the ones computed without it, so that keeping a
+    site leaves the bits of the pass as they are."""
     def normed(rows):
         return normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused) if pre_norm else rows
 
-    flat = h.reshape(-1, h.shape[-1])
+    d, d_ff = h.shape[-1], L["down"].shape[0]
+    flat = h.reshape(-1, d)
     inner = [L["gate"], L["up"]] if a.gated else [L["up"]]
-    if not splits_columns(flat[:MLP_ROWS], inner + [L["down"]]):
-        return map_rows(lambda rows: _mlp_block(normed(rows), L, a.gated, act, fused), h, h.shape[-1],
-                        max_rows=MLP_ROWS)
-    out = np.empty_like(flat)
-    for start in range(0, flat.shape[0], MLP_ROWS):  # blocks of tokens: norms by rows, products by columns
-        x = map_rows(normed, flat[start:start + MLP_ROWS], flat.shape[1])
-        hidden = _mlp_hidden_columns(x, L, a.gated, act, fused)
-        b_down = L.get("b_down")
-        out[start:start + MLP_ROWS] = column_products(
-            hidden, [L["down"]], finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
+    split = splits_columns(flat[:MLP_ROWS], inner + [L["down"]])
+    if gate is not None:  # the normed rows at once (a norm acts on each row alone: the same bits)
+        flat = gate("mlp_in", map_rows(normed, h, d)).reshape(-1, d)
+    if not split:  # norm, products and activation together by rows, in the same row blocks either way
+        if gate is None:
+            return map_rows(lambda rows: _mlp_block(normed(rows), L, a.gated, act, fused), h, d, max_rows=MLP_ROWS)
+        hidden = map_rows(lambda rows: _mlp_hidden(rows, L, a.gated, act, fused), flat, d_ff, max_rows=MLP_ROWS)
+        if gate.needs("mlp_post"):
+            hidden = gate("mlp_post", hidden.reshape(h.shape[:-1] + (d_ff,))).reshape(-1, d_ff)
+        return map_rows(lambda rows: _mlp_down(rows, L), hidden, d, max_rows=MLP_ROWS).reshape(h.shape)
+    b_down = L.get("b_down")
+
+    def down(hidden):
+        return column_products(hidden, [L["down"]],
+                               finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
+
+    blocks = range(0, flat.shape[0], MLP_ROWS)  # blocks of tokens: norms by rows, products by columns
+    if gate is None:
+        block_x = lambda start: map_rows(normed, flat[start:start + MLP_ROWS], d)  # noqa: E731
+    else:
+        block_x = lambda start: flat[start:start + MLP_ROWS]  # noqa: E731
+    out = np.empty(flat.shape, flat.dtype)
+    if gate is not None and gate.needs("mlp_post"):
+        hidden = np.empty((flat.shape[0], d_ff), flat.dtype)
+        for start in blocks:
+            hidden[start:start + MLP_ROWS] = _mlp_hidden_columns(block_x(start), L, a.gated, act, fused)
+        hidden = gate("mlp_post", hidden.reshape(h.shape[:-1] + (d_ff,))).reshape(-1, d_ff)
+        for start in blocks:
+            out[start:start + MLP_ROWS] = down(np.ascontiguousarray(hidden[start:start + MLP_ROWS]))
+    else:
+        for start in blocks:
+            out[start:start + MLP_ROWS] = down(_mlp_hidden_columns(block_x(start), L, a.gated, act, fused))
     return out.reshape(h.shape)
 
 
