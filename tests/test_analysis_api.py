@@ -200,3 +200,30 @@ def test_non_finite_activations_raise_non_finite_operand(llama, tmp_path):
         np.save(tmp_path / "activations.npy", bad)
         with pytest.raises(NonFiniteOperand, match="^activations contains NaN or infinite values$"):
             load_activations(tmp_path, heads.n_layers, heads.d_model)
+
+
+@pytest.mark.parametrize("analysis", ["head_ablation_effects", "direction_effects", "activation_patching"])
+def test_logit_diff_answers_are_token_ids_of_the_vocabulary(llama, analysis):
+    """answers = (right, wrong): integers in 0..V-1, one or one per sequence; a negative id
+    (NumPy would wrap it), a float (it would be truncated), a bool, an id past the vocabulary
+    or one per sequence of the wrong count is refused, naming the argument."""
+    _, model = llama
+    V = model.arch.vocab_size
+    ids = _ids((2, 6))
+    calls = {"head_ablation_effects": lambda a: ag.models.head_ablation_effects(model, ids, metric="logit_diff",
+                                                                                answers=a, layers=[0]),
+             "direction_effects": lambda a: ag.models.direction_effects(model, ids, 0, 0, metric="logit_diff", answers=a),
+             "activation_patching": lambda a: ag.models.activation_patching(model, ids[:1], ids[1:], metric="logit_diff",
+                                                                            answers=a, layers=[0])}
+    call = calls[analysis]
+    call((1, 2))
+    call(([1] if analysis == "activation_patching" else [1, 3], 2))  # one id per sequence
+    for bad, says in [((-1, 2), r"answers\[0\] \(right\) must lie in 0\.\.%d" % (V - 1)),
+                      ((1, V), r"answers\[1\] \(wrong\) must lie in 0\.\.%d" % (V - 1)),
+                      ((3.7, 2), r"answers\[0\] \(right\) must be token ids \(integers\)"),
+                      ((True, 2), r"answers\[0\] \(right\) must be token ids"),
+                      (([1, 2, 3], 2), r"answers\[0\] \(right\) must be one token id or one per sequence")]:
+        if analysis == "activation_patching" and isinstance(bad[0], list):
+            bad = ([1, 2], 2)  # one sequence: two ids are one too many
+        with pytest.raises(ValueError, match=says):
+            call(bad)

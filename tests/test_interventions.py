@@ -207,7 +207,7 @@ def test_activation_patching_equals_the_patched_pass(planted):
         z = f.logits[:-1]
         logp = z - z.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-        loss = -logp[np.arange(39), corrupt[1:]].mean()
+        loss = -logp[np.arange(39), clean[1:]].mean()  # every pass scored on the clean tokens
         # a fraction of the loss restored, near 0 at some positions: abs at float64 rounding
         want = (loss - r.corrupt) / (r.clean - r.corrupt)
         assert r.restored[layer, p] == pytest.approx(want, rel=1e-9, abs=1e-12)
@@ -218,6 +218,14 @@ def test_activation_patching_equals_the_patched_pass(planted):
     assert per_head.plot() is not None and len(per_head.table()) == 160
     with pytest.raises(ValueError, match="clean_ids and corrupt_ids must have one shape"):
         ag.models.activation_patching(model, clean, corrupt[:5])
+    # one token changed: patching the clean stream there before the first layer gives the clean
+    # logits, so it restores exactly 1 on either metric
+    one = clean.copy()
+    one[7] = (clean[7] + 1) % 48
+    answers = (clean[-1], (clean[-1] + 1) % 48)
+    for metric, kw in [("loss", {}), ("logit_diff", dict(answers=answers))]:
+        r = ag.models.activation_patching(model, clean, one, metric=metric, layers=[0], dtype=np.float64, **kw)
+        assert r.restored[0, 7] == 1.0 and np.all(r.restored[0, :7] == 0.0), metric
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])

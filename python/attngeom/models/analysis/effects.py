@@ -17,7 +17,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from ..._operands import choice, count
+from ..._operands import check_token_ids, choice, count
 from ...spectral import factored_svd, null_space
 from ..nn.forward import check_layers
 from ..nn.interventions import HEAD_SITES, Ablate, Hook, Patch, Project
@@ -196,7 +196,7 @@ def head_ablation_effects(model, token_ids, *, mode: str = "mean", metric: str =
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
     ids = np.asarray(token_ids)
     ids = ids[None] if ids.ndim == 1 else ids
-    answers = _answers(metric, answers, ids)
+    answers = _answers(metric, answers, ids, model.arch.vocab_size)
     if ids.ndim == 2 and ids.shape[1] < 2 and metric == "loss":
         raise ValueError("metric='loss' needs at least 2 tokens per sequence")
     t0 = time.perf_counter()
@@ -365,7 +365,7 @@ def direction_effects(model, token_ids, layer: int, head: int, *, circuit: str =
                          "model without rotary embedding")
     ids = np.asarray(token_ids)
     ids = ids[None] if ids.ndim == 1 else ids
-    answers = _answers(metric, answers, ids)
+    answers = _answers(metric, answers, ids, model.arch.vocab_size)
     heads = model.heads
     if circuit == "OV":
         A, B, site = np.asarray(heads.W_V[layer, head], np.float64), np.asarray(heads.W_O[layer, head], np.float64), "z"
@@ -402,11 +402,23 @@ def _needs_logits(model, what: str) -> None:
                          f"checkpoint has no unembedding (lm_head)")
 
 
-def _answers(metric, answers, ids):
+def _answers(metric, answers, ids, vocab_size: int):
+    """The (right, wrong) token ids of metric='logit_diff', each one id or one per sequence of
+    ids (batch, n), as (batch,) int64 arrays; refused unless integers in the vocabulary."""
     if metric == "logit_diff":
         if answers is None or len(answers) != 2:
             raise ValueError("answers must be (right, wrong) token ids for metric='logit_diff'")
-        return tuple(np.broadcast_to(np.asarray(a, np.int64), (ids.shape[0],)) for a in answers)
+        out = []
+        for name, a in zip(("answers[0] (right)", "answers[1] (wrong)"), answers):
+            ids_a = np.asarray(a)
+            if ids_a.dtype.kind not in "iu":
+                raise ValueError(f"{name} must be token ids (integers), got {a!r}")
+            if ids_a.ndim > 1 or (ids_a.ndim == 1 and len(ids_a) != ids.shape[0]):
+                raise ValueError(f"{name} must be one token id or one per sequence ({ids.shape[0]}), got shape "
+                                 f"{ids_a.shape}")
+            check_token_ids(name, ids_a, vocab_size)
+            out.append(np.broadcast_to(ids_a.astype(np.int64), (ids.shape[0],)))
+        return tuple(out)
     if answers is not None:
         raise ValueError("answers are used by metric='logit_diff' only")
     return None
@@ -487,7 +499,9 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     site : str, default "resid_pre"
         A site of :mod:`.interventions` (not "pattern").
     metric : {"logit_diff", "loss"}, default "logit_diff"
-        As :func:`head_ablation_effects` ("logit_diff" needs ``answers``).
+        As :func:`head_ablation_effects` ("logit_diff" needs ``answers``). "loss" is the
+        cross-entropy of the clean prompt's next tokens in all three passes (clean,
+        corrupted, patched), so that a patch that gives the clean logits restores 1.
     answers : (array_like, array_like), optional
         (right, wrong) token ids per sequence.
     layers : sequence of int, optional
@@ -520,12 +534,14 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
     sites = ("resid_pre", "attn_in", "q", "k", "v", "z", "attn_out", "mlp_out", "resid_post")
     choice("site", site, sites, f"one of {', '.join(sites)}")
     choice("metric", metric, METRICS, f"one of {', '.join(METRICS)}")
-    answers = _answers(metric, answers, clean_ids)
+    answers = _answers(metric, answers, clean_ids, model.arch.vocab_size)
     L, H, n = model.arch.n_layers, model.arch.n_heads, clean_ids.shape[1]
     chosen = check_layers(layers, L)
     source = model.forward(clean_ids, dtype=dtype, keep=("logits", site))
     corrupt = model.forward(corrupt_ids, dtype=dtype, keep=("logits", "resid_pre"))
-    m_clean, m_corrupt = _metric(source.logits, clean_ids, metric, answers), _metric(corrupt.logits, corrupt_ids,
+    # every pass is scored on the clean prompt's next tokens, so a patch that gives the clean
+    # logits restores exactly 1
+    m_clean, m_corrupt = _metric(source.logits, clean_ids, metric, answers), _metric(corrupt.logits, clean_ids,
                                                                                      metric, answers)
     if m_clean == m_corrupt:
         raise ValueError(f"the {metric} is the same on the clean and the corrupted prompts: nothing to restore")
@@ -536,7 +552,7 @@ def activation_patching(model, clean_ids, corrupt_ids, site: str = "resid_pre", 
             for h in (range(H) if per_head else (None,)):
                 iv = Patch(site, layer, source, positions=[p], heads=None if h is None else [h])
                 f = model.run_from(layer, corrupt.resid_pre[layer], corrupt_ids, interventions=[iv], dtype=dtype)
-                value = (_metric(f.logits, corrupt_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
+                value = (_metric(f.logits, clean_ids, metric, answers) - m_corrupt) / (m_clean - m_corrupt)
                 restored[(layer, p) if h is None else (layer, p, h)] = value
     return PatchingResult(site, restored, m_clean, m_corrupt, metric)
 
