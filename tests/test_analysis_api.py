@@ -227,3 +227,11 @@ def test_logit_diff_answers_are_token_ids_of_the_vocabulary(llama, analysis):
             bad = ([1, 2], 2)  # one sequence: two ids are one too many
         with pytest.raises(ValueError, match=says):
             call(bad)
+
+
+def test_next_token_losses_refuse_ids_outside_the_logits_vocabulary():
+    z = np.zeros((1, 3, 4))
+    for bad, says in [([[0, 1, -1]], r"token_ids must lie in 0\.\.3 \(the logits' vocabulary\), got -1\.\.1"),
+                      ([[0, 1, 4]], r"token_ids must lie in 0\.\.3"), ([[0.0, 1.0, 2.0]], "token_ids must be integers")]:
+        with pytest.raises(ValueError, match=says):
+            ag.models.next_token_losses(z, bad)

@@ -11,7 +11,7 @@ token on a random GPT-2, a grouped-query Llama, Mistral (sliding window), Mixtra
 import numpy as np
 import pytest
 
-from attngeom.models import load_model
+from attngeom.models import head_view, load_model
 from attngeom.models.nn.generate import KVCache, next_tokens
 from checkpoints import random_checkpoint, with_tokenizer
 
@@ -146,6 +146,8 @@ def test_to_str_tokens_byte_level(tmp_path):
     strings = model.to_str_tokens("the cat sat")
     assert strings == model.to_str_tokens(ids)
     assert strings[-1] == " sat" and "".join(strings) == "the cat sat"
+    view = head_view(model, "the cat sat")  # the view and report.html show the decoded strings
+    assert view.tokens == strings and view.data()["tokens"] == strings
 
 
 # -- against transformers' greedy generate ----------------------------------------------------------

@@ -122,6 +122,11 @@ def next_token_losses(logits, token_ids) -> np.ndarray:
         copy of the logits). Their mean is the loss of :func:`head_ablation_effects`; the
         mean at a late minus an early position is Olsson et al.'s in-context-learning score.
 
+    Raises
+    ------
+    ValueError
+        For shapes that do not match, or token ids that are not integers in 0..vocab-1.
+
     Examples
     --------
     >>> ag.models.next_token_losses(np.zeros((1, 3, 4)), [[0, 1, 2]]).round(4)
@@ -131,6 +136,9 @@ def next_token_losses(logits, token_ids) -> np.ndarray:
     ids = np.asarray(token_ids)
     if z.ndim != 3 or ids.shape != z.shape[:2]:
         raise ValueError(f"logits must be (batch, n, vocab) and token_ids (batch, n), got {z.shape} and {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"token_ids must be integers, got dtype {ids.dtype}")
+    check_token_ids("token_ids", ids, z.shape[2], " (the logits' vocabulary)")
     z = z[:, :-1]
     top = z.max(-1, keepdims=True)
     mass = np.exp(z - top).sum(-1, dtype=np.float64)  # (b, n - 1)

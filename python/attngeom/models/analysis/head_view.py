@@ -246,11 +246,10 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
     """
     model = resolve_model(model)
     ids, tokens = encode_prompt(model, text, max_length=max_length)
-    if tokens is None:
-        try:
-            tokens = list(model.to_str_tokens(np.asarray(ids, dtype=np.int64)))
-        except (ValueError, OSError, ImportError):  # no tokenizer files: the ids
-            tokens = [str(int(i)) for i in ids]
+    try:  # decoded strings (a byte-level BPE token reads " the", not its vocabulary entry "Ġthe")
+        tokens = list(model.to_str_tokens(np.asarray(ids, dtype=np.int64)))
+    except (ValueError, OSError, ImportError):  # no tokenizer files: the vocabulary entries, or the ids
+        tokens = tokens if tokens is not None else [str(int(i)) for i in ids]
     ids = np.asarray(ids, dtype=np.int64)
     n, L, H = len(ids), model.arch.n_layers, model.arch.n_heads
     causal = not model.arch.bidirectional
