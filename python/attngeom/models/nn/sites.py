@@ -53,7 +53,10 @@ weight and bias. Where the layout differs from TransformerLens': per-head values
 and under grouped-query attention keys and values hold one copy per query head (as the
 attention uses them). ``q`` and ``k`` are the rotated vectors (TransformerLens' hook_rot_q,
 hook_rot_k); without a rotary embedding they equal ``q_prerotary`` and ``k_prerotary``
-(hook_q, hook_k). In the post-norm BERT encoder the stream is normed inside the layer:
+(hook_q, hook_k). In models with q_norm / k_norm (Qwen3), ``q_prerotary`` and
+``k_prerotary`` hold the vectors after those norms, which TransformerLens names
+hook_q_normed and hook_k_normed (its hook_q and hook_k are the vectors before the norms,
+which have no site here). In the post-norm BERT encoder the stream is normed inside the layer:
 ``resid_mid`` and ``resid_post`` are the streams after the layer's first and second
 LayerNorm (what the next step reads), and ``ln_final`` is the last layer's output.
 ``mlp_post`` exists in models whose every layer has a dense MLP.
