@@ -254,12 +254,14 @@ class HeadReport:
             sc = self.scores
             (l, h, v), = sc.top(1)
             (lp, hp, vp), = sc.top(1, by="previous_token")
-            verdict = "an induction head" if v >= 0.3 else "no head scores >= 0.3: no induction head"
-            out.append(f"Induction head: L{l}H{h} (induction score {v:.3f}; {verdict}). Previous-token head: "
-                       f"L{lp}H{hp} ({vp:.3f}).")
+            if v >= 0.3:
+                lead = f"Induction head: L{l}H{h} (induction score {v:.3f})."
+            else:  # the highest score is named, not called an induction head
+                lead = f"No induction head: the highest induction score is L{l}H{h}'s, {v:.3f} (below 0.3)."
+            out.append(f"{lead} Highest previous-token score: L{lp}H{hp} ({vp:.3f}).")
             if getattr(sc, "duplicate_token", None) is not None:
                 (ld, hd, vd), = sc.top(1, by="duplicate_token")
-                out[-1] += f" Duplicate-token head: L{ld}H{hd} ({vd:.3f})."
+                out[-1] += f" Highest duplicate-token score: L{ld}H{hd} ({vd:.3f})."
             if getattr(sc, "probe", ""):
                 out.append(f"Scores on the induction probe: {sc.probe} (another probe gives other numbers: scores "
                            f"are those of their probe).")
