@@ -91,6 +91,8 @@ def test_next_tokens():
     (lambda m: m.generate(PROMPT, 2, temperature=float("nan")), r"^temperature must be"),
     (lambda m: m.generate([1, 97], 2), r"^token_ids must lie in 0\.\.96"),
     (lambda m: m.generate([[1, 2]], 2, attention_mask=[[0, 1]]), r"^attention_mask: generate does not support padding"),
+    (lambda m: m.generate([[1, 2, 3]], 2, attention_mask=[1, 1, 1]),
+     r"^attention_mask must have token_ids. shape \(1, 3\), got \(3,\)$"),
     (lambda m: m.generate(PROMPT, 2, dtype=np.float16), r"^dtype must be float32, float64 or .bfloat16."),
     (lambda m: m.to_str_tokens([1, 2]), r"^text_or_ids: folder .* has no tokenizer files"),
     (lambda m: m.to_str_tokens([1, 200]), r"^text_or_ids must lie in 0\.\.96"),

@@ -52,6 +52,12 @@ def test_view_holds_the_forward_pass(qwen3):
     assert "40 tokens" in repr(view) and "<script" in view._repr_html_()
     with pytest.raises(ValueError, match="window must satisfy"):
         head_view(qwen3, ids, window=(30, 50))
+    for bad, says in [(dict(window=(1.9, 5.9)), r"window\[0\] must be an integer >= 0, got 1.9"),
+                      (dict(window=(1, 2, 3)), "window must be a token count or \\(start, stop\\)"),
+                      (dict(max_length=-1), "max_length must be an integer >= 1, got -1"),
+                      (dict(max_length=0), "max_length must be an integer >= 1, got 0")]:
+        with pytest.raises(ValueError, match=says):  # not truncated, not the last token dropped
+            head_view(qwen3, ids, **bad)
 
 
 def test_view_of_4k_tokens_stays_small(qwen3, tmp_path):

@@ -260,7 +260,9 @@ def head_view(model, text, *, window=None, max_length: Optional[int] = None) -> 
     elif np.ndim(window) == 0:
         start, stop = 0, min(n, count("window", window, 1))
     else:
-        start, stop = (int(v) for v in window)
+        if np.shape(window) != (2,):
+            raise ValueError(f"window must be a token count or (start, stop), got {window!r}")
+        start, stop = (count(f"window[{i}]", v, 0) for i, v in enumerate(window))
         if not 0 <= start < stop <= n:
             raise ValueError(f"window must satisfy 0 <= start < stop <= {n} (the text's tokens), got {window!r}")
     st = model.forward(ids, keep=("attention_stats",)).attention_stats  # every query, no (n, n) matrix

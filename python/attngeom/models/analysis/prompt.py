@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..._operands import check_token_ids
+from ..._operands import check_token_ids, count
 from ..nn.heads import ModelHeads, load_heads
 from ..nn.model import Model, load_model
 
@@ -167,7 +167,8 @@ def encode_prompt(model, prompt, *, max_length: Optional[int] = None) -> Tuple[n
     ------
     ValueError
         For empty or non-integer token ids, ids outside the vocabulary, and text for a
-        checkpoint without tokenizer files (messages name ``prompt``).
+        checkpoint without tokenizer files (messages name ``prompt``); a max_length that is
+        not a positive integer.
 
     Examples
     --------
@@ -177,6 +178,7 @@ def encode_prompt(model, prompt, *, max_length: Optional[int] = None) -> Tuple[n
     (array([ 101, 1996, 4937,  102]), ['[CLS]', 'the', 'cat', '[SEP]'])
     """
     model = resolve_model(model)
+    count("max_length", max_length, 1, allow_none=True)
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("prompt must be a non-empty text or token ids, got an empty text")

@@ -357,7 +357,9 @@ class Model:
         ids, single = self._token_ids(token_ids)
         if attention_mask is not None:
             m = np.asarray(attention_mask)
-            if m.shape != np.shape(token_ids) or m.dtype.kind not in "biuf" or not np.all(m == 1):
+            if m.shape != np.shape(token_ids):
+                raise ValueError(f"attention_mask must have token_ids' shape {np.shape(token_ids)}, got {m.shape}")
+            if m.dtype.kind not in "biuf" or not np.all(m == 1):
                 raise ValueError("attention_mask: generate does not support padding; pass equally long prompts "
                                  "without a mask")
         n = ids.shape[1]
