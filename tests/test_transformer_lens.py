@@ -256,3 +256,34 @@ def test_path_patching_equals_transformer_lens_hooks(pairs, bridges, layout):
     # the paths matter: a path's effect stands ten tolerances clear of zero, so patching the
     # wrong site (or none) would fail the comparisons above
     assert np.abs(ours.effect).max() > 10 * tol
+
+
+def test_qwen3_sites_equal_transformer_lens_the_normed_queries_and_keys_as_hook_q_normed(tmp_path_factory):
+    """Qwen3 (q_norm / k_norm): every site equals TransformerLens' value of the same name but
+    q_prerotary and k_prerotary, which hold the vectors after the norms: its hook_q_normed and
+    hook_k_normed (its hook_q and hook_k are the projections before them; the sites table says
+    so)."""
+    (model, hf), = model_pairs(tmp_path_factory, ["qwen3"]).values()
+    vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    bridge = TransformerBridge.boot_transformers(model.folder, hf_model=hf, device="cpu",
+                                                 tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_object=vocab))
+    ids = _ids(5)
+    with torch.no_grad():
+        tl_logits, cache = bridge.run_with_cache(torch.tensor(ids))
+    f = model.forward(ids, keep="all")
+    np.testing.assert_allclose(f.logits, tl_logits.numpy(), rtol=1e-4, atol=1e-4)
+    normed = {"q_prerotary": "hook_q_normed", "k_prerotary": "hook_k_normed"}
+    compared = set()
+    for name, ours in f.items():
+        site, _ = parse_site(name)
+        if site in normed:  # (b, heads, n, d): TransformerLens keeps the norm's layout; one per key head
+            theirs = cache[name.replace(name.rsplit(".", 1)[-1], normed[site])].detach().numpy()
+            theirs = np.repeat(theirs, model.arch.n_heads // theirs.shape[1], axis=1)
+        else:
+            theirs = _theirs(cache, name, site, model.arch.n_heads)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=name)
+        if site in normed:  # TransformerLens' hook_q / hook_k: before the norm, another value
+            before = _theirs(cache, name, site, model.arch.n_heads)
+            assert np.abs(ours - before).max() > 1e-2, name
+        compared.add(site)
+    assert compared == set(model_sites(model.arch))
