@@ -20,20 +20,26 @@ from attngeom.models import bfloat16_to_float32, float32_to_bfloat16
 from attngeom.models.nn.products import BFloat16Weight, bfloat16_values, compute_dtype
 from emulation import emulated_bf16
 
-# "cpu": the path this CPU takes (its bfloat16 dot products where it has them); "widened": the
-# widened path on any CPU; "emulated": the AVX512_BF16 tiles on SIMDe's emulated intrinsics
-# (attngeom._bf16_emulated, which make test builds where SIMDe is installed), so that every CPU
-# runs the dot path's code.
-PATHS = ["cpu", "widened", "emulated"]
+# "cpu": the path this CPU takes (its AMX tiles or bfloat16 dot products where it has them);
+# "widened": the widened path on any CPU; "avx512_bf16" and "amx_bf16": those paths where this
+# CPU has them (a skip elsewhere); "emulated" and "emulated_amx": the AVX512_BF16 tiles and the
+# AMX path's code on emulated intrinsics and tiles (attngeom._bf16_emulated, which make test
+# builds where SIMDe is installed), so that every CPU runs both paths' code.
+PATHS = ["cpu", "widened", "avx512_bf16", "amx_bf16", "emulated", "emulated_amx"]
+CPU_PATHS = {"avx512_bf16": ("avx512_bf16", "amx_bf16"), "amx_bf16": ("amx_bf16",)}
 SHAPES = [(1, 1, 1), (7, 5, 33), (13, 9, 70), (6, 4, 64), (100, 37, 1024), (97, 130, 3001), (300, 2, 5),
-          (20, 9, 4000)]  # the last: depth past an A tile in L1 (column tiles outer)
+          (20, 9, 4000),  # depth past an A tile in L1 (column tiles outer)
+          (33, 17, 64), (65, 50, 96),  # AMX: a short end of B's rows (the tile of its last 16), one row block
+          (70, 300, 64), (530, 20, 32)]  # AMX: more than one unit of B's rows, of A's rows
 
 
 def _product(x, w, path, parallel=True):
     """bf16(x) @ w.T through one of PATHS."""
-    if path == "emulated":
-        return emulated_bf16().matmul_bf16(x, w, parallel)
-    return _core.matmul_bf16(x, w, parallel, path == "widened")
+    if path.startswith("emulated"):
+        return emulated_bf16().matmul_bf16(x, w, parallel, "amx_bf16" if path == "emulated_amx" else "avx512_bf16")
+    if path in CPU_PATHS and _core.dot_path() not in CPU_PATHS[path]:
+        pytest.skip(f"this CPU has no {path} path (its best is {_core.dot_path()})")
+    return _core.matmul_bf16(x, w, parallel, "" if path == "cpu" else path)
 
 
 def _operands(m, n, k, seed=0):
@@ -99,15 +105,18 @@ def test_product_is_exact_where_every_sum_is(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_an_entry_depends_on_its_row_and_column_only(path):
+@pytest.mark.parametrize("k", [300, 320])  # the AMX path copies B padded at 300 (not whole tile rows)
+def test_an_entry_depends_on_its_row_and_column_only(path, k):
     """Bitwise: any split of the rows, one row at a time, serial or parallel, 1 or 2 threads,
-    and a slice of the columns give the same entries."""
-    x, w = _operands(97, 130, 300, seed=3)
+    and slices of the columns (fewer than a tile's 16, and a run of them starting mid-tile)
+    give the same entries."""
+    x, w = _operands(97, 130, k, seed=3)
     full = _product(x, w, path)
     np.testing.assert_array_equal(np.vstack([_product(x[i:i + 1], w, path) for i in range(97)]), full)
     np.testing.assert_array_equal(np.vstack([_product(x[i:i + 13], w, path, parallel=False)
                                              for i in range(0, 97, 13)]), full)
     np.testing.assert_array_equal(_product(x, np.ascontiguousarray(w[5:11]), path), full[:, 5:11])
+    np.testing.assert_array_equal(_product(x, np.ascontiguousarray(w[3:58]), path), full[:, 3:58])
     old = ag.get_num_threads()
     try:
         for t in (1, 2):
@@ -117,7 +126,7 @@ def test_an_entry_depends_on_its_row_and_column_only(path):
         ag.set_num_threads(old)
 
 
-@pytest.mark.parametrize("path", ["cpu", "emulated"])
+@pytest.mark.parametrize("path", ["cpu", "avx512_bf16", "amx_bf16", "emulated", "emulated_amx"])
 def test_the_paths_agree_to_float32_rounding(path):
     x, w = _operands(50, 40, 2048, seed=4)
     a, b = _product(x, w, path), _product(x, w, "widened")
@@ -138,6 +147,20 @@ def test_non_finite_values_stay_in_their_rows_and_columns(path):
     assert np.isfinite(y[~bad]).all()
 
 
+@pytest.mark.parametrize("path", ["avx512_bf16", "amx_bf16"])
+def test_the_instructions_take_subnormal_inputs_as_zero(path):
+    """VDPBF16PS and TDPBF16PS treat subnormal bfloat16 inputs as zero, so a float32 subnormal
+    in A's rows (rounded to a subnormal bfloat16, or to zero by the AMX path's packing of whole
+    16-row blocks) adds nothing, in a whole block's row (0) as in a ragged one's (16); the
+    widened path keeps it."""
+    x = np.zeros((17, 32), np.float32)
+    x[:, 0], x[:, 1] = 1e-39, 2.0 ** -126
+    w = float32_to_bfloat16(np.full((16, 32), 2.0 ** 100, np.float32))
+    y = _product(x, w, path)
+    np.testing.assert_array_equal(y, np.float32(2.0 ** -26))
+    assert np.all(_product(x, w, "widened") > 2.0 ** -26)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_empty_depth_gives_zeros(path):
     y = _product(np.zeros((3, 0), np.float32), np.zeros((4, 0), np.uint16), path)
@@ -145,11 +168,11 @@ def test_empty_depth_gives_zeros(path):
     assert _product(np.zeros((0, 5), np.float32), np.zeros((4, 5), np.uint16), path).shape == (0, 4)
 
 
-def test_the_emulated_module_runs_the_dot_path():
-    """The emulated module's product takes the AVX512_BF16 tiles (its dot_path), and its
-    threads are the core's: one OpenMP runtime, one budget."""
+def test_the_emulated_module_runs_the_dot_paths():
+    """The emulated module has both tiled paths (its dot_path is the AMX one), and its threads
+    are the core's: one OpenMP runtime, one budget."""
     emulated = emulated_bf16()
-    assert emulated.dot_path() == "avx512_bf16"
+    assert emulated.dot_path() == "amx_bf16"
     old = ag.get_num_threads()
     try:
         for t in (1, 2):
@@ -160,8 +183,10 @@ def test_the_emulated_module_runs_the_dot_path():
 
 
 def test_the_path_is_reported():
-    """The CPU's bfloat16 dot products are used exactly where /proc/cpuinfo lists them (with
-    the AVX-512 subsets the tiles need), and show_config says which path runs."""
+    """The CPU's AMX tiles, or else its bfloat16 dot products, are used exactly where
+    /proc/cpuinfo lists them (with the AVX-512 subsets the tiles need; Linux lists AMX only
+    where it runs the tiles), and show_config says which path runs; a path the CPU lacks is
+    refused."""
     import io
 
     assert ag.show_config(file=io.StringIO())["bf16_products"] == _core.dot_path()
@@ -173,7 +198,16 @@ def test_the_path_is_reported():
             flags = set(line.split(":", 1)[1].split())
             break
     need = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"}
-    assert _core.dot_path() == ("avx512_bf16" if need <= flags else "widened")
+    expected = ("amx_bf16" if need | {"amx_tile", "amx_bf16"} <= flags else "avx512_bf16" if need <= flags
+                else "widened")
+    assert _core.dot_path() == expected
+    x, w = _operands(2, 3, 4)
+    for path in ("avx512_bf16", "amx_bf16"):
+        if _core.dot_path() not in CPU_PATHS[path]:
+            with pytest.raises(ValueError, match=f"no {path} path"):
+                _core.matmul_bf16(x, w, True, path)
+    with pytest.raises(ValueError, match="unknown path"):
+        _core.matmul_bf16(x, w, True, "fast")
 
 
 # -- the fused token-wise steps ---------------------------------------------------------------------

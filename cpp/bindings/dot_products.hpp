@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "arrays.hpp"
 #include "attngeom/bf16.hpp"
@@ -14,22 +15,31 @@
 namespace attngeom::bindings {
 
 inline void def_dot_products(py::module_& m) {
-  m.def("dot_path", &dot_path, "'avx512_bf16' where the CPU has bfloat16 dot products, 'widened' elsewhere.");
+  m.def("dot_path", &dot_path,
+        "'amx_bf16' where the CPU has AMX-BF16 tiles, 'avx512_bf16' where it has bfloat16 dot products, "
+        "'widened' elsewhere.");
   m.def(
       "matmul_bf16",
-      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, bool widened) {
+      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, const std::string& path) {
         if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
           throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
+        const DotPath chosen = path.empty()               ? DotPath::best
+                               : path == "amx_bf16"    ? DotPath::amx_bf16
+                               : path == "avx512_bf16" ? DotPath::avx512_bf16
+                               : path == "widened"     ? DotPath::widened
+                                                       : throw std::invalid_argument("matmul_bf16: unknown path " + path);
+        if (!has_dot_path(chosen)) throw std::invalid_argument("matmul_bf16: this CPU has no " + path + " path");
         const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
         CArray<float> c({m_, n});
         {
           py::gil_scoped_release release;
-          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, c.mutable_data(), n, parallel, widened);
+          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, c.mutable_data(), n, parallel, chosen);
         }
         return c;
       },
-      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("widened") = false,
-      "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums.");
+      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("path") = "",
+      "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums. path: '' (the "
+      "best, dot_path()), 'amx_bf16', 'avx512_bf16' or 'widened'.");
 }
 
 }  // namespace attngeom::bindings

@@ -4,11 +4,24 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "attngeom/bf16_tiles.hpp"
 #include "attngeom/parallel.hpp"
 #include "attngeom/tiles.hpp"
+
+#if defined(ATTNGEOM_BF16_X86) && !defined(ATTNGEOM_BF16_EMULATED) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ATTNGEOM_AMX 1
+#define ATTNGEOM_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#elif defined(ATTNGEOM_BF16_EMULATED)
+#define ATTNGEOM_AMX 1
+#define ATTNGEOM_AMX_TARGET
+#endif
 
 namespace attngeom {
 namespace {
@@ -142,6 +155,285 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 }
 #endif
 
+#ifdef ATTNGEOM_AMX
+// The AMX path: Intel's tile registers (AMX-TILE, AMX-BF16; Sapphire Rapids and later). TDPBF16PS
+// adds to a 16 x 16 float32 tile the products of a tile of 16 rows of 32 bfloat16 values with a
+// tile of 16 rows of 16 pairs ("VNNI" layout: row t holds pair t of each of 16 columns),
+// 16,384 flops an instruction.
+//
+// The weights are the row operand, read as they lie (a tile load takes any row stride), so
+// nothing of B is copied or packed. A's rows, rounded, are packed once a call as the pair
+// operand: for each block of 16 rows (the rows past m zero) and each step of 32 along the
+// depth, a 16 x 16 block of words, word [t, c] = the pair (A[16 b + c, 32 s + 2 t],
+// A[16 b + c, 32 s + 2 t + 1]). The result tiles are C's transpose (rows: B's rows, columns: A's
+// rows), stored to a scratch block and written to C through a 16 x 16 transpose in registers.
+//
+// An entry C[i, j] is one tile lane's chain of TDPBF16PS over the depth steps in order, from
+// zero: it depends on row i of A and row j of B only, not on the tiles' places, the units or
+// the thread count. B's last rows short of a tile are taken by a tile that ends at row n - 1
+// (its first rows, already written, are computed again and not stored). A tile row is 32
+// values, so a depth short of whole tile rows (which would read past a weight row) or n < 16
+// takes a copy of B padded with zeros.
+//
+// The emulated module (ATTNGEOM_BF16_EMULATED) runs the same code on tiles in memory, each
+// TDPBF16PS an entry's float32 sums over the pairs in order (cpp/emulation/ for the tests).
+constexpr int64_t AMX_DEPTH = 32;  // bfloat16 values in a tile row
+constexpr int64_t AMX_WORDS = 256;  // 32-bit words of a tile (16 rows of 64 bytes)
+// A unit: at most AMX_ROWS of A's rows (whole pairs of 16-row blocks) against AMX_COLUMNS of
+// B's rows; each group of 32 of B's rows is packed once a unit.
+constexpr int64_t AMX_ROWS = 512;
+constexpr int64_t AMX_COLUMNS = 256;
+
+#ifdef ATTNGEOM_BF16_EMULATED
+// Tiles in memory, each thread its own eight.
+thread_local uint32_t amx_tiles[8][16][16];
+inline void tile_load(int t, const void* base, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(amx_tiles[t][r], static_cast<const char*>(base) + r * stride, 64);
+}
+inline void tile_store(int t, void* base, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(base) + r * stride, amx_tiles[t][r], 64);
+}
+inline void tile_zero(int t) { std::memset(amx_tiles[t], 0, sizeof amx_tiles[t]); }
+inline float low_half(uint32_t w) { return widen_one(uint16_t(w & 0xffffu)); }
+inline float high_half(uint32_t w) { return widen_one(uint16_t(w >> 16)); }
+inline void tile_dpbf16(int d, int a, int b) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float acc;
+      std::memcpy(&acc, &amx_tiles[d][i][j], 4);
+      for (int t = 0; t < 16; ++t) {
+        acc += low_half(amx_tiles[a][i][t]) * low_half(amx_tiles[b][t][j]);
+        acc += high_half(amx_tiles[a][i][t]) * high_half(amx_tiles[b][t][j]);
+      }
+      std::memcpy(&amx_tiles[d][i][j], &acc, 4);
+    }
+}
+#define AMX_LOAD(t, base, stride) tile_load(t, base, stride)
+#define AMX_STORE(t, base, stride) tile_store(t, base, stride)
+#define AMX_ZERO(t) tile_zero(t)
+#define AMX_DOT(d, a, b) tile_dpbf16(d, a, b)
+inline void amx_begin() {}
+inline void amx_end() {}
+#else
+#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_DOT(d, a, b) _tile_dpbf16ps(d, a, b)
+// Palette 1, the eight tiles 16 rows of 64 bytes. A constant, so every byte of it is written
+// before LDTILECFG reads it (GCC's _tile_loadconfig names only its first 8 bytes as read).
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+alignas(64) const TileConfig AMX_CONFIG = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+// Each thread configures its tiles at the start of a unit and releases them at its end.
+ATTNGEOM_AMX_TARGET inline void amx_begin() { _tile_loadconfig(&AMX_CONFIG); }
+ATTNGEOM_AMX_TARGET inline void amx_end() { _tile_release(); }
+#endif
+
+// Whether the CPU has AMX-BF16 and the operating system lets this process use the tiles
+// (Linux grants their state on request, once per process, from kernel 5.16).
+bool amx_usable() {
+#if defined(ATTNGEOM_BF16_EMULATED)
+  return true;
+#else
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tiles = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;  // AMX-TILE, AMX-BF16
+    if (!tiles || !bf16 || !detail::has_bf16_dot()) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return yes;
+#endif
+}
+
+#ifdef ATTNGEOM_BF16_EMULATED
+// (SIMDe 0.7 has no 128-bit lane shuffles or masked stores of AVX-512: entry by entry.)
+void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = skip; j < cols; ++j) C[i * ldc + j] = in[32 * j + i];
+}
+#else
+// r = the transpose of the 16 x 16 block r (row i in r[i]) of 32-bit lanes.
+ATTNGEOM_AMX_TARGET inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// C[t, skip .. cols) (row stride ldc) = in[skip .. cols, t] for t < rows (in: a 16 x 16 block,
+// row stride 32), row by row under a mask.
+ATTNGEOM_AMX_TARGET void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C,
+                                          int64_t ldc) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + 32 * i);
+  transpose16(r);
+  const __mmask16 mask = static_cast<__mmask16>(((1u << cols) - 1u) & ~((1u << skip) - 1u));
+  for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(C + i * ldc, mask, r[i]);
+}
+
+// pack_rows_amx for a whole block of 16 rows (A: its first row): each row's 32 values of a
+// step rounded by VCVTNE2PS2BF16 (nearest, ties to even, as bf16_bits; it flushes subnormal
+// floats to zero, which the tiles take as zero anyway) and the 16 x 16 words transposed. The
+// ragged end of the depth through masked loads.
+ATTNGEOM_AMX_TARGET void pack_block_amx(const float* A, int64_t lda, int64_t k, int64_t S, uint32_t* P) {
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t there = std::min<int64_t>(k - s * AMX_DEPTH, AMX_DEPTH);
+    const __mmask16 lo = static_cast<__mmask16>(there >= 16 ? 0xffffu : (1u << there) - 1u);
+    const __mmask16 hi = static_cast<__mmask16>(there >= 32 ? 0xffffu : there > 16 ? (1u << (there - 16)) - 1u : 0u);
+    __m512 r[16];
+    for (int c = 0; c < 16; ++c) {
+      const float* a = A + c * lda + s * AMX_DEPTH;
+      const __m512 x0 = _mm512_maskz_loadu_ps(lo, a), x1 = _mm512_maskz_loadu_ps(hi, a + 16);
+      r[c] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }
+    transpose16(r);
+    for (int t = 0; t < 16; ++t) _mm512_storeu_ps(reinterpret_cast<float*>(P + s * AMX_WORDS + 16 * t), r[t]);
+  }
+}
+#endif
+
+// A's rows rounded and packed as the pair operand (above): blocks of 16 rows, row block b's
+// depth step s at P + (b S + s) AMX_WORDS, S = ceil(k / 32); zeros past m and past k.
+void pack_rows_amx(const float* A, int64_t lda, int64_t m, int64_t k, uint32_t* P, bool parallel) {
+  const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH, blocks = (m + 15) / 16;
+#pragma omp parallel for schedule(static) if (parallel && blocks >= 4)
+  for (int64_t b = 0; b < blocks; ++b) {
+#ifndef ATTNGEOM_BF16_EMULATED
+    if (16 * b + 16 <= m) {
+      pack_block_amx(A + 16 * b * lda, lda, k, S, P + b * S * AMX_WORDS);
+      continue;
+    }
+#endif
+    for (int64_t c = 0; c < 16; ++c) {
+      const int64_t i = 16 * b + c;
+      for (int64_t s = 0; s < S; ++s) {
+        uint32_t* dst = P + (b * S + s) * AMX_WORDS + c;
+        const int64_t there = i < m ? std::clamp<int64_t>(k - s * AMX_DEPTH, 0, AMX_DEPTH) : 0;
+        const float* a = A + i * lda + s * AMX_DEPTH;
+        for (int64_t t = 0; t < 16; ++t) {
+          const uint32_t lo = 2 * t < there ? bf16_bits(a[2 * t]) : 0;
+          const uint32_t hi = 2 * t + 1 < there ? bf16_bits(a[2 * t + 1]) : 0;
+          dst[16 * t] = lo | hi << 16;
+        }
+      }
+    }
+  }
+}
+
+// out (WT 16 x TT 16 floats, row stride 32) = the tiles of a group of B's rows against TT
+// blocks of packed rows over the whole depth: Bg holds the group packed by pack_group (step s's
+// tile of rows 0..15 at Bg + s 32 WT 16, rows 16..31 512 values on), Y the packed rows (the next
+// block S AMX_WORDS words on). B's tiles of the step AMX_AHEAD on are fetched into L1 ahead of
+// their loads (a tile load from L2 runs at about half the speed of one from L1; fetching A's
+// rows too measured no faster).
+constexpr int64_t AMX_AHEAD = 4;
+
+template <int WT, int TT>
+ATTNGEOM_AMX_TARGET void amx_tiles_at(const uint16_t* Bg, const uint32_t* Y, int64_t S, float* out) {
+  constexpr int64_t bstep = 16 * WT * AMX_DEPTH;  // bfloat16 values of a step's B tiles
+  AMX_ZERO(0);
+  if constexpr (TT > 1) AMX_ZERO(1);
+  if constexpr (WT > 1) AMX_ZERO(2);
+  if constexpr (WT > 1 && TT > 1) AMX_ZERO(3);
+  for (int64_t s = 0; s < S; ++s) {
+#ifndef ATTNGEOM_BF16_EMULATED
+    if (s + AMX_AHEAD < S) {
+      const char* b = reinterpret_cast<const char*>(Bg + (s + AMX_AHEAD) * bstep);
+      for (int64_t l = 0; l < bstep * 2; l += 64) _mm_prefetch(b + l, _MM_HINT_T0);
+    }
+#endif
+    AMX_LOAD(4, Bg + s * bstep, 64);
+    AMX_LOAD(6, Y + s * AMX_WORDS, 64);
+    AMX_DOT(0, 4, 6);
+    if constexpr (TT > 1) {
+      AMX_LOAD(7, Y + (S + s) * AMX_WORDS, 64);
+      AMX_DOT(1, 4, 7);
+    }
+    if constexpr (WT > 1) {
+      AMX_LOAD(5, Bg + s * bstep + 16 * AMX_DEPTH, 64);
+      AMX_DOT(2, 5, 6);
+      if constexpr (TT > 1) AMX_DOT(3, 5, 7);
+    }
+  }
+  AMX_STORE(0, out, 128);
+  if constexpr (TT > 1) AMX_STORE(1, out + 16, 128);
+  if constexpr (WT > 1) AMX_STORE(2, out + 16 * 32, 128);
+  if constexpr (WT > 1 && TT > 1) AMX_STORE(3, out + 16 * 32 + 16, 128);
+}
+
+// Bg = B's rows [0, 16 wt) (row stride ldb) in the tiles' order: step s's 16 wt rows of 32
+// values, one after another (a copy of 64 KB at depth 1,024 for 32 rows, which the unit's row
+// blocks then read from L1 and L2 instead of from rows 2 k bytes apart, whose lines fall in few
+// cache sets).
+void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t S, uint16_t* Bg) {
+  const int64_t rows = 16 * wt;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < S; ++s)
+      std::memcpy(Bg + (s * rows + r) * AMX_DEPTH, B + r * ldb + s * AMX_DEPTH, AMX_DEPTH * sizeof(uint16_t));
+}
+
+// C[t, skip .. cols) (row stride ldc) = in[skip .. cols, t] for t < rows: the transpose of a
+// 16 x 16 block (row stride 32) in registers, written row by row under a mask.
+
+
+// C's rows [i0, i0 + rows) and columns [j0, j1) on the tiles: groups of 32 of B's rows (16 at
+// the end), each packed (pack_group) and then passed by pairs of row blocks of the packed A (P:
+// its block i0 / 16 on). B has nb >= 16 rows; a short end takes the tile of B's last 16 rows,
+// storing only the columns not yet written. Bg: room for 32 S AMX_DEPTH values.
+ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int64_t rows, const uint16_t* B,
+                                   int64_t ldb, int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc,
+                                   uint16_t* Bg) {
+  alignas(64) float out[32 * 32];
+  amx_begin();
+  for (int64_t j = j0; j < j1;) {
+    const int64_t left = j1 - j;
+    const int wt = left >= 32 ? 2 : 1;
+    const int64_t at = left >= 16 || j + 16 <= nb ? j : nb - 16;
+    const int64_t skip = j - at, cols = std::min<int64_t>(16, j1 - at);
+    pack_group(B + at * ldb, ldb, wt, S, Bg);
+    for (int64_t i = 0; i < rows; i += 32) {
+      const int tt = rows - i > 16 ? 2 : 1;
+      const uint32_t* Y = P + ((i0 + i) / 16) * S * AMX_WORDS;
+      if (wt == 2 && tt == 2) amx_tiles_at<2, 2>(Bg, Y, S, out);
+      else if (wt == 2) amx_tiles_at<2, 1>(Bg, Y, S, out);
+      else if (tt == 2) amx_tiles_at<1, 2>(Bg, Y, S, out);
+      else amx_tiles_at<1, 1>(Bg, Y, S, out);
+      for (int w = 0; w < wt; ++w)
+        for (int h = 0; h < tt; ++h) {
+          const int64_t r = std::min<int64_t>(16, rows - i - 16 * h);
+          store_transposed(out + 16 * 32 * w + 16 * h, r, w ? 0 : skip, w ? 16 : cols,
+                           C + (i0 + i + 16 * h) * ldc + at + 16 * w, ldc);
+        }
+    }
+    j = at + 16 * wt;
+  }
+  amx_end();
+}
+#endif
+
 // The widened path for the same unit: GotoBLAS-style blocks through the attention kernel's
 // register tiles (tiles.hpp), in float32 on values widened exactly. The depth goes in blocks of
 // KC; for each, the panel of B is widened and packed into groups of NC columns (the packed
@@ -199,7 +491,12 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
 
 }  // namespace
 
-std::string dot_path() { return detail::has_bf16_dot() ? "avx512_bf16" : "widened"; }
+std::string dot_path() {
+#ifdef ATTNGEOM_AMX
+  if (amx_usable()) return "amx_bf16";
+#endif
+  return detail::has_bf16_dot() ? "avx512_bf16" : "widened";
+}
 
 void widen_bf16(const uint16_t* bits, int64_t count, float* x) {
   constexpr int64_t BLOCK = 1 << 16;
@@ -215,23 +512,88 @@ void round_to_bf16(const float* x, int64_t count, uint16_t* bits) {
   for (int64_t i = 0; i < count; ++i) bits[i] = bf16_bits(x[i]);
 }
 
+#ifdef ATTNGEOM_AMX
+
+void matmul_amx(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                float* C, int64_t ldc, bool par) {
+  const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH, blocks = (m + 15) / 16;
+  std::vector<uint32_t> P(static_cast<size_t>(blocks * S * AMX_WORDS));
+  pack_rows_amx(A, lda, m, k, P.data(), par);
+  // A depth short of whole tile rows, or fewer than 16 rows of B: B's rows copied with zeros
+  // past k, at least 16 of them (the weights of a model need neither).
+  std::vector<uint16_t> padded;
+  int64_t nb = n;
+  if (k % AMX_DEPTH || n < 16) {
+    nb = std::max<int64_t>(n, 16);
+    padded.assign(static_cast<size_t>(nb * S * AMX_DEPTH), 0);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(B + j * ldb, k, padded.data() + j * S * AMX_DEPTH);
+    B = padded.data();
+    ldb = S * AMX_DEPTH;
+  }
+  const int64_t nc = AMX_COLUMNS;
+  const int64_t panels = (n + nc - 1) / nc;
+  // Smaller row blocks (down to 32 rows) while there are fewer units than twice the threads.
+  const int64_t want = 2 * (par ? int64_t(get_num_threads()) : 1);
+  int64_t mb = std::min<int64_t>(AMX_ROWS, (m + 31) / 32 * 32);
+  while (mb > 32 && ((m + mb - 1) / mb) * panels < want) mb -= 32;
+  const int64_t row_blocks = (m + mb - 1) / mb;
+  FirstException errors;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t u = 0; u < row_blocks * panels; ++u) {
+    errors.run([&] {
+      const int64_t i0 = (u / panels) * mb, j0 = (u % panels) * nc;
+      // each thread's packed group of B, kept from call to call (not mapped and faulted in again
+      // for every unit)
+      thread_local std::vector<uint16_t> group;
+      if (group.size() < size_t(32 * S * AMX_DEPTH)) group.resize(size_t(32 * S * AMX_DEPTH));
+      amx_block(P.data(), S, i0, std::min(mb, m - i0), B, ldb, nb, j0, std::min(n, j0 + nc), C, ldc, group.data());
+    });
+  }
+  errors.rethrow();
+}
+#endif
+
+bool has_dot_path(DotPath path) {
+  switch (path) {
+    case DotPath::best:
+    case DotPath::widened: return true;
+    case DotPath::avx512_bf16: return detail::has_bf16_dot();
+    case DotPath::amx_bf16:
+#ifdef ATTNGEOM_AMX
+      return amx_usable();
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
 void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                 float* C, int64_t ldc, bool parallel, bool widened) {
+                 float* C, int64_t ldc, bool parallel, DotPath path) {
+  if (!has_dot_path(path)) throw std::invalid_argument("matmul_bf16: this CPU has no such bfloat16 path");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(C + i * ldc, C + i * ldc + n, 0.0f);
     return;
   }
+  const bool par = parallel && parallel_worth(double(m) * double(n) * double(k));
+#ifdef ATTNGEOM_AMX
+  const bool amx = path == DotPath::amx_bf16 || (path == DotPath::best && amx_usable());
+  if (amx) {
+    matmul_amx(m, n, k, A, lda, B, ldb, C, ldc, par);
+    return;
+  }
+#endif
+  const bool widened = path == DotPath::widened || !detail::has_bf16_dot();
   const int64_t kp = (k + KV - 1) / KV * KV;
   std::vector<uint16_t> rounded(static_cast<size_t>(m * kp));
-  const bool par = parallel && parallel_worth(double(m) * double(n) * double(k));
   FirstException errors;
 #pragma omp parallel for schedule(static) if (par && m >= 2 * MB)
   for (int64_t i = 0; i < m; ++i) {
     round_to_bf16(A + i * lda, k, rounded.data() + i * kp);
     std::fill(rounded.data() + i * kp + k, rounded.data() + (i + 1) * kp, uint16_t(0));
   }
-  const bool dot = detail::has_bf16_dot() && !widened;
+  const bool dot = !widened;
   const int64_t nc = dot ? panel_columns(k) : WIDE_PANEL;
   const int64_t panels = (n + nc - 1) / nc;
   // The widened path widens and packs B's panel once per unit, so its units take more rows:

@@ -122,8 +122,8 @@ def show_config(file=None) -> dict:
         version, eigen_version, openmp, compiler, ``isa`` (the level in use),
         ``isa_compiled`` (levels this build holds), ``isa_supported`` (those this CPU
         runs), ``simd`` (the compiler's SIMD flags of the level in use), ``eigen_simd``,
-        ``bf16_products`` (the bfloat16 mode's products: "avx512_bf16", the CPU's bfloat16 dot
-        products, or "widened"),
+        ``bf16_products`` (the bfloat16 mode's products: "amx_bf16", the CPU's AMX tiles,
+        "avx512_bf16", its bfloat16 dot products, or "widened"),
         ``sanitizers`` (empty except in a ``make sanitize`` build, e.g.
         "address,undefined"), ``threads``, and ``blas`` / ``blas_threads`` (NumPy's BLAS and
         its thread count, which :func:`set_num_threads` sets too; None when unknown).

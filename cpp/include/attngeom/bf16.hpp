@@ -6,7 +6,12 @@
 // with no widened or packed copy. A's rows are rounded to bfloat16 (nearest, ties to even,
 // the rounding of PyTorch and of float32_to_bfloat16 in Python) once per call.
 //
-// Two paths, chosen at run time (dot_path()):
+// Three paths, chosen at run time (dot_path()):
+// - "amx_bf16": Intel's AMX tiles (TDPBF16PS, 16 x 16 float32 results of 16 x 32 bfloat16
+//   rows an instruction; Sapphire Rapids and later), where the CPU has AMX-BF16 and Linux
+//   grants the process the tiles' state. B's rows are the tiles' row operand, loaded in place
+//   (copied with zeros only where k is not a multiple of 32 or n < 16); A's rounded rows are
+//   packed once a call as the pair operand (bf16.cpp).
 // - "avx512_bf16": the CPU's bfloat16 dot products (VDPBF16PS: 32 products of bfloat16 pairs
 //   added into 16 float32 lanes per instruction). Register tiles of 6 rows of A against 4
 //   rows of B, each of the 24 accumulators one (i, j) entry's 16 partial sums over the whole
@@ -49,8 +54,14 @@ inline void round_to_bf16_values(float* x, int64_t count) {
   }
 }
 
-// "avx512_bf16" where the CPU has bfloat16 dot products, "widened" elsewhere.
+// The paths of the product; `best` is the fastest this CPU has (dot_path()).
+enum class DotPath { best, amx_bf16, avx512_bf16, widened };
+
+// "amx_bf16" where the CPU has AMX-BF16 tiles and the system lets the process use them,
+// "avx512_bf16" where it has bfloat16 dot products, "widened" elsewhere.
 std::string dot_path();
+// Whether this CPU (and system) can take `path`.
+bool has_dot_path(DotPath path);
 
 // x[i] = the float32 value of bfloat16 bits[i] (exact); OpenMP over blocks when worth it.
 void widen_bf16(const uint16_t* bits, int64_t count, float* x);
@@ -61,8 +72,9 @@ void round_to_bf16(const float* x, int64_t count, uint16_t* bits);
 // C (m, n, row stride ldc) = bf16(A) (m, k, row stride lda) @ B^T, B (n, k, row stride ldb)
 // bfloat16 bits; float32 accumulation. `parallel`: OpenMP over (row block, column panel)
 // units on the core's thread budget; false runs on the calling thread (for callers that are
-// themselves one of several threads). `widened` takes the widened path on any CPU (tests).
+// themselves one of several threads). `path` chooses a path (tests, benchmarks): a path this
+// CPU lacks throws std::invalid_argument.
 void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                 float* C, int64_t ldc, bool parallel, bool widened = false);
+                 float* C, int64_t ldc, bool parallel, DotPath path = DotPath::best);
 
 }  // namespace attngeom
