@@ -1,10 +1,12 @@
 """Softmax attention with bfloat16 products (``products="bfloat16"``): q, k and v rounded to
 bfloat16, float32 scores, softmax, log Z and statistics.
 
-Two paths: "cpu" is the public function on this CPU (the AVX512_BF16 dot tiles where it has
-them, the float32 kernel on the rounded values elsewhere), "emulated" the dot tiles on SIMDe's
-emulated intrinsics (attngeom._bf16_emulated, built by make test where SIMDe is installed), so
-that every CPU runs the dot path's code.
+The paths: "cpu" is the public function on this CPU (the AMX tiles where it has AMX-BF16, the
+AVX512_BF16 dot tiles where it has those, the float32 kernel on the rounded values elsewhere),
+"avx512_bf16" the dot tiles on a CPU that has them (a skip elsewhere), "emulated" and
+"emulated_amx" the dot tiles and the AMX tiles on emulated intrinsics and tiles
+(attngeom._bf16_emulated, built by make test where SIMDe is installed), so that every CPU runs
+both paths' code.
 
 The bound on y: the dot path rounds each weight p'_j = exp(s_j - m) to bfloat16 (relative
 error at most u = 2^-8) for the value product, while l sums the float32 weights, so
@@ -12,6 +14,7 @@ error at most u = 2^-8) for the value product, while l sums the float32 weights,
 q, k, v (float64 here). The float32 part (scores summed over d_k <= 128 in float32, exp,
 the value sums) stays below 2^-14 of the same sum at these sizes (measured at most 1e-6).
 """
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -23,7 +26,7 @@ from attngeom._operands import AttentionOperands
 from attngeom.models import bfloat16_to_float32, float32_to_bfloat16
 from emulation import emulated_bf16
 
-PATHS = ["cpu", "emulated"]
+PATHS = ["cpu", "avx512_bf16", "emulated", "emulated_amx"]
 # (batch, n_q, n_k, d_k, d_v, causal): odd depths and key counts; d_v of whole 64-column
 # groups, then 1, 2 or 3 packets of 16 and ragged columns left, and below one packet; key
 # blocks crossed (n_k > 128); bottom-right alignment
@@ -44,12 +47,29 @@ def _operands(batch, n_q, n_k, d_k, d_v, seed=0):
             rng.standard_normal((batch, n_k, d_v)).astype(np.float32))
 
 
+@contextlib.contextmanager
+def _on(path):
+    """The module that computes `path` (one of PATHS, or "widened"), with its bfloat16 path
+    chosen while the block runs."""
+    if path.startswith("emulated"):
+        module, chosen = emulated_bf16(), "amx_bf16" if path == "emulated_amx" else "avx512_bf16"
+    else:
+        module, chosen = _core, "" if path == "cpu" else path
+        if path == "avx512_bf16" and _core.dot_path() not in ("avx512_bf16", "amx_bf16"):
+            pytest.skip(f"this CPU has no bfloat16 dot products (its path is {_core.dot_path()})")
+    module.set_dot_path(chosen)
+    try:
+        yield module
+    finally:
+        module.set_dot_path("")
+
+
 def _attend(path, q, k, v, causal=False, block_q=0, weights=False):
     """(y, P or None, log Z, stats tuple) of the bfloat16-product forward through `path`."""
     args = AttentionOperands(q, k, v, causal=causal, finite=False).core_args()
     scale = 1.0 / np.sqrt(q.shape[-1])
-    module = emulated_bf16() if path == "emulated" else _core
-    return module.softmax_attention(args, scale, weights, True, block_q, 0, True, True)
+    with _on(path) as module:
+        return module.softmax_attention(args, scale, weights, True, block_q, 0, True, True)
 
 
 def _exact(q, k, v, causal):
@@ -102,15 +122,16 @@ def test_the_statistics_and_the_routing_are_float32_softmax(path):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_an_entry_does_not_depend_on_the_query_tiling_or_the_threads(path):
-    """Bitwise: query blocks of 0 (the default), 1, 5, 7 and 64 rows (panels of 1-6 rows) and
-    1 or 2 threads give the same y, log Z and statistics."""
+    """Bitwise: query blocks of 0 (the default), 1, 5, 7, 17 and 64 rows (panels of 1-6 rows
+    for the dot tiles, 1-16 for the AMX tiles) and 1 or 2 threads give the same y, log Z and
+    statistics."""
     q, k, v = _operands(2, 75, 301, 40, 72, seed=2)
     first = _attend(path, q, k, v, "bottom_right")
     old = ag.get_num_threads()
     try:
         for threads in (1, 2):
             ag.set_num_threads(threads)
-            for block_q in (0, 1, 5, 7, 64):
+            for block_q in (0, 1, 5, 7, 17, 64):
                 y, _, log_z, st = _attend(path, q, k, v, "bottom_right", block_q=block_q)
                 for a, b in zip((y, log_z) + tuple(st), (first[0], first[2]) + tuple(first[3])):
                     assert a.tobytes() == b.tobytes(), (threads, block_q)
@@ -119,15 +140,14 @@ def test_an_entry_does_not_depend_on_the_query_tiling_or_the_threads(path):
 
 
 def test_the_widened_path_is_the_float32_kernel_on_rounded_operands():
-    """Without bfloat16 dot products, products="bfloat16" rounds q, k and v and runs the
-    float32 kernel: bitwise that kernel on operands rounded beforehand (so a model whose
-    operands are bfloat16 values already keeps its bits)."""
-    if _core.dot_path() != "widened":
-        pytest.skip("this CPU has bfloat16 dot products: test_y_within_the_bound_of_bfloat16_weights checks them")
+    """Without bfloat16 dot products (or with the widened path chosen), products="bfloat16"
+    rounds q, k and v and runs the float32 kernel: bitwise that kernel on operands rounded
+    beforehand (so a model whose operands are bfloat16 values already keeps its bits)."""
     q, k, v = _operands(2, 90, 200, 24, 40, seed=3)
     for causal in (False, True):
-        got = ag.softmax_attention(q, k, v, causal=causal, return_log_partition=True, return_stats=True,
-                                   products="bfloat16")
+        with _on("widened"):
+            got = ag.softmax_attention(q, k, v, causal=causal, return_log_partition=True, return_stats=True,
+                                       products="bfloat16")
         want = ag.softmax_attention(*(_rounded(t) for t in (q, k, v)), causal=causal, return_log_partition=True,
                                     return_stats=True)
         fields = [f.name for f in dataclasses.fields(got[2])]
@@ -153,7 +173,6 @@ def test_inputs_whose_bfloat16_products_overflow_are_refused(path):
     maximum; the dot tiles sum q . k before the scale, and rounding to bfloat16 carries values
     within half a bfloat16 step of the float maximum to inf. Both bfloat16 paths refuse such
     inputs (the same ones on every CPU) instead of returning y with log Z = inf."""
-    module = emulated_bf16() if path == "emulated" else _core
     v = np.array([[[1.0], [0.0]]], np.float32)
 
     def call(mod, q, keys, scale, bf16):
@@ -167,8 +186,9 @@ def test_inputs_whose_bfloat16_products_overflow_are_refused(path):
     for q, keys, scale, message in cases:
         y, _, log_z, _ = call(_core, q, keys, scale, False)
         assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_z))  # the float32 kernel takes them
-        with pytest.raises(ValueError, match=message):
+        with _on(path) as module, pytest.raises(ValueError, match=message):
             call(module, q, keys, scale, True)
     # just inside the bound: |q| |k| = 3e38, finite y and log Z
-    y, _, log_z, _ = call(module, 1.5e19, [2e19, 1e19], 1e-30, True)
+    with _on(path) as module:
+        y, _, log_z, _ = call(module, 1.5e19, [2e19, 1e19], 1e-30, True)
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_z))

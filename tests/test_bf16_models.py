@@ -52,8 +52,8 @@ def test_bfloat16_logits_are_as_close_as_transformers_bfloat16(bf16_models):
 @pytest.mark.parametrize("products", ["avx512_bf16", "amx_bf16"])
 def test_bfloat16_logits_on_emulated_dot_products_are_as_close(bf16_models, monkeypatch, products):
     """The same on the AVX512_BF16 and AMX paths, emulated (attngeom._bf16_emulated): the
-    products' dot tiles or AMX tiles, and the attention's dot tiles, whose value product rounds
-    the weights to bfloat16, as a CPU with the instructions computes them (up to the emulation's
+    products' and the attention's dot tiles or AMX tiles, whose value product rounds the
+    weights to bfloat16, as a CPU with the instructions computes them (up to the emulation's
     order of the sums). Measured when written (AVX512_BF16): mean abs error 0.54-0.69 of
     transformers', top-1 5,072 against 5,025."""
     emulated = emulated_bf16()
@@ -71,7 +71,11 @@ def test_bfloat16_logits_on_emulated_dot_products_are_as_close(bf16_models, monk
     monkeypatch.setattr(_core, "softmax_attention", attention)
     monkeypatch.setattr(_core, "matmul_bf16", lambda x, w, parallel=True, path="": emulated.matmul_bf16(
         x, w, parallel, products))
-    _as_close_as_transformers(bf16_models)
+    emulated.set_dot_path(products)  # the attention's tiles too
+    try:
+        _as_close_as_transformers(bf16_models)
+    finally:
+        emulated.set_dot_path("")
     assert any(calls) and not all(calls)  # the bfloat16 passes took the dot tiles, the float64 ones not
 
 

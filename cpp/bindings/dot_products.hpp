@@ -14,21 +14,33 @@
 
 namespace attngeom::bindings {
 
+// The path of a name ('' the best), checked: a name of no path, or of one this CPU lacks, is
+// refused.
+inline DotPath dot_path_named(const std::string& path, const char* who) {
+  const DotPath chosen = path.empty()               ? DotPath::best
+                         : path == "amx_bf16"    ? DotPath::amx_bf16
+                         : path == "avx512_bf16" ? DotPath::avx512_bf16
+                         : path == "widened"     ? DotPath::widened
+                                                 : throw std::invalid_argument(std::string(who) + ": unknown path " + path);
+  if (!has_dot_path(chosen)) throw std::invalid_argument(std::string(who) + ": this CPU has no " + path + " path");
+  return chosen;
+}
+
 inline void def_dot_products(py::module_& m) {
   m.def("dot_path", &dot_path,
-        "'amx_bf16' where the CPU has AMX-BF16 tiles, 'avx512_bf16' where it has bfloat16 dot products, "
-        "'widened' elsewhere.");
+        "The bfloat16 products' path: 'amx_bf16' where the CPU has AMX-BF16 tiles, 'avx512_bf16' where it has "
+        "bfloat16 dot products, 'widened' elsewhere, unless set_dot_path chose another.");
+  m.def(
+      "set_dot_path",
+      [](const std::string& path) { set_dot_path(dot_path_named(path, "set_dot_path")); }, py::arg("path"),
+      "Chooses the bfloat16 products' path for the process ('' the fastest this CPU has, 'amx_bf16', 'avx512_bf16' "
+      "or 'widened'; for tests and benchmarks).");
   m.def(
       "matmul_bf16",
       [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, const std::string& path) {
         if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
           throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
-        const DotPath chosen = path.empty()               ? DotPath::best
-                               : path == "amx_bf16"    ? DotPath::amx_bf16
-                               : path == "avx512_bf16" ? DotPath::avx512_bf16
-                               : path == "widened"     ? DotPath::widened
-                                                       : throw std::invalid_argument("matmul_bf16: unknown path " + path);
-        if (!has_dot_path(chosen)) throw std::invalid_argument("matmul_bf16: this CPU has no " + path + " path");
+        const DotPath chosen = dot_path_named(path, "matmul_bf16");
         const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
         CArray<float> c({m_, n});
         {

@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -11,16 +12,10 @@
 #include "attngeom/parallel.hpp"
 #include "attngeom/tiles.hpp"
 
-#if defined(ATTNGEOM_BF16_X86) && !defined(ATTNGEOM_BF16_EMULATED) && defined(__linux__)
+#if defined(ATTNGEOM_AMX) && !defined(ATTNGEOM_BF16_EMULATED)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define ATTNGEOM_AMX 1
-#define ATTNGEOM_AMX_TARGET \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
-#elif defined(ATTNGEOM_BF16_EMULATED)
-#define ATTNGEOM_AMX 1
-#define ATTNGEOM_AMX_TARGET
 #endif
 
 namespace attngeom {
@@ -184,71 +179,6 @@ constexpr int64_t AMX_WORDS = 256;  // 32-bit words of a tile (16 rows of 64 byt
 constexpr int64_t AMX_ROWS = 512;
 constexpr int64_t AMX_COLUMNS = 256;
 
-#ifdef ATTNGEOM_BF16_EMULATED
-// Tiles in memory, each thread its own eight.
-thread_local uint32_t amx_tiles[8][16][16];
-inline void tile_load(int t, const void* base, int64_t stride) {
-  for (int r = 0; r < 16; ++r) std::memcpy(amx_tiles[t][r], static_cast<const char*>(base) + r * stride, 64);
-}
-inline void tile_store(int t, void* base, int64_t stride) {
-  for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(base) + r * stride, amx_tiles[t][r], 64);
-}
-inline void tile_zero(int t) { std::memset(amx_tiles[t], 0, sizeof amx_tiles[t]); }
-inline float low_half(uint32_t w) { return widen_one(uint16_t(w & 0xffffu)); }
-inline float high_half(uint32_t w) { return widen_one(uint16_t(w >> 16)); }
-inline void tile_dpbf16(int d, int a, int b) {
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      float acc;
-      std::memcpy(&acc, &amx_tiles[d][i][j], 4);
-      for (int t = 0; t < 16; ++t) {
-        acc += low_half(amx_tiles[a][i][t]) * low_half(amx_tiles[b][t][j]);
-        acc += high_half(amx_tiles[a][i][t]) * high_half(amx_tiles[b][t][j]);
-      }
-      std::memcpy(&amx_tiles[d][i][j], &acc, 4);
-    }
-}
-#define AMX_LOAD(t, base, stride) tile_load(t, base, stride)
-#define AMX_STORE(t, base, stride) tile_store(t, base, stride)
-#define AMX_ZERO(t) tile_zero(t)
-#define AMX_DOT(d, a, b) tile_dpbf16(d, a, b)
-inline void amx_begin() {}
-inline void amx_end() {}
-#else
-#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
-#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
-#define AMX_ZERO(t) _tile_zero(t)
-#define AMX_DOT(d, a, b) _tile_dpbf16ps(d, a, b)
-// Palette 1, the eight tiles 16 rows of 64 bytes. A constant, so every byte of it is written
-// before LDTILECFG reads it (GCC's _tile_loadconfig names only its first 8 bytes as read).
-struct TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-alignas(64) const TileConfig AMX_CONFIG = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
-// Each thread configures its tiles at the start of a unit and releases them at its end.
-ATTNGEOM_AMX_TARGET inline void amx_begin() { _tile_loadconfig(&AMX_CONFIG); }
-ATTNGEOM_AMX_TARGET inline void amx_end() { _tile_release(); }
-#endif
-
-// Whether the CPU has AMX-BF16 and the operating system lets this process use the tiles
-// (Linux grants their state on request, once per process, from kernel 5.16).
-bool amx_usable() {
-#if defined(ATTNGEOM_BF16_EMULATED)
-  return true;
-#else
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tiles = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;  // AMX-TILE, AMX-BF16
-    if (!tiles || !bf16 || !detail::has_bf16_dot()) return false;
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return yes;
-#endif
-}
 
 #ifdef ATTNGEOM_BF16_EMULATED
 // (SIMDe 0.7 has no 128-bit lane shuffles or masked stores of AVX-512: entry by entry.)
@@ -407,7 +337,7 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
                                    int64_t ldb, int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc,
                                    uint16_t* Bg) {
   alignas(64) float out[32 * 32];
-  amx_begin();
+  detail::amx_begin();
   for (int64_t j = j0; j < j1;) {
     const int64_t left = j1 - j;
     const int wt = left >= 32 ? 2 : 1;
@@ -430,7 +360,7 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
     }
     j = at + 16 * wt;
   }
-  amx_end();
+  detail::amx_end();
 }
 #endif
 
@@ -491,11 +421,28 @@ void widened_block(const uint16_t* A, int64_t kp, int64_t rows, const uint16_t* 
 
 }  // namespace
 
+namespace {
+std::atomic<int> chosen_path{int(DotPath::best)};  // set_dot_path's choice
+}  // namespace
+
+DotPath chosen_dot_path() {
+  const auto chosen = DotPath(chosen_path.load(std::memory_order_relaxed));
+  if (chosen != DotPath::best) return chosen;
+  if (detail::amx_usable()) return DotPath::amx_bf16;
+  return detail::has_bf16_dot() ? DotPath::avx512_bf16 : DotPath::widened;
+}
+
+void set_dot_path(DotPath path) {
+  if (!has_dot_path(path)) throw std::invalid_argument("set_dot_path: this CPU has no such bfloat16 path");
+  chosen_path.store(int(path), std::memory_order_relaxed);
+}
+
 std::string dot_path() {
-#ifdef ATTNGEOM_AMX
-  if (amx_usable()) return "amx_bf16";
-#endif
-  return detail::has_bf16_dot() ? "avx512_bf16" : "widened";
+  switch (chosen_dot_path()) {
+    case DotPath::amx_bf16: return "amx_bf16";
+    case DotPath::avx512_bf16: return "avx512_bf16";
+    default: return "widened";
+  }
 }
 
 void widen_bf16(const uint16_t* bits, int64_t count, float* x) {
@@ -553,6 +500,28 @@ void matmul_amx(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, co
 }
 #endif
 
+namespace detail {
+// Whether the CPU has AMX-BF16 and the operating system lets this process use the tiles
+// (Linux grants their state on request, once per process, from kernel 5.16).
+bool amx_usable() {
+#if defined(ATTNGEOM_BF16_EMULATED)
+  return true;
+#elif !defined(ATTNGEOM_AMX)
+  return false;
+#else
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tiles = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;  // AMX-TILE, AMX-BF16
+    if (!tiles || !bf16 || !detail::has_bf16_dot()) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return yes;
+#endif
+}
+}  // namespace detail
+
 bool has_dot_path(DotPath path) {
   switch (path) {
     case DotPath::best:
@@ -560,7 +529,7 @@ bool has_dot_path(DotPath path) {
     case DotPath::avx512_bf16: return detail::has_bf16_dot();
     case DotPath::amx_bf16:
 #ifdef ATTNGEOM_AMX
-      return amx_usable();
+      return detail::amx_usable();
 #else
       return false;
 #endif
@@ -577,14 +546,14 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
     return;
   }
   const bool par = parallel && parallel_worth(double(m) * double(n) * double(k));
+  if (path == DotPath::best) path = chosen_dot_path();
 #ifdef ATTNGEOM_AMX
-  const bool amx = path == DotPath::amx_bf16 || (path == DotPath::best && amx_usable());
-  if (amx) {
+  if (path == DotPath::amx_bf16) {
     matmul_amx(m, n, k, A, lda, B, ldb, C, ldc, par);
     return;
   }
 #endif
-  const bool widened = path == DotPath::widened || !detail::has_bf16_dot();
+  const bool widened = path == DotPath::widened;
   const int64_t kp = (k + KV - 1) / KV * KV;
   std::vector<uint16_t> rounded(static_cast<size_t>(m * kp));
   FirstException errors;

@@ -385,8 +385,9 @@ void hide(M&& L, const Mask<T>& mask, const Visibility& vis, int64_t b, int64_t 
 //
 // `bf16` (float32 softmax scores only): q, k and v are rounded to bfloat16 (nearest, ties to
 // even; a bfloat16 value stays as it is), and the scores, the online softmax, log Z and the
-// statistics stay float32. Where the CPU has bfloat16 dot products (has_bf16_dot) the two block
-// products are bf16_tiles.hpp's: S = scale (q . k) summed in float32, and each panel's weights
+// statistics stay float32. Where the chosen path has bfloat16 dot products (chosen_dot_path) the two
+// block products are bf16_tiles.hpp's (its dot tiles, or its AMX tiles on panels of 16 query
+// rows): S = scale (q . k) summed in float32, and each panel's weights
 // rounded to bfloat16 for the value product (as PyTorch's bfloat16 flash attention rounds
 // them; l sums the float32 weights). Elsewhere the float32 tiles run on the rounded values,
 // with the weights unrounded and the scale in the query block as without `bf16`.
@@ -403,13 +404,24 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
   blocking = tiled(blocking, Causal::None, n_k, [&](int64_t bq_, int64_t) { return batch * ((n_q + bq_ - 1) / bq_); });
   constexpr bool dot_able = std::is_same_v<T, float> && std::is_same_v<Kernel, DotScores<T>>;
   if (bf16 && !dot_able) throw std::invalid_argument("internal: bfloat16 products need float32 softmax scores");
-  bool dot = false;  // the bfloat16 dot tiles
+  bool dot = false;  // the bfloat16 dot tiles (or AMX tiles)
+  bool amx = false;  // the AMX tiles: panels of AmxTile::ROWS rows
 #ifdef ATTNGEOM_BF16_X86
-  if constexpr (dot_able) dot = bf16 && has_bf16_dot();
+  if constexpr (dot_able) {
+    const DotPath path = chosen_dot_path();
+    dot = bf16 && path != DotPath::widened;
+#ifdef ATTNGEOM_AMX
+    amx = dot && path == DotPath::amx_bf16;
+#endif
+  }
 #endif
   const int64_t bq = blocking.query, bk = blocking.key;
   const int64_t ld = dot ? DotTile::padded(bk) : Tile<T>::padded(bk);  // the score rows' stride
-  const int64_t d2 = DotTile::pairs(d_k);  // words of a query or key in the dot tiles
+  // words of a query or key in the dot tiles (whole tile rows for AMX, the words past the pairs
+  // zero)
+  const int64_t d2 = amx ? AmxTile::words(d_k) : DotTile::pairs(d_k);
+  const int PH = amx ? AmxTile::ROWS : MR;  // rows of a panel
+  const int64_t bq_panels = (bq + PH - 1) / PH * PH;
   const int64_t q_blocks = (n_q + bq - 1) / bq;
   const Visibility vis(causal, n_q, n_k);
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -428,12 +440,22 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
     // (a row in the scalar tail would round differently from one in a packet).
     constexpr int64_t LW = Eigen::internal::packet_traits<T>::size;
     const int64_t bq_whole = (bq + LW - 1) / LW * LW;
-    Vec Kt(ld * d_k), Vp(dot ? 0 : bk * Tile<T>::packed_values(d_v)), S(MR * ld), m(bq), l(bq_whole),
-        log_l(bq_whole), alpha(MR);
+    Vec Kt(ld * std::max(d_k, amx ? d2 : 0)), Vp(dot ? 0 : bk * Tile<T>::packed_values(d_v)), S(PH * ld), m(bq),
+        l(bq_whole), log_l(bq_whole), alpha(PH);
     // The dot tiles' words (bf16_tiles.hpp): the unit's query rows, the key block's rows before
-    // packing, its packed values and a panel's weight rows.
-    Vec Qw(dot ? bq * d2 : 0), Kw(dot ? bk * d2 : 0), Vw(dot ? DotTile::pairs(bk) * DotTile::packed_values(d_v) : 0),
-        Pw(dot ? MR * ld / 2 : 0);
+    // packing, its packed values and a panel's weight rows. Zero where never written: the
+    // words past a row's pairs and the rows past the unit's (the AMX tiles read whole tiles),
+    // and the values' slack that the AMX value tiles read past the last group.
+    Vec Qw(dot ? bq_panels * d2 : 0), Kw(dot ? bk * d2 : 0),
+        Vw(dot ? DotTile::pairs(bk) * DotTile::packed_values(d_v) + (amx ? 16 * DotTile::NC : 0) : 0),
+        Pw(dot ? PH * ld / 2 : 0);
+    if (amx) {
+      Qw.setZero();
+      Kw.setZero();
+      Vw.setZero();
+      Pw.setZero();
+      amx_begin();
+    }
     // The statistics' running sums (AttentionStatsOutput): a, the distance sum, the weight on
     // key 0 (all relative to the running max, like l) and the key that holds the running max.
     Vec ent(stats ? bq : 0), dist(stats ? bq : 0), sink(stats ? bq : 0);
@@ -475,7 +497,11 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         if (dot) {
           if constexpr (dot_able) {
             for (int64_t c = 0; c < cols; ++c) round_pairs(K + (j0 + c) * d_k, d_k, Kw.data() + c * d2);
-            pack_keys<float, DotTile::NC>(Kw.data(), d2, cols, Kt.data());
+            if (amx) {
+              pack_keys<float, 16>(Kw.data(), d2, cols, Kt.data());
+            } else {
+              pack_keys<float, DotTile::NC>(Kw.data(), d2, cols, Kt.data());
+            }
             pack_values_bf16(V + j0 * d_v, d_v, cols, Vw.data());
           }
         } else {
@@ -488,11 +514,18 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             }
           }
         }
-        for (int64_t p0 = 0; p0 < rows; p0 += MR) {
-          const int mr = int(std::min<int64_t>(MR, rows - p0));
+        for (int64_t p0 = 0; p0 < rows; p0 += PH) {
+          const int mr = int(std::min<int64_t>(PH, rows - p0));
           const int64_t seen = vis.seen(i0 + p0 + mr - 1, j0, cols);  // keys of the block the panel's last row sees
           if (seen == 0) continue;
-          with_rows<T>(mr, [&](auto R) {
+#ifdef ATTNGEOM_AMX
+          if constexpr (dot_able) {
+            if (amx)
+              score_tile_amx(Qw.data() + p0 * d2, d2, Kt.data(), seen, query_scale, S.data(), ld,
+                             Tile<T>::padded(seen));
+          }
+#endif
+          if (!amx) with_rows<T>(mr, [&](auto R) {
 #ifdef ATTNGEOM_BF16_X86
             if constexpr (dot_able) {
               if (dot) {
@@ -558,6 +591,20 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
             m[i] = m_new;
             l[i] = alpha[r] * l[i] + e_sum;
           }
+#ifdef ATTNGEOM_AMX
+          if constexpr (dot_able) {
+            if (amx) {  // as below, in AMX tiles: the words past the rows' pairs zero to a whole tile row
+              const int64_t pairs = DotTile::pairs(seen), whole = (pairs + 15) / 16 * 16;
+              for (int r = 0; r < mr; ++r) {
+                float* words = Pw.data() + r * (ld / 2);
+                round_pairs(&L(r, 0), seen, words);
+                std::fill(words + pairs, words + whole, 0.0f);
+              }
+              value_panel_amx(Pw.data(), ld / 2, seen, Vw.data(), DotTile::pairs(cols), d_v, A, alpha.data(), mr);
+              continue;
+            }
+          }
+#endif
           with_rows<T>(mr, [&](auto R) {
 #ifdef ATTNGEOM_BF16_X86
             if constexpr (dot_able) {
@@ -612,6 +659,9 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         }
       }
     }
+#ifdef ATTNGEOM_AMX
+    if (amx) amx_end();
+#endif
   }
   // q, k (and tau) are finite and the logits bounded, so a non-finite output comes from v,
   // or from a sum beyond the float range (|y| <= max |v|, but the running sum may not be).

@@ -57,9 +57,15 @@ inline void round_to_bf16_values(float* x, int64_t count) {
 // The paths of the product; `best` is the fastest this CPU has (dot_path()).
 enum class DotPath { best, amx_bf16, avx512_bf16, widened };
 
-// "amx_bf16" where the CPU has AMX-BF16 tiles and the system lets the process use them,
-// "avx512_bf16" where it has bfloat16 dot products, "widened" elsewhere.
+// The path the products and the attention's bfloat16 products take: the one set_dot_path
+// chose, else the fastest this CPU has: amx_bf16 where it has AMX-BF16 tiles and the system
+// lets the process use them, avx512_bf16 where it has bfloat16 dot products, widened
+// elsewhere. dot_path() is its name.
+DotPath chosen_dot_path();
 std::string dot_path();
+// Chooses the path for the whole process (tests, benchmarks; `best` returns to the fastest);
+// a path this CPU lacks throws std::invalid_argument.
+void set_dot_path(DotPath path);
 // Whether this CPU (and system) can take `path`.
 bool has_dot_path(DotPath path);
 

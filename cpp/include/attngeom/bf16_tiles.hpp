@@ -70,6 +70,101 @@ inline bool has_bf16_dot() {
 #endif
 }
 
+}  // namespace detail
+}  // namespace attngeom
+
+// AMX (Intel's tile registers, AMX-TILE and AMX-BF16: Sapphire Rapids and later): eight tiles
+// of 16 rows of 64 bytes, TDPBF16PS adding to a 16 x 16 float32 tile the products of a tile of
+// 16 rows of 32 bfloat16 values (the row operand) with a tile of 16 rows of 16 pairs (the pair
+// operand: row t holds pair t of each of 16 columns), 16,384 flops an instruction. The
+// product (bf16.cpp) and the attention forward (attention.hpp) use them where amx_usable()
+// (CPUID, and Linux's grant of the tile state to the process) and the chosen path allow. Each
+// thread loads the tile configuration (amx_begin) before its tiles and releases them after
+// (amx_end). The emulated module (ATTNGEOM_BF16_EMULATED) runs the same code on eight tiles
+// in memory per thread, each TDPBF16PS an entry's float32 sums over the pairs in order.
+#if defined(ATTNGEOM_BF16_EMULATED)
+#define ATTNGEOM_AMX 1
+#define ATTNGEOM_AMX_TARGET
+#elif defined(ATTNGEOM_BF16_X86) && defined(__linux__)
+#define ATTNGEOM_AMX 1
+#define ATTNGEOM_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#endif
+
+namespace attngeom {
+namespace detail {
+
+// Whether the CPU has AMX-BF16 and the operating system lets this process use the tiles
+// (always, in the emulated module); bf16.cpp.
+bool amx_usable();
+
+#ifdef ATTNGEOM_AMX
+#ifdef ATTNGEOM_BF16_EMULATED
+// Tiles in memory, each thread its own eight.
+inline thread_local uint32_t amx_tiles[8][16][16];
+inline void tile_load(int t, const void* base, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(amx_tiles[t][r], static_cast<const char*>(base) + r * stride, 64);
+}
+inline void tile_store(int t, void* base, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(base) + r * stride, amx_tiles[t][r], 64);
+}
+inline void tile_zero(int t) { std::memset(amx_tiles[t], 0, sizeof amx_tiles[t]); }
+inline float low_half(uint32_t w) {
+  const uint32_t u = w << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float high_half(uint32_t w) {
+  const uint32_t u = w & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline void tile_dpbf16(int d, int a, int b) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float acc;
+      std::memcpy(&acc, &amx_tiles[d][i][j], 4);
+      for (int t = 0; t < 16; ++t) {
+        acc += low_half(amx_tiles[a][i][t]) * low_half(amx_tiles[b][t][j]);
+        acc += high_half(amx_tiles[a][i][t]) * high_half(amx_tiles[b][t][j]);
+      }
+      std::memcpy(&amx_tiles[d][i][j], &acc, 4);
+    }
+}
+#define AMX_LOAD(t, base, stride) ::attngeom::detail::tile_load(t, base, stride)
+#define AMX_STORE(t, base, stride) ::attngeom::detail::tile_store(t, base, stride)
+#define AMX_ZERO(t) ::attngeom::detail::tile_zero(t)
+#define AMX_DOT(d, a, b) ::attngeom::detail::tile_dpbf16(d, a, b)
+inline void amx_begin() {}
+inline void amx_end() {}
+#else
+#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_DOT(d, a, b) _tile_dpbf16ps(d, a, b)
+// Palette 1, the eight tiles 16 rows of 64 bytes. A constant, so every byte of it is written
+// before LDTILECFG reads it (GCC's _tile_loadconfig names only its first 8 bytes as read).
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+alignas(64) inline const TileConfig AMX_CONFIG = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+// Each thread configures its tiles at the start of a unit and releases them at its end.
+ATTNGEOM_AMX_TARGET inline void amx_begin() { _tile_loadconfig(&AMX_CONFIG); }
+ATTNGEOM_AMX_TARGET inline void amx_end() { _tile_release(); }
+#endif
+
+#endif
+
+}  // namespace detail
+}  // namespace attngeom
+
+namespace attngeom {
+namespace detail {
+
 // The attention's dot tiles: 16 float32 lanes a packet, 4 packets a tile row, so a score tile
 // covers 64 keys and a value tile 64 columns; 6 query rows (24 accumulators, 4 key or value
 // packets and a broadcast: 29 of the 32 registers).
@@ -218,6 +313,104 @@ void value_panel_bf16(const float* Pw, int64_t ldp, int64_t keys, const float* V
       for (int c = 0; c < W; ++c) tile[r * W + c] = c < rest ? A[r * d_v + done + c] : 0.0f;
     value_tile_bf16<MR, 1>(Pw, ldp, pairs, Vg + (packets - p0) * W, left * W, tile, W, alpha);
     for (int r = 0; r < MR; ++r) std::copy_n(tile + r * W, rest, A + r * d_v + done);
+  }
+}
+#endif
+
+
+#ifdef ATTNGEOM_AMX
+// The attention's AMX tiles: panels of 16 query rows. Words as for the dot tiles, with the
+// query and key rows padded with zero words to whole tile rows of 16 (AmxTile::words).
+struct AmxTile {
+  static constexpr int ROWS = 16;  // query rows of a panel
+  static int64_t words(int64_t d_k) { return (DotTile::pairs(d_k) + 15) / 16 * 16; }
+};
+
+// S[r, c] = scale * sum_t Q[r, t] . Kt[t, c] for the panel's 16 rows and c < padded keys
+// (columns past `keys` up to `fill` set to zero): Q's rows are d2 words of pairs (d2 a multiple of
+// 16, row stride d2), Kt the keys' words packed in groups of 16 keys (pack_keys<float, 16> on
+// the words: Kt[(g d2 + t) 16 + c] is key 16 g + c's pair t). Each entry is one tile lane's
+// chain over the pairs in order, then one multiply by the scale: its bits depend on its row of
+// Q and column of Kt only.
+ATTNGEOM_AMX_TARGET inline void score_tile_amx(const float* Q, int64_t d2, const float* Kt, int64_t keys,
+                                                float scale, float* S, int64_t lds, int64_t fill) {
+  const int64_t groups = (keys + 15) / 16, steps = d2 / 16, stride = lds * int64_t(sizeof(float));
+  for (int64_t g = 0; g < groups; g += 2) {
+    const float* K0 = Kt + g * d2 * 16;
+    AMX_ZERO(0);
+    if (g + 1 < groups) {
+      AMX_ZERO(1);
+      for (int64_t s = 0; s < steps; ++s) {
+        AMX_LOAD(2, Q + 16 * s, d2 * 4);
+        AMX_LOAD(3, K0 + 16 * s * 16, 64);
+        AMX_DOT(0, 2, 3);
+        AMX_LOAD(4, K0 + d2 * 16 + 16 * s * 16, 64);
+        AMX_DOT(1, 2, 4);
+      }
+      AMX_STORE(1, S + 16 * (g + 1), stride);
+    } else {
+      for (int64_t s = 0; s < steps; ++s) {
+        AMX_LOAD(2, Q + 16 * s, d2 * 4);
+        AMX_LOAD(3, K0 + 16 * s * 16, 64);
+        AMX_DOT(0, 2, 3);
+      }
+    }
+    AMX_STORE(0, S + 16 * g, stride);
+  }
+  const int64_t done = 16 * groups;
+  for (int r = 0; r < AmxTile::ROWS; ++r) {
+    float* row = S + r * lds;
+    for (int64_t c = 0; c < done; ++c) row[c] *= scale;
+    std::fill(row + done, row + std::max(done, fill), 0.0f);
+  }
+}
+
+// A[r, :d_v] = alpha[r] A[r, :d_v] + sum_{t < pairs(keys)} Pw[r, t] . V[t, :d_v] for r < rows
+// (at most 16; alpha == nullptr means 1): Pw the panel's 16 weight rows of words (row stride
+// ldp words, zero from pairs(keys) to a multiple of 16, ldp at least that), Vp the values
+// packed by pack_values_bf16 with kp = pairs of the key block (the rows read past kp, up to a
+// multiple of 16, are weighted by zeros: the next group's values, or zeros past the last
+// group: Vp holds 16 DotTile::NC words beyond its values). Column chunks of 16 go through the
+// tiles from a scratch block (alpha A, rows past `rows` zero), two at a time. Each entry is
+// one tile lane's chain over the key pairs in order after alpha A: its bits depend on its row
+// of weights and its column of values only.
+ATTNGEOM_AMX_TARGET inline void value_panel_amx(const float* Pw, int64_t ldp, int64_t keys, const float* Vp,
+                                                 int64_t kp, int64_t d_v, float* A, const float* alpha,
+                                                 int64_t rows) {
+  constexpr int64_t W = 16, NC = DotTile::NC;
+  const int64_t steps = (DotTile::pairs(keys) + 15) / 16, packed = DotTile::packed_values(d_v);
+  alignas(64) float scratch[2][16 * W];
+  for (int64_t c0 = 0; c0 < packed; c0 += 2 * W) {
+    const int chunks = c0 + W < packed ? 2 : 1;
+    const float* V[2];
+    int64_t vstride[2];
+    for (int h = 0; h < chunks; ++h) {
+      const int64_t c = c0 + h * W, g0 = c / NC * NC, w = std::min(NC, packed - g0);
+      V[h] = Vp + g0 * kp + (c - g0);
+      vstride[h] = w * int64_t(sizeof(float));
+      const int64_t used = std::max<int64_t>(0, std::min(W, d_v - c));
+      for (int64_t r = 0; r < 16; ++r) {
+        const float a = r < rows ? (alpha ? alpha[r] : 1.0f) : 0.0f;
+        for (int64_t j = 0; j < W; ++j) scratch[h][r * W + j] = r < rows && j < used ? a * A[r * d_v + c + j] : 0.0f;
+      }
+    }
+    AMX_LOAD(0, scratch[0], 64);
+    if (chunks == 2) AMX_LOAD(1, scratch[1], 64);
+    for (int64_t s = 0; s < steps; ++s) {
+      AMX_LOAD(2, Pw + 16 * s, ldp * 4);
+      AMX_LOAD(3, V[0] + 16 * s * (vstride[0] / 4), vstride[0]);
+      AMX_DOT(0, 2, 3);
+      if (chunks == 2) {
+        AMX_LOAD(4, V[1] + 16 * s * (vstride[1] / 4), vstride[1]);
+        AMX_DOT(1, 2, 4);
+      }
+    }
+    AMX_STORE(0, scratch[0], 64);
+    if (chunks == 2) AMX_STORE(1, scratch[1], 64);
+    for (int h = 0; h < chunks; ++h) {
+      const int64_t c = c0 + h * W, used = std::max<int64_t>(0, std::min(W, d_v - c));
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(scratch[h] + r * W, used, A + r * d_v + c);
+    }
   }
 }
 #endif
