@@ -147,6 +147,26 @@ def test_non_finite_values_stay_in_their_rows_and_columns(path):
     assert np.isfinite(y[~bad]).all()
 
 
+@pytest.mark.parametrize("path", ["cpu", "widened"])
+def test_the_product_writes_into_a_block_of_columns(path):
+    """out= takes rows of contiguous entries at another row stride (a block of a larger
+    array's columns), writes the product's bits there and nothing else, and returns it; an
+    out of another shape, dtype, layout or a read-only one is refused."""
+    x, w = _operands(37, 40, 96, seed=9)
+    whole = np.full((37, 70), -7.0, np.float32)
+    got = _core.matmul_bf16(x, w, False, "" if path == "cpu" else path, whole[:, 20:60])
+    assert got.base is whole or np.shares_memory(got, whole)
+    np.testing.assert_array_equal(whole[:, 20:60], _product(x, w, path, parallel=False))
+    assert np.all(whole[:, :20] == -7.0) and np.all(whole[:, 60:] == -7.0)
+    for bad in (np.empty((37, 41), np.float32), np.empty((37, 40), np.float64), np.empty((40, 37), np.float32).T):
+        with pytest.raises((ValueError, TypeError)):
+            _core.matmul_bf16(x, w, False, "", bad)
+    frozen = np.empty((37, 40), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        _core.matmul_bf16(x, w, False, "", frozen)
+
+
 @pytest.mark.parametrize("path", ["avx512_bf16", "amx_bf16"])
 def test_the_instructions_take_subnormal_inputs_as_zero(path):
     """VDPBF16PS and TDPBF16PS treat subnormal bfloat16 inputs as zero, so a float32 subnormal

@@ -69,8 +69,8 @@ def test_bfloat16_logits_on_emulated_dot_products_are_as_close(bf16_models, monk
 
     monkeypatch.setattr(_core, "dot_path", emulated.dot_path)
     monkeypatch.setattr(_core, "softmax_attention", attention)
-    monkeypatch.setattr(_core, "matmul_bf16", lambda x, w, parallel=True, path="": emulated.matmul_bf16(
-        x, w, parallel, products))
+    monkeypatch.setattr(_core, "matmul_bf16", lambda x, w, parallel=True, path="", out=None: emulated.matmul_bf16(
+        x, w, parallel, products, out))
     emulated.set_dot_path(products)  # the attention's tiles too
     try:
         _as_close_as_transformers(bf16_models)

@@ -123,6 +123,12 @@ def cases(dtype):
         ("iradon sart", lambda s: ag.iradon_sart(s, theta, iterations=2), dict(s=sino), {}),
         ("stable density", lambda x: ag.stable_density(x, 1.3), dict(x=draw(97)), {}),
     ]
+    if dtype == np.float32:  # bfloat16 products: this CPU's path (AMX or dot tiles where it has them)
+        out += [
+            ("softmax bfloat16 products", lambda q, k, v: ag.softmax_attention(
+                q, k, v, mask=mask, causal="bottom_right", return_stats=True, return_log_partition=True,
+                products="bfloat16"), dict(q=q, k=k, v=v), {}),
+        ]
     if dtype == np.float64:  # the double-precision-only analyses
         A, B = draw(4, 37, 9), draw(4, 9, 29)
         taus = np.linspace(0.1, 3.0, 41)

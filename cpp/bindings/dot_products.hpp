@@ -4,8 +4,10 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -37,21 +39,33 @@ inline void def_dot_products(py::module_& m) {
       "or 'widened'; for tests and benchmarks).");
   m.def(
       "matmul_bf16",
-      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, const std::string& path) {
+      [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, const std::string& path,
+         std::optional<py::array_t<float>> out) {
         if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
           throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
         const DotPath chosen = dot_path_named(path, "matmul_bf16");
         const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
-        CArray<float> c({m_, n});
+        py::array_t<float> c = out ? *out : py::array_t<float>({m_, n});
+        // out: rows of contiguous entries at any row stride (a block of columns of a larger
+        // array), written in place
+        const auto entry = py::ssize_t(sizeof(float));
+        if (out && (c.ndim() != 2 || c.shape(0) != m_ || c.shape(1) != n || !c.writeable() ||
+                    (m_ > 1 && n > 0 && (c.strides(0) % entry || c.strides(0) < n * entry)) ||
+                    (n > 1 && m_ > 0 && c.strides(1) != entry)))
+          throw std::invalid_argument("matmul_bf16: out must be a writable float32 (m, n) array of contiguous rows");
+        const int64_t ldc = m_ > 1 && n > 0 ? int64_t(c.strides(0) / entry) : n;
+        float* dst = c.mutable_data();
         {
           py::gil_scoped_release release;
-          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, c.mutable_data(), n, parallel, chosen);
+          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, dst, ldc, parallel, chosen);
         }
         return c;
       },
       py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("path") = "",
+      py::arg("out").noconvert() = py::none(),
       "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums. path: '' (the "
-      "best, dot_path()), 'amx_bf16', 'avx512_bf16' or 'widened'.");
+      "best, dot_path()), 'amx_bf16', 'avx512_bf16' or 'widened'; out: a float32 (m, n) array of contiguous rows to "
+      "write into (returned).");
 }
 
 }  // namespace attngeom::bindings

@@ -78,9 +78,9 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
         "bfloat16" (float32 operands; ``ml_dtypes.bfloat16`` ones are float32 here): q, k and
         v are rounded to bfloat16 (nearest, ties to even) and their products summed in
         float32, while the scores, the softmax, log Z and the statistics stay float32, as in
-        the bfloat16 mode of :meth:`attngeom.Model.forward`. Where the CPU has bfloat16 dot
-        products (AVX512_BF16; ``show_config()["bf16_products"]``) they compute both block
-        products, S = scale (q . k) and P V with each weight rounded to bfloat16 (as PyTorch's
+        the bfloat16 mode of :meth:`attngeom.Model.forward`. Where the CPU has AMX tiles
+        (AMX-BF16) or bfloat16 dot products (AVX512_BF16; ``show_config()["bf16_products"]``)
+        they compute both block products, S = scale (q . k) and P V with each weight rounded to bfloat16 (as PyTorch's
         bfloat16 flash attention rounds them), so y may differ from the exact attention of the
         rounded q, k, v by up to 2^-8 sum_j p_ij abs(v_j) per entry. Elsewhere the float32 kernel
         runs on the rounded values.

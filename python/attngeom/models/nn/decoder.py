@@ -423,8 +423,8 @@ class Decoder:
         """The attention block of layer li on the stream h: (the stream after it, the logit scale).
         In the bfloat16 mode the kernel reads q, k, v rounded to bfloat16 (the values the q, k, v
         sites hold; an intervention's values are read as it gives them, in float32 products) and
-        computes scores, softmax and statistics in float32, with the CPU's bfloat16 dot products
-        where it has them (``softmax_attention(..., products="bfloat16")``)."""
+        computes scores, softmax and statistics in float32, with the CPU's AMX tiles or bfloat16
+        dot products where it has them (``softmax_attention(..., products="bfloat16")``)."""
         a = self.arch
         b, n, _ = h.shape
         given = None  # the attention's input, when it is formed before the heads' products
@@ -476,8 +476,8 @@ class Decoder:
             K = a.n_kv_heads
             q, k, v = q.reshape((b, K, -1) + q.shape[2:]), k[:, :, None], v[:, :, None]
             mask = mask[:, :, None] if mask is not None and mask.ndim == 4 else mask
-        # q, k and v hold bfloat16 values here unless an intervention gave them: the CPU's
-        # bfloat16 dot products take them where it has them. Elsewhere the float32 kernel's
+        # q, k and v hold bfloat16 values here unless an intervention gave them: the CPU's AMX
+        # tiles or bfloat16 dot products take them where it has them. Elsewhere the float32 kernel's
         # products of bfloat16 values are the bfloat16 products bit for bit, without the rounding
         # passes (5-9% of the attention's time); and an intervention's values are read as given.
         products = "bfloat16" if (bf16 and _core.dot_path() != "widened" and

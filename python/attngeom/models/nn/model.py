@@ -203,8 +203,9 @@ class Model:
             The computation dtype (weights of any stored precision are cast to it), or
             "bfloat16" (also ``ml_dtypes.bfloat16``): every matrix product reads its weights as
             bfloat16 (a bfloat16 checkpoint's bits as stored, no widened copy), rounds its input
-            rows to bfloat16 and sums in float32 (the CPU's bfloat16 dot products where it has
-            them: AVX512_BF16 on AMD Zen 4 and later, Intel Sapphire Rapids); the attention
+            rows to bfloat16 and sums in float32 (the CPU's AMX tiles or bfloat16 dot products
+            where it has them: AMX-BF16 on Intel Sapphire Rapids and later, AVX512_BF16 on AMD
+            Zen 4 and later); the attention
             reads q, k, v rounded to bfloat16 with float32 scores, softmax and statistics; norms,
             rotary embedding and residual sums are float32, and so are the kept sites and logits.
         keep : str or sequence of str, optional

@@ -22,8 +22,8 @@ the processor count, not the thread count.
 
 In the bfloat16 mode of a forward pass (``Model.forward(..., dtype="bfloat16")``) the right
 factors are :class:`BFloat16Weight`: the weights' bfloat16 bits as stored, read by the
-core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums in float32; AVX512_BF16 dot
-products where the CPU has them). That product partitions rows and columns itself on the
+core's bfloat16 product (``x @ W`` rounds x to bfloat16 and sums in float32; AMX tiles or
+AVX512_BF16 dot products where the CPU has them). That product partitions rows and columns itself on the
 thread budget, and an entry of it depends on its row of x and column of W only, so it too
 gives the same bits at any thread count and any split of the rows.
 """
@@ -245,12 +245,18 @@ def _core_float(W, dtype) -> bool:
             and dtype in (np.dtype(np.float32), np.dtype(np.float64)))
 
 
-def column_product(x: np.ndarray, W, lo: int, hi: int) -> np.ndarray:
+def column_product(x: np.ndarray, W, lo: int, hi: int, out=None) -> np.ndarray:
     """x @ W[:, lo:hi] on the calling thread, for weights :func:`splits_columns` accepts
-    (x C-contiguous, float32 for a BFloat16Weight): the core's GEMM or bfloat16 product."""
+    (x C-contiguous, float32 for a BFloat16Weight): the core's GEMM or bfloat16 product;
+    `out` (rows, hi - lo), rows contiguous: written with the result (the bfloat16 product
+    writes its entries there directly) and returned."""
     if isinstance(W, BFloat16Weight):
-        return _core.matmul_bf16(x, W.bits[lo:hi], False)
-    return _core.matmul(x, W.T[lo:hi], True)
+        return _core.matmul_bf16(x, W.bits[lo:hi], False, "", out)
+    y = _core.matmul(x, W.T[lo:hi], True)
+    if out is None:
+        return y
+    out[...] = y
+    return out
 
 
 def column_products(x: np.ndarray, weights, finish=None) -> list:
@@ -298,8 +304,10 @@ def column_products(x: np.ndarray, weights, finish=None) -> list:
 
     def unit(u):
         i, lo, hi = units[u]
-        block = column_product(x, weights[i], lo, hi)
-        outs[i][:, lo:hi] = block if finish is None else finish(i, block, lo, hi)
+        if finish is None:
+            column_product(x, weights[i], lo, hi, out=outs[i][:, lo:hi])
+        else:
+            outs[i][:, lo:hi] = finish(i, column_product(x, weights[i], lo, hi), lo, hi)
 
     for_tasks(unit, len(units))
     return outs
