@@ -370,15 +370,24 @@ ATTNGEOM_AMX_TARGET inline void score_tile_amx(const float* Q, int64_t d2, const
 // ldp words, zero from pairs(keys) to a multiple of 16, ldp at least that), Vp the values
 // packed by pack_values_bf16 with kp = pairs of the key block (the rows read past kp, up to a
 // multiple of 16, are weighted by zeros: the next group's values, or zeros past the last
-// group: Vp holds 16 DotTile::NC words beyond its values). Column chunks of 16 go through the
-// tiles from a scratch block (alpha A, rows past `rows` zero), two at a time. Each entry is
-// one tile lane's chain over the key pairs in order after alpha A: its bits depend on its row
-// of weights and its column of values only.
+// group: Vp holds 16 DotTile::NC words beyond its values). Column chunks of 16, two at a time,
+// go through the tiles from alpha A scaled in place (a whole panel of 16 rows and d_v a
+// multiple of 16), or else from a scratch block (alpha A, zero past the rows and columns). Each
+// entry is one tile lane's chain over the key pairs in order after alpha A (the same float32
+// product either way): its bits depend on its row of weights and its column of values only.
 ATTNGEOM_AMX_TARGET inline void value_panel_amx(const float* Pw, int64_t ldp, int64_t keys, const float* Vp,
                                                  int64_t kp, int64_t d_v, float* A, const float* alpha,
                                                  int64_t rows) {
   constexpr int64_t W = 16, NC = DotTile::NC;
   const int64_t steps = (DotTile::pairs(keys) + 15) / 16, packed = DotTile::packed_values(d_v);
+  const bool in_place = rows == 16 && d_v % W == 0;
+  if (in_place && alpha) {
+    for (int64_t r = 0; r < 16; ++r) {
+      const float a = alpha[r];
+      float* row = A + r * d_v;
+      for (int64_t j = 0; j < d_v; ++j) row[j] *= a;
+    }
+  }
   alignas(64) float scratch[2][16 * W];
   for (int64_t c0 = 0; c0 < packed; c0 += 2 * W) {
     const int chunks = c0 + W < packed ? 2 : 1;
@@ -388,14 +397,17 @@ ATTNGEOM_AMX_TARGET inline void value_panel_amx(const float* Pw, int64_t ldp, in
       const int64_t c = c0 + h * W, g0 = c / NC * NC, w = std::min(NC, packed - g0);
       V[h] = Vp + g0 * kp + (c - g0);
       vstride[h] = w * int64_t(sizeof(float));
+      if (in_place) continue;
       const int64_t used = std::max<int64_t>(0, std::min(W, d_v - c));
       for (int64_t r = 0; r < 16; ++r) {
         const float a = r < rows ? (alpha ? alpha[r] : 1.0f) : 0.0f;
         for (int64_t j = 0; j < W; ++j) scratch[h][r * W + j] = r < rows && j < used ? a * A[r * d_v + c + j] : 0.0f;
       }
     }
-    AMX_LOAD(0, scratch[0], 64);
-    if (chunks == 2) AMX_LOAD(1, scratch[1], 64);
+    float* acc[2] = {in_place ? A + c0 : scratch[0], in_place ? A + c0 + W : scratch[1]};
+    const int64_t stride = in_place ? d_v * int64_t(sizeof(float)) : 64;
+    AMX_LOAD(0, acc[0], stride);
+    if (chunks == 2) AMX_LOAD(1, acc[1], stride);
     for (int64_t s = 0; s < steps; ++s) {
       AMX_LOAD(2, Pw + 16 * s, ldp * 4);
       AMX_LOAD(3, V[0] + 16 * s * (vstride[0] / 4), vstride[0]);
@@ -405,11 +417,13 @@ ATTNGEOM_AMX_TARGET inline void value_panel_amx(const float* Pw, int64_t ldp, in
         AMX_DOT(1, 2, 4);
       }
     }
-    AMX_STORE(0, scratch[0], 64);
-    if (chunks == 2) AMX_STORE(1, scratch[1], 64);
+    AMX_STORE(0, acc[0], stride);
+    if (chunks == 2) AMX_STORE(1, acc[1], stride);
+    if (in_place) continue;
     for (int h = 0; h < chunks; ++h) {
       const int64_t c = c0 + h * W, used = std::max<int64_t>(0, std::min(W, d_v - c));
-      for (int64_t r = 0; r < rows; ++r) std::copy_n(scratch[h] + r * W, used, A + r * d_v + c);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < used; ++j) A[r * d_v + c + j] = scratch[h][r * W + j];
     }
   }
 }
