@@ -272,6 +272,23 @@ def test_fused_rms_norm_and_silu_gate_against_numpy():
     assert np.all(np.abs(got - ref) <= 4 * np.finfo(np.float32).eps * np.abs(ref) + 1e-30)
 
 
+def test_the_fused_gate_is_the_same_bits_at_any_address():
+    """silu_mul's entries depend on their g and u only: u placed at every offset of a cache
+    line gives the same bits (Eigen's expression had computed the entries before the first
+    aligned address with the scalar exp). 4 x 4,100 entries end in a partial packet at every
+    vector width."""
+    rng = np.random.default_rng(11)
+    g, u = (rng.standard_normal((4, 4100)).astype(np.float32) * 6 for _ in range(2))
+    ref = u.copy()
+    _core.silu_mul(g, ref)
+    for offset in range(1, 17):
+        buf = np.empty(u.size + 16, np.float32)
+        placed = buf[offset:offset + u.size].reshape(u.shape)
+        placed[...] = u
+        _core.silu_mul(g, placed)
+        np.testing.assert_array_equal(placed, ref)
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_fused_rotation_is_bitwise_numpys(interleaved):
     """A block of tokens' heads rotated in one pass of the core equals NumPy's expression

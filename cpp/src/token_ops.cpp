@@ -20,12 +20,21 @@ void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps
 }
 
 void silu_mul(const float* g, float* u, int64_t count) {
-  constexpr int64_t BLOCK = 4096;  // Eigen's expression over a block: vector exp, no temporaries
-  for (int64_t i = 0; i < count; i += BLOCK) {
-    const int64_t m = std::min(BLOCK, count - i);
-    const Eigen::Map<const Eigen::ArrayXf> gi(g + i, m);
-    Eigen::Map<Eigen::ArrayXf> ui(u + i, m);
-    ui = gi / (1.0f + (-gi).exp()) * ui;
+  // Packets by hand: Eigen's expression over an unaligned Map peels the entries before the
+  // first aligned address off to scalar code (libm's exp), so their bits followed the address.
+  using namespace Eigen::internal;
+  using Packet = packet_traits<float>::type;
+  constexpr int64_t W = unpacket_traits<Packet>::size;
+  const Packet one = pset1<Packet>(1.0f);
+  const auto gated = [&](const Packet& gp, const Packet& up) { return pmul(pdiv(gp, padd(one, pexp(pnegate(gp)))), up); };
+  int64_t i = 0;
+  for (; i + W <= count; i += W) pstoreu(u + i, gated(ploadu<Packet>(g + i), ploadu<Packet>(u + i)));
+  if (i < count) {  // the last entries in a packet padded with zeros
+    float gt[W] = {}, ut[W] = {};
+    std::copy(g + i, g + count, gt);
+    std::copy(u + i, u + count, ut);
+    pstoreu(ut, gated(ploadu<Packet>(gt), ploadu<Packet>(ut)));
+    std::copy(ut, ut + (count - i), u + i);
   }
 }
 

@@ -13,6 +13,8 @@ namespace attngeom {
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y);
 
 // u[i] = silu(g[i]) u[i], silu(g) = g / (1 + exp(-g)), in place (SwiGLU's hidden units).
+// Every entry goes through the same vector code, so its result depends on its g and u only,
+// not on its address.
 void silu_mul(const float* g, float* u, int64_t count);
 
 // y = x cos + rotate_half(x) sin for head vectors x (rows, heads, d) with one cos and sin row
