@@ -468,7 +468,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       const T* tau_rows = tau ? tau + (tau_index ? tau_index[b] : b) * n_q + i0 : nullptr;
       if (dot) {
         if constexpr (dot_able)
-          for (int64_t r = 0; r < rows; ++r) round_pairs(q.block(b) + (i0 + r) * d_k, d_k, Qw.data() + r * d2);
+          for (int64_t r = 0; r < rows; ++r) round_pairs_dot(q.block(b) + (i0 + r) * d_k, d_k, Qw.data() + r * d2);
       } else if (bf16) {
         if constexpr (dot_able) {
           Qs.topRows(rows) = CMap(q.block(b) + i0 * d_k, rows, d_k);
@@ -496,7 +496,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
         const int64_t cols = std::min(bk, key_end - j0);
         if (dot) {
           if constexpr (dot_able) {
-            for (int64_t c = 0; c < cols; ++c) round_pairs(K + (j0 + c) * d_k, d_k, Kw.data() + c * d2);
+            for (int64_t c = 0; c < cols; ++c) round_pairs_dot(K + (j0 + c) * d_k, d_k, Kw.data() + c * d2);
             if (amx) {
               pack_keys<float, 16>(Kw.data(), d2, cols, Kt.data());
             } else {
@@ -597,7 +597,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
               const int64_t pairs = DotTile::pairs(seen), whole = (pairs + 15) / 16 * 16;
               for (int r = 0; r < mr; ++r) {
                 float* words = Pw.data() + r * (ld / 2);
-                round_pairs(&L(r, 0), seen, words);
+                round_pairs_dot(&L(r, 0), seen, words);
                 std::fill(words + pairs, words + whole, 0.0f);
               }
               value_panel_amx(Pw.data(), ld / 2, seen, Vw.data(), DotTile::pairs(cols), d_v, A, alpha.data(), mr);
@@ -609,7 +609,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
 #ifdef ATTNGEOM_BF16_X86
             if constexpr (dot_able) {
               if (dot) {  // the weights rounded to bfloat16 pairs, after l took them in float32
-                for (int r = 0; r < mr; ++r) round_pairs(&L(r, 0), seen, Pw.data() + r * (ld / 2));
+                for (int r = 0; r < mr; ++r) round_pairs_dot(&L(r, 0), seen, Pw.data() + r * (ld / 2));
                 value_panel_bf16<R()>(Pw.data(), ld / 2, seen, Vw.data(), DotTile::pairs(cols), d_v, A,
                                       alpha.data());
                 return;
