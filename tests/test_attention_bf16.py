@@ -162,6 +162,18 @@ def test_an_entry_does_not_depend_on_the_query_tiling_or_the_threads(path, d_v):
         ag.set_num_threads(old)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_the_default_large_query_blocks_give_the_same_bits(path):
+    """With enough units (8 x 2 blocks of 768 queries here) the dot and AMX tiles take
+    768-query units by default; the bits equal 192- and 64-query units', causal."""
+    q, k, v = _operands(8, 800, 800, 32, 48, seed=4)
+    first = _attend(path, q, k, v, True)
+    for block_q in (192, 64):
+        y, _, log_z, st = _attend(path, q, k, v, True, block_q=block_q)
+        for a, b in zip((y, log_z) + tuple(st), (first[0], first[2]) + tuple(first[3])):
+            assert a.tobytes() == b.tobytes(), block_q
+
+
 def test_the_widened_path_is_the_float32_kernel_on_rounded_operands():
     """Without bfloat16 dot products (or with the widened path chosen), products="bfloat16"
     rounds q, k and v and runs the float32 kernel: bitwise that kernel on operands rounded
