@@ -93,11 +93,12 @@ def test_product_within_the_float32_summation_bound(shape, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_product_is_exact_where_every_sum_is(path):
+@pytest.mark.parametrize("k", [257, 1601])  # AMX: 1,601 in blocks of the depth, the sums between them in memory
+def test_product_is_exact_where_every_sum_is(path, k):
     """Small integers: every product and partial sum is an integer below 2^24, so both paths
     give the exact product, bitwise."""
     rng = np.random.default_rng(2)
-    m, n, k = 23, 19, 257
+    m, n = 23, 19
     x = rng.integers(-8, 9, (m, k)).astype(np.float32)
     w = float32_to_bfloat16(rng.integers(-8, 9, (n, k)).astype(np.float32))
     ref = x.astype(np.float64) @ bfloat16_to_float32(w).astype(np.float64).T
@@ -105,7 +106,8 @@ def test_product_is_exact_where_every_sum_is(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("k", [300, 320])  # the AMX path copies B padded at 300 (not whole tile rows)
+# the AMX path copies B padded at 300 (not whole tile rows); at 1,600 it goes in blocks of the depth
+@pytest.mark.parametrize("k", [300, 320, 1600])
 def test_an_entry_depends_on_its_row_and_column_only(path, k):
     """Bitwise: any split of the rows, one row at a time, serial or parallel, 1 or 2 threads,
     and slices of the columns (fewer than a tile's 16, and a run of them starting mid-tile)
