@@ -41,16 +41,9 @@ struct LineAllocator {
 template <class T>
 using LineVector = std::vector<T, LineAllocator<T>>;
 
-float widen_one(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 // The contiguous loop the compiler vectorizes (shifts of 16-bit lanes widened to 32).
 void widen_row(const uint16_t* bits, int64_t count, float* x) {
-  for (int64_t i = 0; i < count; ++i) x[i] = widen_one(bits[i]);
+  for (int64_t i = 0; i < count; ++i) x[i] = bf16_value(bits[i]);
 }
 
 // Units of work: blocks of MB rows of A against panels of B's rows (C's columns) of about

@@ -46,11 +46,18 @@ inline uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// The float32 value of bfloat16 bits (exact: the bits are a float32's upper half).
+inline float bf16_value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // x[i] = bfloat16(x[i]) as float32 (bf16_bits), in place.
 inline void round_to_bf16_values(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
-    const uint32_t u = uint32_t(bf16_bits(x[i])) << 16;
-    std::memcpy(x + i, &u, sizeof u);
+    x[i] = bf16_value(bf16_bits(x[i]));
   }
 }
 

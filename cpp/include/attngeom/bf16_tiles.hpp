@@ -109,18 +109,9 @@ inline void tile_store(int t, void* base, int64_t stride) {
   for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(base) + r * stride, amx_tiles[t][r], 64);
 }
 inline void tile_zero(int t) { std::memset(amx_tiles[t], 0, sizeof amx_tiles[t]); }
-inline float low_half(uint32_t w) {
-  const uint32_t u = w << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float high_half(uint32_t w) {
-  const uint32_t u = w & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+// The two bfloat16 values of a 32-bit word: its low half first.
+inline float low_half(uint32_t w) { return bf16_value(static_cast<uint16_t>(w)); }
+inline float high_half(uint32_t w) { return bf16_value(static_cast<uint16_t>(w >> 16)); }
 inline void tile_dpbf16(int d, int a, int b) {
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
