@@ -49,7 +49,7 @@ def _operands(batch, n_q, n_k, d_k, d_v, seed=0):
 
 @contextlib.contextmanager
 def _on(path):
-    """The module that computes `path` (one of PATHS, or "widened"), with its bfloat16 path
+    """The module that computes `path` (one of PATHS, "amx_bf16" or "widened"), with its bfloat16 path
     chosen while the block runs."""
     if path.startswith("emulated"):
         module, chosen = emulated_bf16(), "amx_bf16" if path == "emulated_amx" else "avx512_bf16"
@@ -57,6 +57,8 @@ def _on(path):
         module, chosen = _core, "" if path == "cpu" else path
         if path == "avx512_bf16" and _core.dot_path() not in ("avx512_bf16", "amx_bf16"):
             pytest.skip(f"this CPU has no bfloat16 dot products (its path is {_core.dot_path()})")
+        if path == "amx_bf16" and _core.dot_path() != "amx_bf16":
+            pytest.skip(f"this CPU has no AMX tiles (its path is {_core.dot_path()})")
     module.set_dot_path(chosen)
     try:
         yield module
@@ -99,14 +101,12 @@ def test_y_within_the_bound_of_bfloat16_weights(case, path):
     assert np.all(np.abs(log_z - ref_log_z) <= 1e-5 * (1 + np.abs(ref_log_z)))
 
 
-@pytest.mark.parametrize("path", ["cpu", "avx512_bf16"])
+@pytest.mark.parametrize("path", ["avx512_bf16", "amx_bf16"])
 def test_subnormal_inputs_count_as_zero_on_the_instructions(path):
     """The CPU's dot products and tiles take subnormal bfloat16 inputs as zero, and the
     vector rounding of q, k and the weights flushes subnormal floats to zero: either way a
     subnormal entry of q, k or v gives the bits of a zero there, in whole tile rows and in
     ragged ends (d_k 40: 32 values and 8 under masks)."""
-    if _core.dot_path() == "widened":
-        pytest.skip("this CPU has no bfloat16 dot products: the float32 kernel keeps subnormals")
     q, k, v = _operands(2, 33, 45, 40, 24, seed=5)
     flushed = [t.copy() for t in (q, k, v)]
     for t, z in zip((q, k, v), flushed):
