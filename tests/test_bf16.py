@@ -128,6 +128,38 @@ def test_an_entry_depends_on_its_row_and_column_only(path, k):
         ag.set_num_threads(old)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("k", [300, 1024, 1600])  # AMX: B padded at 300, whole depth at 1,024, depth blocks at 1,600
+def test_products_of_one_left_factor_are_each_products_bits(path, k):
+    """matmul_bf16_many (x rounded and packed once, units over every weight's columns) gives
+    each weight's product bit for bit, serial or parallel, with a weight of no columns, one
+    short of a tile and several units wide."""
+    x, _ = _operands(530, 1, k, seed=11)
+    ws = [_operands(1, n, k, seed=12 + n)[1] for n in (130, 0, 5, 300)]
+    if path.startswith("emulated"):
+        many = emulated_bf16().matmul_bf16_many
+        name = "amx_bf16" if path == "emulated_amx" else "avx512_bf16"
+    else:
+        _product(x[:1], ws[0], path)  # skips where this CPU lacks the path
+        many, name = _core.matmul_bf16_many, "" if path == "cpu" else path
+    for parallel in (True, False):
+        got = many(x, ws, parallel, name)
+        assert [g.shape for g in got] == [(530, 130), (530, 0), (530, 5), (530, 300)]
+        for g, w in zip(got, ws):
+            np.testing.assert_array_equal(g, _product(x, w, path, parallel))
+
+
+def test_products_of_one_left_factor_refuse_bad_weights():
+    x, w = _operands(8, 16, 64, seed=13)
+    with pytest.raises(ValueError, match="uint16"):
+        _core.matmul_bf16_many(x, [w, w.astype(np.float32)])
+    with pytest.raises(ValueError, match="uint16"):
+        _core.matmul_bf16_many(x, [np.asfortranarray(w)])
+    with pytest.raises(ValueError, match="weights"):
+        _core.matmul_bf16_many(x, [w[:, :32].copy()])
+    assert _core.matmul_bf16_many(x, []) == []
+
+
 @pytest.mark.parametrize("path", ["cpu", "avx512_bf16", "amx_bf16", "emulated", "emulated_amx"])
 def test_the_paths_agree_to_float32_rounding(path):
     x, w = _operands(50, 40, 2048, seed=4)

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "attngeom/bf16.hpp"
@@ -66,6 +67,34 @@ inline void def_dot_products(py::module_& m) {
       "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums. path: '' (the "
       "best, dot_path()), 'amx_bf16', 'avx512_bf16' or 'widened'; out: a float32 (m, n) array of contiguous rows to "
       "write into (returned).");
+  m.def(
+      "matmul_bf16_many",
+      [](const CArray<float>& x, const std::vector<py::array>& ws, bool parallel, const std::string& path) {
+        if (x.ndim() != 2) throw std::invalid_argument("matmul_bf16_many: x (m, k) expected");
+        const int64_t m_ = x.shape(0), k = x.shape(1);
+        std::vector<py::array_t<float>> outs;
+        std::vector<BF16Factor> factors;
+        outs.reserve(ws.size());
+        for (const py::array& a : ws) {
+          if (!py::isinstance<CArray<uint16_t>>(a))
+            throw std::invalid_argument("matmul_bf16_many: weights must be C-contiguous uint16 arrays of bfloat16 bits");
+          const auto w = py::reinterpret_borrow<CArray<uint16_t>>(a);
+          if (w.ndim() != 2 || w.shape(1) != k)
+            throw std::invalid_argument("matmul_bf16_many: x (m, k) and weights (n_i, k) expected");
+          outs.emplace_back(std::vector<py::ssize_t>{m_, w.shape(0)});
+          factors.push_back({w.data(), w.shape(0), k, outs.back().mutable_data(), w.shape(0)});
+        }
+        const DotPath chosen = dot_path_named(path, "matmul_bf16_many");
+        {
+          py::gil_scoped_release release;
+          matmul_bf16(m_, k, x.data(), k, factors, parallel, chosen);
+        }
+        return outs;
+      },
+      py::arg("x").noconvert(), py::arg("ws"), py::arg("parallel") = true, py::arg("path") = "",
+      "[bf16(x) @ w.T for w in ws], as matmul_bf16 computes each (the same bits), with x rounded once for all of "
+      "them and the threads spread over every product's columns: float32 x (m, k), C-contiguous bfloat16 bits w "
+      "(n_i, k).");
 }
 
 }  // namespace attngeom::bindings

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "attngeom/bf16_tiles.hpp"
@@ -35,11 +36,48 @@ struct LineAllocator {
   LineAllocator(const LineAllocator<U>&) {}
   T* allocate(size_t count) { return static_cast<T*>(::operator new(count * sizeof(T), std::align_val_t{64})); }
   void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  // resize leaves new entries as they are (default-initialized): the buffers are written
+  // before they are read, and zeroing megabytes a call cost a few percent of a product
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   friend bool operator==(const LineAllocator&, const LineAllocator&) { return true; }
   friend bool operator!=(const LineAllocator&, const LineAllocator&) { return false; }
 };
 template <class T>
 using LineVector = std::vector<T, LineAllocator<T>>;
+
+// Scratch buffers up to this size stay with their thread from call to call; larger ones are
+// released when the call ends.
+constexpr size_t SCRATCH_KEEP = size_t(64) << 20;
+
+// A thread's scratch buffer of at least `count` entries for one call, kept for the next call
+// (not mapped and faulted in again every call) unless it exceeds SCRATCH_KEEP. Its entries
+// are left as they were: every use writes what it reads.
+template <class T>
+class Scratch {
+ public:
+  Scratch(LineVector<T>& kept, size_t count) : v_(kept) {
+    if (v_.size() < count) {
+      LineVector<T>().swap(v_);
+      v_.resize(count);
+    }
+  }
+  ~Scratch() {
+    if (v_.size() * sizeof(T) > SCRATCH_KEEP) LineVector<T>().swap(v_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* data() { return v_.data(); }
+
+ private:
+  LineVector<T>& v_;
+};
 
 // The contiguous loop the compiler vectorizes (shifts of 16-bit lanes widened to 32).
 void widen_row(const uint16_t* bits, int64_t count, float* x) {
@@ -161,15 +199,28 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 }
 #endif
 
+// A factor's panel of columns as the units take them: factor f's B rows [j0, j1).
+struct Panel {
+  size_t f;
+  int64_t j0, j1;
+};
+
+// The factors' panels of at most `width` columns each, in order.
+std::vector<Panel> panels_of(const std::vector<BF16Factor>& factors, int64_t width) {
+  std::vector<Panel> out;
+  for (size_t f = 0; f < factors.size(); ++f)
+    for (int64_t j0 = 0; j0 < factors[f].n; j0 += width) out.push_back({f, j0, std::min(factors[f].n, j0 + width)});
+  return out;
+}
+
 #ifdef ATTNGEOM_AMX
 // The AMX path: Intel's tile registers (AMX-TILE, AMX-BF16; Sapphire Rapids and later). TDPBF16PS
 // adds to a 16 x 16 float32 tile the products of a tile of 16 rows of 32 bfloat16 values with a
 // tile of 16 rows of 16 pairs ("VNNI" layout: row t holds pair t of each of 16 columns),
 // 16,384 flops an instruction.
 //
-// The weights are the row operand, read as they lie (a tile load takes any row stride), so
-// nothing of B is copied or packed. A's rows, rounded, are packed once a call as the pair
-// operand: for each block of 16 rows (the rows past m zero) and each step of 32 along the
+// The weights are the row operand, copied once a call in the order the tiles read them
+// (pack_panel). A's rows, rounded, are packed once a call as the pair operand: for each block of 16 rows (the rows past m zero) and each step of 32 along the
 // depth, a 16 x 16 block of words, word [t, c] = the pair (A[16 b + c, 32 s + 2 t],
 // A[16 b + c, 32 s + 2 t + 1]). The result tiles are C's transpose (rows: B's rows, columns: A's
 // rows), stored to a scratch block and written to C through a 16 x 16 transpose in registers.
@@ -185,8 +236,8 @@ ATTNGEOM_BF16_TARGET void dot_block(const uint16_t* A, int64_t kp, int64_t rows,
 // TDPBF16PS an entry's float32 sums over the pairs in order (cpp/emulation/ for the tests).
 constexpr int64_t AMX_DEPTH = 32;  // bfloat16 values in a tile row
 constexpr int64_t AMX_WORDS = 256;  // 32-bit words of a tile (16 rows of 64 bytes)
-// A unit: at most AMX_ROWS of A's rows (whole pairs of 16-row blocks) against AMX_COLUMNS of
-// B's rows; each group of 32 of B's rows is packed once a unit.
+// A unit: at most AMX_ROWS of A's rows (whole pairs of 16-row blocks) against a panel of at
+// most AMX_COLUMNS of B's rows.
 constexpr int64_t AMX_ROWS = 512;
 constexpr int64_t AMX_COLUMNS = 256;
 
@@ -256,29 +307,26 @@ ATTNGEOM_AMX_TARGET void pack_block_amx(const float* A, int64_t lda, int64_t k, 
 }
 #endif
 
-// A's rows rounded and packed as the pair operand (above): blocks of 16 rows, row block b's
-// depth step s at P + (b S + s) AMX_WORDS, S = ceil(k / 32); zeros past m and past k.
-void pack_rows_amx(const float* A, int64_t lda, int64_t m, int64_t k, uint32_t* P, bool parallel) {
-  const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH, blocks = (m + 15) / 16;
-#pragma omp parallel for schedule(static) if (parallel && blocks >= 4)
-  for (int64_t b = 0; b < blocks; ++b) {
+// Block b of A's rows rounded and packed as the pair operand (above): blocks of 16 rows, row
+// block b's depth step s at P + (b S + s) AMX_WORDS, S = ceil(k / 32); zeros past m and past k.
+void pack_rows_amx(const float* A, int64_t lda, int64_t m, int64_t k, int64_t b, uint32_t* P) {
+  const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH;
 #ifndef ATTNGEOM_BF16_EMULATED
-    if (16 * b + 16 <= m) {
-      pack_block_amx(A + 16 * b * lda, lda, k, S, P + b * S * AMX_WORDS);
-      continue;
-    }
+  if (16 * b + 16 <= m) {
+    pack_block_amx(A + 16 * b * lda, lda, k, S, P + b * S * AMX_WORDS);
+    return;
+  }
 #endif
-    for (int64_t c = 0; c < 16; ++c) {
-      const int64_t i = 16 * b + c;
-      for (int64_t s = 0; s < S; ++s) {
-        uint32_t* dst = P + (b * S + s) * AMX_WORDS + c;
-        const int64_t there = i < m ? std::clamp<int64_t>(k - s * AMX_DEPTH, 0, AMX_DEPTH) : 0;
-        const float* a = A + i * lda + s * AMX_DEPTH;
-        for (int64_t t = 0; t < 16; ++t) {
-          const uint32_t lo = 2 * t < there ? bf16_bits(a[2 * t]) : 0;
-          const uint32_t hi = 2 * t + 1 < there ? bf16_bits(a[2 * t + 1]) : 0;
-          dst[16 * t] = lo | hi << 16;
-        }
+  for (int64_t c = 0; c < 16; ++c) {
+    const int64_t i = 16 * b + c;
+    for (int64_t s = 0; s < S; ++s) {
+      uint32_t* dst = P + (b * S + s) * AMX_WORDS + c;
+      const int64_t there = i < m ? std::clamp<int64_t>(k - s * AMX_DEPTH, 0, AMX_DEPTH) : 0;
+      const float* a = A + i * lda + s * AMX_DEPTH;
+      for (int64_t t = 0; t < 16; ++t) {
+        const uint32_t lo = 2 * t < there ? bf16_bits(a[2 * t]) : 0;
+        const uint32_t hi = 2 * t + 1 < there ? bf16_bits(a[2 * t + 1]) : 0;
+        dst[16 * t] = lo | hi << 16;
       }
     }
   }
@@ -330,15 +378,43 @@ ATTNGEOM_AMX_TARGET void amx_tiles_at(const uint16_t* Bg, const uint32_t* Y, int
 }
 
 // Bg = B's rows [0, 16 wt) (row stride ldb) over depth steps [s0, s1) in the tiles' order:
-// step s's 16 wt rows of 32 values, one after another (a copy of 64 KB for 32 rows over a
-// depth of 1,024, which the unit's row blocks then read from L1 and L2 instead of from rows 2 k
-// bytes apart, whose lines fall in few cache sets). Step by step, so the writes go in order (row
-// by row, they went 2 KB apart: a tenth slower).
+// step s's 16 wt rows of 32 values, one after another (64 KB for 32 rows over a depth of
+// 1,024, which the row blocks then read from L1 and L2 instead of from rows 2 k bytes apart,
+// whose lines fall in few cache sets). Step by step, so the writes go in order (row by row,
+// they went 2 KB apart: a tenth slower).
 void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t s0, int64_t s1, uint16_t* Bg) {
   const int64_t rows = 16 * wt;
   for (int64_t s = s0; s < s1; ++s)
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(Bg + ((s - s0) * rows + r) * AMX_DEPTH, B + r * ldb + s * AMX_DEPTH, AMX_DEPTH * sizeof(uint16_t));
+}
+
+// f(at, wt, skip, cols) for the groups of B's rows [j0, j1) in the tiles' order: 32 rows from
+// row `at` (wt = 2), or 16 at the end (wt = 1); a short end takes the tile of B's last 16 rows
+// (B has nb >= 16), of which the first `skip` are already computed: a group's first tile
+// stores its columns [skip, cols).
+template <class F>
+void for_groups(int64_t nb, int64_t j0, int64_t j1, F&& f) {
+  for (int64_t j = j0; j < j1;) {
+    const int64_t left = j1 - j;
+    const int wt = left >= 32 ? 2 : 1;
+    const int64_t at = left >= 16 || j + 16 <= nb ? j : nb - 16;
+    f(at, wt, j - at, std::min<int64_t>(16, j1 - at));
+    j = at + 16 * wt;
+  }
+}
+
+// The values a packing of B's rows [j0, j1) takes (pack_panel): at most whole tiles of 16 rows.
+int64_t panel_values(int64_t j0, int64_t j1, int64_t S) { return (j1 - j0 + 15) / 16 * 16 * S * AMX_DEPTH; }
+
+// B's rows [j0, j1) packed for amx_block: its groups (for_groups) one after another, each over
+// the whole depth (pack_group). Packed once a call (not once a unit: a call of 2,048 rows has
+// four row blocks), so the units read the groups in order from one buffer.
+void pack_panel(const uint16_t* B, int64_t ldb, int64_t nb, int64_t j0, int64_t j1, int64_t S, uint16_t* out) {
+  for_groups(nb, j0, j1, [&](int64_t at, int wt, int64_t, int64_t) {
+    pack_group(B + at * ldb, ldb, wt, 0, S, out);
+    out += 16 * wt * S * AMX_DEPTH;
+  });
 }
 
 // Depth steps a pass of a unit takes at most: over a deeper depth (the MLP's down projection,
@@ -354,15 +430,13 @@ void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t s0, int64_t s1, 
 constexpr int64_t AMX_STEPS = 8;
 constexpr int64_t AMX_WHOLE = 48;
 
-// C's rows [i0, i0 + rows) and columns [j0, j1) on the tiles: groups of 32 of B's rows (16 at
-// the end), each packed (pack_group) and then passed by pairs of row blocks of the packed A (P:
-// its block i0 / 16 on), over the whole depth or in blocks of AMX_STEPS steps (above). B has
-// nb >= 16 rows; a short end takes the tile of B's last 16 rows, storing only the columns not
-// yet written. Bg: room for 32 S AMX_DEPTH values; sums: a pass's tiles' sums between depth
-// blocks (resized here).
-ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int64_t rows, const uint16_t* B,
-                                   int64_t ldb, int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc,
-                                   uint16_t* Bg, LineVector<float>& sums) {
+// C's rows [i0, i0 + rows) and columns [j0, j1) on the tiles: the groups of B's rows
+// (for_groups), packed in Bp (pack_panel), each passed by pairs of row blocks of the packed A
+// (P: its block i0 / 16 on), over the whole depth or in blocks of AMX_STEPS steps (above).
+// sums: a pass's tiles' sums between depth blocks (resized here).
+ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int64_t rows, const uint16_t* Bp,
+                                   int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc,
+                                   LineVector<float>& sums) {
   alignas(64) float out[32 * 32];
   const int64_t steps = S <= AMX_WHOLE ? S : AMX_STEPS, passes = (rows + 31) / 32;
   if (steps < S) {
@@ -373,12 +447,9 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
   for (int64_t s0 = 0; s0 < S; s0 += steps) {
     const int64_t s1 = std::min(S, s0 + steps);
     int64_t g = 0;
-    for (int64_t j = j0; j < j1; ++g) {
-      const int64_t left = j1 - j;
-      const int wt = left >= 32 ? 2 : 1;
-      const int64_t at = left >= 16 || j + 16 <= nb ? j : nb - 16;
-      const int64_t skip = j - at, cols = std::min<int64_t>(16, j1 - at);
-      pack_group(B + at * ldb, ldb, wt, s0, s1, Bg);
+    const uint16_t* group = Bp;
+    for_groups(nb, j0, j1, [&](int64_t at, int wt, int64_t skip, int64_t cols) {
+      const uint16_t* Bg = group + s0 * 16 * wt * AMX_DEPTH;
       for (int64_t i = 0; i < rows; i += 32) {
         const int tt = rows - i > 16 ? 2 : 1;
         const uint32_t* Y = P + ((i0 + i) / 16) * S * AMX_WORDS;
@@ -396,8 +467,9 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
                              C + (i0 + i + 16 * h) * ldc + at + 16 * w, ldc);
           }
       }
-      j = at + 16 * wt;
-    }
+      group += 16 * wt * S * AMX_DEPTH;
+      ++g;
+    });
   }
   detail::amx_end();
 }
@@ -500,42 +572,60 @@ void round_to_bf16(const float* x, int64_t count, uint16_t* bits) {
 
 #ifdef ATTNGEOM_AMX
 
-void matmul_amx(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                float* C, int64_t ldc, bool par) {
+void matmul_amx(int64_t m, int64_t k, const float* A, int64_t lda, std::vector<BF16Factor> factors, bool par) {
   const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH, blocks = (m + 15) / 16;
-  LineVector<uint32_t> P(static_cast<size_t>(blocks * S * AMX_WORDS));
-  pack_rows_amx(A, lda, m, k, P.data(), par);
   // A depth short of whole tile rows, or fewer than 16 rows of B: B's rows copied with zeros
-  // past k, at least 16 of them (the weights of a model need neither).
-  LineVector<uint16_t> padded;
-  int64_t nb = n;
-  if (k % AMX_DEPTH || n < 16) {
-    nb = std::max<int64_t>(n, 16);
-    padded.assign(static_cast<size_t>(nb * S * AMX_DEPTH), 0);
-    for (int64_t j = 0; j < n; ++j) std::copy_n(B + j * ldb, k, padded.data() + j * S * AMX_DEPTH);
-    B = padded.data();
-    ldb = S * AMX_DEPTH;
+  // past k, at least 16 of them (the weights of a model need neither). nb: B's rows there.
+  std::vector<LineVector<uint16_t>> padded(factors.size());
+  std::vector<int64_t> nb(factors.size());
+  for (size_t f = 0; f < factors.size(); ++f) {
+    BF16Factor& F = factors[f];
+    nb[f] = F.n;
+    if (k % AMX_DEPTH == 0 && F.n >= 16) continue;
+    nb[f] = std::max<int64_t>(F.n, 16);
+    padded[f].assign(static_cast<size_t>(nb[f] * S * AMX_DEPTH), 0);
+    for (int64_t j = 0; j < F.n; ++j) std::copy_n(F.B + j * F.ldb, k, padded[f].data() + j * S * AMX_DEPTH);
+    F.B = padded[f].data();
+    F.ldb = S * AMX_DEPTH;
   }
-  const int64_t nc = AMX_COLUMNS;
-  const int64_t panels = (n + nc - 1) / nc;
+  const std::vector<Panel> panels = panels_of(factors, AMX_COLUMNS);
+  const int64_t units_across = int64_t(panels.size());
+  std::vector<int64_t> offset(panels.size() + 1, 0);  // of each panel's packing
+  for (size_t p = 0; p < panels.size(); ++p) offset[p + 1] = offset[p] + panel_values(panels[p].j0, panels[p].j1, S);
+  thread_local LineVector<uint32_t> kept_rows;
+  thread_local LineVector<uint16_t> kept_weights;
+  Scratch<uint32_t> P(kept_rows, static_cast<size_t>(blocks * S * AMX_WORDS));
+  Scratch<uint16_t> Bp(kept_weights, static_cast<size_t>(offset.back()));
   // Smaller row blocks (down to 32 rows) while there are fewer units than twice the threads.
   const int64_t want = 2 * (par ? int64_t(get_num_threads()) : 1);
   int64_t mb = std::min<int64_t>(AMX_ROWS, (m + 31) / 32 * 32);
-  while (mb > 32 && ((m + mb - 1) / mb) * panels < want) mb -= 32;
+  while (mb > 32 && ((m + mb - 1) / mb) * units_across < want) mb -= 32;
   const int64_t row_blocks = (m + mb - 1) / mb;
   FirstException errors;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < row_blocks * panels; ++u) {
-    errors.run([&] {
-      const int64_t i0 = (u / panels) * mb, j0 = (u % panels) * nc;
-      // each thread's packed group of B, kept from call to call (not mapped and faulted in again
-      // for every unit)
-      thread_local LineVector<uint16_t> group;
-      thread_local LineVector<float> sums;
-      if (group.size() < size_t(32 * S * AMX_DEPTH)) group.resize(size_t(32 * S * AMX_DEPTH));
-      amx_block(P.data(), S, i0, std::min(mb, m - i0), B, ldb, nb, j0, std::min(n, j0 + nc), C, ldc, group.data(),
-                sums);
-    });
+  // A's rows and the factors' panels packed once, then the units
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) errors.run([&] { pack_rows_amx(A, lda, m, k, b, P.data()); });
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < units_across; ++p)
+      errors.run([&] {
+        const Panel& q = panels[size_t(p)];
+        const BF16Factor& F = factors[q.f];
+        pack_panel(F.B, F.ldb, nb[q.f], q.j0, q.j1, S, Bp.data() + offset[size_t(p)]);
+      });
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < row_blocks * units_across; ++u) {
+      errors.run([&] {
+        const size_t p = size_t(u % units_across);
+        const Panel& q = panels[p];
+        const BF16Factor& F = factors[q.f];
+        const int64_t i0 = (u / units_across) * mb;
+        thread_local LineVector<float> sums;
+        amx_block(P.data(), S, i0, std::min(mb, m - i0), Bp.data() + offset[p], nb[q.f], q.j0, q.j1, F.C, F.ldc,
+                  sums);
+      });
+    }
   }
   errors.rethrow();
 }
@@ -578,25 +668,34 @@ bool has_dot_path(DotPath path) {
   return false;
 }
 
-void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                 float* C, int64_t ldc, bool parallel, DotPath path) {
+void matmul_bf16(int64_t m, int64_t k, const float* A, int64_t lda, const std::vector<BF16Factor>& factors,
+                 bool parallel, DotPath path) {
   if (!has_dot_path(path)) throw std::invalid_argument("matmul_bf16: this CPU has no such bfloat16 path");
-  if (m <= 0 || n <= 0) return;
+  std::vector<BF16Factor> some;  // the factors with columns
+  double flops = 0;
+  for (const BF16Factor& F : factors)
+    if (F.n > 0) {
+      some.push_back(F);
+      flops += double(m) * double(F.n) * double(k);
+    }
+  if (m <= 0 || some.empty()) return;
   if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i) std::fill(C + i * ldc, C + i * ldc + n, 0.0f);
+    for (const BF16Factor& F : some)
+      for (int64_t i = 0; i < m; ++i) std::fill(F.C + i * F.ldc, F.C + i * F.ldc + F.n, 0.0f);
     return;
   }
-  const bool par = parallel && parallel_worth(double(m) * double(n) * double(k));
+  const bool par = parallel && parallel_worth(flops);
   if (path == DotPath::best) path = chosen_dot_path();
 #ifdef ATTNGEOM_AMX
   if (path == DotPath::amx_bf16) {
-    matmul_amx(m, n, k, A, lda, B, ldb, C, ldc, par);
+    matmul_amx(m, k, A, lda, some, par);
     return;
   }
 #endif
   const bool widened = path == DotPath::widened;
   const int64_t kp = (k + KV - 1) / KV * KV;
-  std::vector<uint16_t> rounded(static_cast<size_t>(m * kp));
+  thread_local LineVector<uint16_t> kept_rows;
+  Scratch<uint16_t> rounded(kept_rows, static_cast<size_t>(m * kp));
   FirstException errors;
 #pragma omp parallel for schedule(static) if (par && m >= 2 * MB)
   for (int64_t i = 0; i < m; ++i) {
@@ -604,8 +703,8 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
     std::fill(rounded.data() + i * kp + k, rounded.data() + (i + 1) * kp, uint16_t(0));
   }
   const bool dot = !widened;
-  const int64_t nc = dot ? panel_columns(k) : WIDE_PANEL;
-  const int64_t panels = (n + nc - 1) / nc;
+  const std::vector<Panel> panels = panels_of(some, dot ? panel_columns(k) : WIDE_PANEL);
+  const int64_t units_across = int64_t(panels.size());
   // The widened path widens and packs B's panel once per unit, so its units take more rows:
   // the fewest equal row blocks of at most WIDE_ROWS, more (down to MB rows) while there are
   // fewer units than twice the threads. An entry does not depend on the units, so neither do
@@ -614,28 +713,34 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
   if (!dot) {
     const int64_t want = 2 * (par ? int64_t(get_num_threads()) : 1);
     int64_t blocks = (m + WIDE_ROWS - 1) / WIDE_ROWS;
-    while (blocks * panels < want && (blocks + 1) * MB <= m) ++blocks;
+    while (blocks * units_across < want && (blocks + 1) * MB <= m) ++blocks;
     mb = (m + blocks - 1) / blocks;
   }
   const int64_t row_blocks = (m + mb - 1) / mb;
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < row_blocks * panels; ++u) {
+  for (int64_t u = 0; u < row_blocks * units_across; ++u) {
     errors.run([&] {
-      const int64_t i0 = (u / panels) * mb, rows = std::min(mb, m - i0);
-      const int64_t j0 = (u % panels) * nc, j1 = std::min(n, j0 + nc);
+      const Panel& q = panels[size_t(u % units_across)];
+      const BF16Factor& F = some[q.f];
+      const int64_t i0 = (u / units_across) * mb, rows = std::min(mb, m - i0);
       const uint16_t* a = rounded.data() + i0 * kp;
-      float* c = C + i0 * ldc;
+      float* c = F.C + i0 * F.ldc;
 #ifdef ATTNGEOM_BF16_X86
       if (dot) {
-        dot_block(a, kp, rows, B, ldb, j0, j1, k, c, ldc);
+        dot_block(a, kp, rows, F.B, F.ldb, q.j0, q.j1, k, c, F.ldc);
         return;
       }
 #endif
       (void)dot;
-      widened_block(a, kp, rows, B, ldb, j0, j1, k, c, ldc);
+      widened_block(a, kp, rows, F.B, F.ldb, q.j0, q.j1, k, c, F.ldc);
     });
   }
   errors.rethrow();
+}
+
+void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                 float* C, int64_t ldc, bool parallel, DotPath path) {
+  matmul_bf16(m, k, A, lda, {BF16Factor{B, n, ldb, C, ldc}}, parallel, path);
 }
 
 }  // namespace attngeom

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace attngeom {
 
@@ -89,5 +90,20 @@ void round_to_bf16(const float* x, int64_t count, uint16_t* bits);
 // CPU lacks throws std::invalid_argument.
 void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                  float* C, int64_t ldc, bool parallel, DotPath path = DotPath::best);
+
+// One right factor of products that share their left factor A: B (n, k) bfloat16 bits, row
+// stride ldb, and the result C (m, n), row stride ldc.
+struct BF16Factor {
+  const uint16_t* B;
+  int64_t n, ldb;
+  float* C;
+  int64_t ldc;
+};
+
+// C_f = bf16(A) @ B_f^T for each factor f, as matmul_bf16 computes each (the same bits), with
+// A rounded (and packed) once for all of them and the units spread over every factor's
+// columns: the q, k and v projections of a block of tokens in one call.
+void matmul_bf16(int64_t m, int64_t k, const float* A, int64_t lda, const std::vector<BF16Factor>& factors,
+                 bool parallel, DotPath path = DotPath::best);
 
 }  // namespace attngeom

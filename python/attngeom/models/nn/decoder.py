@@ -662,10 +662,24 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
 
 
 def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
-    """:func:`_mlp_hidden` of a block of rows with its products split by columns on the pool
-    (:func:`column_products`; weights it accepts): each unit takes its chunk of the up (and
-    gate) columns, their biases and the activation, which act on each entry alone."""
+    """:func:`_mlp_hidden` of a block of rows with its products split by columns
+    (:func:`column_products`; weights it accepts). bfloat16 weights: both products in one
+    core call (x rounded once), then biases and activation by rows; other weights: each pool
+    unit takes its chunk of the up (and gate) columns, their biases and the activation,
+    which act on each entry alone."""
     x = np.ascontiguousarray(x)
+    names = ("gate", "up") if gated else ("up",)
+    if all(isinstance(L[name], BFloat16Weight) for name in names):
+        ys = column_products(x, [L[name] for name in names])
+
+        def rows(lo, hi):
+            parts = [y[lo:hi] if L["b_" + name] is None else y[lo:hi] + L["b_" + name] for y, name in zip(ys, names)]
+            h = _activated(parts[-1], parts[0] if gated else None, act, fused)
+            if not np.may_share_memory(h, ys[-1]):  # (the fused gate writes its rows in place)
+                ys[-1][lo:hi] = h
+
+        for_row_blocks(rows, x.shape[0])
+        return ys[-1]
     hidden = np.empty((x.shape[0], L["up"].shape[1]), x.dtype)
     units = column_units([L["up"].shape[1]])
 
@@ -678,10 +692,9 @@ def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
 
 
 def _mlp_hidden(x, L, gated: bool, act, fused=False, columns=None):
-    """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up)
-    (`fused`, SiLU on float32: silu(gate) * up in one pass of the core), on the calling
-    thread; `columns` (lo, hi): those hidden units only (x C-contiguous, weights
-    :func:`column_products` accepts)."""
+    """The MLP's hidden units of a block of rows (x, d): act(gate) * up, or act(up), on the
+    calling thread (:func:`_activated`); `columns` (lo, hi): those hidden units only (x
+    C-contiguous, weights :func:`column_products` accepts)."""
     def linear(name):
         W, bias = L[name], L["b_" + name]
         if columns is None:
@@ -692,9 +705,14 @@ def _mlp_hidden(x, L, gated: bool, act, fused=False, columns=None):
         return y if bias is None else y + bias
 
     u = linear("up")
-    if not gated:
+    return _activated(u, linear("gate") if gated else None, act, fused)
+
+
+def _activated(u, g, act, fused=False):
+    """act(g) * u (a gated MLP's hidden units), or act(u) where g is None. `fused`, SiLU on
+    float32 rows: silu(g) * u in one pass of the core, written into u (C-contiguous rows)."""
+    if g is None:
         return act(u)
-    g = linear("gate")
     if fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and u.flags.c_contiguous:
         _core.silu_mul(g, u)
         return u

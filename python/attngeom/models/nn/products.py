@@ -261,7 +261,9 @@ def column_product(x: np.ndarray, W, lo: int, hi: int, out=None) -> np.ndarray:
 
 def column_products(x: np.ndarray, weights, finish=None) -> list:
     """[x @ W for W in weights] for a block of rows x on the thread budget, the products'
-    columns split into units (:func:`column_units`) that the pool computes.
+    columns split into units (:func:`column_units`) that the pool computes; bfloat16 weights
+    in one core call (``matmul_bf16_many``: x rounded once, its OpenMP units over every
+    product's columns).
 
     Split by rows, every thread would read every weight (its packed copy per block of rows)
     while the threads run at once; split by columns each reads its chunks only: on AMD Zen 3, 2
@@ -299,6 +301,9 @@ def column_products(x: np.ndarray, weights, finish=None) -> list:
         outs = [product(x, W) for W in weights]
         return outs if finish is None else [finish(i, o, 0, o.shape[1]) for i, o in enumerate(outs)]
     x = np.ascontiguousarray(x)
+    if isinstance(weights[0], BFloat16Weight):  # one core call: x rounded once, the threads over every product's columns
+        outs = _core.matmul_bf16_many(x, [W.bits for W in weights], not getattr(_in_pool, "active", False))
+        return outs if finish is None else [finish(i, o, 0, o.shape[1]) for i, o in enumerate(outs)]
     outs = [np.empty((x.shape[0], W.shape[1]), x.dtype) for W in weights]
     units = column_units([W.shape[1] for W in weights])
 
