@@ -340,6 +340,56 @@ def test_fused_rotation_is_bitwise_numpys(interleaved):
     np.testing.assert_array_equal(r.rotate(x, cos_sin=(c, s)), x * c + half * s)
 
 
+def test_the_fused_norm_is_the_same_bits_at_any_address():
+    """rms_norm's mean square sums in one order whatever the row's address: rows placed at
+    every offset of a cache line give the same bits. Rows of 1,027 end in a partial packet at
+    every vector width; out= writes the same bits where it is told."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((5, 1027)).astype(np.float32) * 3
+    w = (1 + 0.2 * rng.standard_normal(1027)).astype(np.float32)
+    ref = _core.rms_norm(x, w, 1e-6)
+    for offset in range(1, 17):
+        buf = np.empty(x.size + 16, np.float32)
+        placed = buf[offset:offset + x.size].reshape(x.shape)
+        placed[...] = x
+        np.testing.assert_array_equal(_core.rms_norm(placed, w, 1e-6), ref)
+        assert _core.rms_norm(x, w, 1e-6, placed) is placed
+        np.testing.assert_array_equal(placed, ref)
+    with pytest.raises(ValueError, match="shape"):
+        _core.rms_norm(x, w, 1e-6, np.empty((5, 1026), np.float32))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_finishing_the_heads_is_the_steps_one_by_one(interleaved):
+    """finish_heads (norm, rotation, rounding and the heads-major write in one pass) gives the
+    bits of rms_norm, rotate_half and round_bf16_values one after another, each step optional,
+    and writes only its rows of out."""
+    from attngeom.models.nn.rotary import Rotary
+
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((19, 6, 64)).astype(np.float32) * 4
+    w = (1 + 0.2 * rng.standard_normal(64)).astype(np.float32)
+    c, s = (np.ascontiguousarray(t) for t in Rotary(rng.random(32), interleaved=interleaved).cos_sin(
+        np.arange(5, 24), np.float32))
+    for norm, rotate, round_ in [(True, True, True), (False, True, True), (True, False, False), (False, False, True)]:
+        y = _core.rms_norm(x, w, 1e-6) if norm else x.copy()
+        if rotate:
+            y = _core.rotate_half(y, c, s, interleaved)
+        if round_:
+            _core.round_bf16_values(y)
+        out = np.full((6, 30, 64), -7.0, np.float32)
+        _core.finish_heads(x, out, 4, w if norm else None, 1e-6, c if rotate else None, s if rotate else None,
+                           interleaved, round_)
+        np.testing.assert_array_equal(out[:, 4:23], y.transpose(1, 0, 2))
+        assert np.all(out[:, :4] == -7.0) and np.all(out[:, 23:] == -7.0)
+    out = np.empty((6, 30, 64), np.float32)
+    for bad in [dict(out=out[:5]), dict(out=np.empty((6, 30, 64))), dict(row0=12), dict(w=w[:10]),
+                dict(cos=c, sin=None), dict(cos=c[:3], sin=s[:3])]:
+        args = dict(out=out, row0=4, w=None, cos=None, sin=None) | bad
+        with pytest.raises((ValueError, TypeError)):
+            _core.finish_heads(x, args["out"], args["row0"], args["w"], 1e-6, args["cos"], args["sin"])
+
+
 # -- BFloat16Weight and compute_dtype ------------------------------------------------------------
 def test_bfloat16_weight_is_a_product_factor():
     rng = np.random.default_rng(6)

@@ -3,7 +3,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,18 +47,45 @@ CArray<T> float_matmul(const CArray<T>& x, const CArray<T>& w, bool w_rows_are_o
 void bind_products(py::module_& m) {
   m.def(
       "rms_norm",
-      [](const Floats& x, const Floats& w, float eps) {
+      [](const Floats& x, const Floats& w, float eps, std::optional<Floats> out) {
         const int64_t d = x.ndim() ? x.shape(x.ndim() - 1) : 0;
         if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != d) throw std::invalid_argument("rms_norm: x (..., d), w (d,)");
-        Floats y(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        Floats y = out ? *out : Floats(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        if (out && (y.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), y.shape())))
+          throw std::invalid_argument("rms_norm: out must have x's shape");
+        float* dst = writable(y, "out");
         {
           py::gil_scoped_release release;
-          rms_norm(x.data(), d ? x.size() / d : 0, d, w.data(), eps, y.mutable_data());
+          rms_norm(x.data(), d ? x.size() / d : 0, d, w.data(), eps, dst);
         }
         return y;
       },
-      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("eps"),
-      "w * x / sqrt(mean(x^2, -1) + eps) of C-contiguous float32 x (..., d).");
+      py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("eps"), py::arg("out").noconvert() = py::none(),
+      "w * x / sqrt(mean(x^2, -1) + eps) of C-contiguous float32 x (..., d); out: a C-contiguous float32 array of "
+      "x's shape to write into (returned; it may be x).");
+  m.def(
+      "finish_heads",
+      [](const Floats& x, Floats out, int64_t row0, std::optional<Floats> w, float eps, std::optional<Floats> cos,
+         std::optional<Floats> sin, bool interleaved, bool round) {
+        if (x.ndim() != 3 || out.ndim() != 3 || out.shape(0) != x.shape(1) || out.shape(2) != x.shape(2) || row0 < 0 ||
+            row0 + x.shape(0) > out.shape(1))
+          throw std::invalid_argument("finish_heads: x (rows, heads, d), out (heads, total, d) with rows from row0");
+        const int64_t rows = x.shape(0), heads = x.shape(1), d = x.shape(2);
+        if (w && (w->ndim() != 1 || w->shape(0) != d)) throw std::invalid_argument("finish_heads: w (d,)");
+        if (bool(cos) != bool(sin) || (cos && (cos->ndim() != 2 || cos->shape(0) != rows || cos->shape(1) != d ||
+                                               sin->ndim() != 2 || sin->shape(0) != rows || sin->shape(1) != d || d % 2)))
+          throw std::invalid_argument("finish_heads: cos and sin (rows, d) with even d, both or neither");
+        float* dst = writable(out, "out") + row0 * d;
+        py::gil_scoped_release release;
+        finish_heads(x.data(), rows, heads, d, w ? w->data() : nullptr, eps, cos ? cos->data() : nullptr,
+                     sin ? sin->data() : nullptr, interleaved, round, dst, out.shape(1) * d);
+      },
+      py::arg("x").noconvert(), py::arg("out").noconvert(), py::arg("row0"), py::arg("w").noconvert() = py::none(),
+      py::arg("eps") = 0.0f, py::arg("cos").noconvert() = py::none(), py::arg("sin").noconvert() = py::none(),
+      py::arg("interleaved") = false, py::arg("round") = false,
+      "Head vectors x (rows, heads, d) RMS-normed by w (if given), rotated by cos and sin (rows, d) (if given), "
+      "rounded to bfloat16 values (round) and written to out[:, row0:row0 + rows] (heads, total, d), in one pass: "
+      "rms_norm's, rotate_half's and round_bf16_values' bits. C-contiguous float32 arrays.");
   m.def(
       "silu_mul",
       [](const Floats& g, Floats u) {

@@ -5,18 +5,61 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "attngeom/bf16.hpp"
 
 namespace attngeom {
 
-void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y) {
-  using Row = Eigen::Array<float, 1, Eigen::Dynamic>;
-  const Eigen::Map<const Row> gain(w, d);
-  for (int64_t r = 0; r < rows; ++r) {
-    const Eigen::Map<const Row> xr(x + r * d, d);
-    const float mean_square = xr.square().sum() / static_cast<float>(d);
-    const float inv = 1.0f / std::sqrt(mean_square + eps);
-    Eigen::Map<Row>(y + r * d, d) = gain * (xr * inv);
+namespace {
+
+using Packet = Eigen::internal::packet_traits<float>::type;
+constexpr int64_t LANES = Eigen::internal::unpacket_traits<Packet>::size;
+
+// The sum of x[i]^2 over a row in one order whatever its address, spelled out: packets of
+// LANES entries added lane by lane in order, the lanes then summed by Eigen's fixed tree
+// (predux), the last d % LANES entries one by one.
+float sum_of_squares(const float* x, int64_t d) {
+  using namespace Eigen::internal;
+  Packet acc = pset1<Packet>(0.0f);
+  int64_t i = 0;
+  for (; i + LANES <= d; i += LANES) {
+    const Packet p = ploadu<Packet>(x + i);
+    acc = padd(acc, pmul(p, p));
   }
+  float sum = predux(acc);
+  for (; i < d; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+// One row of rms_norm (y may be x).
+void rms_row(const float* x, int64_t d, const float* w, float eps, float* y) {
+  const float inv = 1.0f / std::sqrt(sum_of_squares(x, d) / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * inv);
+}
+
+// One head vector of rotate_half (y may be x).
+void rotate_row(const float* xv, int64_t d, const float* c, const float* s, bool interleaved, float* yv) {
+  const int64_t h = d / 2;
+  if (interleaved) {
+    for (int64_t i = 0; i < h; ++i) {
+      const float a = xv[2 * i], b = xv[2 * i + 1];
+      yv[2 * i] = a * c[2 * i] + (-b) * s[2 * i];
+      yv[2 * i + 1] = b * c[2 * i + 1] + a * s[2 * i + 1];
+    }
+  } else {
+    for (int64_t i = 0; i < h; ++i) {
+      const float a = xv[i], b = xv[i + h];
+      yv[i] = a * c[i] + (-b) * s[i];
+      yv[i + h] = b * c[i + h] + a * s[i + h];
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) rms_row(x + r * d, d, w, eps, y + r * d);
 }
 
 void silu_mul(const float* g, float* u, int64_t count) {
@@ -40,28 +83,29 @@ void silu_mul(const float* g, float* u, int64_t count) {
 
 void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
                  bool interleaved, float* y) {
-  const int64_t h = d / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* c = cos + r * d;
-    const float* s = sin + r * d;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t head = 0; head < heads; ++head)
+      rotate_row(x + (r * heads + head) * d, d, cos + r * d, sin + r * d, interleaved, y + (r * heads + head) * d);
+}
+
+void finish_heads(const float* x, int64_t rows, int64_t heads, int64_t d, const float* w, float eps,
+                  const float* cos, const float* sin, bool interleaved, bool round, float* out, int64_t head_stride) {
+  std::vector<float> normed(static_cast<size_t>(d));
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t head = 0; head < heads; ++head) {
-      const float* xv = x + (r * heads + head) * d;
-      float* yv = y + (r * heads + head) * d;
-      if (interleaved) {
-        for (int64_t i = 0; i < h; ++i) {
-          const float a = xv[2 * i], b = xv[2 * i + 1];
-          yv[2 * i] = a * c[2 * i] + (-b) * s[2 * i];
-          yv[2 * i + 1] = b * c[2 * i + 1] + a * s[2 * i + 1];
-        }
-      } else {
-        for (int64_t i = 0; i < h; ++i) {
-          const float a = xv[i], b = xv[i + h];
-          yv[i] = a * c[i] + (-b) * s[i];
-          yv[i + h] = b * c[i + h] + a * s[i + h];
-        }
+      const float* v = x + (r * heads + head) * d;
+      float* o = out + head * head_stride + r * d;
+      if (w) {
+        rms_row(v, d, w, eps, normed.data());
+        v = normed.data();
       }
+      if (cos) {
+        rotate_row(v, d, cos + r * d, sin + r * d, interleaved, o);
+      } else {
+        std::copy_n(v, d, o);
+      }
+      if (round) round_to_bf16_values(o, d);
     }
-  }
 }
 
 }  // namespace attngeom

@@ -9,7 +9,8 @@
 
 namespace attngeom {
 
-// y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for `rows` rows of length d (y may be x).
+// y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for `rows` rows of length d (y may be x). The
+// mean square's float32 sums go in one order whatever the row's address.
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y);
 
 // u[i] = silu(g[i]) u[i], silu(g) = g / (1 + exp(-g)), in place (SwiGLU's hidden units).
@@ -23,5 +24,13 @@ void silu_mul(const float* g, float* u, int64_t count);
 // bitwise NumPy's result (y may be x).
 void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
                  bool interleaved, float* y);
+
+// The last steps from a block of rows' q (or k, or v) products to what the attention reads, in
+// one pass over each head vector: x (rows, heads, d), each vector RMS-normed with the gain w
+// (when w is given; rms_norm's bits), rotated by its row's cos and sin (when cos is given;
+// rotate_half's bits), rounded to bfloat16 values (when `round`), and written heads-major:
+// vector (r, head) to out + head * head_stride + r * d.
+void finish_heads(const float* x, int64_t rows, int64_t heads, int64_t d, const float* w, float eps,
+                  const float* cos, const float* sin, bool interleaved, bool round, float* out, int64_t head_stride);
 
 }  // namespace attngeom

@@ -552,7 +552,7 @@ class Decoder:
 
         def normed(lo, hi):
             if given is None:
-                x[lo:hi] = normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16)
+                normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16, out=x[lo:hi])
             return x[lo:hi]
 
         def block(lo, hi):  # the products by blocks of rows (GPT-2's fused (in, out) c_attn)
@@ -570,6 +570,14 @@ class Decoder:
                 kr = kr if L["b_k"] is None else kr + L["b_k"]
                 vr = vr if L["b_v"] is None else vr + L["b_v"]
             qr, kr, vr = qr.reshape(-1, H, dh), kr.reshape(-1, K, dh), vr.reshape(-1, K, dh)
+            if bf16 and before is None:  # norms, rotation, rounding and the heads-major copy: one pass of the core
+                c, s = (None, None) if cos_sin is None else (np.ascontiguousarray(t[lo:hi, 0]) for t in cos_sin)
+                interleaved = self.rotary is not None and self.rotary.interleaved
+                for t, out, norm in ((qr, q, "q_norm"), (kr, k, "k_norm"), (vr, v, None)):
+                    _core.finish_heads(np.ascontiguousarray(t, dtype=np.float32), out, lo,
+                                       L[norm] if norm and a.qk_norm else None, a.norm_eps,
+                                       c if norm else None, s if norm else None, interleaved, True)
+                return
             if a.qk_norm:
                 qr = normalize(qr, L["q_norm"], None, a.norm_eps, "rmsnorm", fused=bf16)
                 kr = normalize(kr, L["k_norm"], None, a.norm_eps, "rmsnorm", fused=bf16)
@@ -620,8 +628,8 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
     on: the normed input (b, n, d) and the hidden units (b, n, d_ff) then pass through it
     whole, and the blocks and products are the ones computed without it, so that keeping a
     site leaves the bits of the pass as they are."""
-    def normed(rows):
-        return normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused) if pre_norm else rows
+    def normed(rows, out=None):
+        return normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused, out=out) if pre_norm else rows
 
     d, d_ff = h.shape[-1], L["down"].shape[0]
     flat = h.reshape(-1, d)
@@ -643,10 +651,16 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
                                finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
 
     blocks = range(0, flat.shape[0], MLP_ROWS)  # blocks of tokens: norms by rows, products by columns
-    if gate is None:
-        block_x = lambda start: map_rows(normed, flat[start:start + MLP_ROWS], d)  # noqa: E731
+    if gate is None and pre_norm:
+        def block_x(start):  # the block's normed rows, each written where it goes
+            rows = flat[start:start + MLP_ROWS]
+            x = np.empty(rows.shape, rows.dtype)
+            for_row_blocks(lambda lo, hi: normed(rows[lo:hi], out=x[lo:hi]), rows.shape[0])
+            return x
     else:
         block_x = lambda start: flat[start:start + MLP_ROWS]  # noqa: E731
+    if len(blocks) == 1 and not (gate is not None and gate.needs("mlp_post")):  # one block: its result as it is
+        return down(_mlp_hidden_columns(block_x(0), L, a.gated, act, fused)).reshape(h.shape)
     out = np.empty(flat.shape, flat.dtype)
     if gate is not None and gate.needs("mlp_post"):
         hidden = np.empty((flat.shape[0], d_ff), flat.dtype)

@@ -14,7 +14,7 @@ import numpy as np
 from ... import _core
 
 
-def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False) -> np.ndarray:
+def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False, out=None) -> np.ndarray:
     """LayerNorm or RMSNorm of x over its last axis (module docstring), in x's dtype.
 
     Parameters
@@ -32,6 +32,9 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False) -
     fused : bool
         An RMSNorm of float32 x in one pass of the core (the bfloat16 mode's): the same
         formula, float32 sums in another order (a few units in the last place from NumPy's).
+    out : ndarray, optional
+        x's shape and dtype, C-contiguous: where the result is written (the fused RMSNorm
+        writes there directly), and returned.
 
     Returns
     -------
@@ -47,7 +50,12 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False) -
     """
     if kind == "rmsnorm":
         if fused and x.dtype == np.float32:
-            return _core.rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=np.float32), eps)
-        return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
-    c = x - x.mean(axis=-1, keepdims=True)
-    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
+            return _core.rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=np.float32), eps, out)
+        y = w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+    else:
+        c = x - x.mean(axis=-1, keepdims=True)
+        y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
+    if out is None:
+        return y
+    out[...] = y
+    return out
