@@ -338,7 +338,8 @@ class Decoder:
         gate = Gate(plan, out)
         ctx = self._attention_context(mask, positions, dt, cache)
         gate.enter(BEFORE)
-        h = self._embed(ids, positions, types, gate, dt) if resume is None else np.asarray(resume[1], dt)
+        h = self._embed(ids, positions, types, gate, dt, release=held is None) if resume is None else \
+            np.asarray(resume[1], dt)
         act = ACTIVATION_FUNCTIONS[a.activation]
         finish = plan.wants("logits") or plan.wants("ln_final") or a.n_layers in plan.interventions
         last = a.n_layers - 1 if finish else max(plan.layers[-1], max(plan.interventions, default=-1))
@@ -383,15 +384,19 @@ class Decoder:
                        **sites)
 
     # -- the block steps -------------------------------------------------------------------
-    def _embed(self, ids, positions, types, gate, dt) -> np.ndarray:
+    def _embed(self, ids, positions, types, gate, dt, release=True) -> np.ndarray:
         """The stream entering layer 0: token embeddings (+ the position table's rows) (+ the
-        token types), normed in post-norm models."""
+        token types), normed in post-norm models. `release`: the tables' mapped pages leave the
+        resident set afterwards (not while the weights are kept: releasing a table of 311 MB
+        took 7 ms a pass)."""
         a, w = self.arch, self.w
         h = gate("embed", cast(w["embed"][ids], dt))
-        release_pages(w["embed"])
+        if release:
+            release_pages(w["embed"])
         if w.get("pos") is not None:  # an absolute position table
             h = h + gate("pos_embed", cast(w["pos"][positions], dt))
-            release_pages(w["pos"])
+            if release:
+                release_pages(w["pos"])
         if a.token_types:  # the token types (default segment 0)
             h = h + cast(w["type"][[0] if types is None else types], dt)
         if a.post_norm:  # the embedding's norm
@@ -501,7 +506,7 @@ class Decoder:
             gate.out.put("attention_stats", res[-1])
         y = gate("z", y)
         del q, k, v, parts, res
-        o = product(y.transpose(0, 2, 1, 3).reshape(b, n, -1), L["o"])
+        o = product(_token_major(y), L["o"])
         if L["b_o"] is not None:
             o = o + L["b_o"]
         h = h + gate("attn_out", o)
@@ -615,6 +620,18 @@ class Decoder:
         elif before is not None:
             out.update(q_prerotary=heads(before[0]), k_prerotary=repeat(heads(before[1])))
         return out
+
+
+def _token_major(y: np.ndarray) -> np.ndarray:
+    """The heads' outputs y (b, heads, n, d_head) as the output projection reads them,
+    (b, n, heads d_head), copied by blocks of tokens on the thread budget."""
+    b, H, n, dh = y.shape
+    out = np.empty((b, n, H * dh), y.dtype)
+    for i in range(b):
+        def rows(lo, hi, i=i):
+            out[i, lo:hi].reshape(hi - lo, H, dh)[...] = y[i, :, lo:hi].transpose(1, 0, 2)
+        for_row_blocks(rows, n)
+    return out
 
 
 def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):

@@ -130,8 +130,9 @@ def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
     blocks = max(1, min(_processors(), rows // MIN_ROWS_PER_BLOCK))
     if max_rows is not None:
         blocks = max(blocks, -(-rows // max_rows))
-    edges = np.linspace(0, rows, blocks + 1).astype(int)
-    for_tasks(lambda i: fn(int(edges[i]), int(edges[i + 1])), blocks)
+    step = rows / blocks  # the edges of np.linspace(0, rows, blocks + 1), truncated, without its cost
+    edges = [int(i * step) for i in range(blocks)] + [rows]
+    for_tasks(lambda i: fn(edges[i], edges[i + 1]), blocks)
 
 
 def for_tasks(fn, count: int) -> None:
