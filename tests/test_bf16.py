@@ -390,6 +390,36 @@ def test_finishing_the_heads_is_the_steps_one_by_one(interleaved):
             _core.finish_heads(x, args["out"], args["row0"], args["w"], 1e-6, args["cos"], args["sin"])
 
 
+def test_the_token_steps_on_the_core_threads_are_the_serial_bits():
+    """rms_norm, silu_mul and finish_heads with parallel=True (rows, or chunks of entries, on
+    OpenMP's threads) give the serial call's bits at 1 and 2 threads; 40,001 entries end
+    mid-packet and mid-chunk."""
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((300, 512)).astype(np.float32) * 3
+    w = (1 + 0.2 * rng.standard_normal(512)).astype(np.float32)
+    g, u = (rng.standard_normal(40001).astype(np.float32) * 6 for _ in range(2))
+    heads = rng.standard_normal((300, 4, 128)).astype(np.float32)
+    c, s = (rng.standard_normal((300, 128)).astype(np.float32) for _ in range(2))
+    serial = _core.rms_norm(x, w, 1e-6)
+    gated = u.copy()
+    _core.silu_mul(g, gated)
+    finished = np.empty((4, 300, 128), np.float32)
+    _core.finish_heads(heads, finished, 0, w[:128].copy(), 1e-6, c, s, False, True)
+    old = ag.get_num_threads()
+    try:
+        for t in (1, 2):
+            ag.set_num_threads(t)
+            np.testing.assert_array_equal(_core.rms_norm(x, w, 1e-6, None, True), serial)
+            got = u.copy()
+            _core.silu_mul(g, got, True)
+            np.testing.assert_array_equal(got, gated)
+            out = np.empty_like(finished)
+            _core.finish_heads(heads, out, 0, w[:128].copy(), 1e-6, c, s, False, True, True)
+            np.testing.assert_array_equal(out, finished)
+    finally:
+        ag.set_num_threads(old)
+
+
 # -- BFloat16Weight and compute_dtype ------------------------------------------------------------
 def test_bfloat16_weight_is_a_product_factor():
     rng = np.random.default_rng(6)

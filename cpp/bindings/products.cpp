@@ -47,7 +47,7 @@ CArray<T> float_matmul(const CArray<T>& x, const CArray<T>& w, bool w_rows_are_o
 void bind_products(py::module_& m) {
   m.def(
       "rms_norm",
-      [](const Floats& x, const Floats& w, float eps, std::optional<Floats> out) {
+      [](const Floats& x, const Floats& w, float eps, std::optional<Floats> out, bool parallel) {
         const int64_t d = x.ndim() ? x.shape(x.ndim() - 1) : 0;
         if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != d) throw std::invalid_argument("rms_norm: x (..., d), w (d,)");
         Floats y = out ? *out : Floats(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
@@ -56,17 +56,18 @@ void bind_products(py::module_& m) {
         float* dst = writable(y, "out");
         {
           py::gil_scoped_release release;
-          rms_norm(x.data(), d ? x.size() / d : 0, d, w.data(), eps, dst);
+          rms_norm(x.data(), d ? x.size() / d : 0, d, w.data(), eps, dst, parallel);
         }
         return y;
       },
       py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("eps"), py::arg("out").noconvert() = py::none(),
+      py::arg("parallel") = false,
       "w * x / sqrt(mean(x^2, -1) + eps) of C-contiguous float32 x (..., d); out: a C-contiguous float32 array of "
-      "x's shape to write into (returned; it may be x).");
+      "x's shape to write into (returned; it may be x); parallel: rows on the core's threads (the same bits).");
   m.def(
       "finish_heads",
       [](const Floats& x, Floats out, int64_t row0, std::optional<Floats> w, float eps, std::optional<Floats> cos,
-         std::optional<Floats> sin, bool interleaved, bool round) {
+         std::optional<Floats> sin, bool interleaved, bool round, bool parallel) {
         if (x.ndim() != 3 || out.ndim() != 3 || out.shape(0) != x.shape(1) || out.shape(2) != x.shape(2) || row0 < 0 ||
             row0 + x.shape(0) > out.shape(1))
           throw std::invalid_argument("finish_heads: x (rows, heads, d), out (heads, total, d) with rows from row0");
@@ -78,23 +79,25 @@ void bind_products(py::module_& m) {
         float* dst = writable(out, "out") + row0 * d;
         py::gil_scoped_release release;
         finish_heads(x.data(), rows, heads, d, w ? w->data() : nullptr, eps, cos ? cos->data() : nullptr,
-                     sin ? sin->data() : nullptr, interleaved, round, dst, out.shape(1) * d);
+                     sin ? sin->data() : nullptr, interleaved, round, dst, out.shape(1) * d, parallel);
       },
       py::arg("x").noconvert(), py::arg("out").noconvert(), py::arg("row0"), py::arg("w").noconvert() = py::none(),
       py::arg("eps") = 0.0f, py::arg("cos").noconvert() = py::none(), py::arg("sin").noconvert() = py::none(),
-      py::arg("interleaved") = false, py::arg("round") = false,
+      py::arg("interleaved") = false, py::arg("round") = false, py::arg("parallel") = false,
       "Head vectors x (rows, heads, d) RMS-normed by w (if given), rotated by cos and sin (rows, d) (if given), "
       "rounded to bfloat16 values (round) and written to out[:, row0:row0 + rows] (heads, total, d), in one pass: "
-      "rms_norm's, rotate_half's and round_bf16_values' bits. C-contiguous float32 arrays.");
+      "rms_norm's, rotate_half's and round_bf16_values' bits. C-contiguous float32 arrays; parallel: rows on the "
+      "core's threads (the same bits).");
   m.def(
       "silu_mul",
-      [](const Floats& g, Floats u) {
+      [](const Floats& g, Floats u, bool parallel) {
         if (g.size() != u.size()) throw std::invalid_argument("silu_mul: g and u differ in size");
         float* out = writable(u, "u");
         py::gil_scoped_release release;
-        silu_mul(g.data(), out, u.size());
+        silu_mul(g.data(), out, u.size(), parallel);
       },
-      py::arg("g").noconvert(), py::arg("u").noconvert(), "u *= silu(g), in place (C-contiguous float32).");
+      py::arg("g").noconvert(), py::arg("u").noconvert(), py::arg("parallel") = false,
+      "u *= silu(g), in place (C-contiguous float32); parallel: on the core's threads (the same bits).");
   m.def(
       "rotate_half",
       [](const Floats& x, const Floats& cos, const Floats& sin, bool interleaved) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attngeom/bf16.hpp"
+#include "attngeom/parallel.hpp"
 
 namespace attngeom {
 
@@ -58,27 +59,38 @@ void rotate_row(const float* xv, int64_t d, const float* c, const float* s, bool
 
 }  // namespace
 
-void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y) {
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* w, float eps, float* y, bool parallel) {
+#pragma omp parallel for schedule(static) if (parallel && parallel_worth(double(rows) * d))
   for (int64_t r = 0; r < rows; ++r) rms_row(x + r * d, d, w, eps, y + r * d);
 }
 
-void silu_mul(const float* g, float* u, int64_t count) {
+namespace {
+// silu_mul on entries [0, count): packets from the first, the last count % LANES entries in a
+// padded packet. An entry goes through the same vector code wherever it falls, so its result
+// depends on its g and u only.
+void silu_mul_run(const float* g, float* u, int64_t count) {
   // Packets by hand: Eigen's expression over an unaligned Map peels the entries before the
   // first aligned address off to scalar code (libm's exp), so their bits followed the address.
   using namespace Eigen::internal;
-  using Packet = packet_traits<float>::type;
-  constexpr int64_t W = unpacket_traits<Packet>::size;
   const Packet one = pset1<Packet>(1.0f);
   const auto gated = [&](const Packet& gp, const Packet& up) { return pmul(pdiv(gp, padd(one, pexp(pnegate(gp)))), up); };
   int64_t i = 0;
-  for (; i + W <= count; i += W) pstoreu(u + i, gated(ploadu<Packet>(g + i), ploadu<Packet>(u + i)));
+  for (; i + LANES <= count; i += LANES) pstoreu(u + i, gated(ploadu<Packet>(g + i), ploadu<Packet>(u + i)));
   if (i < count) {  // the last entries in a packet padded with zeros
-    float gt[W] = {}, ut[W] = {};
+    float gt[LANES] = {}, ut[LANES] = {};
     std::copy(g + i, g + count, gt);
     std::copy(u + i, u + count, ut);
     pstoreu(ut, gated(ploadu<Packet>(gt), ploadu<Packet>(ut)));
     std::copy(ut, ut + (count - i), u + i);
   }
+}
+}  // namespace
+
+void silu_mul(const float* g, float* u, int64_t count, bool parallel) {
+  constexpr int64_t CHUNK = 1 << 14;  // entries a unit, a whole number of packets
+  const int64_t chunks = (count + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) if (parallel && parallel_worth(16.0 * count))
+  for (int64_t c = 0; c < chunks; ++c) silu_mul_run(g + c * CHUNK, u + c * CHUNK, std::min(CHUNK, count - c * CHUNK));
 }
 
 void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
@@ -89,23 +101,33 @@ void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const f
 }
 
 void finish_heads(const float* x, int64_t rows, int64_t heads, int64_t d, const float* w, float eps,
-                  const float* cos, const float* sin, bool interleaved, bool round, float* out, int64_t head_stride) {
-  std::vector<float> normed(static_cast<size_t>(d));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t head = 0; head < heads; ++head) {
-      const float* v = x + (r * heads + head) * d;
-      float* o = out + head * head_stride + r * d;
-      if (w) {
-        rms_row(v, d, w, eps, normed.data());
-        v = normed.data();
-      }
-      if (cos) {
-        rotate_row(v, d, cos + r * d, sin + r * d, interleaved, o);
-      } else {
-        std::copy_n(v, d, o);
-      }
-      if (round) round_to_bf16_values(o, d);
-    }
+                  const float* cos, const float* sin, bool interleaved, bool round, float* out, int64_t head_stride,
+                  bool parallel) {
+  FirstException errors;
+#pragma omp parallel if (parallel && parallel_worth(4.0 * rows * heads * d))
+  {
+    std::vector<float> normed;
+    errors.run([&] { normed.resize(static_cast<size_t>(d)); });
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      errors.run([&] {
+        for (int64_t head = 0; head < heads; ++head) {
+          const float* v = x + (r * heads + head) * d;
+          float* o = out + head * head_stride + r * d;
+          if (w) {
+            rms_row(v, d, w, eps, normed.data());
+            v = normed.data();
+          }
+          if (cos) {
+            rotate_row(v, d, cos + r * d, sin + r * d, interleaved, o);
+          } else {
+            std::copy_n(v, d, o);
+          }
+          if (round) round_to_bf16_values(o, d);
+        }
+      });
+  }
+  errors.rethrow();
 }
 
 }  // namespace attngeom

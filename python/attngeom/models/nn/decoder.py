@@ -51,8 +51,8 @@ from .mla import mla_attention_inputs
 from .moe import moe_mlp
 from .norm import normalize
 from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, block_product, column_product,
-                       column_products, column_units, compute_dtype, for_row_blocks, for_tasks, map_rows, product,
-                       product_threads, splits_columns)
+                       column_products, column_units, compute_dtype, for_row_blocks, for_tasks, in_pool, map_rows,
+                       product, product_threads, splits_columns)
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -555,9 +555,10 @@ class Decoder:
         q, k, v = (np.empty((heads, rows, dh), h.dtype) for heads in (H, K, K))
         before = (np.empty_like(q), np.empty_like(k)) if pre and cos_sin is not None else None
 
-        def normed(lo, hi):
+        def normed(lo, hi, parallel=False):
             if given is None:
-                normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16, out=x[lo:hi])
+                normalize(flat[lo:hi], L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm, fused=bf16, out=x[lo:hi],
+                          parallel=parallel)
             return x[lo:hi]
 
         def block(lo, hi):  # the products by blocks of rows (GPT-2's fused (in, out) c_attn)
@@ -569,7 +570,7 @@ class Decoder:
                 qr, kr, vr = (block_product(xr, L[name]) for name in "qkv")
             finish(lo, hi, qr, kr, vr, biases="qkv" not in L)
 
-        def finish(lo, hi, qr, kr, vr, biases=True):  # biases, q/k norms, rotation, rounding, heads-major
+        def finish(lo, hi, qr, kr, vr, biases=True, parallel=False):  # biases, q/k norms, rotation, rounding, heads-major
             if biases:
                 qr = qr if L["b_q"] is None else qr + L["b_q"]
                 kr = kr if L["b_k"] is None else kr + L["b_k"]
@@ -581,7 +582,7 @@ class Decoder:
                 for t, out, norm in ((qr, q, "q_norm"), (kr, k, "k_norm"), (vr, v, None)):
                     _core.finish_heads(np.ascontiguousarray(t, dtype=np.float32), out, lo,
                                        L[norm] if norm and a.qk_norm else None, a.norm_eps,
-                                       c if norm else None, s if norm else None, interleaved, True)
+                                       c if norm else None, s if norm else None, interleaved, True, parallel)
                 return
             if a.qk_norm:
                 qr = normalize(qr, L["q_norm"], None, a.norm_eps, "rmsnorm", fused=bf16)
@@ -600,12 +601,20 @@ class Decoder:
         if "qkv" in L or not splits_columns(flat[:MLP_ROWS], [L["q"], L["k"], L["v"]]):
             for_row_blocks(block, rows)
         else:  # blocks of at most MLP_ROWS tokens: norms by rows, products by columns, the rest by rows
+            # the bfloat16 mode's steps take the core's threads themselves (no pool round trips)
+            whole = bf16 and before is None and not in_pool()
             for start in range(0, rows, MLP_ROWS):
                 end = min(rows, start + MLP_ROWS)
-                for_row_blocks(lambda lo, hi: normed(start + lo, start + hi), end - start)
+                if whole:
+                    normed(start, end, parallel=True)
+                else:
+                    for_row_blocks(lambda lo, hi: normed(start + lo, start + hi), end - start)
                 qa, ka, va = column_products(x[start:end], [L["q"], L["k"], L["v"]])
-                for_row_blocks(lambda lo, hi: finish(start + lo, start + hi, qa[lo:hi], ka[lo:hi], va[lo:hi]),
-                               end - start)
+                if whole:
+                    finish(start, end, qa, ka, va, parallel=True)
+                else:
+                    for_row_blocks(lambda lo, hi: finish(start + lo, start + hi, qa[lo:hi], ka[lo:hi], va[lo:hi]),
+                                   end - start)
 
         def heads(t):  # (heads, b n, d_head) -> (b, heads, n, d_head)
             return t.reshape(t.shape[0], b, n, dh).transpose(1, 0, 2, 3)
@@ -672,7 +681,10 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
         def block_x(start):  # the block's normed rows, each written where it goes
             rows = flat[start:start + MLP_ROWS]
             x = np.empty(rows.shape, rows.dtype)
-            for_row_blocks(lambda lo, hi: normed(rows[lo:hi], out=x[lo:hi]), rows.shape[0])
+            if fused and not in_pool():  # the core's threads take the rows
+                normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=True, out=x, parallel=True)
+            else:
+                for_row_blocks(lambda lo, hi: normed(rows[lo:hi], out=x[lo:hi]), rows.shape[0])
             return x
     else:
         block_x = lambda start: flat[start:start + MLP_ROWS]  # noqa: E731
@@ -702,6 +714,10 @@ def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
     names = ("gate", "up") if gated else ("up",)
     if all(isinstance(L[name], BFloat16Weight) for name in names):
         ys = column_products(x, [L[name] for name in names])
+        if (gated and fused and act is silu and L["b_gate"] is None and L["b_up"] is None and not in_pool() and
+                ys[0].dtype == np.float32):  # the fused gate on the core's threads
+            _core.silu_mul(ys[0], ys[1], True)
+            return ys[1]
 
         def rows(lo, hi):
             parts = [y[lo:hi] if L["b_" + name] is None else y[lo:hi] + L["b_" + name] for y, name in zip(ys, names)]

@@ -14,7 +14,8 @@ import numpy as np
 from ... import _core
 
 
-def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False, out=None) -> np.ndarray:
+def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False, out=None,
+              parallel: bool = False) -> np.ndarray:
     """LayerNorm or RMSNorm of x over its last axis (module docstring), in x's dtype.
 
     Parameters
@@ -35,6 +36,9 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False, o
     out : ndarray, optional
         x's shape and dtype, C-contiguous: where the result is written (the fused RMSNorm
         writes there directly), and returned.
+    parallel : bool
+        The fused RMSNorm's rows on the core's threads (the same bits); for a caller that is
+        not itself one of the thread budget's workers.
 
     Returns
     -------
@@ -50,7 +54,8 @@ def normalize(x: np.ndarray, w, b, eps: float, kind: str, fused: bool = False, o
     """
     if kind == "rmsnorm":
         if fused and x.dtype == np.float32:
-            return _core.rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=np.float32), eps, out)
+            return _core.rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=np.float32), eps, out,
+                                  parallel)
         y = w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
     else:
         c = x - x.mean(axis=-1, keepdims=True)

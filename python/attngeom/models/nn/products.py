@@ -101,6 +101,12 @@ def product_threads():
         yield
 
 
+def in_pool() -> bool:
+    """Whether the calling thread is one of the pool's: the core's OpenMP calls made from it
+    run on that thread alone (the pool already holds the thread budget)."""
+    return getattr(_in_pool, "active", False)
+
+
 def for_row_blocks(fn, rows: int, *, max_rows: Optional[int] = None) -> None:
     """Run fn(lo, hi) for contiguous blocks [lo, hi) of range(rows) on the thread budget.
 
@@ -303,7 +309,7 @@ def column_products(x: np.ndarray, weights, finish=None) -> list:
         return outs if finish is None else [finish(i, o, 0, o.shape[1]) for i, o in enumerate(outs)]
     x = np.ascontiguousarray(x)
     if isinstance(weights[0], BFloat16Weight):  # one core call: x rounded once, the threads over every product's columns
-        outs = _core.matmul_bf16_many(x, [W.bits for W in weights], not getattr(_in_pool, "active", False))
+        outs = _core.matmul_bf16_many(x, [W.bits for W in weights], not in_pool())
         return outs if finish is None else [finish(i, o, 0, o.shape[1]) for i, o in enumerate(outs)]
     outs = [np.empty((x.shape[0], W.shape[1]), x.dtype) for W in weights]
     units = column_units([W.shape[1] for W in weights])
@@ -495,8 +501,7 @@ class BFloat16Weight:
         if x.ndim < 1 or x.shape[-1] != k:
             raise ValueError(f"x @ W: x has shape {x.shape}, W has shape {self.shape}")
         flat = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
-        parallel = not getattr(_in_pool, "active", False)  # a pool thread is one of the budget's threads
-        return _core.matmul_bf16(flat, self.bits, parallel).reshape(x.shape[:-1] + (n,))
+        return _core.matmul_bf16(flat, self.bits, not in_pool()).reshape(x.shape[:-1] + (n,))
 
     def __repr__(self) -> str:
         return f"BFloat16Weight(shape={self.shape})"
