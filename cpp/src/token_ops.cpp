@@ -39,8 +39,9 @@ void rms_row(const float* x, int64_t d, const float* w, float eps, float* y) {
   for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * inv);
 }
 
-// One head vector of rotate_half (y may be x).
-void rotate_row(const float* xv, int64_t d, const float* c, const float* s, bool interleaved, float* yv) {
+// One head vector of rotate_half (yv apart from xv, c and s: the loops vectorize without checks).
+void rotate_row(const float* __restrict xv, int64_t d, const float* __restrict c, const float* __restrict s,
+                bool interleaved, float* __restrict yv) {
   const int64_t h = d / 2;
   if (interleaved) {
     for (int64_t i = 0; i < h; ++i) {

@@ -22,7 +22,7 @@ void silu_mul(const float* g, float* u, int64_t count, bool parallel = false);
 // y = x cos + rotate_half(x) sin for head vectors x (rows, heads, d) with one cos and sin row
 // (rows, d) per token; rotate_half maps the halves (a, b) to (-b, a), or each neighbour pair
 // when `interleaved`. Products, then the sum, each rounded as NumPy's expression rounds them:
-// bitwise NumPy's result (y may be x).
+// bitwise NumPy's result (y apart from x).
 void rotate_half(const float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin,
                  bool interleaved, float* y);
 
