@@ -509,7 +509,7 @@ class Decoder:
         o = product(_token_major(y), L["o"])
         if L["b_o"] is not None:
             o = o + L["b_o"]
-        h = h + gate("attn_out", o)
+        h = _residual_sum(h, gate("attn_out", o))
         if a.post_norm:
             h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
         return gate("resid_mid", h), scale
@@ -527,7 +527,7 @@ class Decoder:
             x = gate("mlp_in", h if a.post_norm else normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm))
             mlp, _ = moe_mlp(x, L, a, act, gate)
             mlp = gate("mlp_out", mlp)
-        h = h + mlp
+        h = _residual_sum(h, mlp)
         if a.post_norm:
             h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
         return h
@@ -629,6 +629,17 @@ class Decoder:
         elif before is not None:
             out.update(q_prerotary=heads(before[0]), k_prerotary=repeat(heads(before[1])))
         return out
+
+
+def _residual_sum(h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """h + x, the residual stream and a block's output (b, n, d), by blocks of rows on the
+    thread budget (an entry's sum depends on its two entries only: the same bits)."""
+    if h.shape != x.shape or h.dtype != x.dtype or not (h.flags.c_contiguous and x.flags.c_contiguous):
+        return h + x
+    out = np.empty_like(h)
+    hf, xf, of = (t.reshape(-1, t.shape[-1]) for t in (h, x, out))
+    for_row_blocks(lambda lo, hi: np.add(hf[lo:hi], xf[lo:hi], out=of[lo:hi]), of.shape[0])
+    return out
 
 
 def _token_major(y: np.ndarray) -> np.ndarray:
