@@ -104,9 +104,12 @@ def _as_close_as_transformers(bf16_models):
     assert agree_ours >= agree_theirs, (agree_ours, agree_theirs)
 
 
-def test_bfloat16_mode_is_the_same_at_any_thread_count(bf16_models):
-    model = bf16_models["llama", 0][0]
-    ids = np.arange(40).reshape(2, 20) % 50
+@pytest.mark.parametrize("layout, shape", [("llama", (2, 20)), ("qwen3", (64, 64))])
+def test_bfloat16_mode_is_the_same_at_any_thread_count(bf16_models, layout, shape):
+    """Bitwise at 1 and 2 threads; 4,096 tokens take every step's parallel path (the products,
+    the norms, q/k/v's finishing with the q/k norms, the gate and the residual sums)."""
+    model = bf16_models[layout, 0][0]
+    ids = np.arange(shape[0] * shape[1]).reshape(shape) % 50
     old = ag.get_num_threads()
     try:
         runs = []
