@@ -220,8 +220,8 @@ std::vector<Panel> panels_of(const std::vector<BF16Factor>& factors, int64_t wid
 // 16,384 flops an instruction.
 //
 // The weights are the row operand, copied once a call in the order the tiles read them
-// (pack_panel). A's rows, rounded, are packed once a call as the pair operand: for each block of 16 rows (the rows past m zero) and each step of 32 along the
-// depth, a 16 x 16 block of words, word [t, c] = the pair (A[16 b + c, 32 s + 2 t],
+// (pack_panel). A's rows, rounded, are packed once a call as the pair operand: for each block
+// of 16 rows (the rows past m zero) and each step of 32 along the depth, a 16 x 16 block of words, word [t, c] = the pair (A[16 b + c, 32 s + 2 t],
 // A[16 b + c, 32 s + 2 t + 1]). The result tiles are C's transpose (rows: B's rows, columns: A's
 // rows), stored to a scratch block and written to C through a 16 x 16 transpose in registers.
 //
@@ -377,16 +377,16 @@ ATTNGEOM_AMX_TARGET void amx_tiles_at(const uint16_t* Bg, const uint32_t* Y, int
   if constexpr (WT > 1 && TT > 1) AMX_STORE(3, acc + 16 * 32 + 16, 128);
 }
 
-// Bg = B's rows [0, 16 wt) (row stride ldb) over depth steps [s0, s1) in the tiles' order:
-// step s's 16 wt rows of 32 values, one after another (64 KB for 32 rows over a depth of
-// 1,024, which the row blocks then read from L1 and L2 instead of from rows 2 k bytes apart,
-// whose lines fall in few cache sets). Step by step, so the writes go in order (row by row,
-// they went 2 KB apart: a tenth slower).
-void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t s0, int64_t s1, uint16_t* Bg) {
+// Bg = B's rows [0, 16 wt) (row stride ldb) over the S depth steps in the tiles' order: step
+// s's 16 wt rows of 32 values, one after another (64 KB for 32 rows over a depth of 1,024,
+// which the row blocks then read from L1 and L2 instead of from rows 2 k bytes apart, whose
+// lines fall in few cache sets). Step by step, so the writes go in order (row by row, they
+// went 2 KB apart: a tenth slower).
+void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t S, uint16_t* Bg) {
   const int64_t rows = 16 * wt;
-  for (int64_t s = s0; s < s1; ++s)
+  for (int64_t s = 0; s < S; ++s)
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(Bg + ((s - s0) * rows + r) * AMX_DEPTH, B + r * ldb + s * AMX_DEPTH, AMX_DEPTH * sizeof(uint16_t));
+      std::memcpy(Bg + (s * rows + r) * AMX_DEPTH, B + r * ldb + s * AMX_DEPTH, AMX_DEPTH * sizeof(uint16_t));
 }
 
 // f(at, wt, skip, cols) for the groups of B's rows [j0, j1) in the tiles' order: 32 rows from
@@ -408,11 +408,10 @@ void for_groups(int64_t nb, int64_t j0, int64_t j1, F&& f) {
 int64_t panel_values(int64_t j0, int64_t j1, int64_t S) { return (j1 - j0 + 15) / 16 * 16 * S * AMX_DEPTH; }
 
 // B's rows [j0, j1) packed for amx_block: its groups (for_groups) one after another, each over
-// the whole depth (pack_group). Packed once a call (not once a unit: a call of 2,048 rows has
-// four row blocks), so the units read the groups in order from one buffer.
+// the whole depth (pack_group), so that a unit reads them in order from one buffer.
 void pack_panel(const uint16_t* B, int64_t ldb, int64_t nb, int64_t j0, int64_t j1, int64_t S, uint16_t* out) {
   for_groups(nb, j0, j1, [&](int64_t at, int wt, int64_t, int64_t) {
-    pack_group(B + at * ldb, ldb, wt, 0, S, out);
+    pack_group(B + at * ldb, ldb, wt, S, out);
     out += 16 * wt * S * AMX_DEPTH;
   });
 }
@@ -627,15 +626,11 @@ void matmul_amx(int64_t m, int64_t k, const float* A, int64_t lda, std::vector<B
         const BF16Factor& F = factors[q.f];
         const int64_t i0 = (u / units_across) * mb;
         thread_local LineVector<float> sums;
-        thread_local LineVector<uint16_t> panel;
-        const uint16_t* packed = Bp.data() + offset[p];
-        if (!ahead) {
-          Scratch<uint16_t> own(panel, static_cast<size_t>(offset[p + 1] - offset[p]));
-          pack_panel(F.B, F.ldb, nb[q.f], q.j0, q.j1, S, own.data());
-          amx_block(P.data(), S, i0, std::min(mb, m - i0), own.data(), nb[q.f], q.j0, q.j1, F.C, F.ldc, sums);
-          return;
-        }
-        amx_block(P.data(), S, i0, std::min(mb, m - i0), packed, nb[q.f], q.j0, q.j1, F.C, F.ldc, sums);
+        thread_local LineVector<uint16_t> panel;  // the unit's own packing (one row block)
+        Scratch<uint16_t> own(panel, ahead ? 0 : static_cast<size_t>(offset[p + 1] - offset[p]));
+        if (!ahead) pack_panel(F.B, F.ldb, nb[q.f], q.j0, q.j1, S, own.data());
+        amx_block(P.data(), S, i0, std::min(mb, m - i0), ahead ? Bp.data() + offset[p] : own.data(), nb[q.f], q.j0,
+                  q.j1, F.C, F.ldc, sums);
       });
     }
   }

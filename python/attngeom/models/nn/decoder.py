@@ -725,9 +725,8 @@ def _mlp_hidden_columns(x, L, gated: bool, act, fused=False):
     names = ("gate", "up") if gated else ("up",)
     if all(isinstance(L[name], BFloat16Weight) for name in names):
         ys = column_products(x, [L[name] for name in names])
-        if (gated and fused and act is silu and L["b_gate"] is None and L["b_up"] is None and not in_pool() and
-                ys[0].dtype == np.float32):  # the fused gate on the core's threads
-            _core.silu_mul(ys[0], ys[1], True)
+        if gated and L["b_gate"] is None and L["b_up"] is None and _fuses(ys[1], ys[0], act, fused) and not in_pool():
+            _core.silu_mul(ys[0], ys[1], True)  # the fused gate on the core's threads, in place
             return ys[1]
 
         def rows(lo, hi):
@@ -766,12 +765,19 @@ def _mlp_hidden(x, L, gated: bool, act, fused=False, columns=None):
     return _activated(u, linear("gate") if gated else None, act, fused)
 
 
+def _fuses(u, g, act, fused) -> bool:
+    """Whether act(g) * u is the core's fused SiLU gate (silu_mul): `fused`, SiLU, float32
+    C-contiguous rows."""
+    return (fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and
+            u.flags.c_contiguous)
+
+
 def _activated(u, g, act, fused=False):
     """act(g) * u (a gated MLP's hidden units), or act(u) where g is None. `fused`, SiLU on
     float32 rows: silu(g) * u in one pass of the core, written into u (C-contiguous rows)."""
     if g is None:
         return act(u)
-    if fused and act is silu and g.dtype == u.dtype == np.float32 and g.flags.c_contiguous and u.flags.c_contiguous:
+    if _fuses(u, g, act, fused):
         _core.silu_mul(g, u)
         return u
     return act(g) * u
