@@ -215,20 +215,21 @@ std::vector<Panel> panels_of(const std::vector<BF16Factor>& factors, int64_t wid
 
 #ifdef ATTNGEOM_AMX
 // The AMX path: Intel's tile registers (AMX-TILE, AMX-BF16; Sapphire Rapids and later). TDPBF16PS
-// adds to a 16 x 16 float32 tile the products of a tile of 16 rows of 32 bfloat16 values with a
-// tile of 16 rows of 16 pairs ("VNNI" layout: row t holds pair t of each of 16 columns),
-// 16,384 flops an instruction.
+// adds to a 16 x 16 float32 tile the products of a tile of 16 rows of 32 bfloat16 values (the
+// row operand) with a tile of 16 rows of 16 pairs (the pair operand, "VNNI" layout: row t holds
+// pair t of each of 16 columns), 16,384 flops an instruction.
 //
-// The weights are the row operand, copied once a call in the order the tiles read them
-// (pack_panel). A's rows, rounded, are packed once a call as the pair operand: for each block
-// of 16 rows (the rows past m zero) and each step of 32 along the depth, a 16 x 16 block of words, word [t, c] = the pair (A[16 b + c, 32 s + 2 t],
-// A[16 b + c, 32 s + 2 t + 1]). The result tiles are C's transpose (rows: B's rows, columns: A's
-// rows), stored to a scratch block and written to C through a 16 x 16 transpose in registers.
+// A's rows, rounded, are the row operand, packed once a call: for each block of 16 rows (the
+// rows past m zero) and each step of 32 along the depth, the block's 16 rows of 32 values, one
+// tile (pack_rows_amx). The weights are the pair operand, copied once a call in the order the
+// tiles read them (pack_panel): for each group of B's rows and each step, 16 x 16 words, word
+// [t, c] = the pair (B[j + c, 32 s + 2 t], B[j + c, 32 s + 2 t + 1]). A result tile is a
+// 16 x 16 block of C, stored into C as it is, or through a scratch block at C's edges.
 //
 // An entry C[i, j] is one tile lane's chain of TDPBF16PS over the depth steps in order, from
 // zero: it depends on row i of A and row j of B only, not on the tiles' places, the units or
 // the thread count. B's last rows short of a tile are taken by a tile that ends at row n - 1
-// (its first rows, already written, are computed again and not stored). A tile row is 32
+// (its first columns, already written, are computed again and not stored). A tile row is 32
 // values, so a depth short of whole tile rows (which would read past a weight row) or n < 16
 // takes a copy of B padded with zeros.
 //
@@ -241,12 +242,19 @@ constexpr int64_t AMX_WORDS = 256;  // 32-bit words of a tile (16 rows of 64 byt
 constexpr int64_t AMX_ROWS = 512;
 constexpr int64_t AMX_COLUMNS = 256;
 
-
 #ifdef ATTNGEOM_BF16_EMULATED
 // (SIMDe 0.7 has no 128-bit lane shuffles or masked stores of AVX-512: entry by entry.)
-void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C, int64_t ldc) {
+// C[t, skip .. cols) (row stride ldc) = in[t, skip .. cols) for t < rows (in: row stride 32).
+void store_block(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C, int64_t ldc) {
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = skip; j < cols; ++j) C[i * ldc + j] = in[32 * j + i];
+    for (int64_t j = skip; j < cols; ++j) C[i * ldc + j] = in[32 * i + j];
+}
+
+// out (16 x 16 words) = the transpose of 16 rows of 16 words (B: 16 rows of 32 bfloat16
+// values, row stride ldb values): word [t, c] = the pair t of row c.
+void transpose_pairs(const uint16_t* B, int64_t ldb, uint32_t* out) {
+  for (int c = 0; c < 16; ++c)
+    for (int t = 0; t < 16; ++t) std::memcpy(out + 16 * t + c, B + c * ldb + 2 * t, 4);
 }
 #else
 // r = the transpose of the 16 x 16 block r (row i in r[i]) of 32-bit lanes.
@@ -275,39 +283,43 @@ ATTNGEOM_AMX_TARGET inline void transpose16(__m512 (&r)[16]) {
   }
 }
 
-// C[t, skip .. cols) (row stride ldc) = in[skip .. cols, t] for t < rows (in: a 16 x 16 block,
-// row stride 32), row by row under a mask.
-ATTNGEOM_AMX_TARGET void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C,
-                                          int64_t ldc) {
-  __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + 32 * i);
-  transpose16(r);
+// C[t, skip .. cols) (row stride ldc) = in[t, skip .. cols) for t < rows (in: row stride 32),
+// row by row under a mask.
+ATTNGEOM_AMX_TARGET void store_block(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C,
+                                     int64_t ldc) {
   const __mmask16 mask = static_cast<__mmask16>(((1u << cols) - 1u) & ~((1u << skip) - 1u));
-  for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(C + i * ldc, mask, r[i]);
+  for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(C + i * ldc, mask, _mm512_load_ps(in + 32 * i));
+}
+
+// out (16 x 16 words, on a cache line) = the transpose of 16 rows of 16 words (B: 16 rows of
+// 32 bfloat16 values, row stride ldb values): word [t, c] = the pair t of row c. The lanes'
+// bits are moved, never computed on.
+ATTNGEOM_AMX_TARGET void transpose_pairs(const uint16_t* B, int64_t ldb, uint32_t* out) {
+  __m512 r[16];
+  for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(B + c * ldb));
+  transpose16(r);
+  for (int t = 0; t < 16; ++t) _mm512_store_ps(reinterpret_cast<float*>(out + 16 * t), r[t]);
 }
 
 // pack_rows_amx for a whole block of 16 rows (A: its first row): each row's 32 values of a
 // step rounded by VCVTNE2PS2BF16 (nearest, ties to even, as bf16_bits; it flushes subnormal
-// floats to zero, which the tiles take as zero anyway) and the 16 x 16 words transposed. The
+// floats to zero, which the tiles take as zero anyway) into one row of the step's tile. The
 // ragged end of the depth through masked loads.
 ATTNGEOM_AMX_TARGET void pack_block_amx(const float* A, int64_t lda, int64_t k, int64_t S, uint32_t* P) {
   for (int64_t s = 0; s < S; ++s) {
     const int64_t there = std::min<int64_t>(k - s * AMX_DEPTH, AMX_DEPTH);
     const __mmask16 lo = static_cast<__mmask16>(there >= 16 ? 0xffffu : (1u << there) - 1u);
     const __mmask16 hi = static_cast<__mmask16>(there >= 32 ? 0xffffu : there > 16 ? (1u << (there - 16)) - 1u : 0u);
-    __m512 r[16];
     for (int c = 0; c < 16; ++c) {
       const float* a = A + c * lda + s * AMX_DEPTH;
       const __m512 x0 = _mm512_maskz_loadu_ps(lo, a), x1 = _mm512_maskz_loadu_ps(hi, a + 16);
-      r[c] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+      _mm512_store_si512(P + s * AMX_WORDS + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
     }
-    transpose16(r);
-    for (int t = 0; t < 16; ++t) _mm512_storeu_ps(reinterpret_cast<float*>(P + s * AMX_WORDS + 16 * t), r[t]);
   }
 }
 #endif
 
-// Block b of A's rows rounded and packed as the pair operand (above): blocks of 16 rows, row
+// Block b of A's rows rounded and packed as the row operand (above): blocks of 16 rows, row
 // block b's depth step s at P + (b S + s) AMX_WORDS, S = ceil(k / 32); zeros past m and past k.
 void pack_rows_amx(const float* A, int64_t lda, int64_t m, int64_t k, int64_t b, uint32_t* P) {
   const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH;
@@ -320,36 +332,36 @@ void pack_rows_amx(const float* A, int64_t lda, int64_t m, int64_t k, int64_t b,
   for (int64_t c = 0; c < 16; ++c) {
     const int64_t i = 16 * b + c;
     for (int64_t s = 0; s < S; ++s) {
-      uint32_t* dst = P + (b * S + s) * AMX_WORDS + c;
+      uint32_t* dst = P + (b * S + s) * AMX_WORDS + 16 * c;
       const int64_t there = i < m ? std::clamp<int64_t>(k - s * AMX_DEPTH, 0, AMX_DEPTH) : 0;
       const float* a = A + i * lda + s * AMX_DEPTH;
       for (int64_t t = 0; t < 16; ++t) {
         const uint32_t lo = 2 * t < there ? bf16_bits(a[2 * t]) : 0;
         const uint32_t hi = 2 * t + 1 < there ? bf16_bits(a[2 * t + 1]) : 0;
-        dst[16 * t] = lo | hi << 16;
+        dst[t] = lo | hi << 16;
       }
     }
   }
 }
 
-// acc (WT 16 x TT 16 floats, row stride 32) = the tiles of a group of B's rows against TT
-// blocks of packed rows over depth steps [s0, s1), added to acc's sums where `resume` (zero
-// otherwise): Bg holds the group's steps packed by pack_group (step s's tile of rows 0..15 at
-// Bg + (s - s0) 32 WT 16, rows 16..31 512 values on), Y the packed rows (the next block S
-// AMX_WORDS words on). A tile's sums are stored and loaded as they are, so an entry is the same
-// chain of TDPBF16PS over the depth in order however the steps are split. Both operands stream
-// in order from buffers that start on a cache line, which the hardware prefetchers follow:
+// The tiles of TT blocks of packed rows (Y; the next block S AMX_WORDS words on) against a
+// group of WT tiles of B's rows (Bg, packed by pack_group: step s's WT tiles one after another
+// at Bg + (s - s0) WT AMX_WORDS words) over depth steps [s0, s1): a 16 TT x 16 WT block of C's
+// sums, added to those at `from` (row stride ldf) or to zero (from null), stored at `to` (row
+// stride ldt). A tile's sums are stored and loaded as they are, so an entry is the same chain
+// of TDPBF16PS over the depth in order however the steps are split. Both operands stream in
+// order from buffers that start on a cache line, which the hardware prefetchers follow:
 // software prefetches (of B's tiles some steps ahead into L1, or of the next group's rows into
 // L2) measured no faster.
 template <int WT, int TT>
 ATTNGEOM_AMX_TARGET void amx_tiles_at(const uint16_t* Bg, const uint32_t* Y, int64_t S, int64_t s0, int64_t s1,
-                                      float* acc, bool resume) {
+                                      const float* from, int64_t ldf, float* to, int64_t ldt) {
   constexpr int64_t bstep = 16 * WT * AMX_DEPTH;  // bfloat16 values of a step's B tiles
-  if (resume) {
-    AMX_LOAD(0, acc, 128);
-    if constexpr (TT > 1) AMX_LOAD(1, acc + 16, 128);
-    if constexpr (WT > 1) AMX_LOAD(2, acc + 16 * 32, 128);
-    if constexpr (WT > 1 && TT > 1) AMX_LOAD(3, acc + 16 * 32 + 16, 128);
+  if (from) {
+    AMX_LOAD(0, from, 4 * ldf);
+    if constexpr (TT > 1) AMX_LOAD(1, from + 16 * ldf, 4 * ldf);
+    if constexpr (WT > 1) AMX_LOAD(2, from + 16, 4 * ldf);
+    if constexpr (WT > 1 && TT > 1) AMX_LOAD(3, from + 16 * ldf + 16, 4 * ldf);
   } else {
     AMX_ZERO(0);
     if constexpr (TT > 1) AMX_ZERO(1);
@@ -360,33 +372,31 @@ ATTNGEOM_AMX_TARGET void amx_tiles_at(const uint16_t* Bg, const uint32_t* Y, int
     const uint16_t* b = Bg + (s - s0) * bstep;
     AMX_LOAD(4, b, 64);
     AMX_LOAD(6, Y + s * AMX_WORDS, 64);
-    AMX_DOT(0, 4, 6);
+    AMX_DOT(0, 6, 4);
     if constexpr (TT > 1) {
       AMX_LOAD(7, Y + (S + s) * AMX_WORDS, 64);
-      AMX_DOT(1, 4, 7);
+      AMX_DOT(1, 7, 4);
     }
     if constexpr (WT > 1) {
       AMX_LOAD(5, b + 16 * AMX_DEPTH, 64);
-      AMX_DOT(2, 5, 6);
-      if constexpr (TT > 1) AMX_DOT(3, 5, 7);
+      AMX_DOT(2, 6, 5);
+      if constexpr (TT > 1) AMX_DOT(3, 7, 5);
     }
   }
-  AMX_STORE(0, acc, 128);
-  if constexpr (TT > 1) AMX_STORE(1, acc + 16, 128);
-  if constexpr (WT > 1) AMX_STORE(2, acc + 16 * 32, 128);
-  if constexpr (WT > 1 && TT > 1) AMX_STORE(3, acc + 16 * 32 + 16, 128);
+  AMX_STORE(0, to, 4 * ldt);
+  if constexpr (TT > 1) AMX_STORE(1, to + 16 * ldt, 4 * ldt);
+  if constexpr (WT > 1) AMX_STORE(2, to + 16, 4 * ldt);
+  if constexpr (WT > 1 && TT > 1) AMX_STORE(3, to + 16 * ldt + 16, 4 * ldt);
 }
 
-// Bg = B's rows [0, 16 wt) (row stride ldb) over the S depth steps in the tiles' order: step
-// s's 16 wt rows of 32 values, one after another (64 KB for 32 rows over a depth of 1,024,
+// Bg = B's rows [0, 16 wt) (row stride ldb) over the S depth steps as the pair operand: step
+// s's wt tiles (transpose_pairs) one after another (64 KB for 32 rows over a depth of 1,024,
 // which the row blocks then read from L1 and L2 instead of from rows 2 k bytes apart, whose
-// lines fall in few cache sets). Step by step, so the writes go in order (row by row, they
-// went 2 KB apart: a tenth slower).
+// lines fall in few cache sets). Step by step, so the writes go in order.
 void pack_group(const uint16_t* B, int64_t ldb, int wt, int64_t S, uint16_t* Bg) {
-  const int64_t rows = 16 * wt;
+  uint32_t* out = reinterpret_cast<uint32_t*>(Bg);
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(Bg + (s * rows + r) * AMX_DEPTH, B + r * ldb + s * AMX_DEPTH, AMX_DEPTH * sizeof(uint16_t));
+    for (int w = 0; w < wt; ++w) transpose_pairs(B + 16 * w * ldb + s * AMX_DEPTH, ldb, out + (s * wt + w) * AMX_WORDS);
 }
 
 // f(at, wt, skip, cols) for the groups of B's rows [j0, j1) in the tiles' order: 32 rows from
@@ -432,7 +442,8 @@ constexpr int64_t AMX_WHOLE = 48;
 // C's rows [i0, i0 + rows) and columns [j0, j1) on the tiles: the groups of B's rows
 // (for_groups), packed in Bp (pack_panel), each passed by pairs of row blocks of the packed A
 // (P: its block i0 / 16 on), over the whole depth or in blocks of AMX_STEPS steps (above).
-// sums: a pass's tiles' sums between depth blocks (resized here).
+// The last depth block's tiles go straight into C where they lie whole inside it, through a
+// scratch block at its edges. sums: a pass's tiles' sums between depth blocks (resized here).
 ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int64_t rows, const uint16_t* Bp,
                                    int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc,
                                    LineVector<float>& sums) {
@@ -452,18 +463,21 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
       for (int64_t i = 0; i < rows; i += 32) {
         const int tt = rows - i > 16 ? 2 : 1;
         const uint32_t* Y = P + ((i0 + i) / 16) * S * AMX_WORDS;
-        float* acc = steps == S ? out : sums.data() + (g * passes + i / 32) * 1024;
-        const bool resume = s0 > 0;
-        if (wt == 2 && tt == 2) amx_tiles_at<2, 2>(Bg, Y, S, s0, s1, acc, resume);
-        else if (wt == 2) amx_tiles_at<2, 1>(Bg, Y, S, s0, s1, acc, resume);
-        else if (tt == 2) amx_tiles_at<1, 2>(Bg, Y, S, s0, s1, acc, resume);
-        else amx_tiles_at<1, 1>(Bg, Y, S, s0, s1, acc, resume);
-        if (s1 < S) continue;
-        for (int w = 0; w < wt; ++w)
-          for (int h = 0; h < tt; ++h) {
+        float* kept = steps == S ? nullptr : sums.data() + (g * passes + i / 32) * 1024;
+        const bool direct = s1 == S && skip == 0 && cols == 16 && rows - i >= 16 * tt;
+        float* to = s1 < S ? kept : direct ? C + (i0 + i) * ldc + at : out;
+        const int64_t ldt = direct ? ldc : 32;
+        const float* from = s0 > 0 ? kept : nullptr;
+        if (wt == 2 && tt == 2) amx_tiles_at<2, 2>(Bg, Y, S, s0, s1, from, 32, to, ldt);
+        else if (wt == 2) amx_tiles_at<2, 1>(Bg, Y, S, s0, s1, from, 32, to, ldt);
+        else if (tt == 2) amx_tiles_at<1, 2>(Bg, Y, S, s0, s1, from, 32, to, ldt);
+        else amx_tiles_at<1, 1>(Bg, Y, S, s0, s1, from, 32, to, ldt);
+        if (s1 < S || direct) continue;
+        for (int h = 0; h < tt; ++h)
+          for (int w = 0; w < wt; ++w) {
             const int64_t r = std::min<int64_t>(16, rows - i - 16 * h);
-            store_transposed(acc + 16 * 32 * w + 16 * h, r, w ? 0 : skip, w ? 16 : cols,
-                             C + (i0 + i + 16 * h) * ldc + at + 16 * w, ldc);
+            store_block(out + 16 * 32 * h + 16 * w, r, w ? 0 : skip, w ? 16 : cols,
+                        C + (i0 + i + 16 * h) * ldc + at + 16 * w, ldc);
           }
       }
       group += 16 * wt * S * AMX_DEPTH;

@@ -9,9 +9,9 @@
 // Three paths, chosen at run time (dot_path()):
 // - "amx_bf16": Intel's AMX tiles (TDPBF16PS, 16 x 16 float32 results of 16 x 32 bfloat16
 //   rows an instruction; Sapphire Rapids and later), where the CPU has AMX-BF16 and Linux
-//   grants the process the tiles' state. B's rows are the tiles' row operand, loaded in place
-//   (copied with zeros only where k is not a multiple of 32 or n < 16); A's rounded rows are
-//   packed once a call as the pair operand (bf16.cpp).
+//   grants the process the tiles' state. A's rounded rows are packed once a call as the
+//   tiles' row operand, B's rows as the pair operand (bf16.cpp); the result tiles are stored
+//   into C as they are.
 // - "avx512_bf16": the CPU's bfloat16 dot products (VDPBF16PS: 32 products of bfloat16 pairs
 //   added into 16 float32 lanes per instruction). Register tiles of 6 rows of A against 4
 //   rows of B, each of the 24 accumulators one (i, j) entry's 16 partial sums over the whole
