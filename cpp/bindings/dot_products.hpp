@@ -46,7 +46,7 @@ inline void def_dot_products(py::module_& m) {
           throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
         const DotPath chosen = dot_path_named(path, "matmul_bf16");
         const int64_t m_ = x.shape(0), k = x.shape(1), n = w.shape(0);
-        py::array_t<float> c = out ? *out : py::array_t<float>({m_, n});
+        py::array_t<float> c = out ? *out : line_aligned(m_, n);
         // out: rows of contiguous entries at any row stride (a block of columns of a larger
         // array), written in place
         const auto entry = py::ssize_t(sizeof(float));
@@ -81,7 +81,7 @@ inline void def_dot_products(py::module_& m) {
           const auto w = py::reinterpret_borrow<CArray<uint16_t>>(a);
           if (w.ndim() != 2 || w.shape(1) != k)
             throw std::invalid_argument("matmul_bf16_many: x (m, k) and weights (n_i, k) expected");
-          outs.emplace_back(std::vector<py::ssize_t>{m_, w.shape(0)});
+          outs.push_back(line_aligned(m_, w.shape(0)));
           factors.push_back({w.data(), w.shape(0), k, outs.back().mutable_data(), w.shape(0)});
         }
         const DotPath chosen = dot_path_named(path, "matmul_bf16_many");
