@@ -111,7 +111,8 @@ def test_product_is_exact_where_every_sum_is(path, k):
 def test_an_entry_depends_on_its_row_and_column_only(path, k):
     """Bitwise: any split of the rows, one row at a time, serial or parallel, 1 or 2 threads,
     and slices of the columns (fewer than a tile's 16, and a run of them starting mid-tile)
-    give the same entries."""
+    give the same entries. (AMX: up to 16 rows the weights are the row operand, read in
+    place; past that the packed rows are, so the splits compare the two layouts.)"""
     x, w = _operands(97, 130, k, seed=3)
     full = _product(x, w, path)
     np.testing.assert_array_equal(np.vstack([_product(x[i:i + 1], w, path) for i in range(97)]), full)

@@ -250,6 +250,12 @@ void store_block(const float* in, int64_t rows, int64_t skip, int64_t cols, floa
     for (int64_t j = skip; j < cols; ++j) C[i * ldc + j] = in[32 * i + j];
 }
 
+// C[t, skip .. cols) (row stride ldc) = in[skip .. cols, t] for t < rows (in: row stride 32).
+void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = skip; j < cols; ++j) C[i * ldc + j] = in[32 * j + i];
+}
+
 // out (16 x 16 words) = the transpose of 16 rows of 16 words (B: 16 rows of 32 bfloat16
 // values, row stride ldb values): word [t, c] = the pair t of row c.
 void transpose_pairs(const uint16_t* B, int64_t ldb, uint32_t* out) {
@@ -289,6 +295,17 @@ ATTNGEOM_AMX_TARGET void store_block(const float* in, int64_t rows, int64_t skip
                                      int64_t ldc) {
   const __mmask16 mask = static_cast<__mmask16>(((1u << cols) - 1u) & ~((1u << skip) - 1u));
   for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(C + i * ldc, mask, _mm512_load_ps(in + 32 * i));
+}
+
+// C[t, skip .. cols) (row stride ldc) = in[skip .. cols, t] for t < rows (in: a 16 x 16 block,
+// row stride 32), row by row under a mask.
+ATTNGEOM_AMX_TARGET void store_transposed(const float* in, int64_t rows, int64_t skip, int64_t cols, float* C,
+                                          int64_t ldc) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(in + 32 * i);
+  transpose16(r);
+  const __mmask16 mask = static_cast<__mmask16>(((1u << cols) - 1u) & ~((1u << skip) - 1u));
+  for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(C + i * ldc, mask, r[i]);
 }
 
 // out (16 x 16 words, on a cache line) = the transpose of 16 rows of 16 words (B: 16 rows of
@@ -486,6 +503,57 @@ ATTNGEOM_AMX_TARGET void amx_block(const uint32_t* P, int64_t S, int64_t i0, int
   }
   detail::amx_end();
 }
+
+// Rows of A up to which the product takes the few-rows path (amx_few).
+constexpr int64_t AMX_FEW = 16;
+
+// A's m <= 16 rows rounded as the pair operand: step s's 16 x 16 words at Q + s AMX_WORDS,
+// word [t, c] = the pair (A[c, 32 s + 2 t], A[c, 32 s + 2 t + 1]), zeros past m and past k.
+void pack_pairs_amx(const float* A, int64_t lda, int64_t m, int64_t k, uint32_t* Q) {
+  const int64_t S = (k + AMX_DEPTH - 1) / AMX_DEPTH;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t t = 0; t < 16; ++t)
+      for (int64_t c = 0; c < 16; ++c) {
+        const int64_t at = s * AMX_DEPTH + 2 * t;
+        const float* a = A + c * lda;
+        const uint32_t lo = c < m && at < k ? bf16_bits(a[at]) : 0;
+        const uint32_t hi = c < m && at + 1 < k ? bf16_bits(a[at + 1]) : 0;
+        Q[s * AMX_WORDS + 16 * t + c] = lo | hi << 16;
+      }
+}
+
+// C's m <= 16 rows at B's rows [j0, j1) for few rows (the last token's logits, a decoding
+// step): B's rows are the row operand, read in place, a step's tile 16 rows of 64 bytes ldb
+// values apart, and A's rows the pair operand (Q, pack_pairs_amx), so that the weights are
+// read once, as they lie, instead of packed. A result tile is then C's transpose, stored
+// through a scratch block. The entries are the same bits as amx_block's: the same pairs'
+// products in the same order (TDPBF16PS's products do not depend on which operand holds
+// which factor). Two groups' chains go at once (tiles 0 and 1) to keep the tiles busy.
+ATTNGEOM_AMX_TARGET void amx_few(const uint32_t* Q, int64_t S, int64_t m, const uint16_t* B, int64_t ldb,
+                                 int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc) {
+  alignas(64) float out[16 * 32];
+  detail::amx_begin();
+  for_groups(nb, j0, j1, [&](int64_t at, int wt, int64_t skip, int64_t cols) {
+    const uint16_t* b = B + at * ldb;
+    AMX_ZERO(0);
+    if (wt > 1) AMX_ZERO(1);
+    for (int64_t s = 0; s < S; ++s) {
+      AMX_LOAD(6, Q + s * AMX_WORDS, 64);
+      AMX_LOAD(4, b + s * AMX_DEPTH, 2 * ldb);
+      AMX_DOT(0, 4, 6);
+      if (wt > 1) {
+        AMX_LOAD(5, b + 16 * ldb + s * AMX_DEPTH, 2 * ldb);
+        AMX_DOT(1, 5, 6);
+      }
+    }
+    for (int w = 0; w < wt; ++w) {
+      if (w == 0) AMX_STORE(0, out, 128);
+      else AMX_STORE(1, out, 128);
+      store_transposed(out, m, w ? 0 : skip, w ? 16 : cols, C + at + 16 * w, ldc);
+    }
+  });
+  detail::amx_end();
+}
 #endif
 
 // The widened path for the same unit: GotoBLAS-style blocks through the attention kernel's
@@ -603,6 +671,21 @@ void matmul_amx(int64_t m, int64_t k, const float* A, int64_t lda, std::vector<B
   }
   const std::vector<Panel> panels = panels_of(factors, AMX_COLUMNS);
   const int64_t units_across = int64_t(panels.size());
+  if (m <= AMX_FEW) {  // few rows: the weights read in place (amx_few)
+    thread_local LineVector<uint32_t> kept_pairs;
+    Scratch<uint32_t> Q(kept_pairs, static_cast<size_t>(S * AMX_WORDS));
+    pack_pairs_amx(A, lda, m, k, Q.data());
+    FirstException errors;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t p = 0; p < units_across; ++p)
+      errors.run([&] {
+        const Panel& q = panels[size_t(p)];
+        const BF16Factor& F = factors[q.f];
+        amx_few(Q.data(), S, m, F.B, F.ldb, nb[q.f], q.j0, q.j1, F.C, F.ldc);
+      });
+    errors.rethrow();
+    return;
+  }
   std::vector<int64_t> offset(panels.size() + 1, 0);  // of each panel's packing
   for (size_t p = 0; p < panels.size(); ++p) offset[p + 1] = offset[p] + panel_values(panels[p].j0, panels[p].j1, S);
   // Smaller row blocks (down to 32 rows) while there are fewer units than twice the threads.
