@@ -5,9 +5,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <new>
 #include <optional>
 #include <stdexcept>
 
@@ -21,15 +19,19 @@ template <class T>
 using CArray = py::array_t<T, py::array::c_style>;
 using Index = std::optional<CArray<int64_t>>;
 
-// A new C-contiguous float32 (rows, cols) array whose data start on a cache line (64 bytes),
-// freed with the array. NumPy's own start 16 bytes into one, so that each 64-byte row of a
-// product's AMX result tile would straddle two lines (5-9% of a product's time, measured on
-// an Intel Xeon, family 6 model 167, 2,048 x 3,072 x 1,024 on one thread).
+// A new C-contiguous float32 (rows, cols) array whose data start on a cache line (64 bytes):
+// a view of a NumPy array 15 floats longer, from its first entry on a line. NumPy's own start
+// 16 bytes into one, so that each 64-byte row of a product's AMX result tile would straddle
+// two lines. (NumPy's allocator, not an aligned operator new: glibc maps and faults in
+// afresh, every call, a block past its 32 MB threshold, which NumPy's arrays of up to 32 MB
+// stay under; a product of 2,048 x 4,096 took 1.7x as long.)
 inline py::array_t<float> line_aligned(py::ssize_t rows, py::ssize_t cols) {
-  const size_t bytes = std::max<size_t>(1, size_t(rows) * size_t(cols) * sizeof(float));
-  void* data = ::operator new(bytes, std::align_val_t{64});
-  py::capsule owner(data, [](void* p) { ::operator delete(p, std::align_val_t{64}); });
-  return py::array_t<float>({rows, cols}, static_cast<float*>(data), owner);
+  py::array_t<float> whole(rows * cols + 15);
+  float* first = whole.mutable_data();
+  const auto at = reinterpret_cast<std::uintptr_t>(first);
+  first += (64 - at % 64) % 64 / sizeof(float);  // NumPy's data start on 16 bytes at least
+  const auto entry = py::ssize_t(sizeof(float));
+  return py::array_t<float>({rows, cols}, {cols * entry, entry}, first, whole);
 }
 
 inline const int64_t* index_ptr(const Index& idx) { return idx ? idx->data() : nullptr; }

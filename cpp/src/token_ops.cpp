@@ -90,7 +90,11 @@ void silu_mul_run(const float* g, float* u, int64_t count) {
 void silu_mul(const float* g, float* u, int64_t count, bool parallel) {
   constexpr int64_t CHUNK = 1 << 14;  // entries a unit, a whole number of packets
   const int64_t chunks = (count + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) if (parallel && parallel_worth(16.0 * count))
+  if (!parallel || !parallel_worth(16.0 * count)) {  // serial: no OpenMP region to enter
+    for (int64_t c = 0; c < chunks; ++c) silu_mul_run(g + c * CHUNK, u + c * CHUNK, std::min(CHUNK, count - c * CHUNK));
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) silu_mul_run(g + c * CHUNK, u + c * CHUNK, std::min(CHUNK, count - c * CHUNK));
 }
 
