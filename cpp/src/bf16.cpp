@@ -522,35 +522,42 @@ void pack_pairs_amx(const float* A, int64_t lda, int64_t m, int64_t k, uint32_t*
       }
 }
 
+// The tiles of one group of wt tiles of B's rows (b: its first row, read in place, a step's
+// tile 16 rows of 64 bytes ldb values apart) against few rows (Q, pack_pairs_amx) over the S
+// depth steps, stored to out (wt 16 x 16 floats, row stride 32, tile w 512 floats on): C's
+// transpose. Two chains go at once (tiles 0 and 1) to keep the tiles busy. (A function, not
+// amx_few's lambda: clang compiles the intrinsics only in a function with the target.)
+ATTNGEOM_AMX_TARGET void amx_few_group(const uint32_t* Q, int64_t S, const uint16_t* b, int64_t ldb, int wt,
+                                       float* out) {
+  AMX_ZERO(0);
+  if (wt > 1) AMX_ZERO(1);
+  for (int64_t s = 0; s < S; ++s) {
+    AMX_LOAD(6, Q + s * AMX_WORDS, 64);
+    AMX_LOAD(4, b + s * AMX_DEPTH, 2 * ldb);
+    AMX_DOT(0, 4, 6);
+    if (wt > 1) {
+      AMX_LOAD(5, b + 16 * ldb + s * AMX_DEPTH, 2 * ldb);
+      AMX_DOT(1, 5, 6);
+    }
+  }
+  AMX_STORE(0, out, 128);
+  if (wt > 1) AMX_STORE(1, out + 16 * 32, 128);
+}
+
 // C's m <= 16 rows at B's rows [j0, j1) for few rows (the last token's logits, a decoding
-// step): B's rows are the row operand, read in place, a step's tile 16 rows of 64 bytes ldb
-// values apart, and A's rows the pair operand (Q, pack_pairs_amx), so that the weights are
-// read once, as they lie, instead of packed. A result tile is then C's transpose, stored
-// through a scratch block. The entries are the same bits as amx_block's: the same pairs'
-// products in the same order (TDPBF16PS's products do not depend on which operand holds
-// which factor). Two groups' chains go at once (tiles 0 and 1) to keep the tiles busy.
+// step): B's rows are the row operand, read in place, and A's rows the pair operand (Q,
+// pack_pairs_amx), so that the weights are read once, as they lie, instead of packed. A
+// result tile is then C's transpose, stored through a scratch block. The entries are the
+// same bits as amx_block's: the same pairs' products in the same order (TDPBF16PS's products
+// do not depend on which operand holds which factor).
 ATTNGEOM_AMX_TARGET void amx_few(const uint32_t* Q, int64_t S, int64_t m, const uint16_t* B, int64_t ldb,
                                  int64_t nb, int64_t j0, int64_t j1, float* C, int64_t ldc) {
-  alignas(64) float out[16 * 32];
+  alignas(64) float out[2 * 16 * 32];
   detail::amx_begin();
   for_groups(nb, j0, j1, [&](int64_t at, int wt, int64_t skip, int64_t cols) {
-    const uint16_t* b = B + at * ldb;
-    AMX_ZERO(0);
-    if (wt > 1) AMX_ZERO(1);
-    for (int64_t s = 0; s < S; ++s) {
-      AMX_LOAD(6, Q + s * AMX_WORDS, 64);
-      AMX_LOAD(4, b + s * AMX_DEPTH, 2 * ldb);
-      AMX_DOT(0, 4, 6);
-      if (wt > 1) {
-        AMX_LOAD(5, b + 16 * ldb + s * AMX_DEPTH, 2 * ldb);
-        AMX_DOT(1, 5, 6);
-      }
-    }
-    for (int w = 0; w < wt; ++w) {
-      if (w == 0) AMX_STORE(0, out, 128);
-      else AMX_STORE(1, out, 128);
-      store_transposed(out, m, w ? 0 : skip, w ? 16 : cols, C + at + 16 * w, ldc);
-    }
+    amx_few_group(Q, S, B + at * ldb, ldb, wt, out);
+    for (int w = 0; w < wt; ++w)
+      store_transposed(out + 16 * 32 * w, m, w ? 0 : skip, w ? 16 : cols, C + at + 16 * w, ldc);
   });
   detail::amx_end();
 }
