@@ -9,6 +9,7 @@ their order: |C - ref| <= gamma_k (|bf16(A)| |B|^T) with gamma_k = k u / (1 - k 
 (Higham, Accuracy and Stability, Thm. 3.1 / 3.5), ref the exact product of the rounded
 operands (float64 here is exact for k * 2^16 < 2^53).
 """
+import functools
 import os
 
 import numpy as np
@@ -200,6 +201,39 @@ def test_the_product_writes_into_a_block_of_columns(path):
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         _core.matmul_bf16(x, w, False, "", frozen)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (13, 9, 70), (16, 40, 64), (97, 130, 3001), (530, 20, 32),
+                                   (70, 300, 64), (5, 7, 0)])
+def test_the_product_adds_a_residual_with_the_bits_of_the_sum(path, shape):
+    """add=h: each unit adds its block of h as it finishes it; the result is bitwise h plus
+    the product (NumPy's float32 add), on every path, for few rows (m <= 16: the AMX path's
+    weights read in place) and many, in a new array or in out."""
+    m, n, k = shape
+    x, w = _operands(m, n, k, seed=4)
+    h = np.random.default_rng(5).standard_normal((m, n)).astype(np.float32)
+    want = h + _product(x, w, path)
+    if path.startswith("emulated"):
+        run = functools.partial(emulated_bf16().matmul_bf16, path="amx_bf16" if path == "emulated_amx" else "avx512_bf16")
+    else:
+        run = functools.partial(_core.matmul_bf16, path="" if path == "cpu" else path)
+    np.testing.assert_array_equal(run(x, w, True, add=h), want)
+    whole = np.full((m, n + 9), -7.0, np.float32)
+    got = run(x, w, False, out=whole[:, 4:4 + n], add=h)
+    assert np.shares_memory(got, whole) and np.all(whole[:, :4] == -7.0) and np.all(whole[:, 4 + n:] == -7.0)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_residual_must_match_and_lie_apart_from_the_output():
+    x, w = _operands(20, 12, 64)
+    with pytest.raises(ValueError, match="add must be"):
+        _core.matmul_bf16(x, w, add=np.zeros((20, 11), np.float32))
+    with pytest.raises(TypeError):
+        _core.matmul_bf16(x, w, add=np.zeros((20, 12)))  # float64: no conversion
+    out = np.zeros((20, 12), np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        _core.matmul_bf16(x, w, True, "", out, out)
 
 
 @pytest.mark.parametrize("path", ["avx512_bf16", "amx_bf16"])

@@ -62,15 +62,15 @@ def test_bfloat16_logits_on_emulated_dot_products_are_as_close(bf16_models, monk
     calls = []
     real = _core.softmax_attention
 
-    def attention(args, scale, weights, log_z, block_q=0, block_k=0, want_stats=False, bf16=False):
+    def attention(args, scale, weights, log_z, block_q=0, block_k=0, want_stats=False, bf16=False, y_heads=1):
         calls.append(bf16)
         run = emulated.softmax_attention if bf16 else real
-        return run(args, scale, weights, log_z, block_q, block_k, want_stats, bf16)
+        return run(args, scale, weights, log_z, block_q, block_k, want_stats, bf16, y_heads)
 
     monkeypatch.setattr(_core, "dot_path", emulated.dot_path)
     monkeypatch.setattr(_core, "softmax_attention", attention)
-    monkeypatch.setattr(_core, "matmul_bf16", lambda x, w, parallel=True, path="", out=None: emulated.matmul_bf16(
-        x, w, parallel, products, out))
+    monkeypatch.setattr(_core, "matmul_bf16", lambda x, w, parallel=True, path="", out=None, add=None:
+                        emulated.matmul_bf16(x, w, parallel, products, out, add))
     emulated.set_dot_path(products)  # the attention's tiles too
     try:
         _as_close_as_transformers(bf16_models)

@@ -126,6 +126,39 @@ def test_bnhd_broadcasts_like_bhnd(one_thread):
     assert g.dk.shape == (N, H, D)  # summed over the broadcast batch, in the caller's layout
 
 
+@pytest.mark.parametrize("products", ["float", "bfloat16"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_merge_heads_places_y_token_major_with_the_same_bits(products, threads):
+    """merge_heads: y (batch, n_q, heads d_v), the bits of y with its (heads, n) axes swapped
+    and the heads merged, in both layouts and for grouped queries (batch, kv_heads, group, n,
+    d) against keys (batch, kv_heads, 1, n, d); P, log Z and the statistics unchanged."""
+    rng = np.random.default_rng(3)
+    b, kv, g, n, d, dv = 2, 2, 3, 37, 16, 24
+    q = rng.standard_normal((b, kv, g, n, d)).astype(np.float32)
+    k = rng.standard_normal((b, kv, 1, n, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv, 1, n, dv)).astype(np.float32)
+    saved = ag.get_num_threads()
+    ag.set_num_threads(threads)
+    try:
+        kw = dict(causal=True, return_routing=True, return_log_partition=True, return_stats=True, products=products)
+        ref = ag.softmax_attention(q, k, v, **kw)
+        got = ag.softmax_attention(q, k, v, merge_heads=True, **kw)
+        np.testing.assert_array_equal(got[0], np.moveaxis(ref[0], 3, 1).reshape(b, n, kv * g * dv))
+        assert got[0].flags.c_contiguous
+        for a, r in zip(got[1:3], ref[1:3]):
+            np.testing.assert_array_equal(a, r)
+        np.testing.assert_array_equal(got[3].entropy, ref[3].entropy)
+        # four-dimensional heads, in the bnhd layout: the merged y is the same array
+        q4, k4, v4 = q.reshape(b, kv * g, n, d), np.repeat(k[:, :, 0], g, 1), np.repeat(v[:, :, 0], g, 1)
+        y4 = ag.softmax_attention(swap(q4), swap(k4), swap(v4), causal=True, layout="bnhd", products=products,
+                                  merge_heads=True)
+        np.testing.assert_array_equal(y4, got[0])
+    finally:
+        ag.set_num_threads(saved)
+    with pytest.raises(ValueError, match="merge_heads"):
+        ag.softmax_attention(q[0, 0], k[0, 0], v[0, 0], merge_heads=True)
+
+
 def test_layout_errors():
     q, k, v, dy = operands()
     for bad in ("bshd", "BNHD", 1, ""):

@@ -248,17 +248,22 @@ def wide_mlp_models(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", ["gpt2", "llama", "qwen3"])
-def test_keeping_or_hooking_the_mlp_sites_leaves_the_bits(wide_mlp_models, layout, dtype):
-    """The MLP's input and hidden units kept, hooked with the identity or patched from the
-    pass's own cache give the plain pass's logits bitwise, on batches whose products are split
-    by columns (>= 32 tokens) and on shorter ones, in float32 and in the bfloat16 mode."""
+def test_keeping_or_hooking_the_block_sites_leaves_the_bits(wide_mlp_models, layout, dtype):
+    """The MLP's input and hidden units, the blocks' outputs (attn_out, mlp_out) and the heads'
+    outputs (z) kept, hooked with the identity or patched from the pass's own cache give the
+    plain pass's logits bitwise, on batches whose products are split by columns (>= 32
+    tokens) and on shorter ones, in float32 and in the bfloat16 mode (where the plain pass's
+    output products add the residual stream as they finish, and a pass that forms attn_out or
+    mlp_out adds it after them; the attention writes z token-major unless z is changed)."""
     model = wide_mlp_models[layout]
     for shape in [(3, 12), (2, 5)]:
         ids = np.random.default_rng(1).integers(0, model.arch.vocab_size, shape)
         plain = model.forward(ids, keep=("logits",), dtype=dtype).logits
-        cache = model.forward(ids, keep=("logits", "mlp_in", "mlp_post", "resid_pre"), dtype=dtype)
+        cache = model.forward(ids, keep=("logits", "mlp_in", "mlp_post", "resid_pre", "attn_out", "mlp_out", "z"),
+                              dtype=dtype)
         np.testing.assert_array_equal(cache.logits, plain)
         for iv in [Hook("mlp_in", 0, lambda x: x), Hook("mlp_post", 1, lambda x: x), Patch("mlp_in", 1, cache),
-                   Patch("mlp_post", 0, cache), Patch("resid_pre", 1, cache)]:
+                   Patch("mlp_post", 0, cache), Patch("resid_pre", 1, cache), Hook("attn_out", 0, lambda x: x),
+                   Hook("mlp_out", 1, lambda x: x), Patch("z", 1, cache), Hook("z", 0, lambda x: x.copy())]:
             out = model.forward(ids, keep=("logits",), interventions=[iv], dtype=dtype).logits
             np.testing.assert_array_equal(out, plain, err_msg=f"{shape} {iv}")

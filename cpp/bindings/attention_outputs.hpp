@@ -63,18 +63,24 @@ void def_softmax_attention(py::module_& m) {
   m.def(
       "softmax_attention",
       [](const AttentionArgs<T>& a, double scale, bool want_weights, bool want_logz, int64_t block_q,
-         int64_t block_k, bool want_stats, bool bf16) {
+         int64_t block_k, bool want_stats, bool bf16, int64_t y_heads) {
+        if (y_heads < 1 || a.batch % y_heads != 0)
+          throw std::invalid_argument("softmax_attention: y_heads must divide the batch");
         auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
+        if (y_heads > 1) out.y = CArray<T>({a.batch / y_heads, a.q.rows, y_heads * a.v.cols});
+        AttentionOutput<T> view = out.view();
+        view.y_heads = y_heads;
         {
           py::gil_scoped_release release;
-          softmax_attention<T>(a.batch, a.q, a.k, a.v, a.mask, a.causal, T(scale), out.view(),
-                               Blocking{block_q, block_k}, bf16);
+          softmax_attention<T>(a.batch, a.q, a.k, a.v, a.mask, a.causal, T(scale), view, Blocking{block_q, block_k},
+                               bf16);
         }
         return out.result();
       },
       py::arg("operands"), py::arg("scale"), py::arg("want_weights"), py::arg("want_logz"), py::arg("block_q") = 0,
-      py::arg("block_k") = 0, py::arg("want_stats") = false, py::arg("bf16") = false,
-      "bf16 (float32 only): bfloat16 products (attention.hpp, attend).");
+      py::arg("block_k") = 0, py::arg("want_stats") = false, py::arg("bf16") = false, py::arg("y_heads") = 1,
+      "bf16 (float32 only): bfloat16 products (attention.hpp, attend). y_heads > 1: y (batch / y_heads, n_q, "
+      "y_heads * d_v), the batch's runs of y_heads entries written side by side per query (AttentionOutput).");
 }
 
 }  // namespace attngeom::bindings

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "arrays.hpp"
@@ -41,7 +42,7 @@ inline void def_dot_products(py::module_& m) {
   m.def(
       "matmul_bf16",
       [](const CArray<float>& x, const CArray<uint16_t>& w, bool parallel, const std::string& path,
-         std::optional<py::array_t<float>> out) {
+         std::optional<py::array_t<float>> out, std::optional<CArray<float>> add) {
         if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
           throw std::invalid_argument("matmul_bf16: x (m, k) and w (n, k) expected");
         const DotPath chosen = dot_path_named(path, "matmul_bf16");
@@ -56,17 +57,31 @@ inline void def_dot_products(py::module_& m) {
           throw std::invalid_argument("matmul_bf16: out must be a writable float32 (m, n) array of contiguous rows");
         const int64_t ldc = m_ > 1 && n > 0 ? int64_t(c.strides(0) / entry) : n;
         float* dst = c.mutable_data();
+        if (add) {
+          if (add->ndim() != 2 || add->shape(0) != m_ || add->shape(1) != n)
+            throw std::invalid_argument("matmul_bf16: add must be a C-contiguous float32 (m, n) array");
+          const auto bytes = [](const float* p, int64_t rows, int64_t cols, int64_t ld) {
+            return std::pair<const char*, const char*>{reinterpret_cast<const char*>(p),
+                                                       reinterpret_cast<const char*>(p + (rows - 1) * ld + cols)};
+          };
+          const auto [a0, a1] = bytes(add->data(), m_, n, n);
+          const auto [c0, c1] = bytes(dst, m_, n, ldc);
+          if (m_ > 0 && n > 0 && a0 < c1 && c0 < a1)
+            throw std::invalid_argument("matmul_bf16: out and add overlap");
+        }
         {
           py::gil_scoped_release release;
-          matmul_bf16(m_, n, k, x.data(), k, w.data(), k, dst, ldc, parallel, chosen);
+          matmul_bf16(m_, k, x.data(), k, {BF16Factor{w.data(), n, k, dst, ldc, add ? add->data() : nullptr, n}},
+                      parallel, chosen);
         }
         return c;
       },
       py::arg("x").noconvert(), py::arg("w").noconvert(), py::arg("parallel") = true, py::arg("path") = "",
-      py::arg("out").noconvert() = py::none(),
+      py::arg("out").noconvert() = py::none(), py::arg("add").noconvert() = py::none(),
       "bf16(x) @ w.T for C-contiguous float32 x (m, k) and bfloat16 bits w (n, k); float32 sums. path: '' (the "
       "best, dot_path()), 'amx_bf16', 'avx512_bf16' or 'widened'; out: a float32 (m, n) array of contiguous rows to "
-      "write into (returned).");
+      "write into (returned); add: a C-contiguous float32 (m, n) array added to the product, each block as its unit "
+      "finishes it (the bits of the product plus add).");
   m.def(
       "matmul_bf16_many",
       [](const CArray<float>& x, const std::vector<py::array>& ws, bool parallel, const std::string& path) {

@@ -205,6 +205,18 @@ struct Panel {
   int64_t j0, j1;
 };
 
+// A unit's last step: its block of C (rows [i0, i0 + rows), columns [j0, j1)) plus the
+// factor's addend, where it has one (the vectorized loop the compiler makes; x + y is y + x
+// bit for bit, so the sum is NumPy's add of the two).
+void add_block(const BF16Factor& F, int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
+  if (!F.add) return;
+  for (int64_t i = i0; i < i0 + rows; ++i) {
+    float* c = F.C + i * F.ldc;
+    const float* a = F.add + i * F.ld_add;
+    for (int64_t j = j0; j < j1; ++j) c[j] += a[j];
+  }
+}
+
 // The factors' panels of at most `width` columns each, in order.
 std::vector<Panel> panels_of(const std::vector<BF16Factor>& factors, int64_t width) {
   std::vector<Panel> out;
@@ -689,6 +701,7 @@ void matmul_amx(int64_t m, int64_t k, const float* A, int64_t lda, std::vector<B
         const Panel& q = panels[size_t(p)];
         const BF16Factor& F = factors[q.f];
         amx_few(Q.data(), S, m, F.B, F.ldb, nb[q.f], q.j0, q.j1, F.C, F.ldc);
+        add_block(F, 0, m, q.j0, q.j1);
       });
     errors.rethrow();
     return;
@@ -735,6 +748,7 @@ void matmul_amx(int64_t m, int64_t k, const float* A, int64_t lda, std::vector<B
         if (!ahead) pack_panel(F.B, F.ldb, nb[q.f], q.j0, q.j1, S, own.data());
         amx_block(P.data(), S, i0, std::min(mb, m - i0), ahead ? Bp.data() + offset[p] : own.data(), nb[q.f], q.j0,
                   q.j1, F.C, F.ldc, sums);
+        add_block(F, i0, std::min(mb, m - i0), q.j0, q.j1);
       });
     }
   }
@@ -791,8 +805,10 @@ void matmul_bf16(int64_t m, int64_t k, const float* A, int64_t lda, const std::v
     }
   if (m <= 0 || some.empty()) return;
   if (k <= 0) {
-    for (const BF16Factor& F : some)
+    for (const BF16Factor& F : some) {
       for (int64_t i = 0; i < m; ++i) std::fill(F.C + i * F.ldc, F.C + i * F.ldc + F.n, 0.0f);
+      add_block(F, 0, m, 0, F.n);
+    }
     return;
   }
   const bool par = parallel && parallel_worth(flops);
@@ -839,11 +855,13 @@ void matmul_bf16(int64_t m, int64_t k, const float* A, int64_t lda, const std::v
 #ifdef ATTNGEOM_BF16_X86
       if (dot) {
         dot_block(a, kp, rows, F.B, F.ldb, q.j0, q.j1, k, c, F.ldc);
+        add_block(F, i0, rows, q.j0, q.j1);
         return;
       }
 #endif
       (void)dot;
       widened_block(a, kp, rows, F.B, F.ldb, q.j0, q.j1, k, c, F.ldc);
+      add_block(F, i0, rows, q.j0, q.j1);
     });
   }
   errors.rethrow();

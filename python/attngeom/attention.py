@@ -13,6 +13,7 @@ A query that sees no key (a fully masked row) returns zeros and log Z = -inf.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -29,7 +30,8 @@ from .laplace_radon import ridge_attention, tilts_and_radii
 
 @renamed_arguments(return_weights="return_routing")
 def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_routing=False,
-                      return_log_partition=False, return_stats=False, layout=None, products="float"):
+                      return_log_partition=False, return_stats=False, layout=None, products="float",
+                      merge_heads=False):
     """Softmax scaled dot-product attention, y = softmax(scale q k^T + mask) v.
 
     Lawrence, Laplace-Radon eq. (2)-(3). Flash-style C++ kernel: online softmax over key
@@ -84,11 +86,19 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
         bfloat16 flash attention rounds them), so y may differ from the exact attention of the
         rounded q, k, v by up to 2^-8 sum_j p_ij abs(v_j) per entry. Elsewhere the float32 kernel
         runs on the rounded values.
+    merge_heads : bool, default False
+        Return y as (batch, n_q, heads * d_v): each query's heads side by side, the layout
+        an output projection reads, written there by the kernel (no copy). The heads are the
+        batch axes after the first in the "bhnd" order (q (batch, heads, n_q, d_k); for
+        grouped queries (batch, kv_heads, group, n_q, d_k), kv_heads x group of them), so q,
+        k and v broadcast to at least two batch axes. The values are y's, only placed
+        differently; P, log Z and the statistics keep their shapes.
 
     Returns
     -------
     y : ndarray, shape (..., n_q, d_v)
-        The attention output, in the computation dtype (see `v`). With `return_routing`,
+        The attention output, in the computation dtype (see `v`); (batch, n_q, heads * d_v)
+        with `merge_heads`. With `return_routing`,
         `return_log_partition` or `return_stats` a tuple (y, [P], [log Z], [stats]) in that
         order. A query with no visible key gives y = 0, P = 0 and log Z = -inf (its statistics:
         entropy, max_weight, sink_weight, mean_distance 0 and argmax -1).
@@ -120,12 +130,19 @@ def softmax_attention(q, k, v, *, mask=None, causal=False, scale=None, return_ro
     if bf16 and pr.dtype != np.float32:
         raise ValueError(f"products='bfloat16' computes in float32: q, k and v must be float32 (or bfloat16), "
                          f"got a {pr.dtype} computation")
+    y_heads = 1
+    if merge_heads:
+        if len(pr.batch_shape) < 2:
+            raise ValueError(f"merge_heads: q, k and v must broadcast to (batch, heads, ..., n, d) in the bhnd order, "
+                             f"got the batch shape {pr.batch_shape}")
+        y_heads = math.prod(pr.batch_shape[1:])
     y, w, lz, st = _core.softmax_attention(pr.core_args(), scale, bool(return_routing),
-                                           bool(return_log_partition), want_stats=bool(return_stats), bf16=bf16)
-    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition)
+                                           bool(return_log_partition), want_stats=bool(return_stats), bf16=bf16,
+                                           y_heads=y_heads)
+    out = pr.attention_outputs(y, w, lz, return_routing, return_log_partition, y_merged=bool(merge_heads))
     if return_stats:
         out = (out, core_stats(lambda a: pr.shaped(a, pr.n_q), lz, st))
-    return with_stats(layout, out, return_routing, return_log_partition, return_stats)
+    return with_stats(layout, out, return_routing, return_log_partition, return_stats, y_merged=bool(merge_heads))
 
 
 class AttentionGrads(NamedTuple):

@@ -166,11 +166,15 @@ class AttentionStats:
                    mean_distance=(P * distance).sum(-1))
 
 
-def with_stats(layout, out, return_routing: bool, return_log_partition: bool, return_stats: bool):
+def with_stats(layout, out, return_routing: bool, return_log_partition: bool, return_stats: bool,
+               y_merged: bool = False):
     """An attention call's result in the caller's layout: `out` (the bhnd result) as
     from_bhnd gives it, followed by the AttentionStats when asked for (out is then the pair
-    (result, stats)); the statistics stay (..., heads, n_q) in every layout, as P does."""
+    (result, stats)); the statistics stay (..., heads, n_q) in every layout, as P does, and a
+    y with its heads merged (`y_merged`) stays as it is."""
     kinds = attention_kinds(return_routing, return_log_partition)
+    if y_merged:
+        kinds = "-" + kinds[1:]
     if not return_stats:
         return from_bhnd(layout, out, kinds)
     result, stats = out

@@ -41,10 +41,17 @@ struct AttentionStatsOutput {
 
 template <class T>
 struct AttentionOutput {
-  T* y = nullptr;              // (batch, n_q, d_v), required
+  T* y = nullptr;              // (batch, n_q, d_v), required; see y_heads
   T* weights = nullptr;        // (batch, n_q, n_k) routing matrix P, optional
   T* log_partition = nullptr;  // (batch, n_q) log Z in log-weight units, optional
   AttentionStatsOutput<T> stats;  // optional
+  // y's layout: the batch in runs of y_heads entries (the heads of one sequence), written
+  // token-major, (batch / y_heads, n_q, y_heads, d_v): each query's heads side by side, as an
+  // output projection reads them. 1: (batch, n_q, d_v).
+  int64_t y_heads = 1;
+  T* y_row(int64_t b, int64_t n_q, int64_t i, int64_t d_v) const {
+    return y + ((b / y_heads * n_q + i) * y_heads + b % y_heads) * d_v;
+  }
 };
 
 // The tiling of the flash loops: query rows per unit of work and keys per step. A value of 0
@@ -640,7 +647,7 @@ void attend(int64_t batch, const Stack<T>& q, const T* tau, const int64_t* tau_i
       }
       for (int64_t r = 0; r < rows; ++r) {
         const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
-        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y + (b * n_q + i0 + r) * d_v, d_v);
+        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> y(out.y_row(b, n_q, i0 + r, d_v), d_v);
         y = acc.row(r) * inv;
         finite = finite && (y.array() * T(0)).sum() == T(0);  // NaN iff an entry is not finite; vectorised
         if (out.log_partition) out.log_partition[b * n_q + i0 + r] = l[r] > T(0) ? m[r] + log_l[r] : neg_inf;

@@ -92,12 +92,17 @@ void matmul_bf16(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, c
                  float* C, int64_t ldc, bool parallel, DotPath path = DotPath::best);
 
 // One right factor of products that share their left factor A: B (n, k) bfloat16 bits, row
-// stride ldb, and the result C (m, n), row stride ldc.
+// stride ldb, and the result C (m, n), row stride ldc. With `add` (m, n), row stride ld_add,
+// C = bf16(A) B^T + add: each unit adds its block of `add` to its block of C as it finishes
+// it, while the block is in cache (a residual stream's sum with the layer's output, the same
+// bits as the product plus add in a separate pass; C may not overlap add).
 struct BF16Factor {
   const uint16_t* B;
   int64_t n, ldb;
   float* C;
   int64_t ldc;
+  const float* add = nullptr;
+  int64_t ld_add = 0;
 };
 
 // C_f = bf16(A) @ B_f^T for each factor f, as matmul_bf16 computes each (the same bits), with

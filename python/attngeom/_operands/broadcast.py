@@ -130,9 +130,11 @@ class AttentionOperands:
         """A core output (batch, *core) with the broadcast batch shape restored."""
         return None if a is None else a.reshape(self.batch_shape + core)
 
-    def attention_outputs(self, y, weights, log_partition, return_weights: bool, return_log_partition: bool):
-        """y (..., n_q, d_v), or the tuple (y, [P (..., n_q, n_k)], [log Z (..., n_q)]) asked for."""
-        out = (self.shaped(y, self.n_q, self.d_v),)
+    def attention_outputs(self, y, weights, log_partition, return_weights: bool, return_log_partition: bool,
+                          y_merged: bool = False):
+        """y (..., n_q, d_v), or the tuple (y, [P (..., n_q, n_k)], [log Z (..., n_q)]) asked for;
+        `y_merged`: y as the core wrote it with its heads merged, (batch, n_q, heads * d_v)."""
+        out = (y if y_merged else self.shaped(y, self.n_q, self.d_v),)
         if return_weights:
             out += (self.shaped(weights, self.n_q, self.n_k),)
         if return_log_partition:

@@ -52,7 +52,7 @@ from .moe import moe_mlp
 from .norm import normalize
 from .products import (BFLOAT16, MIN_ROWS_PER_BLOCK, BFloat16Weight, bfloat16_values, block_product, column_product,
                        column_products, column_units, compute_dtype, for_row_blocks, for_tasks, in_pool, map_rows,
-                       product, product_threads, splits_columns)
+                       product, product_threads, residual_product, residual_sum, splits_columns)
 from .sites import BEFORE, GLOBAL_SITES
 from .rotary import Rotary, rope_frequencies, yarn_factors
 
@@ -487,14 +487,17 @@ class Decoder:
         # passes (5-9% of the attention's time); and an intervention's values are read as given.
         products = "bfloat16" if (bf16 and _core.dot_path() != "widened" and
                                   not any(gate.touches(site) for site in ("q", "k", "v"))) else "float"
+        # y comes token-major, (b, n, heads d_head) as the output projection reads it, unless
+        # changed weights give it (below)
+        merged = not gate.touches("pattern")
         res = softmax_attention(q, k, v, mask=mask, causal=ctx["causal"], scale=scale, return_routing=want_p,
-                                return_stats=want_s, layout="bhnd", products=products)
+                                return_stats=want_s, layout="bhnd", products=products, merge_heads=merged)
         if grouped:  # back to one axis of query heads (free reshapes of contiguous results)
-            def heads(t):
-                return t.reshape((b, a.n_heads) + t.shape[3:])
+            def heads(t, i=1):  # (y, the first item, is merged already)
+                return t if merged and i == 0 else t.reshape((b, a.n_heads) + t.shape[3:])
 
-            res = heads(res) if not (want_p or want_s) else tuple(
-                r.map(heads) if isinstance(r, AttentionStats) else heads(r) for r in res)
+            res = heads(res, 0) if not (want_p or want_s) else tuple(
+                r.map(heads) if isinstance(r, AttentionStats) else heads(r, i) for i, r in enumerate(res))
         y = res[0] if want_p or want_s else res
         if want_p:
             P = gate("pattern", res[1])
@@ -504,12 +507,19 @@ class Decoder:
                     res = (y, P, AttentionStats.from_routing(P, log_z=res[-1].log_z))
         if want_s:
             gate.out.put("attention_stats", res[-1])
-        y = gate("z", y)
+        if merged:  # the z site sees the heads' outputs (b, heads, n, d_head), a view
+            z = y.reshape(b, n, a.n_heads, -1).transpose(0, 2, 1, 3)
+            y = _token_major(gate("z", z)) if gate.touches("z") else (gate("z", z), y)[1]
+        else:
+            y = _token_major(gate("z", y))
         del q, k, v, parts, res
-        o = product(_token_major(y), L["o"])
-        if L["b_o"] is not None:
-            o = o + L["b_o"]
-        h = _residual_sum(h, gate("attn_out", o))
+        if L["b_o"] is None and not gate.needs("attn_out"):  # the stream's sum made by the product (the same bits)
+            h = residual_product(h, y, L["o"])
+        else:
+            o = product(y, L["o"])
+            if L["b_o"] is not None:
+                o = o + L["b_o"]
+            h = residual_sum(h, gate("attn_out", o))
         if a.post_norm:
             h = normalize(h, L["ln1_w"], L["ln1_b"], a.norm_eps, a.norm)
         return gate("resid_mid", h), scale
@@ -522,12 +532,15 @@ class Decoder:
             mlp = gate("mlp_out", np.zeros_like(h))
         elif "router" not in L:  # block by block; mlp_in and mlp_post through the gate where needed
             sites = gate if gate.needs("mlp_in") or gate.needs("mlp_post") else None
+            if not gate.needs("mlp_out"):  # the stream's sum made by the down product (the same bits)
+                h = _dense_mlp(h, L, a, act, pre_norm=not a.post_norm, fused=bf16, gate=sites, residual=True)
+                return normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm) if a.post_norm else h
             mlp = gate("mlp_out", _dense_mlp(h, L, a, act, pre_norm=not a.post_norm, fused=bf16, gate=sites))
         else:  # mixture of experts (:mod:`.moe`)
             x = gate("mlp_in", h if a.post_norm else normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm))
             mlp, _ = moe_mlp(x, L, a, act, gate)
             mlp = gate("mlp_out", mlp)
-        h = _residual_sum(h, mlp)
+        h = residual_sum(h, mlp)
         if a.post_norm:
             h = normalize(h, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm)
         return h
@@ -631,17 +644,6 @@ class Decoder:
         return out
 
 
-def _residual_sum(h: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """h + x, the residual stream and a block's output (b, n, d), by blocks of rows on the
-    thread budget (an entry's sum depends on its two entries only: the same bits)."""
-    if h.shape != x.shape or h.dtype != x.dtype or not (h.flags.c_contiguous and x.flags.c_contiguous):
-        return h + x
-    out = np.empty_like(h)
-    hf, xf, of = (t.reshape(-1, t.shape[-1]) for t in (h, x, out))
-    for_row_blocks(lambda lo, hi: np.add(hf[lo:hi], xf[lo:hi], out=of[lo:hi]), of.shape[0])
-    return out
-
-
 def _token_major(y: np.ndarray) -> np.ndarray:
     """The heads' outputs y (b, heads, n, d_head) as the output projection reads them,
     (b, n, heads d_head), copied by blocks of tokens on the thread budget."""
@@ -654,7 +656,7 @@ def _token_major(y: np.ndarray) -> np.ndarray:
     return out
 
 
-def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
+def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None, residual=False):
     """The dense MLP of residual streams h (b, n, d): Norm (when `pre_norm`), then
     down(act(gate) * up) or down(act(up)), biases where stored, at most MLP_ROWS tokens a block
     (the hidden units of a long input would otherwise take (n, d_ff) arrays several times
@@ -664,28 +666,42 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
     SwiGLU gate. `gate`: the pass's site gate, where mlp_in or mlp_post is kept or intervened
     on: the normed input (b, n, d) and the hidden units (b, n, d_ff) then pass through it
     whole, and the blocks and products are the ones computed without it, so that keeping a
-    site leaves the bits of the pass as they are."""
+    site leaves the bits of the pass as they are. `residual`: h plus the MLP's output, the
+    sum made by the down product's units as they finish (:func:`residual_product`), the same
+    bits as the two steps."""
     def normed(rows, out=None):
         return normalize(rows, L["ln2_w"], L["ln2_b"], a.norm_eps, a.norm, fused=fused, out=out) if pre_norm else rows
 
+    def plus(y):  # h + the MLP's output, when `residual`
+        return residual_sum(h, y.reshape(h.shape)) if residual else y
+
     d, d_ff = h.shape[-1], L["down"].shape[0]
-    flat = h.reshape(-1, d)
+    flat = stream = h.reshape(-1, d)
     inner = [L["gate"], L["up"]] if a.gated else [L["up"]]
     split = splits_columns(flat[:MLP_ROWS], inner + [L["down"]])
     if gate is not None:  # the normed rows at once (a norm acts on each row alone: the same bits)
         flat = gate("mlp_in", map_rows(normed, h, d)).reshape(-1, d)
     if not split:  # norm, products and activation together by rows, in the same row blocks either way
         if gate is None:
-            return map_rows(lambda rows: _mlp_block(normed(rows), L, a.gated, act, fused), h, d, max_rows=MLP_ROWS)
+            return plus(map_rows(lambda rows: _mlp_block(normed(rows), L, a.gated, act, fused), h, d,
+                                 max_rows=MLP_ROWS))
         hidden = map_rows(lambda rows: _mlp_hidden(rows, L, a.gated, act, fused), flat, d_ff, max_rows=MLP_ROWS)
         if gate.needs("mlp_post"):
             hidden = gate("mlp_post", hidden.reshape(h.shape[:-1] + (d_ff,))).reshape(-1, d_ff)
-        return map_rows(lambda rows: _mlp_down(rows, L), hidden, d, max_rows=MLP_ROWS).reshape(h.shape)
+        return plus(map_rows(lambda rows: _mlp_down(rows, L), hidden, d, max_rows=MLP_ROWS).reshape(h.shape))
     b_down = L.get("b_down")
 
-    def down(hidden):
-        return column_products(hidden, [L["down"]],
-                               finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
+    def down(hidden, start, out=None):  # the block's output rows (plus the stream's, `residual`)
+        rows = stream[start:start + hidden.shape[0]]
+        if residual and b_down is None:
+            return residual_product(rows, hidden, L["down"], out=out)
+        y = column_products(hidden, [L["down"]],
+                            finish=None if b_down is None else lambda _, y, lo, hi: y + b_down[lo:hi])[0]
+        y = residual_sum(rows, y) if residual else y
+        if out is None:
+            return y
+        out[...] = y
+        return out
 
     blocks = range(0, flat.shape[0], MLP_ROWS)  # blocks of tokens: norms by rows, products by columns
     if gate is None and pre_norm:
@@ -700,7 +716,7 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
     else:
         block_x = lambda start: flat[start:start + MLP_ROWS]  # noqa: E731
     if len(blocks) == 1 and not (gate is not None and gate.needs("mlp_post")):  # one block: its result as it is
-        return down(_mlp_hidden_columns(block_x(0), L, a.gated, act, fused)).reshape(h.shape)
+        return down(_mlp_hidden_columns(block_x(0), L, a.gated, act, fused), 0).reshape(h.shape)
     out = np.empty(flat.shape, flat.dtype)
     if gate is not None and gate.needs("mlp_post"):
         hidden = np.empty((flat.shape[0], d_ff), flat.dtype)
@@ -708,10 +724,10 @@ def _dense_mlp(h, L, a, act, pre_norm=True, fused=False, gate=None):
             hidden[start:start + MLP_ROWS] = _mlp_hidden_columns(block_x(start), L, a.gated, act, fused)
         hidden = gate("mlp_post", hidden.reshape(h.shape[:-1] + (d_ff,))).reshape(-1, d_ff)
         for start in blocks:
-            out[start:start + MLP_ROWS] = down(np.ascontiguousarray(hidden[start:start + MLP_ROWS]))
+            down(np.ascontiguousarray(hidden[start:start + MLP_ROWS]), start, out=out[start:start + MLP_ROWS])
     else:
         for start in blocks:
-            out[start:start + MLP_ROWS] = down(_mlp_hidden_columns(block_x(start), L, a.gated, act, fused))
+            down(_mlp_hidden_columns(block_x(start), L, a.gated, act, fused), start, out=out[start:start + MLP_ROWS])
     return out.reshape(h.shape)
 
 

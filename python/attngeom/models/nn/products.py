@@ -360,6 +360,67 @@ def product(x: np.ndarray, W) -> np.ndarray:
     return map_rows(lambda rows: block_product(rows, W), x, W.shape[-1])
 
 
+def residual_sum(h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """h + x, a residual stream and a block's output (..., d), by blocks of rows on the thread
+    budget (an entry's sum depends on its two entries only: the same bits).
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import residual_sum
+    >>> residual_sum(np.ones((2, 3)), np.full((2, 3), 2.0)).tolist()
+    [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
+    """
+    if h.shape != x.shape or h.dtype != x.dtype or not (h.flags.c_contiguous and x.flags.c_contiguous):
+        return h + x
+    out = np.empty_like(h)
+    hf, xf, of = (t.reshape(-1, t.shape[-1]) for t in (h, x, out))
+    for_row_blocks(lambda lo, hi: np.add(hf[lo:hi], xf[lo:hi], out=of[lo:hi]), of.shape[0])
+    return out
+
+
+def residual_product(h: np.ndarray, x: np.ndarray, W, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """h + x @ W: a residual stream h (..., n) and a layer's output, the bits of
+    ``residual_sum(h, product(x, W))``.
+
+    For bfloat16 weights, float32 C-contiguous h and x's rows, the product's units add their
+    blocks of h as they finish them (``matmul_bf16``'s `add`), while the blocks are in cache:
+    no separate pass reads the product and h again. Other operands take the two steps.
+
+    Parameters
+    ----------
+    h : ndarray, shape (..., n)
+        The residual stream.
+    x : ndarray, shape (..., k)
+        The left factor (h's leading shape).
+    W : ndarray or BFloat16Weight, shape (k, n)
+    out : ndarray, optional
+        A float32 (rows, n) array of contiguous rows to write into (the fused path; returned
+        reshaped to h's shape).
+
+    Returns
+    -------
+    ndarray, h's shape
+
+    Examples
+    --------
+    >>> from attngeom.models.nn.products import BFloat16Weight, residual_product
+    >>> W = BFloat16Weight.of(np.ones((2, 3), np.float32))
+    >>> residual_product(np.ones((1, 3), np.float32), np.ones((1, 2), np.float32), W).tolist()
+    [[3.0, 3.0, 3.0]]
+    """
+    k, n = W.shape
+    if (isinstance(W, BFloat16Weight) and h.dtype == np.float32 and h.flags.c_contiguous
+            and h.shape == x.shape[:-1] + (n,)):
+        flat = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
+        y = _core.matmul_bf16(flat, W.bits, not in_pool(), "", out, h.reshape(-1, n))
+        return y.reshape(h.shape)
+    y = residual_sum(h, product(x, W))
+    if out is None:
+        return y
+    out[...] = y.reshape(out.shape)
+    return out.reshape(h.shape)
+
+
 #: Rows of a block from which a float product is the core's (Eigen's GEMM for the CPU's
 #: instruction-set level: on AMD Zen 5 1.75x the float32 and 1.5x the float64 throughput of
 #: NumPy's OpenBLAS, which runs its AVX2 kernels there); a single row (the last token's
