@@ -48,8 +48,9 @@ struct Outputs {
 
 template <class T>
 Outputs<T> make_outputs(int64_t batch, int64_t n_q, int64_t n_k, int64_t d_v, bool want_weights, bool want_logz,
-                        bool want_stats) {
-  Outputs<T> o{CArray<T>({batch, n_q, d_v}), std::nullopt, std::nullopt, std::nullopt};
+                        bool want_stats, int64_t y_heads = 1) {
+  // y (batch, n_q, d_v), or (batch / y_heads, n_q, y_heads d_v) (AttentionOutput::y_heads)
+  Outputs<T> o{CArray<T>({batch / y_heads, n_q, y_heads * d_v}), std::nullopt, std::nullopt, std::nullopt};
   if (want_weights) o.weights = CArray<T>({batch, n_q, n_k});
   if (want_logz || want_stats) o.log_partition = CArray<T>({batch, n_q});
   if (want_stats)
@@ -66,8 +67,8 @@ void def_softmax_attention(py::module_& m) {
          int64_t block_k, bool want_stats, bool bf16, int64_t y_heads) {
         if (y_heads < 1 || a.batch % y_heads != 0)
           throw std::invalid_argument("softmax_attention: y_heads must divide the batch");
-        auto out = make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats);
-        if (y_heads > 1) out.y = CArray<T>({a.batch / y_heads, a.q.rows, y_heads * a.v.cols});
+        auto out =
+            make_outputs<T>(a.batch, a.q.rows, a.k.rows, a.v.cols, want_weights, want_logz, want_stats, y_heads);
         AttentionOutput<T> view = out.view();
         view.y_heads = y_heads;
         {
