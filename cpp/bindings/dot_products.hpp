@@ -64,10 +64,11 @@ inline void def_dot_products(py::module_& m) {
             return std::pair<const char*, const char*>{reinterpret_cast<const char*>(p),
                                                        reinterpret_cast<const char*>(p + (rows - 1) * ld + cols)};
           };
-          const auto [a0, a1] = bytes(add->data(), m_, n, n);
-          const auto [c0, c1] = bytes(dst, m_, n, ldc);
-          if (m_ > 0 && n > 0 && a0 < c1 && c0 < a1)
-            throw std::invalid_argument("matmul_bf16: out and add overlap");
+          if (m_ > 0 && n > 0) {
+            const auto [a0, a1] = bytes(add->data(), m_, n, n);
+            const auto [c0, c1] = bytes(dst, m_, n, ldc);
+            if (a0 < c1 && c0 < a1) throw std::invalid_argument("matmul_bf16: out and add overlap");
+          }
         }
         {
           py::gil_scoped_release release;
