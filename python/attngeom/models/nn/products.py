@@ -380,7 +380,7 @@ def residual_sum(h: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def residual_product(h: np.ndarray, x: np.ndarray, W, out: Optional[np.ndarray] = None) -> np.ndarray:
     """h + x @ W: a residual stream h (..., n) and a layer's output, the bits of
-    ``residual_sum(h, product(x, W))``.
+    ``residual_sum(h, product(x, W))`` (a NaN's payload aside).
 
     For bfloat16 weights, float32 C-contiguous h and x's rows, the product's units add their
     blocks of h as they finish them (``matmul_bf16``'s `add`), while the blocks are in cache:
