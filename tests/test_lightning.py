@@ -174,3 +174,22 @@ def test_deprecated_normalize_keyword(rng):
         np.testing.assert_array_equal(old, ag.deep_lightning(x, [A], [V], kind=kind, temperature=0.5))
     with pytest.raises(ValueError, match="kind must be one of"):
         ag.lightning_layer(x, A, V, kind="normalized")
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("dtype, big", [(np.float32, 1e15), (np.float64, 1e120)])
+def test_lightning_refuses_an_output_beyond_the_float_range(rng, causal, dtype, big):
+    # Finite operands whose products overflow in one query row of the second batch element,
+    # in the first chunk, at a chunk's edge or in the last one (chunks of 64 rows): the core
+    # checks each chunk of y as it writes it and the refusal names the largest operand.
+    n = 150
+    q, k, v = (rng.standard_normal((2, n, 8)).astype(dtype) for _ in range(3))
+    k *= big
+    v *= big
+    for row in (0, 63, 64, n - 1):
+        qq = q.copy()
+        qq[1, row] *= big
+        with pytest.raises(ag.errors.ResultOverflow, match="^lightning_attention: .* beyond the float range"):
+            ag.lightning_attention(qq, k, v, causal=causal)
+    y = ag.lightning_attention(q / big, k, v / big, causal=causal)  # the same operands scaled back fit
+    assert np.isfinite(y).all()

@@ -46,7 +46,7 @@ def network_kind(kind, normalize: Optional[bool] = None, func: str = "") -> str:
     return kind
 
 
-@finite_result
+@finite_result(checked=True)  # the core checks each chunk of y as it writes it
 @fill_doc
 def lightning_attention(q, k, v, *, causal=False, layout=None):
     """Lightning attention y_i = sum_j (q_i . k_j) v_j, in O(n d_k d_v).

@@ -12,7 +12,9 @@
 // NaN / inf operands raise NonFiniteOperand naming q, k or v (the first of them in that order
 // holding one). The causal passes check each chunk's rows while they are in cache for the
 // products (a separate pass over operands beyond the last-level cache costs a quarter of the
-// call at 16k tokens); the non-causal form checks its operands first.
+// call at 16k tokens); the non-causal form checks its operands first. For finite operands an
+// output beyond the float range raises ResultOverflow: each chunk of y is checked as it is
+// written (a pass over y after the call cost 7% of it at 16k tokens, (4, n, 64) float64).
 #pragma once
 
 #include <Eigen/Core>
@@ -24,6 +26,8 @@
 #include "attngeom/types.hpp"
 
 namespace attngeom {
+
+inline constexpr const char* OUTPUT_OVERFLOW = "lightning_attention: the output is beyond the float range";
 
 // Keys visible to query i as Visibility (types.hpp) says: all, j <= i or j <= i + n_k - n_q.
 template <class T>
@@ -45,11 +49,15 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
     for (int64_t b = 0; b < batch; ++b)
       kv[b].noalias() = CMap(k.block(b), n_k, d_k).transpose() * CMap(v.block(b), n_k, d_v);
     const int64_t rows = std::max<int64_t>(1, chunk), chunks = (n_q + rows - 1) / rows;
-#pragma omp parallel for schedule(static) if (par)
+    bool y_ok = true;
+#pragma omp parallel for schedule(static) if (par) reduction(&& : y_ok)
     for (int64_t unit = 0; unit < batch * chunks; ++unit) {
       const int64_t b = unit / chunks, i0 = (unit % chunks) * rows, m = std::min(rows, n_q - i0);
-      Map(y + (b * n_q + i0) * d_v, m, d_v).noalias() = CMap(q.block(b) + i0 * d_k, m, d_k) * kv[b];
+      Map Y(y + (b * n_q + i0) * d_v, m, d_v);
+      Y.noalias() = CMap(q.block(b) + i0 * d_k, m, d_k) * kv[b];
+      y_ok = y_ok && Y.allFinite();
     }
+    if (!y_ok) throw ResultOverflow(OUTPUT_OVERFLOW);
     return;
   }
   const int64_t C = std::max<int64_t>(1, chunk);
@@ -68,8 +76,8 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   std::vector<Mat> state(batch * group), carry(chunks > group ? batch : 0);
   // Whether every row of q, and of k and v up to the last chunk's boundary, is finite (rows
   // past it are checked after the passes).
-  bool q_ok = true, k_ok = true, v_ok = true;
-#pragma omp parallel if (par) reduction(&& : q_ok, k_ok, v_ok)
+  bool q_ok = true, k_ok = true, v_ok = true, y_ok = true;
+#pragma omp parallel if (par) reduction(&& : q_ok, k_ok, v_ok, y_ok)
   {
     Mat S(C, C);
     for (int64_t c0 = 0; c0 < chunks; c0 += group) {
@@ -107,6 +115,7 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
             for (int64_t col = vis.seen(i0 + r, j0, j1 - j0); col < j1 - j0; ++col) L(r, col) = T(0);
           Y.noalias() += L * CMap(v.block(b) + j0 * d_v, j1 - j0, d_v);
         }
+        y_ok = y_ok && Y.allFinite();
       }
     }
   }
@@ -121,6 +130,7 @@ void lightning_attention(int64_t batch, const Stack<T>& q, const Stack<T>& k, co
   if (!q_ok) throw NonFiniteOperand("q");
   if (!k_ok || !rest_finite(k)) throw NonFiniteOperand("k");
   if (!v_ok || !rest_finite(v)) throw NonFiniteOperand("v");
+  if (!y_ok) throw ResultOverflow(OUTPUT_OVERFLOW);
 }
 
 }  // namespace attngeom

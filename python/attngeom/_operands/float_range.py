@@ -68,15 +68,17 @@ def _largest(value) -> float:
     return m if m == m else math.inf
 
 
-def finite_result(func=None, *, name=None):
+def finite_result(func=None, *, name=None, checked=False):
     """Decorator for a public function whose result can overflow: when the inputs are finite
     and the result is not (a product or sum beyond the float range, or an operand computed on
     the way), raise ResultOverflow (a ValueError) naming the argument with the largest
-    entries, instead of returning inf or NaN. Costs one pass over the result. `name` is the
-    function the messages name (default: the decorated one's), for a private function that
-    computes a public one's result."""
+    entries, instead of returning inf or NaN. Costs one pass over the result, unless
+    `checked`: the function's core checks its result as it writes it and raises
+    ResultOverflow, which this names the same way. `name` is the function the messages name
+    (default: the decorated one's), for a private function that computes a public one's
+    result."""
     if func is None:
-        return functools.partial(finite_result, name=name)
+        return functools.partial(finite_result, name=name, checked=checked)
     signature = inspect.signature(func)
     label = name or func.__name__
 
@@ -111,7 +113,7 @@ def finite_result(func=None, *, name=None):
                 refuse(found, f"a decomposition failed ({e})")
             refuse(found, "an intermediate result is beyond the float range" if isinstance(e, NonFiniteOperand)
                    else "the result is beyond the float range")
-        if _finite_values(out):
+        if checked or _finite_values(out):
             return out
         found = culprit(args, kwargs)
         if found is None:
